@@ -26,7 +26,7 @@ CHARACTERS = sorted(set(string.digits + string.ascii_letters + " +-*/=()?.,:;!#'
 # Named sizes. Parameter counts are what `count_parameters` reports for the built model.
 MODEL_SIZES: dict[str, dict[str, int]] = {
     # ~0.3M parameters: fast enough for unit tests and the vLLM-vs-HF small-model bench.
-    "0.3m": dict(hidden_size=96, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    "0.3m": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
     # ~3M parameters: the demo policy (learns arithmetic in a few minutes on 2 cores).
     "3m": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
     # ~30M parameters: the throughput-target policy of the benchmark.
