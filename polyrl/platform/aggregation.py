@@ -1,0 +1,92 @@
+"""Loss aggregation: how per-token losses become one scalar.
+
+Every mode is written as ``sum_t w_t * loss_t / loss_normalizer`` where the per-token weight
+``w_t`` depends only on the token's own sequence and ``loss_normalizer`` is computed ONCE over
+the whole rollout batch by :func:`global_loss_normalizer`. Because the weights are local and the
+normaliser is global, summing the losses of any split of the batch into micro-batches (and
+data-parallel ranks) gives exactly the loss of the unsplit batch, so 1x8 == 8x1 accumulation.
+
+Modes, named for the maths:
+
+- ``token_mean``: ``sum of all token losses / total response tokens`` (DAPO, arXiv 2503.14476).
+- ``seq_mean_token_mean``: each sequence's token mean, summed, ``/ number of sequences``
+  (GRPO, arXiv 2402.03300).
+- ``seq_mean_token_sum``: each sequence's token sum, summed, ``/ number of sequences``.
+- ``seq_sum_constant_norm``: ``sum of all token losses / (number of sequences * L_max)``
+  (Dr.GRPO, arXiv 2503.20783: a constant normaliser removes the length bias).
+
+"Number of sequences" counts rows with at least one response token: an all-masked row (e.g. a
+padding row) contributes no loss, so counting it would only shrink the loss.
+
+With data-parallel training, compute the normaliser over the mask of the whole global batch
+(all ranks); if the gradient all-reduce averages over ``world_size`` ranks, multiply the loss by
+``world_size`` (or divide the normaliser by it) so the average becomes a sum.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+AGGREGATION_MODES: tuple[str, ...] = (
+    "token_mean",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum",
+    "seq_sum_constant_norm",
+)
+
+
+def check_aggregation_mode(mode: str) -> None:
+    if mode not in AGGREGATION_MODES:
+        raise ValueError(
+            f"unknown aggregation mode {mode!r}; allowed modes: {', '.join(AGGREGATION_MODES)}"
+        )
+
+
+def count_sequences(mask: Tensor) -> int:
+    return int(mask.bool().any(dim=-1).sum().item())
+
+
+def global_loss_normalizer(
+    mask: Tensor, *, mode: str, max_response_length: int | None = None
+) -> float:
+    """The denominator of ``mode`` for the WHOLE rollout batch ``mask`` [B, T].
+
+    ``max_response_length`` is the configured generation limit L_max used by
+    ``seq_sum_constant_norm``; when omitted the mask's width ``T`` stands in for it, which only
+    matches Dr.GRPO when the batch is padded to the generation limit. Returns at least 1.0 so an
+    empty batch yields a zero loss rather than a division by zero.
+    """
+    check_aggregation_mode(mode)
+    if mode == "token_mean":
+        normalizer = float(mask.bool().sum().item())
+    elif mode == "seq_sum_constant_norm":
+        length = mask.shape[-1] if max_response_length is None else max_response_length
+        normalizer = float(count_sequences(mask) * length)
+    else:
+        normalizer = float(count_sequences(mask))
+    return max(normalizer, 1.0)
+
+
+def token_weights(mask: Tensor, *, mode: str, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Per-token weights ``w_t`` [B, T] of ``mode`` (zero on masked tokens), before the normaliser."""
+    check_aggregation_mode(mode)
+    mask = mask.bool()
+    weights = mask.to(dtype)
+    if mode == "seq_mean_token_mean":
+        # Clamp avoids 0/0 on all-masked rows; their weights are zero anyway.
+        lengths = weights.sum(dim=-1, keepdim=True).clamp(min=1.0)
+        weights = weights / lengths
+    return weights
+
+
+def aggregate(per_token_loss: Tensor, mask: Tensor, *, mode: str, loss_normalizer: float) -> Tensor:
+    """Scalar loss of ``mode``: ``sum_t w_t * loss_t / loss_normalizer``.
+
+    Masked positions are zeroed with ``torch.where`` first, so NaN or inf there cannot leak
+    into the loss or its gradient.
+    """
+    mask = mask.bool()
+    weights = token_weights(mask, mode=mode, dtype=per_token_loss.dtype)
+    safe_loss = torch.where(mask, per_token_loss, torch.zeros_like(per_token_loss))
+    return (safe_loss * weights).sum() / loss_normalizer

@@ -1,0 +1,361 @@
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from polyrl.platform.advantages import get_advantage
+from polyrl.platform.aggregation import AGGREGATION_MODES, global_loss_normalizer
+from polyrl.platform.objectives import get_objective, list_objectives
+from polyrl.platform.objectives_cli import app
+
+F64 = torch.float64
+NAN = math.nan
+EXPECTED_OBJECTIVES = {"ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "bapo"}
+
+# The shared 2x3 example. Row 0 has two response tokens, row 1 three.
+#   token      p_new  p_old  ratio r  A
+#   (0, 0)     0.6    0.4    1.5      +1
+#   (0, 1)     0.2    0.4    0.5      -1
+#   (0, 2)     masked (garbage in the dirty copies)
+#   (1, 0)     0.55   0.5    1.1      -2
+#   (1, 1)     0.35   0.5    0.7      +2
+#   (1, 2)     0.9    0.9    1.0      +0.5
+MASK = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+NEW_P = [[0.6, 0.2, 0.5], [0.55, 0.35, 0.9]]
+OLD_P = [[0.4, 0.4, 0.5], [0.5, 0.5, 0.9]]
+TOKEN_ADV = [[1.0, -1.0, 0.0], [-2.0, 2.0, 0.5]]
+SEQUENCE_ADV = [[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]]
+S0 = math.sqrt(1.5 * 0.5)  # GSPO sequence ratio of row 0: geometric mean of 1.5 and 0.5
+S1 = (1.1 * 0.7 * 1.0) ** (1 / 3)  # row 1: geometric mean of 1.1, 0.7, 1.0
+
+
+def _inputs(advantages=TOKEN_ADV):
+    logprobs = torch.tensor(NEW_P, dtype=F64).log().requires_grad_(True)
+    old_logprobs = torch.tensor(OLD_P, dtype=F64).log()
+    return logprobs, old_logprobs, torch.tensor(advantages, dtype=F64), MASK
+
+
+def _run(name, *, aggregation=None, advantages=TOKEN_ADV, max_response_length=None, **params):
+    spec = get_objective(name)
+    aggregation = aggregation or spec.default_aggregation
+    logprobs, old_logprobs, adv, mask = _inputs(advantages)
+    normalizer = global_loss_normalizer(mask, mode=aggregation, max_response_length=max_response_length)
+    loss, metrics = spec.fn(
+        logprobs, old_logprobs, adv, mask, loss_normalizer=normalizer, aggregation=aggregation,
+        **{**spec.default_params, **params},
+    )  # fmt: skip
+    loss.backward()
+    return float(loss.detach()), logprobs.grad, metrics
+
+
+def _close(actual, expected):
+    assert actual == pytest.approx(expected, abs=1e-9, rel=0)
+
+
+def test_ppo_by_hand():
+    loss, grad, metrics = _run("ppo")
+    # bounds [0.8, 1.2]; per-token loss max(-r*A, -clip(r)*A):
+    #   (0,0) r 1.5 A +1: max(-1.5, -1.2) = -1.2 (clipped)
+    #   (0,1) r 0.5 A -1: max(0.5, 0.8)   =  0.8 (clipped)
+    #   (1,0) r 1.1 A -2: max(2.2, 2.2)   =  2.2
+    #   (1,1) r 0.7 A +2: max(-1.4, -1.6) = -1.4
+    #   (1,2) r 1.0 A .5:                 = -0.5
+    # token_mean: (-1.2 + 0.8 + 2.2 - 1.4 - 0.5) / 5 = -0.1 / 5 = -0.02
+    _close(loss, -0.02)
+    # d/dlogp = -A*r / 5 where unclipped, 0 where clipped: 2.2/5, -1.4/5, -0.5/5
+    expected_grad = torch.tensor([[0.0, 0.0, 0.0], [0.44, -0.28, -0.1]], dtype=F64)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-12, rtol=0)
+    _close(metrics["clip_frac_low"], 1 / 5)  # (0,1): A<0, r 0.5 < 0.8
+    _close(metrics["clip_frac_high"], 1 / 5)  # (0,0): A>0, r 1.5 > 1.2
+    _close(metrics["ratio_mean"], (1.5 + 0.5 + 1.1 + 0.7 + 1.0) / 5)
+    _close(metrics["ratio_min"], 0.5)
+    _close(metrics["ratio_max"], 1.5)
+    # k3 with log_ratio = -ln r: 1/r + ln r - 1, averaged
+    ratios = [1.5, 0.5, 1.1, 0.7, 1.0]
+    _close(metrics["approx_kl"], sum(1 / r + math.log(r) - 1 for r in ratios) / 5)
+    # |loss| of A>0 tokens 1.2 + 1.4 + 0.5 = 3.1; of A<0 tokens 0.8 + 2.2 = 3.0
+    _close(metrics["pos_loss_share"], 3.1 / 6.1)
+    # p_new >= 0.5: (0,0) pos, (1,0) neg, (1,2) pos;  p_new < 0.5: (0,1) neg, (1,1) pos
+    _close(metrics["quadrant/high_prob_pos_adv"], 2 / 5)
+    _close(metrics["quadrant/high_prob_neg_adv"], 1 / 5)
+    _close(metrics["quadrant/low_prob_pos_adv"], 1 / 5)
+    _close(metrics["quadrant/low_prob_neg_adv"], 1 / 5)
+    assert "kl" not in metrics and "entropy" not in metrics
+
+
+def test_quadrant_threshold_is_a_parameter():
+    # threshold 0.58: only (0,0) p 0.6 and (1,2) p 0.9 are high-probability, both A>0
+    _, _, metrics = _run("ppo", high_prob_threshold=0.58)
+    _close(metrics["quadrant/high_prob_pos_adv"], 2 / 5)
+    _close(metrics["quadrant/high_prob_neg_adv"], 0.0)
+    _close(metrics["quadrant/low_prob_pos_adv"], 1 / 5)
+    _close(metrics["quadrant/low_prob_neg_adv"], 2 / 5)
+
+
+def test_grpo_by_hand():
+    loss, _, _ = _run("grpo")
+    # same per-token losses as PPO; row means (-1.2 + 0.8) / 2 = -0.2 and (2.2 - 1.4 - 0.5) / 3 = 0.1
+    # seq_mean_token_mean: (-0.2 + 0.1) / 2 = -0.05
+    _close(loss, -0.05)
+
+
+def test_dr_grpo_by_hand():
+    loss, _, _ = _run("dr_grpo", max_response_length=4)
+    # seq_sum_constant_norm: sum -0.1 / (2 sequences * L_max 4) = -0.0125
+    _close(loss, -0.0125)
+
+
+def test_dapo_by_hand():
+    loss, grad, metrics = _run("dapo")
+    # bounds [0.8, 1.28]: (0,0) max(-1.5, -1.28) = -1.28; the other tokens as in PPO
+    # token_mean: (-1.28 + 0.8 + 2.2 - 1.4 - 0.5) / 5 = -0.18 / 5 = -0.036
+    _close(loss, -0.036)
+    _close(metrics["clip_frac_high"], 1 / 5)
+
+
+def test_ppo_dual_clip_by_hand():
+    logprobs = torch.tensor([[math.log(0.8), math.log(0.4)]], dtype=F64, requires_grad=True)
+    old_logprobs = torch.tensor([[math.log(0.2), math.log(0.2)]], dtype=F64)
+    advantages = torch.tensor([[-1.0, -1.0]], dtype=F64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    spec = get_objective("ppo")
+    loss, metrics = spec.fn(
+        logprobs, old_logprobs, advantages, mask, loss_normalizer=2.0, aggregation="token_mean", dual_clip=3.0
+    )
+    loss.backward()
+    # r = 4, A = -1: max(4, 1.2) = 4, capped at 3 * |A| = 3;  r = 2: max(2, 1.2) = 2 < 3
+    # token_mean (3 + 2) / 2 = 2.5; the capped token has no gradient, the other -A*r/2 = 1
+    _close(loss.item(), 2.5)
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, 1.0]], dtype=F64), atol=1e-12, rtol=0)
+    _close(metrics["dual_clip_frac"], 0.5)
+    with pytest.raises(ValueError, match="dual_clip"):
+        spec.fn(logprobs, old_logprobs, advantages, mask, loss_normalizer=2.0, aggregation="token_mean", dual_clip=0.5)
+
+
+def test_gspo_by_hand():
+    loss, grad, metrics = _run("gspo", advantages=SEQUENCE_ADV)
+    # bounds [1 - 3e-4, 1 + 4e-4] = [0.9997, 1.0004]
+    # row 0: s0 = sqrt(0.75) = 0.866025, A +1: max(-s0, -0.9997) = -s0 (unclipped)
+    # row 1: s1 = 0.77^(1/3) = 0.916566, A -1: max(s1, 0.9997) = 0.9997 (clipped)
+    # seq_mean_token_mean: (-s0 + 0.9997) / 2
+    _close(loss, (-S0 + 0.9997) / 2)
+    # d(-s0 / 2)/d logp_(0,t) = -s0 / 2 * 1/2 tokens; row 1 is clipped
+    expected_grad = torch.tensor([[-S0 / 4, -S0 / 4, 0.0], [0.0, 0.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-12, rtol=0)
+    _close(metrics["clip_frac_low"], 3 / 5)  # all 3 tokens of row 1
+    _close(metrics["ratio_mean"], (2 * S0 + 3 * S1) / 5)
+
+
+def test_gspo_with_wider_range_by_hand():
+    loss, _, _ = _run("gspo", advantages=SEQUENCE_ADV, clip_low=0.2, clip_high=0.2)
+    # both sequence ratios lie in [0.8, 1.2]: (-s0 + s1) / 2
+    _close(loss, (-S0 + S1) / 2)
+
+
+def test_gspo_token_by_hand_with_token_advantages():
+    loss, _, _ = _run("gspo_token")
+    # s_(i,t) has the value s_i; bounds [0.9997, 1.0004]
+    # row 0: A +1: -s0;  A -1: max(s0, 0.9997) = 0.9997            -> (-s0 + 0.9997) / 2
+    # row 1: A -2: max(2 s1, 1.9994) = 1.9994; A +2: -2 s1; A .5: -0.5 s1 -> (1.9994 - 2.5 s1) / 3
+    _close(loss, ((-S0 + 0.9997) / 2 + (1.9994 - 2.5 * S1) / 3) / 2)
+
+
+def test_gspo_token_equals_gspo_for_sequence_advantages():
+    for params in ({}, {"clip_low": 0.2, "clip_high": 0.2}):
+        loss, grad, _ = _run("gspo", advantages=SEQUENCE_ADV, **params)
+        token_loss, token_grad, _ = _run("gspo_token", advantages=SEQUENCE_ADV, **params)
+        _close(token_loss, loss)
+        torch.testing.assert_close(token_grad, grad, atol=1e-12, rtol=0)
+
+
+def test_kl_term_in_the_loss_by_hand():
+    logprobs, old_logprobs, _, _ = _inputs()
+    loss, _, metrics = _run("ppo", ref_logprobs=old_logprobs, kl_coef=0.1, kl_estimator="k1")
+    # k1 = log p - log ref = ln r; sum ln r = ln(1.5 * 0.5 * 1.1 * 0.7 * 1.0) = ln 0.5775
+    # loss = -0.02 + 0.1 * ln(0.5775) / 5
+    _close(loss, -0.02 + 0.1 * math.log(0.5775) / 5)
+    _close(metrics["kl"], math.log(0.5775) / 5)
+
+
+def test_entropy_bonus_by_hand():
+    entropy = torch.tensor([[1.0, 2.0, NAN], [0.5, 0.5, 1.0]], dtype=F64)
+    spec = get_objective("ppo")
+    logprobs, old_logprobs, advantages, mask = _inputs()
+    loss, metrics = spec.fn(
+        logprobs, old_logprobs, advantages, mask, loss_normalizer=5.0, aggregation="token_mean",
+        entropy=entropy, entropy_coef=0.01,
+    )  # fmt: skip
+    # mean entropy (1 + 2 + 0.5 + 0.5 + 1) / 5 = 1; loss -0.02 - 0.01 * 1 = -0.03
+    _close(loss.item(), -0.03)
+    _close(metrics["entropy"], 1.0)
+
+
+def test_missing_tensors_for_kl_or_entropy_are_reported():
+    spec = get_objective("ppo")
+    logprobs, old_logprobs, advantages, mask = _inputs()
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        spec.fn(logprobs, old_logprobs, advantages, mask, loss_normalizer=5.0, aggregation="token_mean", kl_coef=0.1)
+    with pytest.raises(ValueError, match="entropy"):
+        spec.fn(
+            logprobs, old_logprobs, advantages, mask, loss_normalizer=5.0, aggregation="token_mean", entropy_coef=0.1
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Invariances
+
+
+def _dirty(tensor: torch.Tensor, garbage: float) -> torch.Tensor:
+    return torch.where(MASK, tensor, torch.full_like(tensor, garbage))
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATION_MODES)
+@pytest.mark.parametrize("name", sorted(EXPECTED_OBJECTIVES))
+def test_garbage_under_mask_changes_neither_loss_nor_gradients(name, aggregation):
+    spec = get_objective(name)
+    clean_logprobs, old_logprobs, advantages, mask = _inputs()
+    ref_logprobs = old_logprobs - 0.1
+    entropy = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.5, 1.0]], dtype=F64)
+    params = {**spec.default_params, "kl_coef": 0.1, "entropy_coef": 0.01}
+    normalizer = global_loss_normalizer(mask, mode=aggregation)
+
+    def run(logprobs, old, adv, ref, ent):
+        loss, metrics = spec.fn(
+            logprobs, old, adv, mask, loss_normalizer=normalizer, aggregation=aggregation,
+            entropy=ent, **{**params, "ref_logprobs": ref},
+        )  # fmt: skip
+        loss.backward()
+        return loss.detach(), metrics
+
+    clean_loss, clean_metrics = run(clean_logprobs, old_logprobs, advantages, ref_logprobs, entropy)
+    dirty_logprobs = _dirty(clean_logprobs.detach(), NAN).requires_grad_(True)
+    dirty_loss, dirty_metrics = run(
+        dirty_logprobs,
+        _dirty(old_logprobs, -math.inf),
+        _dirty(advantages, NAN),
+        _dirty(ref_logprobs, 1e30),
+        _dirty(entropy, NAN),
+    )
+    assert torch.isfinite(clean_loss)
+    assert torch.equal(clean_loss, dirty_loss)
+    assert torch.isfinite(dirty_logprobs.grad).all()
+    assert torch.equal(clean_logprobs.grad, dirty_logprobs.grad)
+    assert clean_metrics == dirty_metrics
+
+
+def _tiny_policy_batch():
+    """8 responses of different lengths scored by a shared linear softmax policy."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [1, 2, 3, 4, 5, 6, 2, 5]
+    mask = torch.zeros(8, 6, dtype=torch.bool)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = True
+    features = torch.randn(8, 6, 4, generator=generator, dtype=F64)
+    tokens = torch.randint(0, 5, (8, 6), generator=generator)
+    weight = torch.randn(4, 5, generator=generator, dtype=F64)
+    old_weight = weight + 0.3 * torch.randn(4, 5, generator=generator, dtype=F64)
+    rewards = torch.randn(8, generator=generator, dtype=F64)
+    advantages = rewards[:, None].expand(8, 6).clone()
+    return lengths, mask, features, tokens, weight, old_weight, advantages
+
+
+def _token_logprobs(features, tokens, weight):
+    return torch.log_softmax(features @ weight, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATION_MODES)
+@pytest.mark.parametrize("name", ["ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token"])
+def test_one_batch_of_8_equals_8_accumulated_micro_batches_of_1(name, aggregation):
+    spec = get_objective(name)
+    lengths, mask, features, tokens, weight, old_weight, advantages = _tiny_policy_batch()
+    params = dict(spec.default_params)
+    if name.startswith("gspo"):
+        # The paper's 3e-4 range clips nearly every sequence here, leaving no gradient to compare.
+        params.update(clip_low=0.2, clip_high=0.2)
+    normalizer = global_loss_normalizer(mask, mode=aggregation, max_response_length=6)
+
+    def loss_of(rows, length, model_weight):
+        logprobs = _token_logprobs(features[rows, :length], tokens[rows, :length], model_weight)
+        old = _token_logprobs(features[rows, :length], tokens[rows, :length], old_weight)
+        loss, _ = spec.fn(
+            logprobs, old, advantages[rows, :length], mask[rows, :length],
+            loss_normalizer=normalizer, aggregation=aggregation, **params,
+        )  # fmt: skip
+        return loss
+
+    full_weight = weight.clone().requires_grad_(True)
+    loss_of(slice(0, 8), 6, full_weight).backward()
+    micro_weight = weight.clone().requires_grad_(True)
+    for row, length in enumerate(lengths):
+        loss_of(slice(row, row + 1), length, micro_weight).backward()
+    assert full_weight.grad.abs().max() > 1e-3
+    torch.testing.assert_close(micro_weight.grad, full_weight.grad, atol=1e-12, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry and CLI
+
+REQUIRED_METRICS = {
+    "clip_frac_low",
+    "clip_frac_high",
+    "ratio_mean",
+    "ratio_min",
+    "ratio_max",
+    "approx_kl",
+    "pos_loss_share",
+    "quadrant/high_prob_pos_adv",
+    "quadrant/high_prob_neg_adv",
+    "quadrant/low_prob_pos_adv",
+    "quadrant/low_prob_neg_adv",
+    "entropy",
+    "kl",
+}
+
+
+def test_registry_holds_the_expected_objectives_with_valid_defaults():
+    assert {spec.name for spec in list_objectives()} == EXPECTED_OBJECTIVES
+    for spec in list_objectives():
+        assert spec.default_aggregation in AGGREGATION_MODES
+        assert get_advantage(spec.default_advantage).name == spec.default_advantage
+        assert spec.description and "arXiv" in spec.paper
+        assert spec.fn.__doc__ and "arXiv" in spec.fn.__doc__
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_OBJECTIVES))
+def test_every_objective_runs_with_the_common_signature(name):
+    spec = get_objective(name)
+    logprobs, old_logprobs, advantages, mask = _inputs()
+    entropy = torch.ones(2, 3, dtype=F64)
+    loss, metrics = spec.fn(
+        logprobs, old_logprobs, advantages, mask,
+        loss_normalizer=global_loss_normalizer(mask, mode=spec.default_aggregation),
+        aggregation=spec.default_aggregation, entropy=entropy,
+        **{**spec.default_params, "ref_logprobs": old_logprobs},
+    )  # fmt: skip
+    loss.backward()
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert REQUIRED_METRICS <= set(metrics)
+    assert all(isinstance(value, float) for value in metrics.values())
+    quadrants = [value for key, value in metrics.items() if key.startswith("quadrant/")]
+    _close(sum(quadrants), 1.0)
+
+
+def test_unknown_objective_lists_the_registered_names():
+    with pytest.raises(ValueError, match="registered objectives: .*grpo.*bapo"):
+        get_objective("trpo")
+
+
+def test_objectives_list_command_shows_every_objective():
+    result = CliRunner().invoke(app, ["list"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    for spec in list_objectives():
+        assert spec.name in result.output
+    assert "arXiv 2510.18927" in result.output
+
+
+def test_objectives_list_command_can_show_advantage_estimators():
+    result = CliRunner().invoke(app, ["list", "--advantages"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    for name in ("group_norm", "group_mean_centered", "rloo", "gae"):
+        assert name in result.output
