@@ -99,10 +99,11 @@ class ObjectiveConfig(StrictModel):
     @field_validator("name")
     @classmethod
     def _registered_objective(cls, name: str) -> str:
-        from polyrl.platform.objectives import OBJECTIVES
+        from polyrl.platform.objectives import list_objectives
 
-        if name not in OBJECTIVES:
-            raise ValueError(f"unknown objective {name!r}; allowed: {', '.join(sorted(OBJECTIVES))}")
+        allowed = [spec.name for spec in list_objectives()]
+        if name not in allowed:
+            raise ValueError(f"unknown objective {name!r}; allowed: {', '.join(allowed)}")
         return name
 
     @field_validator("aggregation")
@@ -140,10 +141,11 @@ class AdvantageConfig(StrictModel):
     @field_validator("estimator")
     @classmethod
     def _registered_estimator(cls, name: str | None) -> str | None:
-        from polyrl.platform.advantages import ADVANTAGE_ESTIMATORS
+        from polyrl.platform.advantages import list_advantages
 
-        if name is not None and name not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"unknown advantage estimator {name!r}; allowed: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
+        allowed = [spec.name for spec in list_advantages()]
+        if name is not None and name not in allowed:
+            raise ValueError(f"unknown advantage estimator {name!r}; allowed: {', '.join(allowed)}")
         return name
 
 
@@ -240,32 +242,25 @@ class ExperimentConfig(StrictModel):
         return name
 
     @model_validator(mode="after")
-    def _objective_params_known(self) -> "ExperimentConfig":
-        from polyrl.platform.objectives import OBJECTIVES
-        import inspect
+    def _params_known(self) -> "ExperimentConfig":
+        from polyrl.platform.advantages import get_advantage
+        from polyrl.platform.objectives import get_objective
 
-        spec = OBJECTIVES[self.objective.name]
-        accepted = {
-            name
-            for name, parameter in inspect.signature(spec.fn).parameters.items()
-            if parameter.kind is inspect.Parameter.KEYWORD_ONLY
-        }
-        has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(spec.fn).parameters.values())
-        unknown = set(self.objective.params) - accepted
-        if unknown and not has_var_kw:
-            reserved = {"loss_normalizer", "aggregation", "entropy", "ref_logprobs", "kl_coef", "kl_estimator", "entropy_coef"}
-            allowed = sorted(accepted - reserved)
+        objective = get_objective(self.objective.name)
+        unknown = sorted(set(self.objective.params) - set(objective.default_params))
+        if unknown:
             raise ValueError(
-                f"objective.params: unknown parameter(s) {sorted(unknown)} for objective {self.objective.name!r}; allowed: {', '.join(allowed)}"
+                f"objective.params: unknown parameter(s) {unknown} for objective {self.objective.name!r}; "
+                f"allowed: {', '.join(sorted(objective.default_params))}"
+            )
+        estimator = get_advantage(self.advantage.estimator or objective.default_advantage)
+        unknown = sorted(set(self.advantage.params) - set(estimator.default_params))
+        if unknown:
+            raise ValueError(
+                f"advantage.params: unknown parameter(s) {unknown} for estimator {estimator.name!r}; "
+                f"allowed: {', '.join(sorted(estimator.default_params)) or '(none)'}"
             )
         return self
-
-
-class ExperimentFile(StrictModel):
-    """A YAML file: the base experiment plus named arms that override some of its keys."""
-
-    base: ExperimentConfig
-    arms: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 # --- loading ---------------------------------------------------------------------------------
@@ -409,7 +404,6 @@ def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: di
             if preset not in PRESETS:
                 raise ConfigError(f"{source}: invalid experiment config\n  - preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
             merged = deep_merge(preset_overrides(preset), merged)
-        prefix: tuple[Any, ...] = ("arms", arm_name) if arms_raw else ()
         try:
             config = ExperimentConfig.model_validate(merged)
         except ValidationError as error:

@@ -1,0 +1,141 @@
+"""Checkpoints: everything a killed run needs to continue as if it had never stopped.
+
+A checkpoint folder holds the policy (and critic) weights as safetensors, optimizer state as
+safetensors plus a JSON of its scalar hyper-parameters, the RNG states, the data position and
+the MLflow run ids. No pickle is written or read: tensors go through safetensors, the rest
+through JSON. Folders are written under a temporary name and renamed, so a kill mid-write
+never leaves a checkpoint that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+COMPLETE_MARKER = "checkpoint.json"
+
+
+def _optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {"param_groups": state["param_groups"], "state": {}}
+    for index, entry in state["state"].items():
+        scalars["state"][str(index)] = {}
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}.{key}"] = value.detach().clone().contiguous()
+            else:
+                scalars["state"][str(index)][key] = value
+    return tensors, scalars
+
+
+def _optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for index, entry in scalars["state"].items():
+        state[int(index)] = dict(entry)
+    for name, tensor in tensors.items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = tensor
+    optimizer.load_state_dict({"state": state, "param_groups": scalars["param_groups"]})
+
+
+def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    numpy_state = np.random.get_state()
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    scalars = {
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": [numpy_state[0], numpy_state[1].tolist(), int(numpy_state[2]), int(numpy_state[3]), float(numpy_state[4])],
+    }
+    if torch.cuda.is_available():
+        for index, cuda_state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{index}"] = cuda_state
+    return tensors, scalars
+
+
+def restore_rng_state(tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    version, internal, gauss = scalars["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, position, has_gauss, cached = scalars["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
+    if torch.cuda.is_available():
+        states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("torch_cuda_"))]
+        if states:
+            torch.cuda.set_rng_state_all(states)
+
+
+def save_checkpoint(
+    directory: str | Path,
+    *,
+    step: int,
+    models: dict[str, torch.nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict[str, Any],
+) -> Path:
+    """Write ``directory`` atomically; ``state`` is any JSON-serialisable bookkeeping."""
+    directory = Path(directory)
+    staging = directory.with_name(directory.name + ".partial")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    for name, model in models.items():
+        weights = {key: value.detach().contiguous().clone() for key, value in model.state_dict().items()}
+        # Tied weights share storage; safetensors refuses shared tensors, clone() above splits them.
+        save_file(weights, str(staging / f"{name}.safetensors"))
+    for name, optimizer in optimizers.items():
+        tensors, scalars = _optimizer_to_flat(optimizer)
+        save_file(tensors, str(staging / f"{name}_optimizer.safetensors"))
+        (staging / f"{name}_optimizer.json").write_text(json.dumps(scalars))
+    rng_tensors, rng_scalars = rng_state()
+    save_file(rng_tensors, str(staging / "rng.safetensors"))
+    (staging / "rng.json").write_text(json.dumps(rng_scalars))
+    (staging / COMPLETE_MARKER).write_text(json.dumps({"step": step, **state}, indent=2))
+    if directory.exists():
+        shutil.rmtree(directory)
+    staging.rename(directory)
+    return directory
+
+
+def load_checkpoint(
+    directory: str | Path,
+    *,
+    models: dict[str, torch.nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
+) -> dict[str, Any]:
+    """Restore weights, optimizer and RNG state in place; return the JSON bookkeeping."""
+    directory = Path(directory)
+    for name, model in models.items():
+        weights = load_file(str(directory / f"{name}.safetensors"))
+        model.load_state_dict(weights, strict=True)
+    for name, optimizer in optimizers.items():
+        tensors = load_file(str(directory / f"{name}_optimizer.safetensors"))
+        scalars = json.loads((directory / f"{name}_optimizer.json").read_text())
+        _optimizer_from_flat(optimizer, tensors, scalars)
+    restore_rng_state(load_file(str(directory / "rng.safetensors")), json.loads((directory / "rng.json").read_text()))
+    return json.loads((directory / COMPLETE_MARKER).read_text())
+
+
+def checkpoint_dirs(arm_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of an arm, oldest first."""
+    arm_dir = Path(arm_dir)
+    if not arm_dir.is_dir():
+        return []
+    found = [p for p in arm_dir.glob("step_*") if p.is_dir() and (p / COMPLETE_MARKER).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def latest_checkpoint(arm_dir: str | Path) -> Path | None:
+    found = checkpoint_dirs(arm_dir)
+    return found[-1] if found else None
+
+
+def prune_checkpoints(arm_dir: str | Path, keep: int) -> None:
+    for old in checkpoint_dirs(arm_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,136 @@
+"""The ``polyrl`` command line.
+
+Every user-facing failure (a bad YAML, a missing model, an unknown experiment) is reported
+as one clear message and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from polyrl.platform.config import ConfigError
+from polyrl.platform.objectives_cli import app as objectives_app
+from polyrl.rewards.cli import app as rewards_app
+
+app = typer.Typer(
+    help="polyrl: reinforcement-learning experiments on language and vision-language models.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(objectives_app, name="objectives")
+app.add_typer(rewards_app, name="rewards")
+
+console = Console()
+error_console = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    error_console.print(f"[bold red]error[/]: {message}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _user_errors():
+    """Errors users cause, shown as messages; anything else is a bug and keeps its traceback."""
+    from polyrl.modalities.data import DataConfigError
+    from polyrl.rewards import RewardConfigError, RewardModuleError
+
+    return (ConfigError, DataConfigError, RewardConfigError, RewardModuleError, FileNotFoundError)
+
+
+@app.command()
+def validate(
+    config: Path = typer.Argument(..., help="Experiment YAML."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.steps=5 (repeatable)."),
+) -> None:
+    """Check an experiment YAML without running it; print each arm's resolved key settings."""
+    from polyrl.platform.runner import validate_file
+
+    try:
+        arms = validate_file(config, set_)
+    except _user_errors() as error:
+        _fail(str(error))
+    for arm, cfg in arms.items():
+        console.print(
+            f"[green]ok[/] arm [cyan]{arm}[/]: objective={cfg.objective.name} "
+            f"aggregation={cfg.objective.aggregation or 'default'} engine={cfg.rollout.engine} "
+            f"steps={cfg.train.steps} prompts×samples={cfg.rollout.prompts_per_step}×{cfg.rollout.samples_per_prompt} "
+            f"rewards={[s.module for s in cfg.rewards]}"
+        )
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="Experiment YAML."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.steps=5 (repeatable)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the last run of this experiment from its checkpoints, in the same MLflow runs."),
+    arm: list[str] = typer.Option([], "--arm", help="Run only these arms (repeatable)."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Plain log lines instead of a progress bar."),
+) -> None:
+    """Run every arm of an experiment and log it to MLflow."""
+    from polyrl.platform.runner import run_experiment
+
+    try:
+        result = run_experiment(config, set_options=set_, resume=resume, only_arms=arm or None, console=console,
+                                show_progress=False if no_progress else None)
+    except _user_errors() as error:
+        _fail(str(error))
+    for name, metrics in result.final_metrics.items():
+        console.print(
+            f"arm [cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
+            f"accuracy {metrics.get('train/accuracy', float('nan')):.3f} · "
+            f"length {metrics.get('rollout/response_length/mean', float('nan')):.1f}"
+        )
+    console.print(f"MLflow: {result.tracking_uri} (parent run {result.parent_run_id})")
+    console.print(f"Compare the arms: polyrl compare {result.name}    ·    open the UI: polyrl ui")
+
+
+@app.command()
+def compare(
+    experiment: str = typer.Argument(..., help="Experiment name (the YAML's `name`)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Report folder; default reports/<experiment>."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."),
+) -> None:
+    """Plot the arms of an experiment side by side and tabulate their final values."""
+    from polyrl.platform.compare import CompareError, compare_experiment
+    from polyrl.platform.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    out = out or Path("reports") / experiment
+    try:
+        result = compare_experiment(experiment, tracking_uri=uri, out_dir=out)
+    except CompareError as error:
+        _fail(str(error))
+    console.print(result.table_markdown)
+    console.print(f"\nReport: {result.out_dir / 'report.md'} ({len(result.plot_paths)} plots), also logged to parent run {result.parent_run_id}.")
+    console.print("Open the MLflow UI with: polyrl ui   (then select the experiment and its arm runs, and click Compare)")
+
+
+@app.command()
+def ui(
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; loopback by default."),
+    port: int = typer.Option(5000, help="Port."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."),
+) -> None:
+    """Start the MLflow UI on the experiment store (127.0.0.1 by default)."""
+    from polyrl.platform.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    console.print(f"MLflow UI on http://{host}:{port} for {uri} (Ctrl-C to stop)")
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    command = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    raise typer.Exit(subprocess.call(command, env=os.environ.copy()))
+
+
+def main() -> None:  # pragma: no cover - console script entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,191 @@
+"""Run an experiment file: every arm in turn, one MLflow parent run, resumable.
+
+The experiment's folder (``<checkpoint.dir>/<name>/``) holds ``experiment.json`` — the MLflow
+run ids and which arms finished — and one checkpoint folder per arm. ``resume=True`` picks up
+the same MLflow runs and each unfinished arm's latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from polyrl.platform.config import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml, to_yaml
+from polyrl.platform.tracking import ExperimentTracker, resolve_tracking_uri
+
+STATE_FILE = "experiment.json"
+
+
+@dataclass
+class ExperimentResult:
+    name: str
+    tracking_uri: str
+    parent_run_id: str
+    arm_run_ids: dict[str, str]
+    final_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    experiment_dir: Path | None = None
+
+
+def experiment_dir(config: ExperimentConfig) -> Path:
+    return Path(config.checkpoint.dir) / config.name
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _write_state(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".json.partial")
+    staging.write_text(json.dumps(state, indent=2))
+    os.replace(staging, path)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.fields[arm]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("reward {task.fields[reward]:>6}  acc {task.fields[accuracy]:>5}  len {task.fields[length]:>5}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def run_experiment(
+    path: str | Path,
+    *,
+    set_options: list[str] | None = None,
+    resume: bool = False,
+    only_arms: list[str] | None = None,
+    console: Console | None = None,
+    show_progress: bool | None = None,
+) -> ExperimentResult:
+    from polyrl.platform.trainer import ArmTrainer  # heavy imports (torch, vLLM) only when running
+
+    console = console or Console()
+    configs = load_experiment(path, set_options=set_options)
+    if only_arms:
+        unknown = sorted(set(only_arms) - set(configs))
+        if unknown:
+            raise ConfigError(f"--arm {unknown}: no such arm; allowed: {', '.join(configs)}")
+        configs = {name: cfg for name, cfg in configs.items() if name in only_arms}
+    first = next(iter(configs.values()))
+    folder = experiment_dir(first)
+    state_path = folder / STATE_FILE
+    state = _read_state(state_path)
+    if resume and not state:
+        raise ConfigError(f"--resume: no earlier run of {first.name!r} in {folder} (no {STATE_FILE}); run without --resume")
+    if not resume and folder.exists():
+        # A new run never overwrites an earlier one's checkpoints: keep them beside it.
+        shutil.move(str(folder), str(folder.with_name(f"{folder.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")))
+        state = {}
+    tracking_uri = state.get("tracking_uri") or resolve_tracking_uri(first.tracking.uri)
+    tracker = ExperimentTracker(tracking_uri, first.tracking.experiment or first.name)
+    parent = tracker.start_parent(first.name, resume_run_id=state.get("parent_run_id"))
+    state.setdefault("arms", {})
+    state.setdefault("finished", [])
+    state.update(tracking_uri=tracking_uri, parent_run_id=parent.run_id, experiment=first.name, config_path=str(path))
+    _write_state(state_path, state)
+    if not resume:
+        parent.log_text(yaml_text(path), "experiment.yaml")
+        parent.set_tags({"polyrl.arms": ",".join(configs), "polyrl.config_path": str(path)})
+    show_progress = first.tracking.progress if show_progress is None else show_progress
+    result = ExperimentResult(first.name, tracking_uri, parent.run_id, {}, experiment_dir=folder)
+    console.print(f"[bold]polyrl[/] experiment [cyan]{first.name}[/] · arms: {', '.join(configs)} · MLflow: {tracking_uri}")
+    try:
+        for arm, config in configs.items():
+            if arm in state["finished"]:
+                console.print(f"arm [cyan]{arm}[/] already finished; skipping")
+                result.arm_run_ids[arm] = state["arms"][arm]
+                continue
+            logger = tracker.start_arm(parent.run_id, arm, resume_run_id=state["arms"].get(arm))
+            state["arms"][arm] = logger.run_id
+            _write_state(state_path, state)
+            result.arm_run_ids[arm] = logger.run_id
+            logger.log_params(flatten(config.model_dump(mode="json")))
+            logger.log_text(to_yaml(config), "resolved_config.yaml")
+            trainer = ArmTrainer(config, arm=arm, arm_dir=folder / arm, logger=logger, evaluator=_periodic_evaluator(config))
+            trainer.checkpoint_extra = {"mlflow_parent_run_id": parent.run_id, "mlflow_run_id": logger.run_id, "tracking_uri": tracking_uri}
+            try:
+                start_state = trainer.setup(resume=resume)
+                if start_state:
+                    console.print(f"arm [cyan]{arm}[/]: resumed from step {start_state['step']}")
+                _train_with_progress(trainer, console, show_progress)
+            except BaseException as error:
+                logger.finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+                raise
+            finally:
+                trainer.close()
+            logger.finish()
+            result.final_metrics[arm] = trainer.history[-1] if trainer.history else {}
+            state["finished"].append(arm)
+            _write_state(state_path, state)
+    except BaseException:
+        parent.finish("FAILED")
+        raise
+    parent.finish()
+    return result
+
+
+def _train_with_progress(trainer: Any, console: Console, show: bool) -> None:
+    total = trainer.config.train.steps
+    if not show:
+        trainer.run()
+        return
+    with _progress(console) as progress:
+        task = progress.add_task("train", total=total, completed=trainer.step_index, arm=trainer.arm, reward="-", accuracy="-", length="-")
+
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            progress.update(
+                task,
+                completed=step,
+                reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
+                accuracy=f"{metrics.get('train/accuracy', float('nan')):.2f}",
+                length=f"{metrics.get('rollout/response_length/mean', float('nan')):.1f}",
+            )
+
+        trainer.on_step = on_step
+        trainer.health_printer = progress.console.print
+        trainer.run()
+
+
+def _periodic_evaluator(config: ExperimentConfig):
+    """Evaluation every ``eval.every`` steps inside training (the eval harness, if configured)."""
+    if not config.eval.every or not config.eval.suite:
+        return None
+    from polyrl.evals.periodic import make_periodic_evaluator
+
+    return make_periodic_evaluator(config)
+
+
+def yaml_text(path: str | Path) -> str:
+    return Path(path).read_text()
+
+
+def validate_file(path: str | Path, set_options: list[str] | None = None) -> dict[str, ExperimentConfig]:
+    """Resolve and validate every arm; also checks that reward modules resolve."""
+    from polyrl.rewards import load_reward_class
+
+    configs = load_experiment(path, set_options=set_options)
+    for arm, config in configs.items():
+        for index, spec in enumerate(config.rewards):
+            try:
+                load_reward_class(spec.module)
+            except Exception as error:  # noqa: BLE001 - reported as a config error with its path
+                raise ConfigError(f"{path}: invalid experiment config\n  - rewards[{index}].module (arm {arm!r}): {error}") from None
+    return configs
+
+
+__all__ = ["run_experiment", "validate_file", "ExperimentResult", "read_yaml"]

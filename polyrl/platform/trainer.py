@@ -1,0 +1,537 @@
+"""The learner loop of one arm, split into named, timed phases.
+
+generate → score → advantage → update → sync → log
+
+Each phase is a method with plain inputs and outputs; the loop itself (:meth:`ArmTrainer.step`)
+only calls them in order and times them. Objectives and advantage estimators are looked up by
+name in their registries; nothing here branches on an algorithm's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+
+from polyrl.modalities.data import PromptSampler, load_prompt_dataset
+from polyrl.platform.advantages import dapo_dynamic_sampling_keep, dapo_overlong_penalty, get_advantage
+from polyrl.platform.aggregation import global_loss_normalizer
+from polyrl.platform.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from polyrl.platform.config import ExperimentConfig
+from polyrl.platform.health import HealthMonitor
+from polyrl.platform.logprobs import PackedBatch, logprob_gap, pack_completions, token_logprobs
+from polyrl.platform.losses import clipped_value_loss, kl_penalty, masked_mean
+from polyrl.platform.models import resolve_policy_path
+from polyrl.platform.objectives import get_objective
+from polyrl.platform.rollout import RolloutEngine, build_rollout_engine
+from polyrl.platform.types import Completion, PromptSample, SamplingSettings
+from polyrl.rewards import CompositeReward, RewardBatch, load_reward_class
+
+PHASES = ("generate", "score", "advantage", "update", "sync", "log")
+
+
+class PhaseTimer:
+    """Accumulates wall time per named phase within one step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"perf/{phase}_s": self.seconds.get(phase, 0.0) for phase in PHASES}
+        out["perf/step_s"] = sum(self.seconds.values())
+        return out
+
+
+@dataclass
+class Rollout:
+    """G completions for each of P prompts, flattened prompt-major."""
+
+    prompts: list[PromptSample]  # one per completion (each prompt repeated G times)
+    completions: list[Completion]
+    group_ids: Tensor  # [N]
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def select(self, keep: list[int]) -> "Rollout":
+        return Rollout([self.prompts[i] for i in keep], [self.completions[i] for i in keep], self.group_ids[keep])
+
+    @staticmethod
+    def concat(parts: list["Rollout"]) -> "Rollout":
+        return Rollout(
+            [p for part in parts for p in part.prompts],
+            [c for part in parts for c in part.completions],
+            torch.cat([part.group_ids for part in parts]),
+        )
+
+
+@dataclass
+class Scores:
+    totals: list[float | None]
+    metrics: dict[str, float]
+
+
+@dataclass
+class LearnerBatch:
+    packed: PackedBatch
+    old_logprobs: Tensor
+    advantages: Tensor
+    ref_logprobs: Tensor | None = None
+    old_values: Tensor | None = None
+    returns: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def _masked_stats(values: Tensor, mask: Tensor) -> tuple[float, float]:
+    mask = mask.bool()
+    count = int(mask.sum())
+    if count == 0:
+        return 0.0, 0.0
+    picked = values[mask]
+    return float(picked.mean()), float(picked.std(unbiased=False)) if count > 1 else 0.0
+
+
+class ValueModel(torch.nn.Module):
+    """A critic: the policy's backbone with a scalar head (transformers' token-classification head)."""
+
+    def __init__(self, path: str | Path, dtype: torch.dtype):
+        super().__init__()
+        self.model = AutoModelForTokenClassification.from_pretrained(str(path), num_labels=1, torch_dtype=dtype)
+
+    def forward(self, batch: PackedBatch) -> Tensor:
+        device = next(self.parameters()).device
+        batch = batch.to(device)
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[..., 0]  # [B, S]
+        # V(s_t) is read where the policy's logits for completion token t are read.
+        values = torch.gather(logits, 1, batch.response_index).float()
+        return torch.where(batch.response_mask.bool(), values, torch.zeros_like(values))
+
+
+class ArmTrainer:
+    """Trains one arm of an experiment; owns its policy, engine, rewards and checkpoints."""
+
+    def __init__(self, config: ExperimentConfig, *, arm: str, arm_dir: Path, logger: Any | None = None, progress: Any | None = None,
+                 on_step: Callable[[int, dict[str, float]], None] | None = None, evaluator: Any | None = None):
+        self.config = config
+        self.arm = arm
+        self.arm_dir = Path(arm_dir)
+        self.logger = logger  # polyrl.platform.tracking.RunLogger or None
+        self.progress = progress
+        self.on_step = on_step
+        self.evaluator = evaluator
+        self.objective = get_objective(config.objective.name)
+        self.aggregation = config.objective.aggregation or self.objective.default_aggregation
+        self.objective_params = {**self.objective.default_params, **config.objective.params}
+        self.estimator = get_advantage(config.advantage.estimator or self.objective.default_advantage)
+        self.estimator_params = {**self.estimator.default_params, **config.advantage.params}
+        self.needs_values = "values" in self.estimator.requires
+        self.needs_reference = config.train.kl_coef > 0
+        self.step_index = 0
+        self.health = HealthMonitor(config.health)
+        self.history: list[dict[str, float]] = []
+        self.engine: RolloutEngine | None = None
+        self.health_printer: Callable[[str], None] = print
+
+    # --- set-up -----------------------------------------------------------------------------
+
+    def setup(self, *, resume: bool = False) -> dict[str, Any]:
+        """Build models, engine, data and rewards; restore the latest checkpoint if ``resume``."""
+        cfg = self.config
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        seed_everything(cfg.seed)
+        self.dtype = torch.float32 if cfg.model.dtype == "float32" else torch.bfloat16
+        self.policy_path = resolve_policy_path(cfg.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.policy_path))
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.policy = AutoModelForCausalLM.from_pretrained(str(self.policy_path), torch_dtype=self.dtype)
+        self.policy.train()
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=cfg.train.learning_rate, betas=cfg.train.betas, weight_decay=cfg.train.weight_decay
+        )
+        self.reference = None
+        if self.needs_reference:
+            self.reference = AutoModelForCausalLM.from_pretrained(str(self.policy_path), torch_dtype=self.dtype).eval()
+            self.reference.requires_grad_(False)
+        self.critic = None
+        self.critic_optimizer = None
+        if self.needs_values:
+            self.critic = ValueModel(self.policy_path, self.dtype)
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.train.value.learning_rate)
+        dataset = load_prompt_dataset(cfg.data.source, cfg.data.train_split, prompt_field=cfg.data.prompt_field,
+                                      answer_field=cfg.data.answer_field, references_field=cfg.data.references_field, limit=cfg.data.limit)
+        self.sampler = PromptSampler(dataset, seed=cfg.seed, prompt_field=cfg.data.prompt_field,
+                                     answer_field=cfg.data.answer_field, references_field=cfg.data.references_field)
+        self.rewards = CompositeReward(self._reward_specs_with_defaults())
+        self.rewards.setup()
+        self.engine = build_rollout_engine(cfg.rollout.engine, str(self.policy_path), seed=cfg.seed, dtype=cfg.model.dtype,
+                                           max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb)
+        state: dict[str, Any] = {}
+        checkpoint = latest_checkpoint(self.arm_dir) if resume else None
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint, models=self._checkpoint_models(), optimizers=self._checkpoint_optimizers())
+            self.sampler.load_state_dict(state["sampler"])
+            self.step_index = int(state["step"])
+            self.health.load_state_dict(state.get("health", {}))
+            self.sync()  # the engine was built from the base weights
+        return state
+
+    def _reward_specs_with_defaults(self):
+        """Rewards that score with a language model default to the reference policy."""
+        specs = []
+        for spec in self.config.rewards:
+            reward_class = load_reward_class(spec.module)
+            accepts_model_path = "model_path" in inspect.signature(reward_class.__init__).parameters
+            if accepts_model_path and "model_path" not in spec.params:
+                spec = spec.model_copy(update={"params": {**spec.params, "model_path": str(self.policy_path)}})
+            specs.append(spec)
+        return specs
+
+    def _checkpoint_models(self) -> dict[str, torch.nn.Module]:
+        models: dict[str, torch.nn.Module] = {"policy": self.policy}
+        if self.critic is not None:
+            models["critic"] = self.critic
+        return models
+
+    def _checkpoint_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        optimizers: dict[str, torch.optim.Optimizer] = {"policy": self.optimizer}
+        if self.critic_optimizer is not None:
+            optimizers["critic"] = self.critic_optimizer
+        return optimizers
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    # --- phases -------------------------------------------------------------------------------
+
+    def sampling_settings(self, step: int, round_index: int = 0) -> SamplingSettings:
+        r = self.config.rollout
+        # A distinct, reproducible seed per (run seed, step, refill round).
+        return SamplingSettings(n=r.samples_per_prompt, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
+                                seed=self.config.seed * 1_000_003 + step * 101 + round_index)
+
+    def generate(self, step: int, round_index: int = 0, group_offset: int = 0) -> Rollout:
+        prompts = self.sampler.next_batch(self.config.rollout.prompts_per_step)
+        grouped = self.engine.generate(prompts, self.sampling_settings(step, round_index))
+        flat_prompts, flat_completions, group_ids = [], [], []
+        for index, (prompt, completions) in enumerate(zip(prompts, grouped)):
+            for completion in completions:
+                flat_prompts.append(prompt)
+                flat_completions.append(completion)
+                group_ids.append(group_offset + index)
+        return Rollout(flat_prompts, flat_completions, torch.tensor(group_ids, dtype=torch.long))
+
+    def score(self, rollout: Rollout) -> Scores:
+        batch = RewardBatch(
+            prompts=[p.prompt for p in rollout.prompts],
+            completions=[c.text for c in rollout.completions],
+            references=[list(p.references) for p in rollout.prompts],
+            images=[list(p.images) for p in rollout.prompts],
+            fields=[dict(p.fields) for p in rollout.prompts],
+        )
+        result = self.rewards.score(batch)
+        metrics = dict(result.metrics())
+        accuracy = result.per_module.get("accuracy")
+        if accuracy is not None:
+            scored = [v for v in accuracy if v is not None]
+            metrics["train/accuracy"] = float(np.mean([v > 0 for v in scored])) if scored else 0.0
+        return Scores(list(result.totals), metrics)
+
+    def generate_and_score(self, step: int, timer: PhaseTimer) -> tuple[Rollout, Scores]:
+        """Generate and score; with DAPO dynamic sampling, refill until every group is informative."""
+        dynamic = self.config.advantage.dynamic_sampling
+        parts: list[tuple[Rollout, Scores]] = []
+        kept = 0
+        target = self.config.rollout.prompts_per_step * self.config.rollout.samples_per_prompt
+        rounds = dynamic.max_rounds if dynamic.enabled else 1
+        dropped_groups = 0
+        for round_index in range(rounds):
+            with timer("generate"):
+                rollout = self.generate(step, round_index, group_offset=round_index * self.config.rollout.prompts_per_step)
+            with timer("score"):
+                scores = self.score(rollout)
+            if dynamic.enabled:
+                rewards = torch.tensor([math.nan if t is None else t for t in scores.totals], dtype=torch.float64)
+                keep_mask = dapo_dynamic_sampling_keep(rewards, rollout.group_ids) & ~torch.isnan(rewards)
+                keep = keep_mask.nonzero().flatten().tolist()
+                dropped_groups += int(len(torch.unique(rollout.group_ids)) - len(torch.unique(rollout.group_ids[keep_mask])))
+                if round_index < rounds - 1 or keep:
+                    rollout, scores = rollout.select(keep), Scores([scores.totals[i] for i in keep], scores.metrics)
+            parts.append((rollout, scores))
+            kept += len(rollout)
+            if kept >= target:
+                break
+        if not dynamic.enabled:
+            return parts[0]
+        parts = [(r, s) for r, s in parts if len(r)] or parts[-1:]
+        merged = Rollout.concat([r for r, _ in parts])
+        metrics = dict(parts[0][1].metrics)
+        metrics["rollout/dynamic_sampling_rounds"] = float(len(parts))
+        metrics["rollout/dynamic_sampling_dropped_groups"] = float(dropped_groups)
+        return merged, Scores([t for _, s in parts for t in s.totals], metrics)
+
+    @torch.no_grad()
+    def _batched(self, fn: Callable[[PackedBatch], Tensor], packed: PackedBatch) -> Tensor:
+        size = self.config.train.micro_batch_size
+        return torch.cat([fn(packed.select(slice(i, i + size))) for i in range(0, len(packed), size)])
+
+    def compute_advantages(self, rollout: Rollout, scores: Scores) -> LearnerBatch:
+        cfg = self.config
+        packed = pack_completions(rollout.completions, pad_token_id=self.pad_token_id)
+        mask = packed.response_mask.bool()
+        temperature = cfg.rollout.temperature
+        old_logprobs = self._batched(lambda b: token_logprobs(self.policy, b, temperature=temperature)[0], packed)
+        metrics: dict[str, float] = {"rollout/logprob_gap": logprob_gap(packed.sampling_logprobs, old_logprobs, mask)}
+
+        # Rewards that could not be scored: excluded from group statistics (filled with the
+        # group's mean of scored samples) and given zero advantage below.
+        totals = torch.tensor([math.nan if t is None else float(t) for t in scores.totals], dtype=torch.float32)
+        unscored = torch.isnan(totals)
+        if unscored.any():
+            for group in torch.unique(rollout.group_ids[unscored]):
+                members = rollout.group_ids == group
+                scored = members & ~unscored
+                fill = float(totals[scored].mean()) if scored.any() else 0.0
+                totals[members & unscored] = fill
+        metrics["reward/unscored_samples"] = float(unscored.sum())
+
+        lengths = mask.sum(-1)
+        overlong = cfg.advantage.overlong
+        if overlong.mode == "soft_punishment":
+            penalty = dapo_overlong_penalty(lengths, max_length=overlong.max_length or cfg.rollout.max_tokens, cache_length=overlong.cache_length)
+            totals = totals + overlong.penalty_weight * penalty.to(totals.dtype)
+            metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+
+        ref_logprobs = None
+        token_rewards = None
+        if self.reference is not None:
+            ref_logprobs = self._batched(lambda b: token_logprobs(self.reference, b, temperature=temperature)[0], packed)
+            metrics["actor/ref_kl"] = float(masked_mean(kl_penalty(old_logprobs, ref_logprobs, estimator=cfg.train.kl_estimator), mask))
+            if cfg.train.kl_in_reward:
+                # KL folded into per-token rewards, the sequence reward on the last token.
+                token_rewards = -cfg.train.kl_coef * kl_penalty(old_logprobs, ref_logprobs, estimator=cfg.train.kl_estimator)
+                last = (lengths - 1).clamp(min=0)
+                token_rewards[torch.arange(len(totals)), last] += totals
+                token_rewards = torch.where(mask, token_rewards, torch.zeros_like(token_rewards))
+
+        values = self._batched(self.critic, packed) if self.critic is not None else None
+        gammas, lambdas = self.token_discounts(rollout, packed)
+        estimator_inputs = dict(rewards=token_rewards if token_rewards is not None else totals, mask=packed.response_mask,
+                                group_ids=rollout.group_ids, values=values, gammas=gammas, lambdas=lambdas)
+        advantages, adv_metrics = self.estimator.fn(**estimator_inputs, **self.estimator_params)
+        returns = None
+        if self.estimator.value_targets is not None:
+            returns, _ = self.estimator.value_targets(**estimator_inputs, **{k: v for k, v in self.estimator_params.items() if k == "whiten"})
+        advantages = torch.where(unscored[:, None], torch.zeros_like(advantages), advantages)
+        if overlong.mode == "mask_truncated":
+            truncated = torch.tensor([c.truncated for c in rollout.completions])
+            advantages = torch.where(truncated[:, None], torch.zeros_like(advantages), advantages)
+            metrics["rollout/masked_truncated"] = float(truncated.sum())
+        tis = cfg.rollout.truncated_importance_sampling
+        if tis.enabled:
+            # Truncated importance sampling (Yao et al. 2025): weight each token by
+            # min(π_learner/π_sampler, C); folded into the (detached) advantage.
+            weight = torch.exp(old_logprobs - packed.sampling_logprobs).clamp(max=tis.cap)
+            advantages = torch.where(mask, advantages * weight, advantages)
+            metrics["rollout/tis_weight_mean"] = float(masked_mean(weight, mask))
+        metrics.update({f"advantage/{k.split('/', 1)[-1]}" if not k.startswith("advantage/") else k: v for k, v in adv_metrics.items()})
+        adv_mean, adv_std = _masked_stats(advantages, mask)
+        metrics["advantage/mean"], metrics["advantage/std"] = adv_mean, adv_std
+        metrics["advantage/max_abs_z"] = float(((advantages[mask] - adv_mean).abs() / (adv_std + 1e-8)).max()) if mask.any() else 0.0
+        return LearnerBatch(packed=packed, old_logprobs=old_logprobs, advantages=advantages.detach(), ref_logprobs=ref_logprobs,
+                            old_values=values, returns=returns, metrics=metrics)
+
+    def token_discounts(self, rollout: Rollout, packed: PackedBatch) -> tuple[Tensor, Tensor]:
+        """Per-token γ and λ from each response token's modality (seed 003 §7).
+
+        Completion tokens are text today; an image-bearing response would mark its tokens
+        ``"image"`` and get the image setting, with no change here.
+        """
+        settings = self.config.modalities
+        shape = packed.response_mask.shape
+        gammas = torch.full(shape, settings.text.gamma)
+        lambdas = torch.full(shape, settings.text.lam)
+        for row, completion in enumerate(rollout.completions):
+            modalities = getattr(completion, "completion_token_modalities", None)
+            if modalities:
+                for t, modality in enumerate(modalities):
+                    setting = getattr(settings, modality)
+                    gammas[row, t], lambdas[row, t] = setting.gamma, setting.lam
+        return gammas, lambdas
+
+    def update(self, batch: LearnerBatch) -> dict[str, float]:
+        """Several optimizer passes over the rollout batch, each split into mini-batches whose
+        gradients accumulate over micro-batches with one global loss normaliser."""
+        cfg = self.config.train
+        size = len(batch.packed)
+        generator = torch.Generator().manual_seed(self.config.seed * 7919 + self.step_index)
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        grad_norms, losses = [], []
+        critic_updates = 0
+        for _ in range(cfg.updates_per_batch):
+            order = torch.randperm(size, generator=generator) if cfg.updates_per_batch > 1 or cfg.mini_batches > 1 else torch.arange(size)
+            for mini in torch.tensor_split(order, cfg.mini_batches):
+                if len(mini) == 0:
+                    continue
+                mask = batch.packed.response_mask[mini]
+                normalizer = global_loss_normalizer(mask, mode=self.aggregation, max_response_length=self.config.rollout.max_tokens)
+                self.optimizer.zero_grad(set_to_none=True)
+                mini_loss = 0.0
+                for micro in torch.split(mini, cfg.micro_batch_size):
+                    loss, metrics = self._policy_loss(batch, micro, normalizer)
+                    loss.backward()
+                    mini_loss += float(loss.detach())
+                    tokens = float(batch.packed.response_mask[micro].sum())
+                    for key, value in metrics.items():
+                        sums[key] += value * tokens
+                        weights[key] += tokens
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                grad_norms.append(float(grad_norm))
+                losses.append(mini_loss)
+                if self.critic is not None and (self.step_index * cfg.updates_per_batch + len(losses) - 1) % cfg.value.update_every == 0:
+                    value_metrics = self._critic_update(batch, mini)
+                    critic_updates += 1
+                    for key, value in value_metrics.items():
+                        sums[key] += value
+                        weights[key] += 1
+        out = {f"actor/{k}" if not k.startswith(("bapo/", "quadrant/", "value/")) else k: sums[k] / max(weights[k], 1e-12) for k in sums}
+        out["actor/loss"] = float(np.mean(losses)) if losses else 0.0
+        out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+        out["actor/grad_norm_max"] = float(np.max(grad_norms)) if grad_norms else 0.0
+        out["actor/learning_rate"] = cfg.learning_rate
+        if self.critic is not None:
+            out["value/updates"] = float(critic_updates)
+        return out
+
+    def _policy_loss(self, batch: LearnerBatch, rows: Tensor, normalizer: float) -> tuple[Tensor, dict[str, float]]:
+        packed = batch.packed.select(rows)
+        logprobs, entropy = token_logprobs(self.policy, packed, temperature=self.config.rollout.temperature, compute_entropy=True)
+        params = dict(self.objective_params)
+        params["kl_coef"] = 0.0 if self.config.train.kl_in_reward else self.config.train.kl_coef
+        params["kl_estimator"] = self.config.train.kl_estimator
+        params["entropy_coef"] = self.config.train.entropy_coef
+        if batch.ref_logprobs is not None:
+            params["ref_logprobs"] = batch.ref_logprobs[rows]
+        return self.objective.fn(logprobs, batch.old_logprobs[rows], batch.advantages[rows], packed.response_mask,
+                                 loss_normalizer=normalizer, aggregation=self.aggregation, entropy=entropy, **params)
+
+    def _critic_update(self, batch: LearnerBatch, rows: Tensor) -> dict[str, float]:
+        cfg = self.config.train
+        mask = batch.packed.response_mask[rows]
+        normalizer = global_loss_normalizer(mask, mode="token_mean")
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for micro in torch.split(rows, cfg.micro_batch_size):
+            values = self.critic(batch.packed.select(micro))
+            loss, _ = clipped_value_loss(values, batch.old_values[micro], batch.returns[micro], batch.packed.response_mask[micro],
+                                         clip_range=cfg.value.clip_range, loss_normalizer=normalizer, aggregation="token_mean")
+            (cfg.value.coef * loss).backward()
+            total += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
+        self.critic_optimizer.step()
+        return {"value/loss": total, "value/grad_norm": float(grad_norm)}
+
+    def sync(self) -> None:
+        self.engine.sync_weights(self.policy.state_dict().items())
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
+        lengths = np.array([len(c.completion_ids) for c in rollout.completions], dtype=np.float64)
+        return {
+            "rollout/response_length/mean": float(lengths.mean()),
+            "rollout/response_length/min": float(lengths.min()),
+            "rollout/response_length/max": float(lengths.max()),
+            "rollout/response_length/clipped_ratio": float(np.mean([c.truncated for c in rollout.completions])),
+            "rollout/samples": float(len(rollout)),
+        }
+
+    def step(self) -> dict[str, float]:
+        step = self.step_index + 1
+        timer = PhaseTimer()
+        rollout, scores = self.generate_and_score(step, timer)
+        with timer("advantage"):
+            batch = self.compute_advantages(rollout, scores)
+        with timer("update"):
+            update_metrics = self.update(batch)
+        with timer("sync"):
+            self.sync()
+        self.step_index = step
+        with timer("log"):
+            metrics = {**scores.metrics, **batch.metrics, **update_metrics, **self.rollout_metrics(rollout)}
+            metrics["train/samples_per_s"] = len(rollout) / max(sum(timer.seconds.values()), 1e-9)
+            warnings = self.health.check(step, metrics)
+            for warning in warnings:
+                self.health_printer(f"[{self.arm}] health warning at step {step}: {warning}")
+            metrics["health/warnings"] = float(len(warnings))
+            self.record(step, metrics, rollout, scores, warnings)
+        metrics.update(timer.metrics())
+        if self.logger is not None:
+            # perf/log_s of this step is the time of everything in "log" but the final write.
+            self.logger.log_step(step, metrics)
+        self.history.append(metrics)
+        if self.on_step is not None:
+            self.on_step(step, metrics)
+        return metrics
+
+    def record(self, step: int, metrics: dict[str, float], rollout: Rollout, scores: Scores, warnings: list[str]) -> None:
+        cfg = self.config
+        if self.logger is not None:
+            for warning in warnings:
+                self.logger.set_tags({f"health.{warning.split(':', 1)[0]}": f"step {step}: {warning.split(':', 1)[-1].strip()}"})
+            if step % cfg.tracking.sample_table_every == 0 or step == 1:
+                rows = [
+                    {"step": step, "prompt": p.prompt, "completion": c.text, "reward": s, "length": len(c.completion_ids),
+                     "finish_reason": c.finish_reason}
+                    for p, c, s in list(zip(rollout.prompts, rollout.completions, scores.totals))[: cfg.tracking.sample_table_rows]
+                ]
+                self.logger.log_table(rows, f"samples/step_{step:05d}.json")
+        if self.evaluator is not None and cfg.eval.every and step % cfg.eval.every == 0:
+            eval_metrics = self.evaluator(self.policy, self.tokenizer, step)
+            metrics.update({f"eval/{k}": v for k, v in eval_metrics.items()})
+        if step % cfg.checkpoint.every == 0 or step == cfg.train.steps:
+            self.save(step)
+
+    def save(self, step: int, extra: dict[str, Any] | None = None) -> Path:
+        path = save_checkpoint(self.arm_dir / f"step_{step:06d}", step=step, models=self._checkpoint_models(),
+                               optimizers=self._checkpoint_optimizers(),
+                               state={"sampler": self.sampler.state_dict(), "health": self.health.state_dict(),
+                                      "arm": self.arm, "policy_path": str(self.policy_path), **(self.checkpoint_extra or {}), **(extra or {})})
+        prune_checkpoints(self.arm_dir, self.config.checkpoint.keep)
+        return path
+
+    checkpoint_extra: dict[str, Any] | None = None
+
+    def run(self) -> list[dict[str, float]]:
+        while self.step_index < self.config.train.steps:
+            self.step()
+        return self.history
