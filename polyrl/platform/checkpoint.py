@@ -139,3 +139,31 @@ def latest_checkpoint(arm_dir: str | Path) -> Path | None:
 def prune_checkpoints(arm_dir: str | Path, keep: int) -> None:
     for old in checkpoint_dirs(arm_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def export_model_dir(checkpoint: str | Path, out_dir: str | Path, *, base_model_path: str | Path | None = None) -> Path:
+    """Turn a checkpoint's policy weights into a Hugging Face model folder (config, tokenizer,
+    ``model.safetensors``) that vLLM, transformers and ``polyrl eval`` load directly.
+
+    The config and tokenizer come from the base model the run started from (recorded in the
+    checkpoint as ``policy_path``) unless ``base_model_path`` is given.
+    """
+    checkpoint = Path(checkpoint)
+    info = json.loads((checkpoint / COMPLETE_MARKER).read_text())
+    base = Path(base_model_path or info["policy_path"])
+    if not (base / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint}: its base model folder {base} is gone (no config.json)")
+    out_dir = Path(out_dir)
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    for item in base.iterdir():
+        if item.is_file() and not item.name.endswith((".safetensors", ".bin")) and item.name != "model.safetensors.index.json":
+            shutil.copy2(item, staging / item.name)
+    shutil.copy2(checkpoint / "policy.safetensors", staging / "model.safetensors")
+    (staging / "polyrl_checkpoint.json").write_text(json.dumps({"checkpoint": str(checkpoint.resolve()), "step": info["step"]}))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    staging.rename(out_dir)
+    return out_dir

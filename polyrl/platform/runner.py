@@ -114,6 +114,7 @@ def run_experiment(
             state["arms"][arm] = logger.run_id
             _write_state(state_path, state)
             result.arm_run_ids[arm] = logger.run_id
+            logger.set_tags({"polyrl.checkpoint_dir": str((folder / arm).resolve())})
             logger.log_params(flatten(config.model_dump(mode="json")))
             logger.log_text(to_yaml(config), "resolved_config.yaml")
             trainer = ArmTrainer(config, arm=arm, arm_dir=folder / arm, logger=logger, evaluator=_periodic_evaluator(config))

@@ -516,7 +516,7 @@ class ArmTrainer:
                 ]
                 self.logger.log_table(rows, f"samples/step_{step:05d}.json")
         if self.evaluator is not None and cfg.eval.every and step % cfg.eval.every == 0:
-            eval_metrics = self.evaluator(self.policy, self.tokenizer, step)
+            eval_metrics = self.evaluator(self.engine, step)
             metrics.update({f"eval/{k}": v for k, v in eval_metrics.items()})
         if step % cfg.checkpoint.every == 0 or step == cfg.train.steps:
             self.save(step)
@@ -527,6 +527,8 @@ class ArmTrainer:
                                state={"sampler": self.sampler.state_dict(), "health": self.health.state_dict(),
                                       "arm": self.arm, "policy_path": str(self.policy_path), **(self.checkpoint_extra or {}), **(extra or {})})
         prune_checkpoints(self.arm_dir, self.config.checkpoint.keep)
+        if self.logger is not None:
+            self.logger.set_tags({"polyrl.latest_checkpoint": str(path.resolve()), "polyrl.latest_checkpoint_step": step})
         return path
 
     checkpoint_extra: dict[str, Any] | None = None
