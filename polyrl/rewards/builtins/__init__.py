@@ -1,0 +1,25 @@
+"""Built-in reward modules; importing this package registers them."""
+
+from polyrl.rewards.builtins.accuracy import Accuracy, Format
+from polyrl.rewards.builtins.cider import Cider
+from polyrl.rewards.builtins.fluency import PerplexityFluency
+from polyrl.rewards.builtins.length import Length, soft_overlong_punishment
+from polyrl.rewards.builtins.rouge import RougeL
+from polyrl.rewards.builtins.safety import DEFAULT_CATEGORIES, Safety, SafetyDetails, SafetyFinding
+from polyrl.rewards.builtins.text import CJKTokenizer, tokenize
+
+__all__ = [
+    "Accuracy",
+    "CJKTokenizer",
+    "Cider",
+    "DEFAULT_CATEGORIES",
+    "Format",
+    "Length",
+    "PerplexityFluency",
+    "RougeL",
+    "Safety",
+    "SafetyDetails",
+    "SafetyFinding",
+    "soft_overlong_punishment",
+    "tokenize",
+]

@@ -1,0 +1,228 @@
+"""A weighted sum of reward modules, as configured by a list of :class:`RewardSpec`.
+
+Choice on missing scores: a sample's total is ``None`` when any module returned ``None`` for
+it. Dropping the missing term instead would put that sample on a different scale from the
+rest of its group, and counting it as 0 would invent a score; the trainer decides what to do
+with an unscored sample (e.g. leave it out of the advantage). Means and standard deviations
+are over scored samples only, and ``unscored`` counts the ``None`` values.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModuleError, module_label
+from polyrl.rewards.registry import load_reward_class
+
+
+class RewardSpec(BaseModel):
+    """One reward term of an experiment: which module, its weight, its parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    module: str = Field(description="registered name, 'package.module:Class' or 'path/to/file.py:Class'")
+    weight: float = Field(1.0, description="multiplier of this term in the total reward")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the module's constructor")
+    name: str | None = Field(None, description="label in metrics; defaults to the module's registered name")
+    on_nonfinite: Literal["error", "none"] = Field(
+        "error", description="NaN/inf from the module: raise ('error') or treat as unscored ('none')"
+    )
+
+    @field_validator("module")
+    @classmethod
+    def _module_not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("module reference must not be empty")
+        return value.strip()
+
+    @field_validator("weight")
+    @classmethod
+    def _weight_finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"weight must be finite, got {value}")
+        return value
+
+    def resolve(self, *, base_dir: str | Path | None = None) -> type:
+        """The module class this spec names."""
+        return load_reward_class(self.module, base_dir=base_dir)
+
+    def build(self, *, base_dir: str | Path | None = None) -> Any:
+        """An instance of the module with ``params`` (not yet set up)."""
+        cls = self.resolve(base_dir=base_dir)
+        try:
+            return cls(**self.params)
+        except TypeError as error:
+            raise RewardConfigError(
+                f"reward {self.name or module_label(cls)!r} ({self.module}): bad params {self.params}: {error}"
+            ) from error
+
+
+@dataclass
+class RewardResult:
+    """Scores of one batch: weighted totals and each module's raw (unweighted) scores."""
+
+    totals: list[float | None]
+    per_module: dict[str, list[float | None]]
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """``reward/<label>/{mean,std,unscored}`` per module and ``reward/{mean,std,unscored}``.
+
+        Mean and (population, ddof=0) std are over scored samples only; they are left out
+        when no sample was scored, and ``unscored`` counts the ``None`` values.
+        """
+        out: dict[str, float] = {}
+        for label, values in self.per_module.items():
+            out.update(_summary(values, f"reward/{label}/"))
+        out.update(_summary(self.totals, "reward/"))
+        return out
+
+
+def _summary(values: Sequence[float | None], prefix: str) -> dict[str, float]:
+    scored = [v for v in values if v is not None]
+    out = {f"{prefix}unscored": float(len(values) - len(scored))}
+    if scored:
+        mean = math.fsum(scored) / len(scored)
+        out[f"{prefix}mean"] = mean
+        out[f"{prefix}std"] = math.sqrt(math.fsum((v - mean) ** 2 for v in scored) / len(scored))
+    return out
+
+
+def run_module(module: Any, batch: RewardBatch, *, label: str, on_nonfinite: str = "error") -> list[float | None]:
+    """Score ``batch`` with ``module`` and enforce the contract, naming the culprit on failure.
+
+    When the batched call raises, the module is re-run one sample at a time to find the first
+    sample that fails on its own.
+    """
+    try:
+        values = module.score(batch)
+    except Exception as error:  # noqa: BLE001 - any module failure is reported the same way
+        index, sample_error = locate_failing_sample(module, batch)
+        if index is None:
+            raise RewardModuleError(
+                f"reward module {label!r} raised {type(error).__name__}: {error} on a batch of {len(batch)} "
+                "samples, but no single sample fails on its own",
+                label=label,
+            ) from error
+        raise RewardModuleError(
+            f"reward module {label!r} raised {type(sample_error).__name__}: {sample_error} on {batch.sample(index)}",
+            label=label,
+            index=index,
+        ) from error
+    return validate_scores(values, batch, label=label, on_nonfinite=on_nonfinite)
+
+
+def locate_failing_sample(module: Any, batch: RewardBatch) -> tuple[int | None, BaseException | None]:
+    """The first index whose one-sample batch makes ``module.score`` raise, and the error."""
+    for i in range(len(batch)):
+        try:
+            module.score(batch.subset([i]))
+        except Exception as error:  # noqa: BLE001
+            return i, error
+    return None, None
+
+
+def validate_scores(values: Any, batch: RewardBatch, *, label: str, on_nonfinite: str = "error") -> list[float | None]:
+    """Check a module's return value: a list of len(batch) numbers or None; NaN/inf policy."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+        raise RewardModuleError(
+            f"reward module {label!r} returned {type(values).__name__}; expected a list of {len(batch)} floats or None",
+            label=label,
+        )
+    values = list(values)
+    if len(values) != len(batch):
+        raise RewardModuleError(
+            f"reward module {label!r} returned {len(values)} scores for a batch of {len(batch)} samples", label=label
+        )
+    out: list[float | None] = []
+    for i, value in enumerate(values):
+        if value is None:
+            out.append(None)
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise RewardModuleError(
+                f"reward module {label!r} returned {value!r} ({type(value).__name__}) for {batch.sample(i)}; "
+                "expected a float or None",
+                label=label,
+                index=i,
+            )
+        value = float(value)
+        if not math.isfinite(value):
+            if on_nonfinite == "none":
+                out.append(None)
+                continue
+            raise RewardModuleError(
+                f"reward module {label!r} returned {value} for {batch.sample(i)} "
+                "(set on_nonfinite: none to treat non-finite scores as unscored)",
+                label=label,
+                index=i,
+            )
+        out.append(value)
+    return out
+
+
+class CompositeReward:
+    """The weighted sum of several reward modules.
+
+    ``CompositeReward(specs).score(batch)`` returns a :class:`RewardResult`; ``setup`` is called
+    on first use if the caller has not called it.
+    """
+
+    def __init__(self, specs: Sequence[RewardSpec | dict[str, Any]], *, base_dir: str | Path | None = None):
+        if not specs:
+            raise RewardConfigError("a composite reward needs at least one reward spec")
+        self.specs = [s if isinstance(s, RewardSpec) else RewardSpec.model_validate(s) for s in specs]
+        self.modules: dict[str, Any] = {}
+        self.weights: dict[str, float] = {}
+        self._policies: dict[str, str] = {}
+        for spec in self.specs:
+            cls = spec.resolve(base_dir=base_dir)
+            label = spec.name or module_label(cls)
+            if label in self.modules:
+                raise RewardConfigError(
+                    f"two rewards are labelled {label!r}; give one of them a distinct 'name' in the reward spec"
+                )
+            self.modules[label] = spec.build(base_dir=base_dir)
+            self.weights[label] = spec.weight
+            self._policies[label] = spec.on_nonfinite
+        self._set_up = False
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.modules)
+
+    def setup(self) -> None:
+        if self._set_up:
+            return
+        for label, module in self.modules.items():
+            setup = getattr(module, "setup", None)
+            if setup is None:
+                continue
+            try:
+                setup()
+            except RewardConfigError:
+                raise
+            except Exception as error:  # noqa: BLE001
+                raise RewardModuleError(f"reward module {label!r} failed in setup: {type(error).__name__}: {error}", label=label) from error
+        self._set_up = True
+
+    def score(self, batch: RewardBatch) -> RewardResult:
+        self.setup()
+        per_module = {
+            label: run_module(module, batch, label=label, on_nonfinite=self._policies[label])
+            for label, module in self.modules.items()
+        }
+        totals: list[float | None] = []
+        for i in range(len(batch)):
+            terms = [(self.weights[label], scores[i]) for label, scores in per_module.items()]
+            if any(value is None for _, value in terms):
+                totals.append(None)
+            else:
+                totals.append(math.fsum(weight * value for weight, value in terms))
+        return RewardResult(totals=totals, per_module=per_module, weights=dict(self.weights))
