@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import os
 import random
 import time
 from collections import defaultdict
@@ -191,6 +192,9 @@ class ArmTrainer:
         self.rewards.setup()
         self.engine = build_rollout_engine(cfg.rollout.engine, str(self.policy_path), seed=cfg.seed, dtype=cfg.model.dtype,
                                            max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb)
+        # vLLM drops torch to one thread "for serving"; the learner shares this process and
+        # wants every core back for its forward/backward passes.
+        torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
         state: dict[str, Any] = {}
         checkpoint = latest_checkpoint(self.arm_dir) if resume else None
         if checkpoint is not None:

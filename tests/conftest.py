@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny local models, isolated MLflow stores and experiment files.
+
+Nothing here downloads anything: models are built from transformers configs with the
+platform's own tokenizer, and every MLflow store is a SQLite file under pytest's tmp_path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+# In-process vLLM engine core (no spawned process) and no hub look-ups.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
+
+@pytest.fixture(scope="session")
+def random_policy_dir(tmp_path_factory) -> Path:
+    """A random ~0.3M-parameter Qwen2 with the char tokenizer (fast; knows nothing)."""
+    from polyrl.modalities.text_models import build_random_text_model_dir
+
+    return build_random_text_model_dir(tmp_path_factory.mktemp("random_policy") / "model", "0.3m", seed=0)
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path, monkeypatch) -> str:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+def write_experiment(folder: Path, config: dict, name: str = "exp.yaml") -> Path:
+    path = Path(folder) / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def tiny_experiment(tmp_path, random_policy_dir):
+    """Factory: a small experiment dict on the random tiny policy, written under tmp_path."""
+
+    def make(**overrides) -> dict:
+        config = {
+            "name": "tiny",
+            "seed": 0,
+            "model": {"path": str(random_policy_dir)},
+            "rollout": {"engine": "hf", "prompts_per_step": 4, "samples_per_prompt": 4, "max_tokens": 16, "kv_cache_gb": 0.25},
+            "rewards": [{"module": "length", "params": {"unit": "chars"}}],
+            "train": {"steps": 3, "learning_rate": 3e-3, "micro_batch_size": 8},
+            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "progress": False},
+            "checkpoint": {"dir": str(tmp_path / "runs"), "every": 2},
+        }
+        for key, value in overrides.items():
+            section = config.setdefault(key, {}) if isinstance(value, dict) else None
+            if isinstance(section, dict):
+                section.update(value)
+            else:
+                config[key] = value
+        return config
+
+    return make
