@@ -79,7 +79,11 @@ class PerplexityFluency(RewardModule):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype))
+        import transformers
+
+        major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+        dtype_key = "dtype" if major_minor >= (4, 56) else "torch_dtype"  # renamed in transformers 4.56
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, **{dtype_key: getattr(torch, self.dtype)})
         model.eval().requires_grad_(False)
         self.model = model.to(device)
         if self.max_length is None:
