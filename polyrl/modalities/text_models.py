@@ -1,8 +1,13 @@
 """Tiny text policies built from a transformers config, with a tokenizer built locally.
 
 Nothing can be downloaded on the machines polyrl is developed on, so the platform builds its
-own small Qwen2-architecture models and a character-level tokenizer with `tokenizers`. The
+own small Qwen3-architecture models and a character-level tokenizer with `tokenizers`. The
 same downstream code takes any local Hugging Face model directory instead.
+
+Why Qwen3 and not Qwen2: transformers 5 forces ``Qwen2Tokenizer`` (a byte-level BPE) onto any
+folder whose config says ``model_type: qwen2``, whatever ``tokenizer_config.json`` names, and
+that class silently drops this tokenizer's spaces. For ``qwen3`` it trusts the saved tokenizer
+class, so transformers and vLLM load the same character tokenizer that was built here.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<s>"
@@ -55,22 +60,22 @@ def build_char_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast
     )
 
 
-def build_tiny_qwen2(
+def build_tiny_causal_lm(
     tokenizer: PreTrainedTokenizerFast,
     size: str = "0.3m",
     *,
     seed: int = 0,
     max_position_embeddings: int = 512,
     tie_word_embeddings: bool = False,
-) -> Qwen2ForCausalLM:
-    """A randomly initialised Qwen2 causal LM of a named size, deterministic for a seed.
+) -> Qwen3ForCausalLM:
+    """A randomly initialised Qwen3 causal LM of a named size, deterministic for a seed.
 
     Embeddings are untied by default: vLLM's in-place weight reload does not refresh a tied
     output head (DESIGN.md), and an untied head costs little at this size.
     """
     if size not in MODEL_SIZES:
         raise ValueError(f"unknown model size {size!r}; allowed: {sorted(MODEL_SIZES)}")
-    config = Qwen2Config(
+    config = Qwen3Config(
         vocab_size=len(tokenizer),
         max_position_embeddings=max_position_embeddings,
         bos_token_id=tokenizer.bos_token_id,
@@ -79,10 +84,12 @@ def build_tiny_qwen2(
         tie_word_embeddings=tie_word_embeddings,
         rope_theta=10000.0,
         torch_dtype="float32",
+        # Qwen3 defaults head_dim to 128 whatever the width; tiny models want hidden/heads.
+        head_dim=MODEL_SIZES[size]["hidden_size"] // MODEL_SIZES[size]["num_attention_heads"],
         **MODEL_SIZES[size],
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen3ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
@@ -103,7 +110,11 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, d
 
 
 def build_random_text_model_dir(directory: str | Path, size: str = "0.3m", *, seed: int = 0, tie_word_embeddings: bool = False) -> Path:
-    """Build a tokenizer and a random tiny Qwen2 of ``size`` and save both to ``directory``."""
+    """Build a tokenizer and a random tiny Qwen3 of ``size`` and save both to ``directory``."""
     tokenizer = build_char_tokenizer()
-    model = build_tiny_qwen2(tokenizer, size, seed=seed, tie_word_embeddings=tie_word_embeddings)
+    model = build_tiny_causal_lm(tokenizer, size, seed=seed, tie_word_embeddings=tie_word_embeddings)
     return save_model_dir(model, tokenizer, directory)
+
+
+# Earlier name, kept for callers written against it.
+build_tiny_qwen2 = build_tiny_causal_lm
