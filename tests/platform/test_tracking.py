@@ -1,0 +1,109 @@
+"""MLflow tracking against a real SQLite store and a real `mlflow server` on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import write_experiment
+from polyrl.platform.compare import compare_experiment
+from polyrl.platform.runner import run_experiment
+from polyrl.platform.tracking import ExperimentTracker, STEP_MARKER, resolve_tracking_uri
+
+
+def test_default_store_is_sqlite_in_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri(None, workdir=tmp_path) == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert resolve_tracking_uri(None) == "http://127.0.0.1:5999"
+    assert resolve_tracking_uri("sqlite:///x.db") == "sqlite:///x.db"  # the YAML wins
+
+
+def test_steps_already_logged_are_not_logged_twice(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    tracker = ExperimentTracker(uri, "dup")
+    parent = tracker.start_parent("dup")
+    arm = tracker.start_arm(parent.run_id, "a")
+    assert arm.log_step(1, {"reward/mean": 0.5})
+    assert arm.log_step(2, {"reward/mean": 0.7})
+    # A resumed process gets a fresh logger on the same run id.
+    again = tracker.start_arm(parent.run_id, "a", resume_run_id=arm.run_id)
+    assert not again.log_step(2, {"reward/mean": 0.7})
+    assert again.log_step(3, {"reward/mean": 0.9, "bad": float("nan")})
+    client = MlflowClient(uri)
+    assert [m.step for m in client.get_metric_history(arm.run_id, "reward/mean")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(arm.run_id, STEP_MARKER)] == [1, 2, 3]
+    assert client.get_metric_history(arm.run_id, "bad") == []  # non-finite values are dropped, not stored
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = _free_port()
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    process = subprocess.Popen(
+        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        process.kill()
+        pytest.fail("mlflow server did not come up")
+    yield url
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def test_experiment_with_arms_logs_to_a_real_mlflow_server(tmp_path, tiny_experiment, mlflow_server, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = tiny_experiment(name="served", train={"steps": 2}, tracking={"uri": mlflow_server, "progress": False})
+    config["arms"] = {"grpo": {"objective": {"name": "grpo"}}, "dr_grpo": {"objective": {"name": "dr_grpo"}}}
+    result = run_experiment(write_experiment(tmp_path, config), show_progress=False)
+
+    client = MlflowClient(mlflow_server)
+    parent = client.get_run(result.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert set(result.arm_run_ids) == {"grpo", "dr_grpo"}
+    for arm, run_id in result.arm_run_ids.items():
+        run = client.get_run(run_id)
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.params["objective.name"] == arm  # params: the flattened resolved config
+        assert [m.step for m in client.get_metric_history(run_id, "reward/mean")] == [1, 2]
+        artifacts = {a.path for a in client.list_artifacts(run_id)}
+        assert "resolved_config.yaml" in artifacts
+    assert "experiment.yaml" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+
+    comparison = compare_experiment("served", tracking_uri=mlflow_server, out_dir=tmp_path / "report")
+    assert set(comparison.arms) == {"grpo", "dr_grpo"}
+    assert {p.name for p in comparison.plot_paths} >= {"reward_mean.png", "rollout_response_length_mean.png", "actor_entropy.png"}
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "comparison")}
+    assert "comparison/report.md" in logged and "comparison/reward_mean.png" in logged
+    # The table's final values are the last logged values of each arm.
+    last = client.get_metric_history(result.arm_run_ids["dr_grpo"], "reward/mean")[-1].value
+    row = next(line for line in comparison.table_markdown.splitlines() if line.startswith("| dr_grpo "))
+    assert f"{last:.4g}" in row
