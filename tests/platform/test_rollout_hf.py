@@ -1,0 +1,144 @@
+"""The transformers rollout engine: samples, determinism, parity with the learner, weight sync."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2, save_model_dir
+from polyrl.platform.logprobs import logprob_gap, pack_completions, token_logprobs
+from polyrl.platform.rollout import ROLLOUT_ENGINES, HFRolloutEngine, build_rollout_engine
+from polyrl.platform.types import PromptSample, SamplingSettings
+
+PROMPTS = [PromptSample(prompt="12+7="), PromptSample(prompt="hello"), PromptSample(prompt="a"), PromptSample(prompt="(3*4)-5=")]
+SETTINGS = SamplingSettings(n=4, temperature=1.0, max_tokens=24, seed=11)
+
+
+def eos_prone_qwen2(tied: bool):
+    """Random 0.3M Qwen2 that ends about half its 24-token samples with EOS (see test_rollout_vllm)."""
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen2(tokenizer, "0.3m", seed=0, tie_word_embeddings=tied).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 10.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0] = 0.0
+            layer.mlp.down_proj.weight[0] = 0.0
+        model.lm_head.weight[tokenizer.eos_token_id, 0] += 0.08
+    return model, tokenizer
+
+
+def perturbed(model, seed: int = 1, scale: float = 0.05):
+    new = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in new.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
+    return new
+
+
+def gap_vs(model, completions, temperature, pad_id):
+    batch = pack_completions(completions, pad_token_id=pad_id)
+    with torch.no_grad():
+        learner, _ = token_logprobs(model, batch, temperature=temperature)
+    return logprob_gap(batch.sampling_logprobs, learner, batch.response_mask)
+
+
+def flat(groups):
+    return [c for group in groups for c in group]
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def setup(request, tmp_path_factory):
+    model, tokenizer = eos_prone_qwen2(request.param)
+    directory = save_model_dir(model, tokenizer, tmp_path_factory.mktemp("hf"))
+    engine = build_rollout_engine("hf", str(directory), seed=0)
+    yield engine, model, tokenizer
+    engine.close()
+
+
+def test_registry_and_name(setup):
+    engine, _, _ = setup
+    assert ROLLOUT_ENGINES["hf"] is HFRolloutEngine and engine.name == "hf"
+
+
+def test_samples_are_consistent(setup):
+    engine, _, tokenizer = setup
+    groups = engine.generate(PROMPTS, SETTINGS)
+    assert len(groups) == len(PROMPTS)
+    eos = tokenizer.eos_token_id
+    for prompt, group in zip(PROMPTS, groups):
+        assert len(group) == SETTINGS.n
+        for c in group:
+            assert c.prompt_ids == tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"]
+            assert len(c.sampling_logprobs) == len(c.completion_ids) > 0
+            assert all(-1e4 < lp <= 1e-6 for lp in c.sampling_logprobs)
+            assert eos not in c.completion_ids[:-1]
+            if c.finish_reason == "length":
+                assert len(c.completion_ids) == SETTINGS.max_tokens and c.completion_ids[-1] != eos
+            else:
+                assert c.finish_reason == "stop" and c.completion_ids[-1] == eos
+            assert c.text == tokenizer.decode(c.completion_ids, skip_special_tokens=True)
+    assert {c.finish_reason for c in flat(groups)} == {"stop", "length"}
+
+
+def test_deterministic_for_a_seed(setup):
+    engine, _, _ = setup
+    first = [c.completion_ids for c in flat(engine.generate(PROMPTS, SETTINGS))]
+    again = [c.completion_ids for c in flat(engine.generate(PROMPTS, SETTINGS))]
+    other = [c.completion_ids for c in flat(engine.generate(PROMPTS, SamplingSettings(**{**SETTINGS.__dict__, "seed": 12})))]
+    assert first == again and first != other
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_matches_learner_logprobs(setup, temperature):
+    engine, model, tokenizer = setup
+    settings = SamplingSettings(n=4, temperature=temperature, max_tokens=24, seed=3)
+    completions = flat(engine.generate(PROMPTS, settings))
+    assert gap_vs(model, completions, temperature, tokenizer.pad_token_id) < 1e-4
+
+
+def test_greedy(setup):
+    engine, model, tokenizer = setup
+    groups = engine.generate(PROMPTS[:2], SamplingSettings(n=2, temperature=0.0, max_tokens=12))
+    assert groups[0][0].completion_ids == groups[0][1].completion_ids
+    assert gap_vs(model, flat(groups), 1.0, tokenizer.pad_token_id) < 1e-4
+
+
+def test_sync_all_weights(setup):
+    engine, model, tokenizer = setup
+    new = perturbed(model)
+    try:
+        engine.sync_weights(new.state_dict().items())
+        completions = flat(engine.generate(PROMPTS, SETTINGS))
+        assert gap_vs(new, completions, 1.0, tokenizer.pad_token_id) < 1e-4
+        assert gap_vs(model, completions, 1.0, tokenizer.pad_token_id) > 0.1
+        with pytest.raises(AssertionError, match="not in sync"):
+            engine.verify_sync(model, PROMPTS)
+    finally:
+        engine.sync_weights(model.state_dict().items())
+    assert engine.verify_sync(model, PROMPTS) < 1e-4
+
+
+def test_partial_sync_is_detected(setup):
+    engine, model, _ = setup
+    new = perturbed(model, seed=2)
+    try:
+        engine.sync_weights((k, v) for k, v in new.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k)
+        with pytest.raises(AssertionError, match="not in sync"):
+            engine.verify_sync(new, PROMPTS)
+    finally:
+        engine.sync_weights(model.state_dict().items())
+
+
+def test_unknown_names_rejected(setup):
+    engine, _, _ = setup
+    with pytest.raises(KeyError, match="unknown parameter"):
+        engine.sync_weights([("not.a.weight", torch.zeros(1))])
+
+
+def test_images_not_yet_supported(setup):
+    engine, _, _ = setup
+    with pytest.raises(NotImplementedError, match="image-modality"):
+        engine.generate([PromptSample(prompt="a", images=[object()])], SETTINGS)
