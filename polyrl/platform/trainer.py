@@ -94,7 +94,7 @@ class Scores:
 @dataclass
 class LearnerBatch:
     packed: PackedBatch
-    old_logprobs: Tensor
+    old_logprobs: Tensor | None  # None: taken from the update's own first forward pass
     advantages: Tensor
     ref_logprobs: Tensor | None = None
     old_values: Tensor | None = None
@@ -311,8 +311,11 @@ class ArmTrainer:
         packed = pack_completions(rollout.completions, pad_token_id=self.pad_token_id)
         mask = packed.response_mask.bool()
         temperature = cfg.rollout.temperature
-        old_logprobs = self._batched(lambda b: token_logprobs(self.policy, b, temperature=temperature)[0], packed)
-        metrics: dict[str, float] = {"rollout/logprob_gap": logprob_gap(packed.sampling_logprobs, old_logprobs, mask)}
+        metrics: dict[str, float] = {}
+        old_logprobs = None
+        if not self.update_reuses_old_logprobs():
+            old_logprobs = self._batched(lambda b: token_logprobs(self.policy, b, temperature=temperature)[0], packed)
+            metrics["rollout/logprob_gap"] = logprob_gap(packed.sampling_logprobs, old_logprobs, mask)
 
         # Rewards that could not be scored: excluded from group statistics (filled with the
         # group's mean of scored samples) and given zero advantage below.
@@ -337,7 +340,9 @@ class ArmTrainer:
         token_rewards = None
         if self.reference is not None:
             ref_logprobs = self._batched(lambda b: token_logprobs(self.reference, b, temperature=temperature)[0], packed)
-            metrics["actor/ref_kl"] = float(masked_mean(kl_penalty(old_logprobs, ref_logprobs, estimator=cfg.train.kl_estimator), mask))
+            # Sampler log-probs stand in for π_old when the update supplies it (equal to ~1e-6).
+            current = old_logprobs if old_logprobs is not None else packed.sampling_logprobs
+            metrics["actor/ref_kl"] = float(masked_mean(kl_penalty(current, ref_logprobs, estimator=cfg.train.kl_estimator), mask))
             if cfg.train.kl_in_reward:
                 # KL folded into per-token rewards, the sequence reward on the last token.
                 token_rewards = -cfg.train.kl_coef * kl_penalty(old_logprobs, ref_logprobs, estimator=cfg.train.kl_estimator)
@@ -372,6 +377,14 @@ class ArmTrainer:
         return LearnerBatch(packed=packed, old_logprobs=old_logprobs, advantages=advantages.detach(), ref_logprobs=ref_logprobs,
                             old_values=values, returns=returns, metrics=metrics)
 
+    def update_reuses_old_logprobs(self) -> bool:
+        """With one on-policy optimizer step per rollout batch, π_old is the policy of the
+        update's own forward pass, so a separate no-grad pass over the batch would compute the
+        same numbers again; the update reads them off its first pass instead."""
+        cfg = self.config
+        return (cfg.train.updates_per_batch == 1 and cfg.train.mini_batches == 1
+                and not cfg.rollout.truncated_importance_sampling.enabled and not cfg.train.kl_in_reward)
+
     def token_discounts(self, rollout: Rollout, packed: PackedBatch) -> tuple[Tensor, Tensor]:
         """Per-token γ and λ from each response token's modality (seed 003 §7).
 
@@ -400,6 +413,7 @@ class ArmTrainer:
         weights: dict[str, float] = defaultdict(float)
         grad_norms, losses = [], []
         critic_updates = 0
+        sampler_gap_sum = 0.0
         for _ in range(cfg.updates_per_batch):
             order = torch.randperm(size, generator=generator) if cfg.updates_per_batch > 1 or cfg.mini_batches > 1 else torch.arange(size)
             for mini in torch.tensor_split(order, cfg.mini_batches):
@@ -410,7 +424,10 @@ class ArmTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
                 for micro in torch.split(mini, cfg.micro_batch_size):
-                    loss, metrics = self._policy_loss(batch, micro, normalizer)
+                    loss, metrics, logprobs = self._policy_loss(batch, micro, normalizer)
+                    if batch.old_logprobs is None:
+                        sampler_gap_sum += float((logprobs.detach() - batch.packed.sampling_logprobs[micro]).abs()
+                                                 .mul(batch.packed.response_mask[micro]).sum())
                     loss.backward()
                     mini_loss += float(loss.detach())
                     tokens = float(batch.packed.response_mask[micro].sum())
@@ -428,6 +445,8 @@ class ArmTrainer:
                         sums[key] += value
                         weights[key] += 1
         out = {f"actor/{k}" if not k.startswith(("bapo/", "quadrant/", "value/")) else k: sums[k] / max(weights[k], 1e-12) for k in sums}
+        if batch.old_logprobs is None:
+            out["rollout/logprob_gap"] = sampler_gap_sum / max(float(batch.packed.response_mask.sum()), 1.0)
         out["actor/loss"] = float(np.mean(losses)) if losses else 0.0
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
         out["actor/grad_norm_max"] = float(np.max(grad_norms)) if grad_norms else 0.0
@@ -436,7 +455,7 @@ class ArmTrainer:
             out["value/updates"] = float(critic_updates)
         return out
 
-    def _policy_loss(self, batch: LearnerBatch, rows: Tensor, normalizer: float) -> tuple[Tensor, dict[str, float]]:
+    def _policy_loss(self, batch: LearnerBatch, rows: Tensor, normalizer: float) -> tuple[Tensor, dict[str, float], Tensor]:
         packed = batch.packed.select(rows)
         logprobs, entropy = token_logprobs(self.policy, packed, temperature=self.config.rollout.temperature, compute_entropy=True)
         params = dict(self.objective_params)
@@ -445,8 +464,10 @@ class ArmTrainer:
         params["entropy_coef"] = self.config.train.entropy_coef
         if batch.ref_logprobs is not None:
             params["ref_logprobs"] = batch.ref_logprobs[rows]
-        return self.objective.fn(logprobs, batch.old_logprobs[rows], batch.advantages[rows], packed.response_mask,
-                                 loss_normalizer=normalizer, aggregation=self.aggregation, entropy=entropy, **params)
+        old_logprobs = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[rows]
+        loss, metrics = self.objective.fn(logprobs, old_logprobs, batch.advantages[rows], packed.response_mask,
+                                          loss_normalizer=normalizer, aggregation=self.aggregation, entropy=entropy, **params)
+        return loss, metrics, logprobs
 
     def _critic_update(self, batch: LearnerBatch, rows: Tensor) -> dict[str, float]:
         cfg = self.config.train
