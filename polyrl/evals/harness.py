@@ -1,0 +1,220 @@
+"""Run an eval suite through a rollout engine: generate, score, summarise, one row per sample.
+
+:class:`SuiteRunner` loads the datasets and sets up the metric modules once; ``run(engine)``
+can then be called many times (``polyrl eval`` once per model, periodic evaluation once per
+eval step on the training run's own engine).
+
+Metric names (every one prefixed with the dataset's name, ``<dataset>/``):
+
+- ``accuracy`` — mean of the ``accuracy`` reward module over scored samples (all samples of
+  all prompts; with ``n > 1`` this is the expected pass@1), ``accuracy/unscored``;
+- ``pass_at_<k>`` — unbiased pass@k (:mod:`polyrl.evals.passk`);
+- ``length/{mean,median,p90,max,truncated_share}`` — completion tokens;
+- ``reward/<label>/{mean,std,unscored}`` and ``reward/{mean,std,unscored}`` — the suite's
+  reward modules, combined exactly as in training (:class:`polyrl.rewards.CompositeReward`);
+- caption suites: ``coco/{BLEU-1..4,METEOR,ROUGE-L,CIDEr}`` (pycocoevalcap, PTB tokenizer)
+  and ``cider_fast`` (the in-process ``cider`` reward module, df from the split's references).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polyrl.evals import metrics as stats
+from polyrl.evals.coco import coco_caption_metrics
+from polyrl.evals.passk import mean_pass_at_k
+from polyrl.evals.suite import DatasetSpec, EvalError, EvalSuite, load_suite, resolve_source
+from polyrl.modalities.data import load_prompt_dataset, rows_to_prompt_samples
+from polyrl.platform.types import Completion, PromptSample
+from polyrl.rewards import CompositeReward, RewardBatch, RewardSpec, run_module
+
+
+@dataclass
+class EvalResult:
+    suite: str
+    metrics: dict[str, float]
+    rows: list[dict[str, Any]]  # the per-sample table
+    datasets: dict[str, dict[str, int]]  # name -> {"prompts", "samples"}
+    seconds: float = 0.0
+
+
+@dataclass
+class _Dataset:
+    spec: DatasetSpec
+    samples: list[PromptSample]
+    accuracy: Any | None = None  # the accuracy reward module, set up
+    cider: Any | None = None  # the in-process CIDEr module (caption suites)
+
+
+def load_samples(spec: DatasetSpec, *, base_dir: Path | None, limit: int | None) -> list[PromptSample]:
+    """The dataset's prompts; ``limit`` (from the CLI or ``eval.limit``) caps the suite's own."""
+    cap = min(x for x in (spec.limit, limit) if x is not None) if (spec.limit or limit) else None
+    dataset = load_prompt_dataset(
+        resolve_source(spec.source, base_dir),
+        spec.split,
+        prompt_field=spec.prompt_field,
+        answer_field=spec.answer_field,
+        references_field=spec.references_field,
+        limit=cap,
+    )
+    samples = rows_to_prompt_samples(
+        dataset, prompt_field=spec.prompt_field, answer_field=spec.answer_field, references_field=spec.references_field
+    )
+    if spec.image_field:
+        if spec.image_field not in dataset.column_names:
+            raise EvalError(f"datasets[{spec.label}].image_field: column {spec.image_field!r} not in {dataset.column_names}")
+        for sample in samples:
+            value = sample.fields.pop(spec.image_field, None)
+            sample.images = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    return samples
+
+
+class SuiteRunner:
+    """A suite with its data loaded and its metric modules set up, ready to run on engines."""
+
+    def __init__(self, suite: EvalSuite | str | Path, *, limit: int | None = None, base_dir: Path | None = None):
+        self.suite, found_dir = load_suite(suite)
+        self.base_dir = base_dir or found_dir
+        self.settings = self.suite.generation.sampling_settings()
+        self.datasets = [self._prepare(spec, limit) for spec in self.suite.datasets]
+        self.rewards = self._build_rewards(self.suite.metrics.rewards)
+
+    def _prepare(self, spec: DatasetSpec, limit: int | None) -> _Dataset:
+        from polyrl.rewards.builtins.accuracy import Accuracy
+        from polyrl.rewards.builtins.cider import Cider
+
+        data = _Dataset(spec, load_samples(spec, base_dir=self.base_dir, limit=limit))
+        params = self.suite.accuracy_params()
+        if params is not None:
+            # The dataset's answer column is the gold answer unless the suite says otherwise.
+            params.setdefault("answer_field", spec.answer_field)
+            data.accuracy = RewardSpec(module="accuracy", params=params).build()
+            data.accuracy.setup()
+            if not isinstance(data.accuracy, Accuracy):  # pragma: no cover - registry misconfigured
+                raise EvalError("metrics.accuracy: the registered 'accuracy' module is not polyrl's Accuracy")
+        if self.suite.kind == "caption":
+            corpus = [s.references for s in data.samples if s.references]
+            if not corpus:
+                raise EvalError(f"dataset {spec.label!r}: a caption suite needs references (field {spec.references_field!r})")
+            data.cider = Cider(corpus_references=corpus)
+            data.cider.setup()
+        return data
+
+    @staticmethod
+    def _build_rewards(specs: list[RewardSpec]) -> CompositeReward | None:
+        if not specs:
+            return None
+        reward = CompositeReward(specs)
+        reward.setup()
+        return reward
+
+    # -- running -----------------------------------------------------------------------------
+
+    def run(self, engine: Any) -> EvalResult:
+        started = time.perf_counter()
+        metrics: dict[str, float] = {}
+        rows: list[dict[str, Any]] = []
+        counts: dict[str, dict[str, int]] = {}
+        for data in self.datasets:
+            groups = self._generate(engine, data)
+            dataset_metrics, dataset_rows = self._score(data, groups)
+            metrics.update({f"{data.spec.label}/{k}": v for k, v in dataset_metrics.items()})
+            rows.extend(dataset_rows)
+            counts[data.spec.label] = {"prompts": len(data.samples), "samples": len(dataset_rows)}
+        return EvalResult(self.suite.name, metrics, rows, counts, time.perf_counter() - started)
+
+    def _generate(self, engine: Any, data: _Dataset) -> list[list[Completion]]:
+        groups = engine.generate(data.samples, self.settings)
+        n = self.settings.n
+        if len(groups) != len(data.samples) or any(len(g) != n for g in groups):
+            raise EvalError(
+                f"dataset {data.spec.label!r}: the {getattr(engine, 'name', 'rollout')} engine returned "
+                f"{[len(g) for g in groups][:8]}… completions for {len(data.samples)} prompts × n={n}"
+            )
+        return groups
+
+    def _score(self, data: _Dataset, groups: list[list[Completion]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        n = self.settings.n
+        completions = [c for group in groups for c in group]
+        batch = RewardBatch.from_samples(data.samples, [c.text for c in completions], group_size=n)
+        rows = _base_rows(data, completions, n)
+        out: dict[str, float] = {}
+        if data.accuracy is not None:
+            out.update(self._accuracy(data, batch, rows, n))
+        if self.suite.metrics.length:
+            lengths = [len(c.completion_ids) for c in completions]
+            out.update({f"length/{k}": v for k, v in stats.length_stats(lengths, [c.truncated for c in completions]).items()})
+        if self.rewards is not None:
+            result = self.rewards.score(batch)  # raises RewardModuleError naming the module
+            out.update(result.metrics())
+            for label, values in result.per_module.items():
+                for row, value in zip(rows, values):
+                    row[f"reward/{label}"] = value
+            for row, value in zip(rows, result.totals):
+                row["reward"] = value
+        if data.cider is not None:
+            values = run_module(data.cider, batch, label="cider_fast")
+            out["cider_fast"] = stats.mean_of_scored(values)
+            for row, value in zip(rows, values):
+                row["cider_fast"] = value
+        if self.suite.coco_enabled():
+            out.update(_coco(batch, rows))
+        return out, rows
+
+    def _accuracy(self, data: _Dataset, batch: RewardBatch, rows: list[dict[str, Any]], n: int) -> dict[str, float]:
+        values = run_module(data.accuracy, batch, label="accuracy")
+        for row, value in zip(rows, values):
+            row["correct"] = value
+        out = {"accuracy": stats.mean_of_scored(values), "accuracy/unscored": float(sum(v is None for v in values))}
+        # (n, c) per prompt; prompts with an unscored sample (no gold answer) are left out.
+        correct_value = data.accuracy.correct
+        counts = []
+        for start in range(0, len(values), n):
+            group = values[start : start + n]
+            if all(v is not None for v in group):
+                counts.append((n, sum(v == correct_value for v in group)))
+        for k in self.suite.metrics.pass_at_k:
+            out[f"pass_at_{k}"] = mean_pass_at_k(counts, k)
+        return out
+
+
+def _base_rows(data: _Dataset, completions: list[Completion], n: int) -> list[dict[str, Any]]:
+    rows = []
+    for index, completion in enumerate(completions):
+        sample = data.samples[index // n]
+        rows.append(
+            {
+                "dataset": data.spec.label,
+                "prompt_index": index // n,
+                "sample_index": index % n,
+                "id": str(sample.fields.get("id", index // n)),
+                "prompt": sample.prompt,
+                "completion": completion.text,
+                "answer": None if sample.fields.get(data.spec.answer_field) is None else str(sample.fields[data.spec.answer_field]),
+                "references": list(sample.references),
+                "length": len(completion.completion_ids),
+                "finish_reason": completion.finish_reason,
+            }
+        )
+    return rows
+
+
+def _coco(batch: RewardBatch, rows: list[dict[str, Any]]) -> dict[str, float]:
+    # Every sample is its own COCO "image" id: with n samples per prompt each reference set is
+    # repeated n times, which scales CIDEr's df and corpus size alike (idf unchanged).
+    keys = [str(i) for i in range(len(batch))]
+    if any(not refs for refs in batch.references):
+        missing = [i for i, refs in enumerate(batch.references) if not refs][:5]
+        raise EvalError(f"COCO caption metrics: samples {missing} have no references")
+    corpus, per_sample = coco_caption_metrics(dict(zip(keys, batch.completions)), dict(zip(keys, batch.references)))
+    for key, row in zip(keys, rows):
+        row["coco_CIDEr"] = per_sample[key].get("CIDEr")
+    return {f"coco/{name}": value for name, value in corpus.items()}
+
+
+def run_suite(engine: Any, suite: EvalSuite | str | Path, *, limit: int | None = None) -> EvalResult:
+    """One-shot: load ``suite`` and run it on ``engine``."""
+    return SuiteRunner(suite, limit=limit).run(engine)

@@ -1,0 +1,42 @@
+"""Evaluation inside training: every ``eval.every`` steps the trainer calls the evaluator.
+
+``make_periodic_evaluator(config)`` loads ``config.eval.suite`` (capped at ``config.eval.limit``
+prompts per dataset) and sets up its metric modules once, when the arm starts, so a bad suite
+fails before any training step. The returned callable runs the suite on the training run's own
+rollout engine (already synced to the current weights) and returns the suite's metrics; the
+trainer logs them as ``eval/<metric>``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from polyrl.evals.harness import EvalResult, SuiteRunner
+from polyrl.evals.suite import EvalError
+
+
+class PeriodicEvaluator:
+    def __init__(self, runner: SuiteRunner):
+        self.runner = runner
+        self.last_result: EvalResult | None = None
+
+    def __call__(self, engine: Any, step: int) -> dict[str, float]:
+        # The HF engine seeds torch's global generator for each generate call; forking keeps
+        # an eval from moving the training run's random stream (resume equals uninterrupted).
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            result = self.runner.run(engine)
+        self.last_result = result
+        # NaN (e.g. accuracy with no gold answers) is dropped rather than logged as a number.
+        return {key: value for key, value in result.metrics.items() if isinstance(value, (int, float)) and math.isfinite(value)}
+
+
+def make_periodic_evaluator(config: Any) -> PeriodicEvaluator:
+    """The evaluator of an :class:`~polyrl.platform.config.ExperimentConfig` (``config.eval``)."""
+    suite = getattr(config.eval, "suite", None)
+    if not suite:
+        raise EvalError("eval.suite: periodic evaluation needs a suite name or path")
+    return PeriodicEvaluator(SuiteRunner(suite, limit=config.eval.limit))

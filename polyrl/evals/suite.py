@@ -1,0 +1,256 @@
+"""Eval suites: which data, how to generate, what to measure — a typed, validated YAML.
+
+    name: arithmetic
+    kind: text                      # or caption: also the COCO caption metrics
+    datasets:                       # one mapping or a list
+      - name: arithmetic
+        source: arithmetic          # built-in task, a .jsonl/.parquet path, or a datasets name
+        split: test
+        limit: 128
+    generation:
+      decoding: sample              # greedy (n must be 1) or sample
+      n: 4                          # samples per prompt (pass@k needs k <= n)
+      temperature: 1.0
+      max_tokens: 48
+    metrics:
+      accuracy: {extract: auto}     # params of the `accuracy` reward module; false disables
+      pass_at_k: [1, 2, 4]
+      length: true
+      rewards:                      # the same RewardSpec list as an experiment's `rewards`
+        - module: length
+          params: {unit: tokens}
+
+Suites are found by path, or by name as ``<name>.yaml`` in ``$POLYRL_EVAL_SUITES`` (an
+``os.pathsep`` list of folders), ``./experiments/evals`` and the repository's
+``experiments/evals``. Every validation error names the field path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from polyrl.platform.types import SamplingSettings
+from polyrl.rewards import RewardSpec
+
+REPO_SUITES = Path(__file__).resolve().parents[2] / "experiments" / "evals"
+
+
+class EvalError(ValueError):
+    """A user-caused eval failure (bad suite, missing model, empty split, failing metric)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatasetSpec(_Strict):
+    """One split of one prompt dataset (see :func:`polyrl.modalities.data.load_prompt_dataset`)."""
+
+    name: str | None = Field(None, description="prefix of this dataset's metrics; default '<source stem>-<split>'")
+    source: str = Field(..., min_length=1, description="'arithmetic', a .jsonl/.json/.parquet path (relative to the suite file) or a datasets name")
+    split: str = "test"
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    references_field: str = "references"
+    # Images are carried per prompt already (PromptSample.images); an image modality reads
+    # this column when image rollouts exist. Text-only suites leave it unset.
+    image_field: str | None = Field(None, description="column holding the prompt's image(s), passed as PromptSample.images")
+    limit: int | None = Field(None, ge=1, description="first N rows")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_.\-]+", value):
+            raise ValueError("must use only letters, digits, '_', '.', '-' (it prefixes MLflow metric names)")
+        return value
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        stem = Path(self.source).stem if self.source.endswith((".jsonl", ".json", ".parquet")) else self.source
+        return re.sub(r"[^A-Za-z0-9_.\-]+", "-", f"{stem}-{self.split}").strip("-")
+
+
+class GenerationSpec(_Strict):
+    """How completions are generated: greedy, or sampled ``n`` times per prompt (for pass@k)."""
+
+    decoding: Literal["greedy", "sample"] = "greedy"
+    n: int = Field(1, ge=1, description="samples per prompt")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (decoding: sample)")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(64, ge=1)
+    seed: int = 0
+    stop: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _greedy_single(self) -> "GenerationSpec":
+        # Greedy decoding returns n identical samples: pass@k would be pass@1 dressed up.
+        if self.decoding == "greedy" and self.n != 1:
+            raise ValueError(f"n: greedy decoding gives {self.n} identical samples; use decoding: sample for n > 1")
+        return self
+
+    def sampling_settings(self) -> SamplingSettings:
+        return SamplingSettings(
+            n=self.n,
+            temperature=0.0 if self.decoding == "greedy" else self.temperature,
+            top_p=1.0 if self.decoding == "greedy" else self.top_p,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+            stop=list(self.stop),
+        )
+
+
+class MetricsSpec(_Strict):
+    """What to measure. Reward modules are the training ones (one reward protocol)."""
+
+    # None: on for text suites, off for caption suites; true: on with default params;
+    # a mapping: on, with these params of the `accuracy` reward module; false: off.
+    accuracy: bool | dict[str, Any] | None = None
+    pass_at_k: list[int] = Field(default_factory=list, description="k values; each k <= generation.n")
+    length: bool = True
+    rewards: list[RewardSpec] = Field(default_factory=list)
+    coco: bool | None = Field(None, description="COCO caption metrics (pycocoevalcap); default: on for kind caption")
+
+    @field_validator("pass_at_k")
+    @classmethod
+    def _positive_k(cls, values: list[int]) -> list[int]:
+        bad = [k for k in values if k < 1]
+        if bad:
+            raise ValueError(f"every k must be >= 1, got {bad}")
+        return sorted(set(values))
+
+
+class EvalSuite(_Strict):
+    name: str = Field(..., min_length=1)
+    description: str = ""
+    kind: Literal["text", "caption"] = "text"
+    datasets: list[DatasetSpec] = Field(..., min_length=1)
+    generation: GenerationSpec = GenerationSpec()
+    metrics: MetricsSpec = MetricsSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", value):
+            raise ValueError("must use only letters, digits, '_', '.', '-' (it names report folders)")
+        return value
+
+    @field_validator("datasets", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "EvalSuite":
+        too_big = [k for k in self.metrics.pass_at_k if k > self.generation.n]
+        if too_big:
+            raise ValueError(
+                f"metrics.pass_at_k: k={too_big} exceeds generation.n={self.generation.n}; "
+                "the unbiased estimator needs at least k samples per prompt"
+            )
+        if self.metrics.pass_at_k and self.accuracy_params() is None:
+            raise ValueError("metrics.pass_at_k: needs metrics.accuracy (pass@k counts correct samples)")
+        labels = [d.label for d in self.datasets]
+        duplicates = sorted({label for label in labels if labels.count(label) > 1})
+        if duplicates:
+            raise ValueError(f"datasets: duplicate dataset name(s) {duplicates}; set datasets[i].name")
+        return self
+
+    def accuracy_params(self) -> dict[str, Any] | None:
+        """Params of the accuracy module, or ``None`` when accuracy is off."""
+        value = self.metrics.accuracy
+        if value is None:
+            value = self.kind == "text"
+        if value is False:
+            return None
+        return {} if value is True else dict(value)
+
+    def coco_enabled(self) -> bool:
+        return self.kind == "caption" if self.metrics.coco is None else self.metrics.coco
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        parts.append(f"[{item}]" if isinstance(item, int) else ("." if parts else "") + str(item))
+    return "".join(parts)
+
+
+def format_suite_error(error: ValidationError, source: str) -> str:
+    """One line per problem, each starting with the field path (e.g. ``generation.n``)."""
+    lines = [f"{source}: invalid eval suite"]
+    for item in error.errors():
+        path = _location(tuple(item["loc"]))
+        message = item["msg"].removeprefix("Value error, ")
+        # Model-level checks start their message with the field path below their model.
+        inner = re.match(r"^([A-Za-z_][\w.\[\]]*): (.*)$", message, re.S) if item["type"] == "value_error" else None
+        if inner:
+            path = f"{path}.{inner.group(1)}" if path else inner.group(1)
+            message = inner.group(2)
+        if item["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif item["type"] != "missing" and not isinstance(item.get("input"), (dict, list)):
+            message += f" (got {item.get('input')!r})"
+        lines.append(f"  - {path or '(top level)'}: {message}")
+    return "\n".join(lines)
+
+
+def suite_search_dirs() -> list[Path]:
+    dirs = [Path(p) for p in os.environ.get("POLYRL_EVAL_SUITES", "").split(os.pathsep) if p]
+    dirs += [Path.cwd() / "experiments" / "evals", REPO_SUITES]
+    return list(dict.fromkeys(d.resolve() for d in dirs))
+
+
+def find_suite_file(ref: str | Path) -> Path:
+    """The YAML file a suite reference names (a path, or a name in the search folders)."""
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return path
+    if path.suffix in (".yaml", ".yml") or os.sep in str(ref):
+        raise EvalError(f"suite {str(ref)!r}: no such file ({path.resolve()})")
+    for folder in suite_search_dirs():
+        for suffix in (".yaml", ".yml"):
+            candidate = folder / f"{ref}{suffix}"
+            if candidate.is_file():
+                return candidate
+    known = sorted({p.stem for d in suite_search_dirs() if d.is_dir() for p in d.glob("*.y*ml")})
+    raise EvalError(
+        f"suite {str(ref)!r}: not a file and not a suite name; looked in {[str(d) for d in suite_search_dirs()]}; "
+        f"known suites: {', '.join(known) or '(none)'}"
+    )
+
+
+def parse_suite(raw: Any, source: str = "<suite>") -> EvalSuite:
+    if not isinstance(raw, dict):
+        raise EvalError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return EvalSuite.model_validate(raw)
+    except ValidationError as error:
+        raise EvalError(format_suite_error(error, source)) from None
+
+
+def load_suite(ref: str | Path | EvalSuite) -> tuple[EvalSuite, Path | None]:
+    """The validated suite and the folder relative data paths are resolved against."""
+    if isinstance(ref, EvalSuite):
+        return ref, None
+    path = find_suite_file(ref)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise EvalError(f"{path}: not valid YAML: {error}") from None
+    return parse_suite(raw, str(path)), path.parent
+
+
+def resolve_source(source: str, base_dir: Path | None) -> str:
+    """A relative data path in a suite is relative to the suite file (when it exists there)."""
+    if base_dir is None or Path(source).is_absolute():
+        return source
+    candidate = base_dir / source
+    return str(candidate) if candidate.exists() else source

@@ -1,0 +1,73 @@
+"""Periodic evaluation: ``make_periodic_evaluator(config)`` on the training run's own engine."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from polyrl.evals import SuiteRunner
+from polyrl.evals.periodic import make_periodic_evaluator
+from polyrl.evals.suite import EvalError
+from polyrl.platform.config import ExperimentConfig
+
+ROWS = [{"prompt": f"Q: {i}+2=? A:", "answer": str(i + 2)} for i in range(5)]
+
+
+@pytest.fixture
+def periodic_suite(tmp_path, jsonl, suite_file):
+    jsonl(tmp_path / "p.jsonl", ROWS)
+    return suite_file(tmp_path / "periodic.yaml", {
+        "name": "periodic", "datasets": {"name": "p", "source": "p.jsonl"},
+        "generation": {"decoding": "greedy", "max_tokens": 4},
+        "metrics": {"accuracy": {"extract": "last_number"}, "rewards": [{"module": "length"}]},
+    })
+
+
+def test_eval_periodic_evaluator_uses_suite_limit_and_engine(periodic_suite, hf_engine):
+    config = ExperimentConfig(name="p", eval={"every": 2, "suite": str(periodic_suite), "limit": 3})
+    evaluator = make_periodic_evaluator(config)
+    rng = torch.get_rng_state()
+    metrics = evaluator(hf_engine, 4)
+    assert torch.equal(torch.get_rng_state(), rng)  # the training run's random stream is untouched
+    assert evaluator.last_result.datasets == {"p": {"prompts": 3, "samples": 3}}
+    direct = SuiteRunner(periodic_suite, limit=3).run(hf_engine).metrics
+    assert metrics == pytest.approx({k: v for k, v in direct.items() if math.isfinite(v)})
+    assert {"p/accuracy", "p/length/mean", "p/reward/length/mean"} <= set(metrics)
+    rows = evaluator.last_result.rows
+    assert metrics["p/length/mean"] == pytest.approx(sum(r["length"] for r in rows) / 3)
+
+
+def test_eval_periodic_evaluator_fails_early_on_a_bad_suite(tmp_path):
+    with pytest.raises(EvalError, match="eval.suite"):
+        make_periodic_evaluator(ExperimentConfig(name="p"))
+    with pytest.raises(EvalError, match="known suites"):
+        make_periodic_evaluator(ExperimentConfig(name="p", eval={"every": 1, "suite": "no_such_suite"}))
+
+
+def test_eval_periodic_metrics_reach_the_training_run(tmp_path, periodic_suite, tiny_model, eval_tracking):
+    """Two training steps with eval.every = 1: eval/<metric> is logged at each step."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from polyrl.platform.runner import run_experiment
+
+    config = {
+        "name": "periodic-e2e",
+        "model": {"path": str(tiny_model)},
+        "rollout": {"engine": "hf", "prompts_per_step": 2, "samples_per_prompt": 2, "max_tokens": 4},
+        "rewards": [{"module": "length", "params": {"unit": "chars"}}],
+        "train": {"steps": 2, "micro_batch_size": 4},
+        "tracking": {"uri": eval_tracking, "progress": False},
+        "checkpoint": {"dir": str(tmp_path / "runs"), "every": 2},
+        "eval": {"every": 1, "suite": str(periodic_suite), "limit": 2},
+    }
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = run_experiment(path, console=None, show_progress=False)
+    client = MlflowClient(eval_tracking)
+    history = client.get_metric_history(result.arm_run_ids["main"], "eval/p/accuracy")
+    assert sorted(m.step for m in history) == [1, 2]
+    lengths = client.get_metric_history(result.arm_run_ids["main"], "eval/p/length/mean")
+    assert all(0 <= m.value <= 4 for m in lengths)
