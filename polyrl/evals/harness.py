@@ -177,6 +177,7 @@ class SuiteRunner:
             if all(v is not None for v in group):
                 counts.append((n, sum(v == correct_value for v in group)))
         for k in self.suite.metrics.pass_at_k:
+            # "pass_at_k", not "pass@k": MLflow metric names may not contain '@'.
             out[f"pass_at_{k}"] = mean_pass_at_k(counts, k)
         return out
 
