@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from polyrl.evals.cli import eval_command
 from polyrl.platform.config import ConfigError
 from polyrl.platform.objectives_cli import app as objectives_app
 from polyrl.rewards.cli import app as rewards_app
@@ -26,6 +27,7 @@ app = typer.Typer(
 )
 app.add_typer(objectives_app, name="objectives")
 app.add_typer(rewards_app, name="rewards")
+app.command("eval", help="Evaluate one or more models (folders or MLflow runs) on an eval suite.")(eval_command)
 
 console = Console()
 error_console = Console(stderr=True)

@@ -543,6 +543,9 @@ class ArmTrainer:
         if self.evaluator is not None and cfg.eval.every and step % cfg.eval.every == 0:
             eval_metrics = self.evaluator(self.engine, step)
             metrics.update({f"eval/{k}": v for k, v in eval_metrics.items()})
+            rows = getattr(getattr(self.evaluator, "last_result", None), "rows", None)
+            if self.logger is not None and rows:
+                self.logger.log_table([{"step": step, **row} for row in rows], f"eval_samples/step_{step:05d}.json")
         if step % cfg.checkpoint.every == 0 or step == cfg.train.steps:
             self.save(step)
 
