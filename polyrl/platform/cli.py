@@ -17,6 +17,7 @@ from rich.console import Console
 
 from polyrl.evals.cli import eval_command
 from polyrl.platform.config import ConfigError
+from polyrl.platform.distributed import submit_command
 from polyrl.platform.objectives_cli import app as objectives_app
 from polyrl.rewards.cli import app as rewards_app
 
@@ -27,6 +28,7 @@ app = typer.Typer(
 )
 app.add_typer(objectives_app, name="objectives")
 app.add_typer(rewards_app, name="rewards")
+app.command("submit", help="Run an experiment's arms as Ray tasks (local Ray by default, or --address).")(submit_command)
 app.command("eval", help="Evaluate one or more models (folders or MLflow runs) on an eval suite.")(eval_command)
 
 console = Console()

@@ -287,7 +287,10 @@ def submit_experiment(
     if not ray.is_initialized():
         try:
             if address is None:
-                ray.init(include_dashboard=False, object_store_memory=200 * 1024 * 1024, runtime_env=_runtime_env(ship_package=remote_cluster))
+                # A local cluster listens on loopback only, like every polyrl server.
+                local_only = {} if remote_cluster else {"_node_ip_address": "127.0.0.1"}
+                ray.init(include_dashboard=False, object_store_memory=200 * 1024 * 1024,
+                         runtime_env=_runtime_env(ship_package=remote_cluster), **local_only)
             else:  # the driver's polyrl package travels with the job (py_modules)
                 ray.init(address=address, runtime_env=_runtime_env(ship_package=True))
         except ConnectionError as error:

@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from polyrl.platform.config import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml, to_yaml
+from polyrl.platform.config import ConfigError, ExperimentConfig, load_experiment, read_yaml
 from polyrl.platform.tracking import ExperimentTracker, resolve_tracking_uri
 
 STATE_FILE = "experiment.json"
@@ -72,7 +72,7 @@ def run_experiment(
     console: Console | None = None,
     show_progress: bool | None = None,
 ) -> ExperimentResult:
-    from polyrl.platform.trainer import ArmTrainer  # heavy imports (torch, vLLM) only when running
+    from polyrl.platform.distributed import start_arm_run, start_experiment_run, train_arm
 
     console = console or Console()
     configs = load_experiment(path, set_options=set_options)
@@ -93,14 +93,12 @@ def run_experiment(
         state = {}
     tracking_uri = state.get("tracking_uri") or resolve_tracking_uri(first.tracking.uri)
     tracker = ExperimentTracker(tracking_uri, first.tracking.experiment or first.name)
-    parent = tracker.start_parent(first.name, resume_run_id=state.get("parent_run_id"))
+    parent = start_experiment_run(tracker, first.name, arms=list(configs), yaml_text=yaml_text(path), config_path=path,
+                                  resume_run_id=state.get("parent_run_id"))
     state.setdefault("arms", {})
     state.setdefault("finished", [])
     state.update(tracking_uri=tracking_uri, parent_run_id=parent.run_id, experiment=first.name, config_path=str(path))
     _write_state(state_path, state)
-    if not resume:
-        parent.log_text(yaml_text(path), "experiment.yaml")
-        parent.set_tags({"polyrl.arms": ",".join(configs), "polyrl.config_path": str(path)})
     show_progress = first.tracking.progress if show_progress is None else show_progress
     result = ExperimentResult(first.name, tracking_uri, parent.run_id, {}, experiment_dir=folder)
     console.print(f"[bold]polyrl[/] experiment [cyan]{first.name}[/] · arms: {', '.join(configs)} · MLflow: {tracking_uri}")
@@ -110,27 +108,15 @@ def run_experiment(
                 console.print(f"arm [cyan]{arm}[/] already finished; skipping")
                 result.arm_run_ids[arm] = state["arms"][arm]
                 continue
-            logger = tracker.start_arm(parent.run_id, arm, resume_run_id=state["arms"].get(arm))
+            logger = start_arm_run(tracker, parent.run_id, arm, config, arm_dir=folder / arm, resume_run_id=state["arms"].get(arm))
             state["arms"][arm] = logger.run_id
             _write_state(state_path, state)
             result.arm_run_ids[arm] = logger.run_id
-            logger.set_tags({"polyrl.checkpoint_dir": str((folder / arm).resolve())})
-            logger.log_params(flatten(config.model_dump(mode="json")))
-            logger.log_text(to_yaml(config), "resolved_config.yaml")
-            trainer = ArmTrainer(config, arm=arm, arm_dir=folder / arm, logger=logger, evaluator=_periodic_evaluator(config))
-            trainer.checkpoint_extra = {"mlflow_parent_run_id": parent.run_id, "mlflow_run_id": logger.run_id, "tracking_uri": tracking_uri}
-            try:
-                start_state = trainer.setup(resume=resume)
-                if start_state:
-                    console.print(f"arm [cyan]{arm}[/]: resumed from step {start_state['step']}")
-                _train_with_progress(trainer, console, show_progress)
-            except BaseException as error:
-                logger.finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
-                raise
-            finally:
-                trainer.close()
-            logger.finish()
-            result.final_metrics[arm] = trainer.history[-1] if trainer.history else {}
+            history = train_arm(config, arm=arm, arm_dir=folder / arm, logger=logger, parent_run_id=parent.run_id,
+                                tracking_uri=tracking_uri, resume=resume,
+                                train=lambda trainer: _train_with_progress(trainer, console, show_progress),
+                                on_resumed=lambda step, arm=arm: console.print(f"arm [cyan]{arm}[/]: resumed from step {step}"))
+            result.final_metrics[arm] = history[-1] if history else {}
             state["finished"].append(arm)
             _write_state(state_path, state)
     except BaseException:

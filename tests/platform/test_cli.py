@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 POLYRL = str(Path(sys.executable).with_name("polyrl"))
-COMMANDS = [[], ["run"], ["validate"], ["compare"], ["ui"], ["eval"], ["objectives"], ["objectives", "list"],
+COMMANDS = [[], ["run"], ["submit"], ["validate"], ["compare"], ["ui"], ["eval"], ["objectives"], ["objectives", "list"],
             ["rewards"], ["rewards", "list"], ["rewards", "new"], ["rewards", "check"]]
 
 

@@ -25,7 +25,8 @@ def test_submit_two_arms_to_local_ray(tmp_path, tiny_experiment):
     config["arms"] = {"grpo": {"objective": {"name": "grpo"}}, "dr_grpo": {"objective": {"name": "dr_grpo"}}}
     path = write_experiment(tmp_path, config)
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
     try:
         result = submit_experiment(path, cpus_per_arm=1, parallel_arms=True)
     finally:
