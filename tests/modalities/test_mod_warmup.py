@@ -1,0 +1,124 @@
+"""The warmed-up policy builder: determinism, caching, loadable output, loss going down.
+
+These use the 0.3M-parameter model and a handful of steps; the default 3M build is measured
+by hand (see polyrl/modalities/warmup.py), not in the unit tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from safetensors.torch import load_file  # noqa: E402
+
+from polyrl.modalities import warmup  # noqa: E402
+from polyrl.modalities.warmup import (  # noqa: E402
+    COMPLETE_MARKER,
+    build_warm_policy,
+    default_cache_dir,
+    warm_policy_info,
+)
+
+# One thread: on a shared 2-core box two OpenMP threads can run 10-40x slower than one.
+TINY = dict(size="0.3m", seed=0, steps=5, eval_prompts=4, max_new_tokens=8, num_threads=1)
+
+
+def _weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    first = build_warm_policy(tmp_path_factory.mktemp("a"), **TINY)
+    second = build_warm_policy(tmp_path_factory.mktemp("b"), **TINY)
+    return first, second
+
+
+def test_two_builds_are_identical(built):
+    first, second = built
+    assert first.name == second.name  # same inputs, same key
+    a, b = _weights(first), _weights(second)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_info_record(built):
+    info = warm_policy_info(built[0])
+    assert info["size"] == "0.3m" and info["steps"] == 5 and info["seed"] == 0
+    assert 250_000 < info["params"] < 400_000
+    assert len(info["losses"]) == 5
+    for key in ("greedy_accuracy", "sampled_accuracy", "greedy_mean_length", "sampled_mean_length", "train_seconds"):
+        assert key in info
+    assert 0.0 <= info["greedy_accuracy"] <= 1.0
+    assert info["eval_num_prompts"] == 4
+    assert (built[0] / COMPLETE_MARKER).is_file()
+
+
+def test_second_call_returns_cached_dir_without_training(built, monkeypatch):
+    path = built[0]
+    mtime = (path / "model.safetensors").stat().st_mtime_ns
+
+    def fail(*args, **kwargs):
+        raise AssertionError("retrained a cached policy")
+
+    monkeypatch.setattr(warmup, "supervised_finetune", fail)
+    assert build_warm_policy(path.parent, **TINY) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == mtime
+    # A different input is a different key, so it would train (and hit the patched function).
+    with pytest.raises(AssertionError, match="retrained"):
+        build_warm_policy(path.parent, **{**TINY, "seed": 1})
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp-")]  # temp dir cleaned up
+
+
+def test_incomplete_dir_is_rebuilt(built, tmp_path):
+    cache = tmp_path / "cache"
+    stale = cache / built[0].name
+    stale.mkdir(parents=True)
+    (stale / "config.json").write_text("{}")  # a half-written dir from a crashed run: no marker
+    path = build_warm_policy(cache, **TINY)
+    assert path == stale and (path / COMPLETE_MARKER).is_file()
+    assert torch.equal(_weights(path)["lm_head.weight"], _weights(built[0])["lm_head.weight"])
+
+
+def test_output_loads_with_auto_classes(built):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(built[0])
+    model = AutoModelForCausalLM.from_pretrained(built[0])
+    assert tokenizer("Q: 1+2=? A:")["input_ids"] and tokenizer.eos_token == "</s>"
+    assert not model.config.tie_word_embeddings
+    ids = tokenizer("Q: 1+2=? A:", return_tensors="pt", add_special_tokens=False)
+    out = model.generate(**ids, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] <= ids["input_ids"].shape[1] + 3
+
+
+def test_loss_decreases():
+    from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen2(tokenizer, "0.3m", seed=0)
+    rows = warmup._read_rows("train")[:256]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        losses = warmup.supervised_finetune(model, tokenizer, rows, steps=20, lr=3e-3, batch_size=16, seed=0, warmup_steps=3)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(loss == loss for loss in losses)  # finite, no NaN
+    assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:3]) / 3
+
+
+def test_default_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("POLYRL_CACHE", str(tmp_path / "c"))
+    assert default_cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("POLYRL_CACHE")
+    assert str(default_cache_dir()) == os.path.join(os.path.expanduser("~"), ".cache", "polyrl", "models")
+
+
+def test_info_of_non_warmup_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match="polyrl_warmup.json"):
+        warm_policy_info(tmp_path)
