@@ -17,8 +17,11 @@ in two forms of different length so that response length can move under RL:
 The final answer is always the last thing in a solution, after ``####``, so the accuracy reward
 (extraction mode ``hash`` / ``auto``) verifies it.
 
-Operations: addition and subtraction (never negative results) of 1–2 digit numbers with a few
-3-digit operands. Train and test rows are disjoint by construction: a problem's split is a
+Operations: addition and subtraction (never negative results) of a 1–2 digit number and a
+one-digit number. Every held-out problem is then built from digit facts (units ± units, a
+carry or borrow into the tens) that the train split teaches, so held-out accuracy measures
+whether the policy learned the procedure, not a lookup table; a 0.3M-parameter model reaches
+roughly 40 % greedy accuracy after a two-minute warm-up on two cores, which leaves RL room. Train and test rows are disjoint by construction: a problem's split is a
 hash of its prompt, so no prompt can land in both, whatever ``n`` is asked for.
 
 The shipped files ``polyrl/modalities/data/arithmetic/{train,test}.jsonl`` are exactly
@@ -37,11 +40,12 @@ from typing import Any
 
 SPLITS = ("train", "test")
 SHIPPED_SEED = 1234
-SHIPPED_SIZES = {"train": 4000, "test": 256}
+# Near the number of distinct problems per split (about 1,750 train / 240 test).
+SHIPPED_SIZES = {"train": 1500, "test": 200}
 DATA_DIR = Path(__file__).parent / "data" / "arithmetic"
 
-# Probability of a 1-, 2- or 3-digit operand.
-DIGIT_WEIGHTS = {1: 0.5, 2: 0.45, 3: 0.05}
+# Probability that the first operand has two digits (else one); the second always has one.
+TWO_DIGIT_FIRST_OPERAND = 0.7
 # Share of rows whose stored solution is the long, step-by-step form.
 LONG_FRACTION = 0.6
 # First word of every long solution: the choice between the short and the long form is then
@@ -145,10 +149,9 @@ def problem_split(prompt: str) -> str:
     return "test" if bucket == 0 else "train"
 
 
-def _operand(rng: random.Random) -> int:
-    digits = rng.choices(list(DIGIT_WEIGHTS), weights=list(DIGIT_WEIGHTS.values()))[0]
-    low = 0 if digits == 1 else 10 ** (digits - 1)
-    return rng.randint(low, 10**digits - 1)
+def _operands(rng: random.Random) -> tuple[int, int]:
+    first = rng.randint(10, 99) if rng.random() < TWO_DIGIT_FIRST_OPERAND else rng.randint(0, 9)
+    return first, rng.randint(0, 9)
 
 
 def make_arithmetic_rows(
@@ -175,7 +178,7 @@ def make_arithmetic_rows(
         if attempts > 200 * max(n, 1):
             raise ValueError(f"could not draw {n} distinct {split} problems")
         op = rng.choice("+-")
-        a, b = _operand(rng), _operand(rng)
+        a, b = _operands(rng)
         if op == "-" and a < b:
             a, b = b, a
         prompt = format_prompt(a, op, b)

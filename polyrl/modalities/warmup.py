@@ -38,12 +38,12 @@ from polyrl.modalities import arithmetic
 from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2, count_parameters, save_model_dir
 
 # Bump when a change here alters the weights or the recorded info of a build.
-WARMUP_CODE_VERSION = "1"
+WARMUP_CODE_VERSION = "2"
 INFO_FILE = "polyrl_warmup.json"
 COMPLETE_MARKER = ".polyrl_complete"
 
-DEFAULT_STEPS = 300
-DEFAULT_LR = 2e-3
+DEFAULT_STEPS = 400
+DEFAULT_LR = 5e-3
 DEFAULT_BATCH_SIZE = 32
 
 
@@ -73,7 +73,11 @@ def _is_complete(directory: Path) -> bool:
 
 
 def _lr_at(step: int, *, steps: int, lr: float, warmup_steps: int, min_lr_ratio: float) -> float:
-    """Linear warm-up then cosine decay to ``min_lr_ratio * lr``."""
+    """Linear warm-up then cosine decay to ``min_lr_ratio * lr`` (1.0, the default: constant).
+
+    A constant rate after warm-up makes a build of ``n`` steps exactly the first ``n`` steps of
+    a longer build, so the step count can be tuned from one learning curve.
+    """
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, steps - warmup_steps)
@@ -99,6 +103,54 @@ def _length_bucketed_batches(
         yield from chunks
 
 
+def _pack_batch(
+    examples: Sequence[tuple[list[int], list[int]]], *, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pack ``(prompt_ids, solution_ids)`` examples into few rows (first-fit decreasing).
+
+    Padding every example to the longest one would waste about half the compute (a short
+    solution is ~4x shorter than a long one). Each row holds several examples; a block-diagonal
+    causal mask (4D, additive) keeps them from seeing each other and position ids restart at 0
+    for each, so every example is trained exactly as if it were alone. Returns ``input_ids``,
+    ``labels`` (-100 on prompts and padding), ``position_ids`` and the 4D float mask.
+    """
+    lengths = [len(p) + len(s) for p, s in examples]
+    capacity = max(lengths)
+    rows: list[list[int]] = []  # example indices per row
+    room: list[int] = []
+    for index in sorted(range(len(examples)), key=lambda i: (-lengths[i], i)):
+        for row, free in enumerate(room):
+            if free >= lengths[index]:
+                rows[row].append(index)
+                room[row] -= lengths[index]
+                break
+        else:
+            rows.append([index])
+            room.append(capacity - lengths[index])
+    width = max(capacity - free for free in room)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    segment = torch.full((len(rows), width), -1, dtype=torch.long)
+    for r, members in enumerate(rows):
+        offset = 0
+        for member in members:
+            prompt_ids, solution_ids = examples[member]
+            ids = prompt_ids + solution_ids
+            end = offset + len(ids)
+            input_ids[r, offset:end] = torch.tensor(ids)
+            labels[r, offset + len(prompt_ids) : end] = torch.tensor(solution_ids)
+            position_ids[r, offset:end] = torch.arange(len(ids))
+            segment[r, offset:end] = member
+            offset = end
+        # Padding: each pad token is its own segment, so it attends only to itself (no NaNs).
+        segment[r, offset:] = -2 - torch.arange(width - offset)
+    causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
+    allowed = (segment[:, :, None] == segment[:, None, :]) & causal
+    mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return input_ids, labels, position_ids, mask[:, None]
+
+
 def supervised_finetune(
     model: torch.nn.Module,
     tokenizer,
@@ -109,7 +161,7 @@ def supervised_finetune(
     batch_size: int,
     seed: int,
     warmup_steps: int = 10,
-    min_lr_ratio: float = 0.1,
+    min_lr_ratio: float = 1.0,
     weight_decay: float = 0.01,
     bucket_batches: int = 1,
     on_step: Callable[[int, float, torch.nn.Module], None] | None = None,
@@ -117,9 +169,10 @@ def supervised_finetune(
     """Train ``model`` on ``prompt + solution + EOS`` (loss on solution and EOS only).
 
     Rows are visited in a seeded shuffled order, epoch after epoch; each run of
-    ``bucket_batches`` batches is grouped by length (short and long solutions differ by ~4x,
-    so this roughly halves the padded tokens) and batches are right-padded. ``on_step(step,
-    loss, model)`` is called after every update. Returns the loss of every step.
+    ``bucket_batches`` batches can be grouped by length (off by default: batches of only short
+    or only long solutions swing the policy's form preference), and each batch is packed into
+    rows (``_pack_batch``). ``on_step(step, loss, model)`` is called after every update.
+    Returns the loss of every step.
     """
     encoded = []
     for row in rows:
@@ -132,19 +185,12 @@ def supervised_finetune(
     model.train()
     losses = []
     for step in range(steps):
-        batch = [encoded[i] for i in next(batches)]
-        length = max(len(p) + len(s) for p, s in batch)
-        input_ids = torch.full((len(batch), length), tokenizer.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(batch), length), -100, dtype=torch.long)
-        for i, (prompt_ids, solution_ids) in enumerate(batch):
-            ids = prompt_ids + solution_ids
-            input_ids[i, : len(ids)] = torch.tensor(ids)
-            labels[i, len(prompt_ids) : len(ids)] = torch.tensor(solution_ids)
+        input_ids, labels, position_ids, attention_mask = _pack_batch(
+            [encoded[i] for i in next(batches)], pad_token_id=tokenizer.pad_token_id
+        )
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, steps=steps, lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
-        # Right padding under a causal mask: real tokens never see the pads, so no attention
-        # mask is needed (and SDPA keeps its fast causal path); pads carry no loss.
-        loss = model(input_ids=input_ids, labels=labels).loss
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -221,7 +267,7 @@ def evaluate_arithmetic(
 def build_warm_policy(
     cache_dir: str | Path | None = None,
     *,
-    size: str = "3m",
+    size: str = "0.3m",
     seed: int = 0,
     steps: int = DEFAULT_STEPS,
     lr: float = DEFAULT_LR,

@@ -124,10 +124,10 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
 
     columns = [key for key in TABLE_METRICS + tuple(eval_keys) if any(key in h for h in histories.values())]
     final = {arm: {key: history[key][-1][1] for key in columns if key in history} for arm, history in histories.items()}
-    first = {arm: {key: history[key][0][1] for key in ("train/accuracy", "rollout/response_length/mean", "reward/mean") if key in history}
-             for arm, history in histories.items()}
+    start_keys = ["reward/mean", "train/accuracy", "rollout/response_length/mean", *eval_keys]
+    first = {arm: {key: history[key][0][1] for key in start_keys if key in history} for arm, history in histories.items()}
     table = markdown_table(final, columns)
-    start_table = markdown_table(first, [c for c in ("reward/mean", "train/accuracy", "rollout/response_length/mean") if any(c in v for v in first.values())])
+    start_table = markdown_table(first, [c for c in start_keys if any(c in v for v in first.values())])
     report = "\n".join([
         f"# {experiment}: comparison of arms",
         "",
@@ -137,7 +137,7 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
         "",
         table,
         "",
-        "## First step",
+        "## Start (first logged step; eval metrics at step 0 are the starting policy)",
         "",
         start_table,
         "",

@@ -49,10 +49,10 @@ def preset_overrides(preset: str) -> dict[str, Any]:
 class BuiltinModelConfig(StrictModel):
     """A tiny policy built from a transformers config and warmed up on the synthetic task."""
 
-    size: Literal["0.3m", "3m", "30m"] = "3m"
+    size: Literal["0.3m", "3m", "30m"] = "0.3m"
     seed: int = 0
-    warmup_steps: int = Field(600, ge=0)
-    warmup_learning_rate: float = Field(3e-3, gt=0)
+    warmup_steps: int = Field(400, ge=0)
+    warmup_learning_rate: float = Field(5e-3, gt=0)
 
 
 class ModelConfig(StrictModel):

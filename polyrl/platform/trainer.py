@@ -561,7 +561,19 @@ class ArmTrainer:
 
     checkpoint_extra: dict[str, Any] | None = None
 
+    def evaluate_start(self) -> dict[str, float]:
+        """Held-out metrics of the starting policy, logged at step 0, so every eval curve
+        begins at the warmed-up model the arm started from."""
+        cfg = self.config
+        if self.evaluator is None or not cfg.eval.every or self.step_index != 0:
+            return {}
+        metrics = {f"eval/{k}": v for k, v in self.evaluator(self.engine, 0).items()}
+        if self.logger is not None:
+            self.logger.log_metrics(0, metrics)
+        return metrics
+
     def run(self) -> list[dict[str, float]]:
+        self.start_metrics = self.evaluate_start()
         while self.step_index < self.config.train.steps:
             self.step()
         return self.history

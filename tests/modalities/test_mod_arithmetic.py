@@ -26,19 +26,19 @@ def test_rows_are_deterministic_for_a_seed():
 
 def test_prefix_property():
     # Asking for more rows extends the sequence rather than reshuffling it.
-    assert make_arithmetic_rows(300, seed=3, split="test")[:100] == make_arithmetic_rows(100, seed=3, split="test")
+    assert make_arithmetic_rows(150, seed=3, split="test")[:50] == make_arithmetic_rows(50, seed=3, split="test")
 
 
 @pytest.mark.parametrize("seed_train, seed_test", [(0, 0), (1, 2)])
 def test_splits_are_disjoint(seed_train, seed_test):
-    train = {row["prompt"] for row in make_arithmetic_rows(3000, seed=seed_train, split="train")}
-    test = {row["prompt"] for row in make_arithmetic_rows(300, seed=seed_test, split="test")}
-    assert len(train) == 3000 and len(test) == 300  # distinct within a split
+    train = {row["prompt"] for row in make_arithmetic_rows(1500, seed=seed_train, split="train")}
+    test = {row["prompt"] for row in make_arithmetic_rows(200, seed=seed_test, split="test")}
+    assert len(train) == 1500 and len(test) == 200  # distinct within a split
     assert not train & test
 
 
 def test_every_solution_verifies():
-    rows = make_arithmetic_rows(2000, seed=SHIPPED_SEED, split="train") + make_arithmetic_rows(256, seed=SHIPPED_SEED, split="test")
+    rows = make_arithmetic_rows(SHIPPED_SIZES["train"], seed=SHIPPED_SEED, split="train") + make_arithmetic_rows(SHIPPED_SIZES["test"], seed=SHIPPED_SEED, split="test")
     for row in rows:
         a, op, b = parse_prompt(row["prompt"])
         expected = str(eval(f"{a}{op}{b}"))  # noqa: S307 - the prompt is our own digits-and-operator string
@@ -51,13 +51,13 @@ def test_every_solution_verifies():
 
 
 def test_both_solution_forms_present_and_lengths_vary():
-    rows = make_arithmetic_rows(1000, seed=0, split="train")
+    rows = make_arithmetic_rows(1500, seed=0, split="train")
     long_rows = [row for row in rows if row["solution"].startswith(" work: ")]
     short_rows = [row for row in rows if row["solution"].startswith(" #### ")]
     assert len(long_rows) + len(short_rows) == len(rows)
     assert abs(len(long_rows) / len(rows) - arithmetic.LONG_FRACTION) < 0.06
     lengths = {len(row["solution"]) for row in rows}
-    assert min(lengths) <= 9 and max(lengths) >= 40
+    assert min(lengths) <= 9 and max(lengths) >= 35
 
 
 @pytest.mark.parametrize(

@@ -122,3 +122,33 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 def test_info_of_non_warmup_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="polyrl_warmup.json"):
         warm_policy_info(tmp_path)
+
+
+def test_packed_batch_equals_separate_examples():
+    from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen2(tokenizer, "0.3m", seed=0).eval()
+    rows = warmup._read_rows("train")[:12]
+    examples = [
+        (
+            tokenizer(row["prompt"], add_special_tokens=False)["input_ids"],
+            tokenizer(row["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id],
+        )
+        for row in rows
+    ]
+    input_ids, labels, position_ids, mask = warmup._pack_batch(examples, pad_token_id=tokenizer.pad_token_id)
+    assert input_ids.shape[0] < len(examples)  # several examples share a row
+    assert int((labels != -100).sum()) == sum(len(solution) for _, solution in examples)
+    with torch.no_grad():
+        packed = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, labels=labels).loss
+        total, count = 0.0, 0
+        for prompt_ids, solution_ids in examples:
+            alone = model(
+                input_ids=torch.tensor([prompt_ids + solution_ids]),
+                labels=torch.tensor([[-100] * len(prompt_ids) + solution_ids]),
+            ).loss
+            total += float(alone) * len(solution_ids)
+            count += len(solution_ids)
+    # Mean loss over all solution tokens is the same packed or one by one.
+    assert abs(float(packed) - total / count) < 1e-5
