@@ -15,6 +15,13 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+# The CLI shows its own progress; the libraries' INFO logs and weight-loading bars would bury it.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
 from polyrl.evals.cli import eval_command
 from polyrl.platform.config import ConfigError
 from polyrl.platform.distributed import submit_command

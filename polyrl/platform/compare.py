@@ -62,10 +62,15 @@ def _histories(client: MlflowClient, run_id: str, keys: list[str]) -> dict[str, 
     return out
 
 
+# Eval metrics worth a curve and a column; the rest stay in MLflow.
+EVAL_HEADLINE_SUFFIXES = ("/accuracy", "/length/mean", "/reward/mean", "/coco/CIDEr", "/cider_fast")
+
+
 def _eval_keys(client: MlflowClient, run_ids: list[str]) -> list[str]:
     keys: set[str] = set()
     for run_id in run_ids:
-        keys.update(k for k in client.get_run(run_id).data.metrics if k.startswith("eval/"))
+        keys.update(k for k in client.get_run(run_id).data.metrics
+                    if k.startswith("eval/") and (k.endswith(EVAL_HEADLINE_SUFFIXES) or "/pass_at_" in k))
     return sorted(keys)
 
 

@@ -122,7 +122,7 @@ class ValueModel(torch.nn.Module):
 
     def __init__(self, path: str | Path, dtype: torch.dtype):
         super().__init__()
-        self.model = AutoModelForTokenClassification.from_pretrained(str(path), num_labels=1, torch_dtype=dtype)
+        self.model = AutoModelForTokenClassification.from_pretrained(str(path), num_labels=1, dtype=dtype)
 
     def forward(self, batch: PackedBatch) -> Tensor:
         device = next(self.parameters()).device
@@ -170,14 +170,14 @@ class ArmTrainer:
         self.policy_path = resolve_policy_path(cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.policy_path))
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self.policy = AutoModelForCausalLM.from_pretrained(str(self.policy_path), torch_dtype=self.dtype)
+        self.policy = AutoModelForCausalLM.from_pretrained(str(self.policy_path), dtype=self.dtype)
         self.policy.train()
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.train.learning_rate, betas=cfg.train.betas, weight_decay=cfg.train.weight_decay
         )
         self.reference = None
         if self.needs_reference:
-            self.reference = AutoModelForCausalLM.from_pretrained(str(self.policy_path), torch_dtype=self.dtype).eval()
+            self.reference = AutoModelForCausalLM.from_pretrained(str(self.policy_path), dtype=self.dtype).eval()
             self.reference.requires_grad_(False)
         self.critic = None
         self.critic_optimizer = None
