@@ -2,40 +2,19 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2, save_model_dir
+from polyrl.modalities.text_models import save_model_dir
+from rollout_models import PROMPTS, SETTINGS, eos_prone_model, perturbed
 from polyrl.platform.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.platform.rollout import ROLLOUT_ENGINES, HFRolloutEngine, build_rollout_engine
 from polyrl.platform.types import PromptSample, SamplingSettings
 
-PROMPTS = [PromptSample(prompt="12+7="), PromptSample(prompt="hello"), PromptSample(prompt="a"), PromptSample(prompt="(3*4)-5=")]
-SETTINGS = SamplingSettings(n=4, temperature=1.0, max_tokens=24, seed=11)
 
 
-def eos_prone_qwen2(tied: bool):
-    """Random 0.3M Qwen2 that ends about half its 24-token samples with EOS (see test_rollout_vllm)."""
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_qwen2(tokenizer, "0.3m", seed=0, tie_word_embeddings=tied).eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] = 10.0
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight[0] = 0.0
-            layer.mlp.down_proj.weight[0] = 0.0
-        model.lm_head.weight[tokenizer.eos_token_id, 0] += 0.08
-    return model, tokenizer
 
 
-def perturbed(model, seed: int = 1, scale: float = 0.05):
-    new = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in new.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
-    return new
 
 
 def gap_vs(model, completions, temperature, pad_id):
@@ -51,7 +30,7 @@ def flat(groups):
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
 def setup(request, tmp_path_factory):
-    model, tokenizer = eos_prone_qwen2(request.param)
+    model, tokenizer = eos_prone_model(request.param)
     directory = save_model_dir(model, tokenizer, tmp_path_factory.mktemp("hf"))
     engine = build_rollout_engine("hf", str(directory), seed=0)
     yield engine, model, tokenizer

@@ -7,50 +7,23 @@ engine before the tied class starts its own.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 pytest.importorskip("vllm")
 
-from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2, save_model_dir  # noqa: E402
+from polyrl.modalities.text_models import save_model_dir  # noqa: E402
+from rollout_models import PROMPTS, SETTINGS, eos_prone_model, perturbed  # noqa: E402
 from polyrl.platform.logprobs import logprob_gap, pack_completions, token_logprobs  # noqa: E402
 from polyrl.platform.rollout import ROLLOUT_ENGINES, VLLMRolloutEngine, _refresh_vocab_layers, build_rollout_engine  # noqa: E402
-from polyrl.platform.types import Completion, PromptSample, SamplingSettings  # noqa: E402
+from polyrl.platform.types import Completion, SamplingSettings  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [PromptSample(prompt="12+7="), PromptSample(prompt="hello"), PromptSample(prompt="a"), PromptSample(prompt="(3*4)-5=")]
-SETTINGS = SamplingSettings(n=4, temperature=1.0, max_tokens=24, seed=11)
 
 
-def eos_prone_qwen2(tied: bool):
-    """A random 0.3M Qwen2 that ends about half of its 24-token samples with EOS.
-
-    Residual dimension 0 is a constant 10 (every token embeds it, no layer writes it), so the
-    final hidden state always has a large component 0 and the EOS row of the head gets a
-    fixed logit bonus through it. Both finish reasons then occur in a handful of samples.
-    """
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_qwen2(tokenizer, "0.3m", seed=0, tie_word_embeddings=tied).eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] = 10.0
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight[0] = 0.0
-            layer.mlp.down_proj.weight[0] = 0.0
-        model.lm_head.weight[tokenizer.eos_token_id, 0] += 0.08  # same tensor as the embedding when tied
-    return model, tokenizer
 
 
-def perturbed(model, seed: int = 1, scale: float = 0.05):
-    """A copy with every parameter (embeddings, head, norms, projections) moved by N(0, scale^2)."""
-    new = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in new.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
-    return new
 
 
 def flat(groups: list[list[Completion]]) -> list[Completion]:
@@ -102,7 +75,7 @@ def _refresh_in_worker(worker) -> int:
 
 
 def _start(tmp_path_factory, tied: bool):
-    model, tokenizer = eos_prone_qwen2(tied)
+    model, tokenizer = eos_prone_model(tied)
     directory = save_model_dir(model, tokenizer, tmp_path_factory.mktemp("tied" if tied else "untied"))
     engine = build_rollout_engine("vllm", str(directory), seed=0, kv_cache_gb=0.25, max_model_len=128)
     return engine, model, tokenizer
