@@ -2,7 +2,7 @@
 
     python bench/bench_rewards.py [--samples 1024] [--repeats 3]
 
-ppl_fluency scores with the tiny 0.3m Qwen2 (character tokenizer) built into a temporary
+ppl_fluency scores with the tiny 0.3m Qwen3-architecture model (character tokenizer) built into a temporary
 directory. Each module is set up, warmed up on 16 samples, then timed over the full batch;
 the best of ``--repeats`` runs is reported.
 """
@@ -82,7 +82,7 @@ def main() -> None:
             ("safety", {}, "default lexicons"),
             ("accuracy", {}, "extract auto"),
             ("format", {"pattern": r".*#### \d+"}, "fullmatch"),
-            ("ppl_fluency", {"model_path": model_dir, "batch_size": 64, "device": "cpu"}, "0.3m Qwen2, batch 64, fp32"),
+            ("ppl_fluency", {"model_path": model_dir, "batch_size": 64, "device": "cpu"}, "0.3m Qwen3-arch, batch 64, fp32"),
         ]
         table = Table(title=f"reward modules on {len(batch)} samples (torch threads {torch.get_num_threads()})")
         for column in ("module", "setting", "samples/s"):

@@ -1,4 +1,4 @@
-"""Perplexity fluency against a manual per-sample computation with the tiny Qwen2."""
+"""Perplexity fluency against a manual per-sample computation with the tiny Qwen3-architecture model."""
 
 import math
 
