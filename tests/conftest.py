@@ -35,10 +35,17 @@ def mlflow_uri(tmp_path, monkeypatch) -> str:
     return uri
 
 
-def write_experiment(folder: Path, config: dict, name: str = "exp.yaml") -> Path:
+def _write_experiment(folder: Path, config: dict, name: str = "exp.yaml") -> Path:
     path = Path(folder) / name
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+@pytest.fixture
+def write_experiment():
+    """``write_experiment(folder, config_dict) -> Path`` of a YAML file (a fixture, because
+    test modules cannot import from a conftest: several conftest modules share that name)."""
+    return _write_experiment
 
 
 @pytest.fixture

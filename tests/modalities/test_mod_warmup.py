@@ -97,10 +97,10 @@ def test_output_loads_with_auto_classes(built):
 
 
 def test_loss_decreases():
-    from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2
+    from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_causal_lm
 
     tokenizer = build_char_tokenizer()
-    model = build_tiny_qwen2(tokenizer, "0.3m", seed=0)
+    model = build_tiny_causal_lm(tokenizer, "0.3m", seed=0)
     rows = warmup._read_rows("train")[:256]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -125,10 +125,10 @@ def test_info_of_non_warmup_dir(tmp_path):
 
 
 def test_packed_batch_equals_separate_examples():
-    from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2
+    from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_causal_lm
 
     tokenizer = build_char_tokenizer()
-    model = build_tiny_qwen2(tokenizer, "0.3m", seed=0).eval()
+    model = build_tiny_causal_lm(tokenizer, "0.3m", seed=0).eval()
     rows = warmup._read_rows("train")[:12]
     examples = [
         (
@@ -152,3 +152,9 @@ def test_packed_batch_equals_separate_examples():
             count += len(solution_ids)
     # Mean loss over all solution tokens is the same packed or one by one.
     assert abs(float(packed) - total / count) < 1e-5
+
+
+def test_model_fingerprint_is_in_the_key():
+    assert warmup.model_fingerprint("0.3m") != warmup.model_fingerprint("3m")
+    with pytest.raises(ValueError, match="unknown model size"):
+        build_warm_policy("/nonexistent-cache", size="7b")

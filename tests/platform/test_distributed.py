@@ -9,7 +9,6 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.platform.distributed import absolute_tracking_uri, submit_experiment
 from polyrl.platform.tracking import find_arm_runs
-from conftest import write_experiment
 
 
 def test_absolute_tracking_uri(tmp_path, monkeypatch):
@@ -19,7 +18,7 @@ def test_absolute_tracking_uri(tmp_path, monkeypatch):
     assert absolute_tracking_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
 
 
-def test_submit_two_arms_to_local_ray(tmp_path, tiny_experiment):
+def test_submit_two_arms_to_local_ray(tmp_path, tiny_experiment, write_experiment):
     ray = pytest.importorskip("ray")
     config = tiny_experiment(train={"steps": 2}, checkpoint={"every": 2})
     config["arms"] = {"grpo": {"objective": {"name": "grpo"}}, "dr_grpo": {"objective": {"name": "dr_grpo"}}}

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import write_experiment
 from polyrl.platform.tracking import STEP_MARKER
 
 COMPARED = ["reward/mean", "actor/loss", "actor/grad_norm", "rollout/response_length/mean", "actor/entropy", "actor/approx_kl"]
@@ -45,7 +44,7 @@ def _config(tiny_experiment, folder: Path, engine: str):
 
 
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])
-def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_experiment, engine):
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_experiment, engine, write_experiment):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
 

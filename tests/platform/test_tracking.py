@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import write_experiment
 from polyrl.platform.compare import compare_experiment
 from polyrl.platform.runner import run_experiment
 from polyrl.platform.tracking import ExperimentTracker, STEP_MARKER, resolve_tracking_uri
@@ -79,7 +78,7 @@ def mlflow_server(tmp_path):
         process.kill()
 
 
-def test_experiment_with_arms_logs_to_a_real_mlflow_server(tmp_path, tiny_experiment, mlflow_server, monkeypatch):
+def test_experiment_with_arms_logs_to_a_real_mlflow_server(tmp_path, tiny_experiment, mlflow_server, monkeypatch, write_experiment):
     monkeypatch.chdir(tmp_path)
     config = tiny_experiment(name="served", train={"steps": 2}, tracking={"uri": mlflow_server, "progress": False})
     config["arms"] = {"grpo": {"objective": {"name": "grpo"}}, "dr_grpo": {"objective": {"name": "dr_grpo"}}}
