@@ -21,6 +21,7 @@ parameter count, steps, seconds, and the loss curve; read it with ``warm_policy_
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -35,13 +36,15 @@ from typing import Any
 import torch
 
 from polyrl.modalities import arithmetic
-from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2, count_parameters, save_model_dir
+from polyrl.modalities import text_models
+from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_causal_lm, count_parameters, save_model_dir
 
 # Bump when a change here alters the weights or the recorded info of a build.
 WARMUP_CODE_VERSION = "2"
 INFO_FILE = "polyrl_warmup.json"
 COMPLETE_MARKER = ".polyrl_complete"
 
+DEFAULT_SIZE = "0.3m"
 DEFAULT_STEPS = 400
 DEFAULT_LR = 5e-3
 DEFAULT_BATCH_SIZE = 32
@@ -56,6 +59,25 @@ def default_cache_dir() -> Path:
 def _read_rows(split: str) -> list[dict[str, Any]]:
     with arithmetic.shipped_path(split).open() as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def model_fingerprint(size: str) -> str:
+    """A hash of what defines the untrained model: its size entry, vocabulary and builder code.
+
+    Part of the cache key, so a change of architecture or tokenizer in ``text_models`` (e.g.
+    Qwen2 -> Qwen3) can never return a stale cached policy.
+    """
+    if size not in text_models.MODEL_SIZES:
+        raise ValueError(f"unknown model size {size!r}; allowed: {sorted(text_models.MODEL_SIZES)}")
+    payload = json.dumps(
+        {
+            "size": text_models.MODEL_SIZES[size],
+            "vocab": text_models.SPECIAL_TOKENS + text_models.CHARACTERS,
+            "builder": inspect.getsource(build_tiny_causal_lm),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def warm_policy_key(settings: dict[str, Any]) -> str:
@@ -267,7 +289,7 @@ def evaluate_arithmetic(
 def build_warm_policy(
     cache_dir: str | Path | None = None,
     *,
-    size: str = "0.3m",
+    size: str = DEFAULT_SIZE,
     seed: int = 0,
     steps: int = DEFAULT_STEPS,
     lr: float = DEFAULT_LR,
@@ -285,9 +307,9 @@ def build_warm_policy(
     default because it is the fastest for these tiny models: on the shared 2-core dev box 50
     steps of the 0.3m build took 7.8 s with one thread and 51.5 s with two (intra-op
     parallelism on ~100-wide matrices costs more in synchronisation than it saves, and
-    collapses when another process holds a core). Weights were bit-identical for 1 and 2
-    threads. ``force`` rebuilds even
-    when a complete directory exists. Deterministic for given inputs (and thread count).
+    collapses when another process holds a core); the weights were bit-identical for 1 and 2
+    threads. ``force`` rebuilds even when a complete directory exists. Deterministic for given
+    inputs.
     """
     cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if steps < 0:
@@ -303,6 +325,7 @@ def build_warm_policy(
         "eval_prompts": eval_prompts,
         "max_new_tokens": max_new_tokens,
         "data_version": arithmetic.shipped_data_version(),
+        "model_fingerprint": model_fingerprint(size),
         "code_version": WARMUP_CODE_VERSION,
     }
     final = cache_dir / warm_policy_key(settings)
@@ -315,7 +338,7 @@ def build_warm_policy(
     try:
         started = time.perf_counter()
         tokenizer = build_char_tokenizer()
-        model = build_tiny_qwen2(tokenizer, size, seed=seed)
+        model = build_tiny_causal_lm(tokenizer, size, seed=seed)
         torch.manual_seed(seed)
         losses = supervised_finetune(
             model,
@@ -393,7 +416,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="Build the warmed-up arithmetic policy and print its record.")
     parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--size", default="3m")
+    parser.add_argument("--size", default=DEFAULT_SIZE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--lr", type=float, default=DEFAULT_LR)
