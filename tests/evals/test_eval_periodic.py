@@ -47,7 +47,7 @@ def test_eval_periodic_evaluator_fails_early_on_a_bad_suite(tmp_path):
 
 
 def test_eval_periodic_metrics_reach_the_training_run(tmp_path, periodic_suite, tiny_model, eval_tracking):
-    """Two training steps with eval.every = 1: eval/<metric> is logged at each step."""
+    """Two training steps with eval.every = 1: eval/<metric> is logged at step 0 (the start) and each step."""
     import yaml
     from mlflow.tracking import MlflowClient
 
@@ -68,6 +68,7 @@ def test_eval_periodic_metrics_reach_the_training_run(tmp_path, periodic_suite, 
     result = run_experiment(path, console=None, show_progress=False)
     client = MlflowClient(eval_tracking)
     history = client.get_metric_history(result.arm_run_ids["main"], "eval/p/accuracy")
-    assert sorted(m.step for m in history) == [1, 2]
+    # Step 0 is the starting policy (the trainer evaluates it before the first update).
+    assert sorted(m.step for m in history) == [0, 1, 2]
     lengths = client.get_metric_history(result.arm_run_ids["main"], "eval/p/length/mean")
     assert all(0 <= m.value <= 4 for m in lengths)

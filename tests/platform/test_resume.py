@@ -67,7 +67,9 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_experim
     while time.time() < deadline:
         if process.poll() is not None:
             pytest.fail(f"run ended before it could be killed (exit {process.returncode})")
-        if (killed / "mlflow.db").exists():
+        # Touch the store only once the run has created it (experiment.json is written after
+        # the MLflow runs): two processes migrating one new SQLite file can break the run.
+        if (killed / "runs" / "resumable" / "experiment.json").exists():
             try:
                 client = client or MlflowClient(uri)
                 experiment = client.get_experiment_by_name("resumable")
