@@ -3,7 +3,7 @@ against bare vLLM generation of the same batch — measured side by side in one 
 
 Run: ``python bench/bench_step.py`` (``--quick`` for fewer steps).
 
-Part 1, the demo config (``experiments/grpo_vs_drgrpo.yaml``, grpo arm, warm 3m policy):
+Part 1, the demo config (``experiments/grpo_vs_drgrpo.yaml``, grpo arm, its warm policy):
 mean seconds per phase (generate, score, advantage, update, sync, log) over ``--steps`` steps
 after one warm-up step, samples/s of the whole step, and the share of step time spent outside
 generate/score/update (orchestration overhead: advantage, sync, log; goal < 5 %).
@@ -62,7 +62,10 @@ def bench_demo(steps: int) -> dict[str, float]:
     trainer = ArmTrainer(config, arm="grpo", arm_dir=Path(tempfile.mkdtemp()) / "grpo")
     trainer.setup()
     try:
-        return phase_table("Demo config (grpo arm, 3m warm policy, 8×8, max 64 tokens)", run_steps(trainer, steps))
+        r = config.rollout
+        title = (f"Demo config (grpo arm, {config.model.builtin.size} warm policy, "
+                 f"{r.prompts_per_step} prompts × {r.samples_per_prompt} samples, max {r.max_tokens} tokens)")
+        return phase_table(title, run_steps(trainer, steps))
     finally:
         trainer.close()
 
