@@ -35,6 +35,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from polyrl.platform.config import check_safe_name
 from polyrl.platform.types import SamplingSettings
 from polyrl.rewards import RewardSpec
 
@@ -138,9 +139,7 @@ class EvalSuite(_Strict):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", value):
-            raise ValueError("must use only letters, digits, '_', '.', '-' (it names report folders)")
-        return value
+        return check_safe_name(value, "it names report folders")
 
     @field_validator("datasets", mode="before")
     @classmethod

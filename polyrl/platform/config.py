@@ -23,6 +23,13 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message is meant for the user, not a traceback."""
 
 
+def check_safe_name(name: str, why: str) -> str:
+    """Names that become folder and run names: letters, digits, '_', '.', '-' only."""
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        raise ValueError(f"must use only letters, digits, '_', '.', '-' ({why})")
+    return name
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -237,9 +244,7 @@ class ExperimentConfig(StrictModel):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, name: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-            raise ValueError("must use only letters, digits, '_', '.', '-' (it names folders and MLflow runs)")
-        return name
+        return check_safe_name(name, "it names folders and MLflow runs")
 
     @model_validator(mode="after")
     def _params_known(self) -> "ExperimentConfig":
