@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -182,9 +181,3 @@ def find_arm_runs(client: MlflowClient, experiment_id: str, parent_run_id: str):
         order_by=["attributes.start_time ASC"],
     )
 
-
-def write_temp_text(text: str, name: str) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="polyrl-"))
-    path = folder / name
-    path.write_text(text)
-    return path
