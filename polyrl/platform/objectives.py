@@ -68,6 +68,7 @@ class ObjectiveSpec:
     default_aggregation: str
     default_advantage: str
     default_params: dict[str, Any] = field(default_factory=dict)
+    deviations: str = ""
 
 
 _OBJECTIVES: dict[str, ObjectiveSpec] = {}
@@ -90,8 +91,12 @@ def register_objective(
     paper: str,
     default_aggregation: str,
     default_advantage: str,
+    deviations: str = "",
+    param_defaults: dict[str, Any] | None = None,
 ) -> Callable[[ObjectiveFn], ObjectiveFn]:
-    """Register ``fn`` under ``name``; its default params are read from its keyword defaults."""
+    """Register ``fn`` under ``name``; its default params are read from its keyword defaults,
+    overridden by ``param_defaults``. One function can serve several named objectives that
+    differ only in defaults (PPO, GRPO, Dr.GRPO and DAPO share the PPO-clip surrogate)."""
     check_aggregation_mode(default_aggregation)
 
     def decorator(fn: ObjectiveFn) -> ObjectiveFn:
@@ -104,7 +109,8 @@ def register_objective(
             paper=paper,
             default_aggregation=default_aggregation,
             default_advantage=default_advantage,
-            default_params={**_own_keyword_defaults(fn), **SHARED_PARAMS},
+            default_params={**_own_keyword_defaults(fn), **(param_defaults or {}), **SHARED_PARAMS},
+            deviations=deviations,
         )
         return fn
 
@@ -328,6 +334,8 @@ def _ppo_family(
     paper="Schulman et al., Proximal Policy Optimization Algorithms, arXiv 1707.06347",
     default_aggregation="token_mean",
     default_advantage="gae",
+    deviations="separate lower/upper clip widths (the paper has one epsilon); the loss is aggregated "
+    "by the chosen mode instead of a plain mean over timesteps",
 )
 def ppo_loss(
     logprobs: Tensor,
@@ -347,8 +355,10 @@ def ppo_loss(
 
     Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347; dual clip from
     Ye et al., arXiv 1912.09729 (``dual_clip`` c > 1 caps the A<0 loss at ``c*|A|``).
-    Deviations: separate lower/upper clip widths (the paper has one epsilon); the loss is
-    aggregated by the chosen mode instead of a plain mean over timesteps.
+
+    The same surrogate is registered as ``grpo``, ``dr_grpo`` and ``dapo``: those algorithms
+    differ from PPO in their advantage estimator, loss aggregation and clip defaults, which the
+    registry holds (each registration cites its paper and lists its deviations).
     """
     return _ppo_family(
         logprobs, old_logprobs, advantages, mask,
@@ -357,107 +367,39 @@ def ppo_loss(
     )  # fmt: skip
 
 
-@register_objective(
+# GRPO (Shao et al., DeepSeekMath, arXiv 2402.03300): PPO-clip on group-normalised advantages,
+# each sequence's token mean, KL to a reference in the loss.
+register_objective(
     "grpo",
     description="PPO-clip on group-normalised advantages, per-sequence token mean.",
     paper="Shao et al., DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models, arXiv 2402.03300",
     default_aggregation="seq_mean_token_mean",
     default_advantage="group_norm",
-)
-def grpo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    loss_normalizer: float,
-    aggregation: str,
-    entropy: Tensor | None = None,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    **shared: Any,
-) -> tuple[Tensor, dict[str, float]]:
-    """GRPO: the PPO-clip surrogate with group-normalised advantages and a KL term in the loss.
+    deviations="kl_coef defaults to 0 (the paper uses 0.04 with the k3 estimator, the default kl_estimator here)",
+)(ppo_loss)
 
-    Shao et al., "DeepSeekMath", arXiv 2402.03300. The advantage (``group_norm``) is computed
-    by the advantage estimator, so the loss itself is PPO-clip. Deviations: ``kl_coef`` defaults
-    to 0 (the paper uses 0.04 with the k3 estimator, the default ``kl_estimator`` here).
-    """
-    return _ppo_family(
-        logprobs, old_logprobs, advantages, mask,
-        loss_normalizer=loss_normalizer, aggregation=aggregation, entropy=entropy,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, **shared,
-    )  # fmt: skip
-
-
-@register_objective(
+# Dr.GRPO (Liu et al., arXiv 2503.20783): the two fixes are the advantage R - mean_group and the
+# constant normaliser sum / (num_seqs * L_max); the per-token surrogate is PPO-clip.
+register_objective(
     "dr_grpo",
     description="GRPO without length and std biases: mean-centred advantages, constant normaliser.",
     paper="Liu et al., Understanding R1-Zero-Like Training: A Critical Perspective, arXiv 2503.20783",
     default_aggregation="seq_sum_constant_norm",
     default_advantage="group_mean_centered",
-)
-def dr_grpo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    loss_normalizer: float,
-    aggregation: str,
-    entropy: Tensor | None = None,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    **shared: Any,
-) -> tuple[Tensor, dict[str, float]]:
-    """Dr.GRPO: PPO-clip with ``A = R - mean_group`` and ``sum / (num_seqs * L_max)`` aggregation.
+)(ppo_loss)
 
-    Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv 2503.20783.
-    The two fixes live in the defaults (advantage ``group_mean_centered``, aggregation
-    ``seq_sum_constant_norm``); the per-token surrogate is PPO-clip. No deviations.
-    """
-    return _ppo_family(
-        logprobs, old_logprobs, advantages, mask,
-        loss_normalizer=loss_normalizer, aggregation=aggregation, entropy=entropy,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, **shared,
-    )  # fmt: skip
-
-
-@register_objective(
+# DAPO (Yu et al., arXiv 2503.14476): decoupled clip (clip-higher 0.2/0.28) and the token-level
+# mean over the batch; dynamic sampling and overlong shaping are data-side
+# (advantages.dapo_dynamic_sampling_keep, advantages.dapo_overlong_penalty).
+register_objective(
     "dapo",
     description="Clip-higher PPO (0.2/0.28) with token-level mean over the whole batch.",
     paper="Yu et al., DAPO: An Open-Source LLM Reinforcement Learning System at Scale, arXiv 2503.14476",
     default_aggregation="token_mean",
     default_advantage="group_norm",
-)
-def dapo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    loss_normalizer: float,
-    aggregation: str,
-    entropy: Tensor | None = None,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    dual_clip: float | None = None,
-    **shared: Any,
-) -> tuple[Tensor, dict[str, float]]:
-    """DAPO's loss: decoupled clip (clip-higher) and the token-level mean over the batch.
-
-    Yu et al., "DAPO", arXiv 2503.14476. Dynamic sampling and overlong shaping are data-side
-    (:func:`polyrl.platform.advantages.dapo_dynamic_sampling_keep`,
-    :func:`polyrl.platform.advantages.dapo_overlong_penalty`). Deviation: an optional KL term
-    is allowed (the paper drops it).
-    """
-    return _ppo_family(
-        logprobs, old_logprobs, advantages, mask,
-        loss_normalizer=loss_normalizer, aggregation=aggregation, entropy=entropy,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, **shared,
-    )  # fmt: skip
+    deviations="an optional KL term is allowed (the paper drops it)",
+    param_defaults={"clip_high": 0.28},
+)(ppo_loss)
 
 
 # ---------------------------------------------------------------------------------------------
