@@ -40,7 +40,9 @@ from typing import Any, Callable, Optional
 import typer
 from rich.console import Console
 
-from polyrl.platform.config import ConfigError, ExperimentConfig, flatten, load_experiment, to_yaml
+from polyrl.platform.config import ConfigError, ExperimentConfig, load_experiment, to_yaml
+from polyrl.platform.runner import (STATE_FILE, ExperimentResult, experiment_dir, read_state, start_arm_run,
+                                    start_experiment_run, train_arm, write_state, yaml_text)
 from polyrl.platform.tracking import ExperimentTracker, RunLogger, make_client, resolve_tracking_uri
 
 # Environment variables a worker needs to behave like the driver (offline hubs, vLLM mode,
@@ -51,56 +53,6 @@ WORKER_TAGS = ("polyrl.ray.pid", "polyrl.ray.node_id", "polyrl.ray.hostname")
 
 class ArmFailedError(RuntimeError):
     """One or more arms raised in their Ray task; the message names each arm and its error."""
-
-
-# --- steps shared with polyrl run (runner.py) -----------------------------------------------
-
-
-def start_experiment_run(tracker: ExperimentTracker, name: str, *, arms: list[str], yaml_text: str, config_path: str | Path,
-                         resume_run_id: str | None = None, tags: dict[str, Any] | None = None) -> RunLogger:
-    """The experiment's MLflow parent run; a new one gets the YAML as an artifact and the arm list."""
-    parent = tracker.start_parent(name, resume_run_id=resume_run_id, tags=tags)
-    if not resume_run_id:
-        parent.log_text(yaml_text, "experiment.yaml")
-        parent.set_tags({"polyrl.arms": ",".join(arms), "polyrl.config_path": str(config_path)})
-    return parent
-
-
-def start_arm_run(tracker: ExperimentTracker, parent_run_id: str, arm: str, config: ExperimentConfig, *, arm_dir: str | Path,
-                  resume_run_id: str | None = None, tags: dict[str, Any] | None = None) -> RunLogger:
-    """One arm's child run with its checkpoint folder, flattened params and resolved config."""
-    logger = tracker.start_arm(parent_run_id, arm, resume_run_id=resume_run_id, tags=tags)
-    logger.set_tags({"polyrl.checkpoint_dir": str(Path(arm_dir).resolve())})
-    logger.log_params(flatten(config.model_dump(mode="json")))
-    logger.log_text(to_yaml(config), "resolved_config.yaml")
-    return logger
-
-
-def train_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger: RunLogger, parent_run_id: str, tracking_uri: str,
-              resume: bool = False, train: Callable[[Any], None] | None = None,
-              on_resumed: Callable[[int], None] | None = None) -> list[dict[str, float]]:
-    """Build the arm's trainer, train it and close the MLflow run (FINISHED, FAILED or KILLED).
-
-    ``train(trainer)`` runs the loop (default ``trainer.run()``; ``polyrl run`` passes its
-    progress-bar loop). Returns the per-step metric history.
-    """
-    from polyrl.platform.runner import _periodic_evaluator
-    from polyrl.platform.trainer import ArmTrainer  # torch, vLLM: only where an arm trains
-
-    trainer = ArmTrainer(config, arm=arm, arm_dir=Path(arm_dir), logger=logger, evaluator=_periodic_evaluator(config))
-    trainer.checkpoint_extra = {"mlflow_parent_run_id": parent_run_id, "mlflow_run_id": logger.run_id, "tracking_uri": tracking_uri}
-    try:
-        start_state = trainer.setup(resume=resume)
-        if start_state and on_resumed is not None:
-            on_resumed(int(start_state["step"]))
-        (train or (lambda t: t.run()))(trainer)
-    except BaseException as error:
-        logger.finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
-        raise
-    finally:
-        trainer.close()
-    logger.finish()
-    return trainer.history
 
 
 # --- the Ray side -----------------------------------------------------------------------------
@@ -172,8 +124,6 @@ def _supervise(jobs: list[dict[str, Any]], *, parallel: bool, task_options: dict
     """
     import ray
 
-    from polyrl.platform.runner import _read_state, _write_state
-
     remote = ray.remote(max_calls=1)(_arm_task)  # a fresh worker process per arm: its models and engine go with it
     client = make_client(tracking_uri)
     pending = list(jobs)
@@ -197,9 +147,9 @@ def _supervise(jobs: list[dict[str, Any]], *, parallel: bool, task_options: dict
                 echo(f"arm {job['arm']}: finished in Ray worker pid {results[job['arm']]['polyrl.ray.pid']} "
                      f"({results[job['arm']]['steps']} steps)")
                 if state_path:
-                    state = _read_state(Path(state_path))
+                    state = read_state(Path(state_path))
                     state.setdefault("finished", []).append(job["arm"])
-                    _write_state(Path(state_path), state)
+                    write_state(Path(state_path), state)
             except Exception as error:  # noqa: BLE001 - RayTaskError (the arm raised) or the worker died
                 failures[job["arm"]] = error
                 _finish_if_running(client, job["run_id"], "FAILED")  # the worker may have died before it could
@@ -307,7 +257,6 @@ def submit_experiment(
 def _submit_connected(path, configs, first, tracking_uri, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
     import ray
 
-    from polyrl.platform.runner import STATE_FILE, ExperimentResult, _write_state, experiment_dir, yaml_text
 
     folder = experiment_dir(first).resolve()
     if folder.exists():  # as polyrl run: a new run never overwrites an earlier one's checkpoints
@@ -329,7 +278,7 @@ def _submit_connected(path, configs, first, tracking_uri, *, parallel_arms, cpus
             state["arms"][arm] = logger.run_id
             jobs.append({"experiment": first.name, "arm": arm, "run_id": logger.run_id, "parent_run_id": parent.run_id,
                          "tracking_uri": tracking_uri, "config_yaml": to_yaml(config), "arm_dir": str(arm_dir), "cwd": os.getcwd()})
-        _write_state(state_path, state)
+        write_state(state_path, state)
     except BaseException:
         parent.finish("FAILED")
         raise

@@ -13,13 +13,13 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from polyrl.platform.config import ConfigError, ExperimentConfig, load_experiment, read_yaml
-from polyrl.platform.tracking import ExperimentTracker, resolve_tracking_uri
+from polyrl.platform.config import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml, to_yaml
+from polyrl.platform.tracking import ExperimentTracker, RunLogger, resolve_tracking_uri
 
 STATE_FILE = "experiment.json"
 
@@ -38,11 +38,11 @@ def experiment_dir(config: ExperimentConfig) -> Path:
     return Path(config.checkpoint.dir) / config.name
 
 
-def _read_state(path: Path) -> dict[str, Any]:
+def read_state(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _write_state(path: Path, state: dict[str, Any]) -> None:
+def write_state(path: Path, state: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(".json.partial")
     staging.write_text(json.dumps(state, indent=2))
@@ -63,6 +63,55 @@ def _progress(console: Console) -> Progress:
     )
 
 
+# --- steps shared with polyrl submit (distributed.py) -----------------------------------------
+
+
+def start_experiment_run(tracker: ExperimentTracker, name: str, *, arms: list[str], yaml_text: str, config_path: str | Path,
+                         resume_run_id: str | None = None, tags: dict[str, Any] | None = None) -> RunLogger:
+    """The experiment's MLflow parent run; a new one gets the YAML as an artifact and the arm list."""
+    parent = tracker.start_parent(name, resume_run_id=resume_run_id, tags=tags)
+    if not resume_run_id:
+        parent.log_text(yaml_text, "experiment.yaml")
+        parent.set_tags({"polyrl.arms": ",".join(arms), "polyrl.config_path": str(config_path)})
+    return parent
+
+
+def start_arm_run(tracker: ExperimentTracker, parent_run_id: str, arm: str, config: ExperimentConfig, *, arm_dir: str | Path,
+                  resume_run_id: str | None = None, tags: dict[str, Any] | None = None) -> RunLogger:
+    """One arm's child run with its checkpoint folder, flattened params and resolved config."""
+    logger = tracker.start_arm(parent_run_id, arm, resume_run_id=resume_run_id, tags=tags)
+    logger.set_tags({"polyrl.checkpoint_dir": str(Path(arm_dir).resolve())})
+    logger.log_params(flatten(config.model_dump(mode="json")))
+    logger.log_text(to_yaml(config), "resolved_config.yaml")
+    return logger
+
+
+def train_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger: RunLogger, parent_run_id: str, tracking_uri: str,
+              resume: bool = False, train: Callable[[Any], None] | None = None,
+              on_resumed: Callable[[int], None] | None = None) -> list[dict[str, float]]:
+    """Build the arm's trainer, train it and close the MLflow run (FINISHED, FAILED or KILLED).
+
+    ``train(trainer)`` runs the loop (default ``trainer.run()``; ``polyrl run`` passes its
+    progress-bar loop). Returns the per-step metric history.
+    """
+    from polyrl.platform.trainer import ArmTrainer  # torch, vLLM: only where an arm trains
+
+    trainer = ArmTrainer(config, arm=arm, arm_dir=Path(arm_dir), logger=logger, evaluator=periodic_evaluator(config))
+    trainer.checkpoint_extra = {"mlflow_parent_run_id": parent_run_id, "mlflow_run_id": logger.run_id, "tracking_uri": tracking_uri}
+    try:
+        start_state = trainer.setup(resume=resume)
+        if start_state and on_resumed is not None:
+            on_resumed(int(start_state["step"]))
+        (train or (lambda t: t.run()))(trainer)
+    except BaseException as error:
+        logger.finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        raise
+    finally:
+        trainer.close()
+    logger.finish()
+    return trainer.history
+
+
 def run_experiment(
     path: str | Path,
     *,
@@ -72,7 +121,6 @@ def run_experiment(
     console: Console | None = None,
     show_progress: bool | None = None,
 ) -> ExperimentResult:
-    from polyrl.platform.distributed import start_arm_run, start_experiment_run, train_arm
 
     console = console or Console()
     configs = load_experiment(path, set_options=set_options)
@@ -84,7 +132,7 @@ def run_experiment(
     first = next(iter(configs.values()))
     folder = experiment_dir(first)
     state_path = folder / STATE_FILE
-    state = _read_state(state_path)
+    state = read_state(state_path)
     if resume and not state:
         raise ConfigError(f"--resume: no earlier run of {first.name!r} in {folder} (no {STATE_FILE}); run without --resume")
     if not resume and folder.exists():
@@ -98,7 +146,7 @@ def run_experiment(
     state.setdefault("arms", {})
     state.setdefault("finished", [])
     state.update(tracking_uri=tracking_uri, parent_run_id=parent.run_id, experiment=first.name, config_path=str(path))
-    _write_state(state_path, state)
+    write_state(state_path, state)
     show_progress = first.tracking.progress if show_progress is None else show_progress
     result = ExperimentResult(first.name, tracking_uri, parent.run_id, {}, experiment_dir=folder)
     console.print(f"[bold]polyrl[/] experiment [cyan]{first.name}[/] · arms: {', '.join(configs)} · MLflow: {tracking_uri}")
@@ -110,7 +158,7 @@ def run_experiment(
                 continue
             logger = start_arm_run(tracker, parent.run_id, arm, config, arm_dir=folder / arm, resume_run_id=state["arms"].get(arm))
             state["arms"][arm] = logger.run_id
-            _write_state(state_path, state)
+            write_state(state_path, state)
             result.arm_run_ids[arm] = logger.run_id
             history = train_arm(config, arm=arm, arm_dir=folder / arm, logger=logger, parent_run_id=parent.run_id,
                                 tracking_uri=tracking_uri, resume=resume,
@@ -118,7 +166,7 @@ def run_experiment(
                                 on_resumed=lambda step, arm=arm: console.print(f"arm [cyan]{arm}[/]: resumed from step {step}"))
             result.final_metrics[arm] = history[-1] if history else {}
             state["finished"].append(arm)
-            _write_state(state_path, state)
+            write_state(state_path, state)
     except BaseException:
         parent.finish("FAILED")
         raise
@@ -148,7 +196,7 @@ def _train_with_progress(trainer: Any, console: Console, show: bool) -> None:
         trainer.run()
 
 
-def _periodic_evaluator(config: ExperimentConfig):
+def periodic_evaluator(config: ExperimentConfig):
     """Evaluation every ``eval.every`` steps inside training (the eval harness, if configured)."""
     if not config.eval.every or not config.eval.suite:
         return None
