@@ -157,6 +157,8 @@ class ArmTrainer:
         self.history: list[dict[str, float]] = []
         self.engine: RolloutEngine | None = None
         self.health_printer: Callable[[str], None] = print
+        # Bookkeeping the caller wants in every checkpoint (e.g. MLflow run ids).
+        self.checkpoint_extra: dict[str, Any] = {}
 
     # --- set-up -----------------------------------------------------------------------------
 
@@ -553,13 +555,11 @@ class ArmTrainer:
         path = save_checkpoint(self.arm_dir / f"step_{step:06d}", step=step, models=self._checkpoint_models(),
                                optimizers=self._checkpoint_optimizers(),
                                state={"sampler": self.sampler.state_dict(), "health": self.health.state_dict(),
-                                      "arm": self.arm, "policy_path": str(self.policy_path), **(self.checkpoint_extra or {}), **(extra or {})})
+                                      "arm": self.arm, "policy_path": str(self.policy_path), **self.checkpoint_extra, **(extra or {})})
         prune_checkpoints(self.arm_dir, self.config.checkpoint.keep)
         if self.logger is not None:
             self.logger.set_tags({"polyrl.latest_checkpoint": str(path.resolve()), "polyrl.latest_checkpoint_step": step})
         return path
-
-    checkpoint_extra: dict[str, Any] | None = None
 
     def evaluate_start(self) -> dict[str, float]:
         """Held-out metrics of the starting policy, logged at step 0, so every eval curve

@@ -7,13 +7,30 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from polyrl.platform.tracking import STEP_MARKER
+
+KILL_AFTER_STEP_5 = """
+import os, signal, sys
+from polyrl.platform import trainer
+from polyrl.platform.cli import app
+
+original_step = trainer.ArmTrainer.step
+
+def step_then_die(self):
+    metrics = original_step(self)
+    if self.step_index == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return metrics
+
+trainer.ArmTrainer.step = step_then_die
+sys.argv = ["polyrl", "run", sys.argv[1], "--no-progress"]
+app()
+"""
 
 COMPARED = ["reward/mean", "actor/loss", "actor/grad_norm", "rollout/response_length/mean", "actor/entropy", "actor/approx_kl"]
 
@@ -58,29 +75,12 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_experim
     killed.mkdir()
     path = write_experiment(killed, _config(tiny_experiment, killed, engine))
     uri = f"sqlite:///{killed / 'mlflow.db'}"
-    process = subprocess.Popen(_polyrl("run", str(path), "--no-progress", cwd=killed), cwd=killed, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # Kill after step 5 reached MLflow: the last checkpoint is step 4, so the resumed run
-    # recomputes step 5 (already logged: must not be duplicated) and then runs step 6.
-    deadline = time.time() + 600
-    client = None
-    while time.time() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"run ended before it could be killed (exit {process.returncode})")
-        # Touch the store only once the run has created it (experiment.json is written after
-        # the MLflow runs): two processes migrating one new SQLite file can break the run.
-        if (killed / "runs" / "resumable" / "experiment.json").exists():
-            try:
-                client = client or MlflowClient(uri)
-                experiment = client.get_experiment_by_name("resumable")
-                runs = client.search_runs([experiment.experiment_id], filter_string="tags.`polyrl.role` = 'arm'") if experiment else []
-                if runs and any(m.step == 5 for m in client.get_metric_history(runs[0].info.run_id, STEP_MARKER)):
-                    break
-            except Exception:  # the store may be mid-migration while the run starts
-                pass
-        time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
+    # The run SIGKILLs itself right after step 5 reached MLflow: the last checkpoint is step 4,
+    # so the resumed run recomputes step 5 (already logged: must not be duplicated) and then
+    # runs step 6. Killing from inside makes the point of death exact on any machine speed;
+    # polling from outside raced a fast run to its end.
+    process = subprocess.run([sys.executable, "-c", KILL_AFTER_STEP_5, str(path)], cwd=killed, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     assert process.returncode == -signal.SIGKILL
 
     checkpoints = sorted(p.name for p in (killed / "runs" / "resumable" / "main").glob("step_*"))
