@@ -35,6 +35,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from polyrl.errors import PolyrlError
 from polyrl.platform.config import check_safe_name
 from polyrl.platform.types import SamplingSettings
 from polyrl.rewards import RewardSpec
@@ -42,7 +43,7 @@ from polyrl.rewards import RewardSpec
 REPO_SUITES = Path(__file__).resolve().parents[2] / "experiments" / "evals"
 
 
-class EvalError(ValueError):
+class EvalError(PolyrlError, ValueError):
     """A user-caused eval failure (bad suite, missing model, empty split, failing metric)."""
 
 

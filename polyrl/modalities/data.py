@@ -21,6 +21,7 @@ from typing import Any
 
 import datasets
 
+from polyrl.errors import PolyrlError
 from polyrl.modalities import arithmetic
 from polyrl.platform.types import PromptSample
 
@@ -28,7 +29,7 @@ BUILTIN_SOURCES = ("arithmetic",)
 _FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-class DataConfigError(ValueError):
+class DataConfigError(PolyrlError, ValueError):
     """A dataset source or field configuration that cannot be loaded."""
 
 

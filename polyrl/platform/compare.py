@@ -15,6 +15,7 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from polyrl.errors import PolyrlError  # noqa: E402
 from polyrl.platform.tracking import ARM_TAG, find_arm_runs, find_parent_run, make_client  # noqa: E402
 
 # Curves every comparison shows: (metric key, plot title).
@@ -38,7 +39,7 @@ TABLE_METRICS: tuple[str, ...] = (
 )
 
 
-class CompareError(RuntimeError):
+class CompareError(PolyrlError, RuntimeError):
     pass
 
 

@@ -16,10 +16,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from polyrl.errors import PolyrlError
 from polyrl.rewards import RewardSpec
 
 
-class ConfigError(ValueError):
+class ConfigError(PolyrlError, ValueError):
     """A config that cannot be used; the message is meant for the user, not a traceback."""
 
 

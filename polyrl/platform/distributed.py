@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional
 import typer
 from rich.console import Console
 
+from polyrl.errors import PolyrlError
 from polyrl.platform.config import ConfigError, ExperimentConfig, load_experiment, to_yaml
 from polyrl.platform.runner import (STATE_FILE, ExperimentResult, experiment_dir, read_state, start_arm_run,
                                     start_experiment_run, train_arm, write_state, yaml_text)
@@ -51,7 +52,7 @@ FORWARDED_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "MLFLO
 WORKER_TAGS = ("polyrl.ray.pid", "polyrl.ray.node_id", "polyrl.ray.hostname")
 
 
-class ArmFailedError(RuntimeError):
+class ArmFailedError(PolyrlError, RuntimeError):
     """One or more arms raised in their Ray task; the message names each arm and its error."""
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
+from polyrl.errors import PolyrlError
+
 if TYPE_CHECKING:  # pragma: no cover
     from polyrl.platform.types import PromptSample
 
@@ -17,11 +19,11 @@ if TYPE_CHECKING:  # pragma: no cover
 SNIPPET_CHARS = 60
 
 
-class RewardConfigError(ValueError):
+class RewardConfigError(PolyrlError, ValueError):
     """A reward is configured wrongly: unknown module reference, bad parameter, duplicate label."""
 
 
-class RewardModuleError(RuntimeError):
+class RewardModuleError(PolyrlError, RuntimeError):
     """A reward module failed while scoring: it raised, returned a wrong-length list or a
     non-number, or returned NaN/inf where that is not allowed. The message names the module
     label and, where one is to blame, the sample index and the start of its prompt and
