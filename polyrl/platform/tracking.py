@@ -9,7 +9,7 @@ run" API, so a resumed process can continue the very same runs.
 from __future__ import annotations
 
 import json
-import math
+import numbers
 import os
 import time
 from pathlib import Path
@@ -50,8 +50,10 @@ def ensure_experiment(client: MlflowClient, name: str) -> str:
     return client.create_experiment(name)
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def is_metric_value(value: Any) -> bool:
+    """A real number, NaN and ±inf included: a NaN loss must show in the curve, not leave a gap
+    that reads as "not measured". Only non-numbers (None, strings, bools, tensors) are dropped."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 class RunLogger:
@@ -92,7 +94,7 @@ class RunLogger:
         if step in self.logged_steps():
             return False
         timestamp = int(time.time() * 1000)
-        entries = [Metric(key, float(value), timestamp, step) for key, value in metrics.items() if _finite(value) and key != STEP_MARKER]
+        entries = [Metric(key, float(value), timestamp, step) for key, value in metrics.items() if is_metric_value(value) and key != STEP_MARKER]
         entries.append(Metric(STEP_MARKER, float(step), timestamp, step))
         # MLflow caps a batch at 1000 metrics; the marker goes in the last chunk.
         for start in range(0, len(entries), 1000):
@@ -103,7 +105,7 @@ class RunLogger:
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """Metrics that are not part of a training step's atomic batch (e.g. periodic eval)."""
         timestamp = int(time.time() * 1000)
-        entries = [Metric(key, float(value), timestamp, step) for key, value in metrics.items() if _finite(value)]
+        entries = [Metric(key, float(value), timestamp, step) for key, value in metrics.items() if is_metric_value(value)]
         if entries:
             self.client.log_batch(self.run_id, metrics=entries)
 
