@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from polyrl.platform import objectives
+from polyrl.platform.objectives import bapo as bapo_module
 from polyrl.platform.objectives import (
     bapo_positive_share,
     bapo_search_clip_bounds,
@@ -49,13 +49,13 @@ def test_positive_share_by_hand():
 
 def _record_search(monkeypatch, pairs, **kwargs):
     visited = []
-    real_share = objectives.bapo_positive_share
+    real_share = bapo_module.bapo_positive_share
 
     def recording_share(ratio, advantages, mask, *, c_low, c_high):
         visited.append((c_low, c_high))
         return real_share(ratio, advantages, mask, c_low=c_low, c_high=c_high)
 
-    monkeypatch.setattr(objectives, "bapo_positive_share", recording_share)
+    monkeypatch.setattr(bapo_module, "bapo_positive_share", recording_share)
     return bapo_search_clip_bounds(*_batch(pairs), **kwargs), visited
 
 

@@ -71,9 +71,15 @@ def test_ppo_by_hand():
     _close(metrics["ratio_mean"], (1.5 + 0.5 + 1.1 + 0.7 + 1.0) / 5)
     _close(metrics["ratio_min"], 0.5)
     _close(metrics["ratio_max"], 1.5)
-    # k3 with log_ratio = -ln r: 1/r + ln r - 1, averaged
-    ratios = [1.5, 0.5, 1.1, 0.7, 1.0]
-    _close(metrics["approx_kl"], sum(1 / r + math.log(r) - 1 for r in ratios) / 5)
+    # approx_kl: (r - 1) - ln r per token, the k3 estimate of KL(pi_old || pi_theta) that is
+    # unbiased under the pi_old samples the update trains on:
+    #   r 1.5:  0.5 - 0.4054651081 = 0.0945348919
+    #   r 0.5: -0.5 + 0.6931471806 = 0.1931471806
+    #   r 1.1:  0.1 - 0.0953101798 = 0.0046898202
+    #   r 0.7: -0.3 + 0.3566749439 = 0.0566749439
+    #   r 1.0:  0
+    # mean 0.3490468366 / 5 = 0.0698093673 (the old 1/r + ln r - 1 gave 0.0910564335)
+    assert metrics["approx_kl"] == pytest.approx(0.0698093673, abs=1e-10, rel=0)
     # |loss| of A>0 tokens 1.2 + 1.4 + 0.5 = 3.1; of A<0 tokens 0.8 + 2.2 = 3.0
     _close(metrics["pos_loss_share"], 3.1 / 6.1)
     # p_new >= 0.5: (0,0) pos, (1,0) neg, (1,2) pos;  p_new < 0.5: (0,1) neg, (1,1) pos
@@ -200,6 +206,45 @@ def test_missing_tensors_for_kl_or_entropy_are_reported():
         spec.fn(
             logprobs, old_logprobs, advantages, mask, loss_normalizer=5.0, aggregation="token_mean", entropy_coef=0.1
         )
+
+
+def test_log_ratio_is_clamped_at_20_by_hand():
+    # float32, as training runs. Token 0: log-ratio 100 (exp(100) overflows float32 to inf), A -1;
+    # token 1: log-ratio 0, A -1. The log-ratio is clamped to 20, so r0 = e^20 = 485165195.4:
+    #   token 0: max(-A*r0, -A*clip(r0, 0.8, 1.2)) = max(e^20, 1.2) = e^20
+    #   token 1: max(1, 1) = 1
+    # token_mean: (e^20 + 1) / 2. Gradient: 0 for token 0 (beyond the clamp), -A*r/2 = 0.5 for token 1.
+    logprobs = torch.tensor([[-0.5, -1.0]], dtype=torch.float32, requires_grad=True)
+    old_logprobs = torch.tensor([[-100.5, -1.0]], dtype=torch.float32)
+    advantages = torch.tensor([[-1.0, -1.0]], dtype=torch.float32)
+    spec = get_objective("ppo")
+    loss, metrics = spec.fn(logprobs, old_logprobs, advantages, torch.ones(1, 2, dtype=torch.bool),
+                            loss_normalizer=2.0, aggregation="token_mean", **spec.default_params)  # fmt: skip
+    loss.backward()
+    assert loss.item() == pytest.approx((math.exp(20) + 1) / 2, rel=1e-6)
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, 0.5]]), atol=1e-6, rtol=0)
+    # approx_kl from the clamped log-ratio: ((e^20 - 1) - 20 + 0) / 2
+    assert metrics["approx_kl"] == pytest.approx((math.exp(20) - 21) / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_OBJECTIVES))
+def test_huge_log_ratio_with_negative_advantage_keeps_loss_and_gradients_finite(name):
+    # Row 0: log-ratio 100 on both tokens (also GSPO's sequence log-ratio: exp(100) = inf in
+    # float32); row 1: ordinary ratios. All advantages negative, so nothing clips the ratio away.
+    spec = get_objective(name)
+    logprobs = torch.tensor([[-0.5, -1.0], [-0.7, -0.2]], dtype=torch.float32, requires_grad=True)
+    old_logprobs = logprobs.detach() - torch.tensor([[100.0, 100.0], [0.0, 0.1]])
+    advantages = torch.full((2, 2), -1.0)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    aggregation = spec.default_aggregation
+    loss, metrics = spec.fn(
+        logprobs, old_logprobs, advantages, mask, loss_normalizer=global_loss_normalizer(mask, mode=aggregation),
+        aggregation=aggregation, **spec.default_params,
+    )  # fmt: skip
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(logprobs.grad).all()
+    assert all(math.isfinite(value) for value in metrics.values())
 
 
 # ---------------------------------------------------------------------------------------------
