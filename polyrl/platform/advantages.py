@@ -16,6 +16,8 @@ The learner passes every tensor it has (``None`` for the rest); each estimator u
 needs and raises ``ValueError`` naming a required tensor that is missing
 (``spec.requires`` lists them up front, e.g. to decide whether a value head is needed).
 Unknown ``params`` raise ``TypeError``. ``advantages`` is [B, T] and zero off the response.
+Each registration declares its params as a typed model (``spec.params``, see
+:mod:`polyrl.platform.params`), checked at config load; ``spec.default_params`` holds its defaults.
 
 Rewards of either shape are accepted by every estimator: sequence estimators sum [B, T] token
 rewards over response tokens; GAE places [B] sequence rewards on each row's last response token.
@@ -29,12 +31,14 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from polyrl.platform.losses import masked_mean, zero_masked
+from polyrl.platform.params import Params, flag, number, param_defaults, validate_params
 
 AdvantageFn = Callable[..., tuple[Tensor, dict[str, float]]]
 
@@ -50,7 +54,12 @@ class AdvantageSpec:
     paper: str
     requires: tuple[str, ...] = ()
     value_targets: AdvantageFn | None = None
+    params: type[Params] = Params
     default_params: dict[str, Any] = field(default_factory=dict)
+
+    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """User ``params`` as proper Python values; a pydantic ``ValidationError`` otherwise."""
+        return validate_params(self.params, params, owner=f"advantage estimator {self.name!r}")
 
 
 _ADVANTAGES: dict[str, AdvantageSpec] = {}
@@ -63,8 +72,9 @@ def register_advantage(
     paper: str,
     requires: tuple[str, ...] = (),
     value_targets: AdvantageFn | None = None,
+    params: type[Params] = Params,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Register an estimator; its default params are read from its keyword defaults."""
+    """Register an estimator with its typed ``params`` model (the defaults live there)."""
     unknown = set(requires) - set(_TENSOR_ARGUMENTS)
     if unknown:
         raise ValueError(f"requires names unknown tensors {sorted(unknown)}; known: {_TENSOR_ARGUMENTS}")
@@ -72,11 +82,9 @@ def register_advantage(
     def decorator(fn: AdvantageFn) -> AdvantageFn:
         if name in _ADVANTAGES:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        defaults = {
-            key: parameter.default
-            for key, parameter in inspect.signature(fn).parameters.items()
-            if key not in _TENSOR_ARGUMENTS and parameter.default is not inspect.Parameter.empty
-        }
+        accepted = set(inspect.signature(fn).parameters) - set(_TENSOR_ARGUMENTS)
+        if set(params.model_fields) - accepted:
+            raise ValueError(f"advantage estimator {name!r}: fn must accept {sorted(set(params.model_fields) - accepted)}")
         _ADVANTAGES[name] = AdvantageSpec(
             name=name,
             fn=fn,
@@ -84,7 +92,8 @@ def register_advantage(
             paper=paper,
             requires=("rewards", "mask", *requires),
             value_targets=value_targets,
-            default_params=defaults,
+            params=params,
+            default_params=param_defaults(params),
         )
         return fn
 
@@ -203,11 +212,18 @@ def _group_metrics(rewards: Tensor, group_ids: Tensor) -> dict[str, float]:
     return {"advantage/uniform_group_sample_frac": float((std == 0).to(rewards.dtype).mean())}
 
 
+class GroupNormParams(Params):
+    use_std: bool = flag(True, description="divide by the std (false: R - mean, Dr.GRPO's advantage)")
+    std_scale: Literal["group", "batch"] = Field("group", description="std of the group (GRPO) or of the whole batch")
+    eps: float = number(1e-6, gt=0, description="added to the std before dividing")
+
+
 @register_advantage(
     "group_norm",
     description="Group-relative advantage (R - group mean) / (group std + eps), broadcast to tokens.",
     paper="Shao et al., DeepSeekMath, arXiv 2402.03300",
     requires=("group_ids",),
+    params=GroupNormParams,
 )
 def group_norm_advantages(
     *,
@@ -370,12 +386,17 @@ def gae_value_targets(
     return returns, {"value/returns_mean": float(masked_mean(returns, mask))}
 
 
+class GAEParams(Params):
+    whiten: bool = flag(False, description="whiten advantages over the batch's response tokens (seed 000 §3.1)")
+
+
 @register_advantage(
     "gae",
     description="Generalized advantage estimation with per-token gamma/lambda and a value head.",
     paper="Schulman et al., High-Dimensional Continuous Control Using Generalized Advantage Estimation, arXiv 1506.02438",
     requires=("values", "gammas", "lambdas"),
     value_targets=gae_value_targets,
+    params=GAEParams,
 )
 def gae_advantages(
     *,

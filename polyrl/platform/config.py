@@ -15,8 +15,11 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from polyrl.errors import PolyrlError
+from polyrl.platform.presets import PRESETS, PresetError, preset_overrides
+from polyrl.platform.yaml_files import YAMLFileError, safe_load_unique
 from polyrl.rewards import RewardSpec
 
 
@@ -25,33 +28,17 @@ class ConfigError(PolyrlError, ValueError):
 
 
 def check_safe_name(name: str, why: str) -> str:
-    """Names that become folder and run names: letters, digits, '_', '.', '-' only."""
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-        raise ValueError(f"must use only letters, digits, '_', '.', '-' ({why})")
+    """Names that become folder and run names: letters, digits, '_', '.', '-' only, and not
+    '.' or '..' (which would name the folder itself or its parent)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name) or set(name) == {"."}:
+        raise ValueError(f"must use only letters, digits, '_', '.', '-' and not be '.' or '..' ({why})")
     return name
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-# --- hyper-parameter presets (seed 003 §6.2, seed 000 §5.1) -------------------------------
-# Batch is the number of samples per update; the learner maps it onto prompts × samples.
-PRESETS: dict[str, dict[str, Any]] = {
-    "lt_1b": {"batch": 256, "clip": 0.2, "gamma": 0.99, "lam": 0.9, "learning_rate": 5e-6},
-    "1b_10b": {"batch": 512, "clip": 0.15, "gamma": 0.95, "lam": 0.95, "learning_rate": 1e-6},
-    "gt_10b": {"batch": 1024, "clip": 0.1, "gamma": 0.9, "lam": 0.8, "learning_rate": 5e-7},
-}
-
-
-def preset_overrides(preset: str) -> dict[str, Any]:
-    """The config keys a preset sets; explicit keys in the YAML win over these."""
-    values = PRESETS[preset]
-    return {
-        "train": {"learning_rate": values["learning_rate"], "samples_per_update": values["batch"]},
-        "objective": {"params": {"clip_low": values["clip"], "clip_high": values["clip"]}},
-        "modalities": {"text": {"gamma": values["gamma"], "lam": values["lam"]}},
-    }
+    # Every float of the schema is finite unless a field says otherwise: `.inf` or `.nan` in
+    # a YAML file is refused at load time, not after a step has written non-finite weights.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class BuiltinModelConfig(StrictModel):
@@ -101,7 +88,7 @@ class RolloutConfig(StrictModel):
 
 class ObjectiveConfig(StrictModel):
     name: str = "grpo"
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict, description="The objective's typed params (`polyrl objectives show NAME`); kl_coef, kl_estimator and entropy_coef live in train.")
     aggregation: str | None = Field(None, description="Loss aggregation mode; default: the objective's own.")
 
     @field_validator("name")
@@ -142,7 +129,7 @@ class OverlongConfig(StrictModel):
 
 class AdvantageConfig(StrictModel):
     estimator: str | None = Field(None, description="Advantage estimator; default: the objective's own.")
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict, description="The estimator's typed params (`polyrl objectives show NAME --advantage`).")
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     overlong: OverlongConfig = OverlongConfig()
 
@@ -187,7 +174,6 @@ class TrainConfig(StrictModel):
     micro_batch_size: int = Field(16, ge=1)
     updates_per_batch: int = Field(1, ge=1, description="Optimizer updates per rollout batch (off-policy reuse).")
     mini_batches: int = Field(1, ge=1, description="Split each rollout batch into this many optimizer steps per update pass.")
-    samples_per_update: int | None = Field(None, ge=1, description="Set by presets; informational for large runs.")
     kl_coef: float = Field(0.0, ge=0)
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     kl_in_reward: bool = False
@@ -248,24 +234,26 @@ class ExperimentConfig(StrictModel):
         return check_safe_name(name, "it names folders and MLflow runs")
 
     @model_validator(mode="after")
-    def _params_known(self) -> "ExperimentConfig":
+    def _typed_params(self) -> "ExperimentConfig":
+        """Check objective.params and advantage.params against their registration's typed model
+        and store them as proper Python values; errors keep their field paths."""
         from polyrl.platform.advantages import get_advantage
         from polyrl.platform.objectives import get_objective
 
         objective = get_objective(self.objective.name)
-        unknown = sorted(set(self.objective.params) - set(objective.default_params))
-        if unknown:
-            raise ValueError(
-                f"objective.params: unknown parameter(s) {unknown} for objective {self.objective.name!r}; "
-                f"allowed: {', '.join(sorted(objective.default_params))}"
-            )
         estimator = get_advantage(self.advantage.estimator or objective.default_advantage)
-        unknown = sorted(set(self.advantage.params) - set(estimator.default_params))
-        if unknown:
-            raise ValueError(
-                f"advantage.params: unknown parameter(s) {unknown} for estimator {estimator.name!r}; "
-                f"allowed: {', '.join(sorted(estimator.default_params)) or '(none)'}"
-            )
+        errors: list[InitErrorDetails] = []
+        for name, section, spec in (("objective", self.objective, objective), ("advantage", self.advantage, estimator)):
+            try:
+                section.params = spec.validate_params(section.params)
+            except ValidationError as error:
+                # validate_params reports custom errors (message and ctx['allowed']); re-raise
+                # them at their place in the experiment.
+                errors += [InitErrorDetails(type=PydanticCustomError(item["type"], item["msg"], item["ctx"]),
+                                            loc=(name, "params", *item["loc"]), input=item["input"])
+                           for item in error.errors()]  # fmt: skip
+        if errors:
+            raise ValidationError.from_exception_data("ExperimentConfig", errors)
         return self
 
 
@@ -320,6 +308,8 @@ def _location(loc: tuple[Any, ...]) -> str:
 
 def _allowed_values(error: dict[str, Any]) -> str:
     ctx = error.get("ctx") or {}
+    if ctx.get("allowed"):
+        return f"allowed: {ctx['allowed']}"
     if "expected" in ctx:
         return f"allowed: {ctx['expected']}"
     for bound, word in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
@@ -380,9 +370,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        data = safe_load_unique(path.read_text(), str(path))
+    except YAMLFileError as error:
+        raise ConfigError(str(error)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
@@ -401,6 +391,11 @@ def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: di
     arm_names = list(arms_raw) or ["main"]
     resolved: dict[str, ExperimentConfig] = {}
     for arm_name in arm_names:
+        if arms_raw:
+            try:
+                check_safe_name(arm_name if isinstance(arm_name, str) else repr(arm_name), "it names a checkpoint folder and an MLflow run")
+            except ValueError as error:
+                raise ConfigError(f"{source}: invalid experiment config\n  - arms.{arm_name}: {error} (got {arm_name!r})") from None
         arm_overrides = arms_raw.get(arm_name) or {}
         if not isinstance(arm_overrides, dict):
             raise ConfigError(f"{source}: invalid experiment config\n  - arms.{arm_name}: expected a mapping of overrides")
@@ -409,7 +404,10 @@ def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: di
         if preset is not None:
             if preset not in PRESETS:
                 raise ConfigError(f"{source}: invalid experiment config\n  - preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
-            merged = deep_merge(preset_overrides(preset), merged)
+            try:
+                merged = deep_merge(preset_overrides(preset, merged), merged)
+            except PresetError as error:
+                raise ConfigError(f"{source}: invalid experiment config\n  - preset: {error}") from None
         try:
             config = ExperimentConfig.model_validate(merged)
         except ValidationError as error:

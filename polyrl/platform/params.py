@@ -86,20 +86,19 @@ def validate_params(model: type[Params], params: dict[str, Any], *, owner: str,
     known = sorted(model.model_fields)
     for key, value in params.items():
         if moved and key in moved:
-            errors.append(_error("moved_parameter", f"set {moved[key]} instead (one home per setting)", (key,), value,
-                                 moved[key]))  # fmt: skip
+            errors.append(_error("moved_parameter", f"set {moved[key]} instead (one home per setting)", (key,), value, ""))
         elif key not in model.model_fields:
             errors.append(_error("unknown_parameter", f"unknown parameter for {owner}", (key,), value,
                                  ", ".join(known) or "(none)"))  # fmt: skip
-    if not errors:
-        try:
-            validated = model.model_validate(params)
-        except ValidationError as error:
-            for item in error.errors():
-                name = item["loc"][0] if item["loc"] else None
-                allowed = describe_param(model, name) if name in model.model_fields else ""
-                errors.append(_error(item["type"], item["msg"].removeprefix("Value error, "), tuple(item["loc"]),
-                                     item.get("input"), allowed))  # fmt: skip
-        else:
-            return {key: getattr(validated, key) for key in params}
-    raise ValidationError.from_exception_data(f"{owner} params", errors)
+    declared = {key: value for key, value in params.items() if key in model.model_fields}
+    try:
+        validated = model.model_validate(declared)
+    except ValidationError as error:
+        for item in error.errors():
+            name = item["loc"][0] if item["loc"] else None
+            allowed = describe_param(model, name) if name in model.model_fields else ""
+            errors.append(_error(item["type"], item["msg"].removeprefix("Value error, "), tuple(item["loc"]),
+                                 item.get("input"), allowed))  # fmt: skip
+    if errors:
+        raise ValidationError.from_exception_data(f"{owner} params", errors)
+    return {key: getattr(validated, key) for key in params}

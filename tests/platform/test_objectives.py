@@ -2,11 +2,12 @@ import math
 
 import pytest
 import torch
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from polyrl.platform.advantages import get_advantage
 from polyrl.platform.aggregation import AGGREGATION_MODES, global_loss_normalizer
-from polyrl.platform.objectives import get_objective, list_objectives
+from polyrl.platform.objectives import SHARED_PARAMS, TRAIN_SETTINGS, get_objective, list_objectives
 from polyrl.platform.objectives_cli import app
 
 F64 = torch.float64
@@ -404,3 +405,59 @@ def test_objectives_list_command_can_show_advantage_estimators():
     assert result.exit_code == 0, result.output
     for name in ("group_norm", "group_mean_centered", "rloo", "gae"):
         assert name in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed params
+
+
+def test_train_settings_are_not_objective_params():
+    # kl_coef / kl_estimator / entropy_coef live in train.*; the functions still take them
+    assert set(TRAIN_SETTINGS) == {"kl_coef", "kl_estimator", "entropy_coef"}
+    assert not set(TRAIN_SETTINGS) & set(SHARED_PARAMS)
+    for spec in list_objectives():
+        assert not set(TRAIN_SETTINGS) & set(spec.default_params), spec.name
+        assert not set(TRAIN_SETTINGS) & set(spec.params.model_fields), spec.name
+        with pytest.raises(ValidationError, match="set train.kl_coef instead"):
+            spec.validate_params({"kl_coef": 0.04})
+
+
+@pytest.mark.parametrize(
+    "name, params, fragment",
+    [
+        ("ppo", {"clip_low": "0.2"}, "valid number"),
+        ("grpo", {"clip_high": True}, "valid number"),
+        ("ppo", {"dual_clip": 0.5}, "greater than 1"),
+        ("dapo", {"clip_low": -0.01}, "greater than or equal to 0"),
+        ("gspo", {"clip_high": math.inf}, "finite"),
+        ("bapo", {"c_low_start": 1.1}, "less than 1"),
+        ("bapo", {"target_positive_share": 1.5}, "less than or equal to 1"),
+        ("bapo", {"positive_weight_sign": 0.5}, "1 or -1"),
+        ("bapo", {"bound_search": "no"}, "valid boolean"),
+        ("ppo", {"c_low_start": 0.6}, "unknown parameter"),
+    ],
+)
+def test_bad_params_are_refused_by_the_registration(name, params, fragment):
+    with pytest.raises(ValidationError, match=fragment):
+        get_objective(name).validate_params(params)
+
+
+def test_validated_params_are_python_values_and_defaults_come_from_the_model():
+    assert get_objective("ppo").validate_params({"clip_low": 0, "dual_clip": 3}) == {"clip_low": 0.0, "dual_clip": 3.0}
+    assert type(get_objective("ppo").validate_params({"clip_low": 0})["clip_low"]) is float
+    assert get_objective("dapo").default_params["clip_high"] == 0.28
+    assert get_objective("gspo").default_params["clip_low"] == 3e-4
+    for spec in list_objectives():
+        assert spec.default_params == spec.params().model_dump()
+        assert spec.validate_params({}) == {}
+
+
+def test_objectives_show_lists_typed_params():
+    result = CliRunner().invoke(app, ["show", "ppo"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "dual_clip" in result.output and "number > 1, or null" in result.output
+    assert "train.*" in result.output
+    result = CliRunner().invoke(app, ["show", "group_norm", "--advantage"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0 and "'group' or 'batch'" in result.output
+    result = CliRunner().invoke(app, ["show", "trpo"])
+    assert result.exit_code == 2 and "registered objectives" in result.output
