@@ -22,6 +22,11 @@ Each registration declares its params as a typed model (``spec.params``, see
 Rewards of either shape are accepted by every estimator: sequence estimators sum [B, T] token
 rewards over response tokens; GAE places [B] sequence rewards on each row's last response token.
 
+Unscored samples: a NaN reward (in a [B] reward, or on any response token of a [B, T] row)
+marks a sample the reward modules could not score. It is left out of every statistic (group
+mean, std and leave-one-out baseline, batch std, whitening) and its advantage is 0; GAE's value
+target for it is its own value (advantage 0). Metrics cover scored samples only.
+
 Estimators that train a critic set ``spec.value_targets``: a function with the same call shape
 returning ``(returns [B, T], metrics)``, the targets for the value loss (``returns = A + V``
 before any whitening).
@@ -37,6 +42,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from polyrl.platform.dapo_data import dapo_dynamic_sampling_keep, dapo_overlong_penalty  # noqa: F401 - re-exported
 from polyrl.platform.losses import masked_mean, zero_masked
 from polyrl.platform.params import Params, flag, number, param_defaults, validate_params
 
@@ -151,6 +157,17 @@ def broadcast_to_tokens(sequence_values: Tensor, mask: Tensor) -> Tensor:
     return zero_masked(sequence_values[:, None].expand(mask.shape), mask)
 
 
+def unscored_rows(rewards: Tensor, mask: Tensor) -> Tensor:
+    """[B] bool: rows whose reward is NaN (for [B, T] rewards: NaN on any response token)."""
+    if rewards.dim() == 1:
+        return torch.isnan(rewards)
+    return (torch.isnan(rewards) & mask.bool()).any(dim=-1)
+
+
+def _scored_mask(mask: Tensor, unscored: Tensor) -> Tensor:
+    return mask.bool() & ~unscored[:, None]
+
+
 def _advantage_metrics(advantages: Tensor, mask: Tensor) -> dict[str, float]:
     mask = mask.bool()
     mean = masked_mean(advantages, mask)
@@ -167,17 +184,22 @@ def _advantage_metrics(advantages: Tensor, mask: Tensor) -> dict[str, float]:
 
 
 def group_mean_std(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sample ``(group mean, group std, group size)`` [B] each.
+    """Per-sample ``(group mean, group std, group size)`` [B] each, over the group's SCORED
+    samples (NaN rewards are left out; ``size`` counts the scored ones).
 
     The std is the unbiased (Bessel-corrected, ``torch.std``'s default) estimate, as in the
-    reference GRPO implementations that call ``torch.std``; groups of one sample get std 0.
+    reference GRPO implementations that call ``torch.std``; groups of one scored sample get
+    std 0, groups with none get mean 0.
     """
     _, inverse = torch.unique(group_ids, return_inverse=True)
     num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    sums = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(0, inverse, rewards)
-    counts = torch.zeros_like(sums).index_add_(0, inverse, torch.ones_like(rewards))
-    mean = (sums / counts)[inverse]
-    squared = torch.zeros_like(sums).index_add_(0, inverse, (rewards - mean).square())
+    scored = ~torch.isnan(rewards)
+    safe = torch.where(scored, rewards, torch.zeros_like(rewards))
+    sums = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(0, inverse, safe)
+    counts = torch.zeros_like(sums).index_add_(0, inverse, scored.to(rewards.dtype))
+    mean = (sums / counts.clamp(min=1))[inverse]
+    deviations = torch.where(scored, (safe - mean).square(), torch.zeros_like(safe))
+    squared = torch.zeros_like(sums).index_add_(0, inverse, deviations)
     size = counts[inverse]
     variance = torch.where(size > 1, squared[inverse] / (size - 1).clamp(min=1), torch.zeros_like(mean))
     return mean, variance.sqrt(), size
@@ -189,27 +211,32 @@ def group_normalized(
     """``(R - mean_group) / (std + eps)`` per sequence [B]; ``use_std=False`` keeps ``R - mean``.
 
     ``std_scale='group'`` divides by the group's std (GRPO); ``'batch'`` by the std of all
-    rewards in the batch (group mean, batch std, as in "Tricks or Traps? A Deep Dive into RL for
-    LLM Reasoning", arXiv 2508.08221), which avoids blowing up near-uniform groups.
+    scored rewards in the batch (group mean, batch std, as in "Tricks or Traps? A Deep Dive into
+    RL for LLM Reasoning", arXiv 2508.08221), which avoids blowing up near-uniform groups.
+    Unscored (NaN) rewards get 0 and enter no statistic.
     """
     if std_scale not in STD_SCALES:
         raise ValueError(f"unknown std_scale {std_scale!r}; allowed: {', '.join(STD_SCALES)}")
+    scored = ~torch.isnan(rewards)
     mean, group_std, _ = group_mean_std(rewards, group_ids)
-    centered = rewards - mean
+    centered = torch.where(scored, rewards - mean, torch.zeros_like(rewards))
     if not use_std:
         return centered
     if std_scale == "group":
         std = group_std
-    elif rewards.numel() > 1:
-        std = rewards.std().expand_as(rewards)
+    elif int(scored.sum()) > 1:
+        std = rewards[scored].std().expand_as(rewards)
     else:
         std = torch.zeros_like(rewards)
     return centered / (std + eps)
 
 
 def _group_metrics(rewards: Tensor, group_ids: Tensor) -> dict[str, float]:
+    """Share of scored samples whose group's scored rewards all agree (no group-relative signal)."""
     _, std, _ = group_mean_std(rewards, group_ids)
-    return {"advantage/uniform_group_sample_frac": float((std == 0).to(rewards.dtype).mean())}
+    scored = ~torch.isnan(rewards)
+    uniform = ((std == 0) & scored).to(rewards.dtype).sum() / scored.sum().clamp(min=1)
+    return {"advantage/uniform_group_sample_frac": float(uniform)}
 
 
 class GroupNormParams(Params):
@@ -247,7 +274,8 @@ def group_norm_advantages(
     advantages = broadcast_to_tokens(
         group_normalized(rewards, group_ids, use_std=use_std, std_scale=std_scale, eps=eps), mask
     )
-    return advantages, {**_advantage_metrics(advantages, mask), **_group_metrics(rewards, group_ids)}
+    scored_mask = _scored_mask(mask, torch.isnan(rewards))
+    return advantages, {**_advantage_metrics(advantages, scored_mask), **_group_metrics(rewards, group_ids)}
 
 
 @register_advantage(
@@ -288,16 +316,18 @@ def rloo_advantages(
     """RLOO: ``A_i = R_i - (sum_group - R_i) / (G - 1)``.
 
     Kool et al., "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (ICLR 2019 workshop);
-    Ahmadian et al., arXiv 2402.14740. Deviation: a group of one sample gets advantage 0
+    Ahmadian et al., arXiv 2402.14740. Deviation: a group of one scored sample gets advantage 0
     (there is no other sample to form a baseline from).
     """
     rewards = sequence_rewards(rewards, mask)
     group_ids = _require("group_ids", group_ids)
-    mean, _, size = group_mean_std(rewards, group_ids)
+    scored = ~torch.isnan(rewards)
+    mean, _, size = group_mean_std(rewards, group_ids)  # over scored samples; size counts them
     others_mean = (mean * size - rewards) / (size - 1).clamp(min=1)
-    sequence_advantage = torch.where(size > 1, rewards - others_mean, torch.zeros_like(rewards))
+    sequence_advantage = torch.where(scored & (size > 1), rewards - others_mean, torch.zeros_like(rewards))
     advantages = broadcast_to_tokens(sequence_advantage, mask)
-    return advantages, {**_advantage_metrics(advantages, mask), **_group_metrics(rewards, group_ids)}
+    scored_mask = _scored_mask(mask, ~scored)
+    return advantages, {**_advantage_metrics(advantages, scored_mask), **_group_metrics(rewards, group_ids)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,14 +391,19 @@ def masked_whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
     return zero_masked((x - mean) / (variance.sqrt() + eps), mask)
 
 
-def _gae_inputs(rewards: Tensor, mask: Tensor, values: Tensor | None, gammas: Tensor | None, lambdas: Tensor | None):
-    return (
-        token_rewards(rewards, mask),
-        _require("values", values),
-        mask,
-        _require("gammas", gammas),
-        _require("lambdas", lambdas),
+def _scored_gae(rewards: Tensor, mask: Tensor, values: Tensor | None, gammas: Tensor | None,
+                lambdas: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """GAE over the scored rows only: ``(advantages, returns, scored_mask)``. Unscored rows
+    (NaN reward) get advantage 0 and their own values as returns (A + V with A = 0)."""
+    values = _require("values", values)
+    unscored = unscored_rows(rewards, mask)
+    scored_mask = _scored_mask(mask, unscored)
+    finite_rewards = torch.where(torch.isnan(rewards), torch.zeros_like(rewards), rewards)
+    advantages, returns = generalized_advantage_estimation(
+        token_rewards(finite_rewards, mask), values, scored_mask, _require("gammas", gammas), _require("lambdas", lambdas)
     )
+    returns = torch.where(mask.bool() & unscored[:, None], values.detach(), returns)
+    return advantages, returns, scored_mask
 
 
 def gae_value_targets(
@@ -381,9 +416,10 @@ def gae_value_targets(
     lambdas: Tensor | None = None,
     whiten: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Value-loss targets ``A + V`` of :func:`generalized_advantage_estimation` (never whitened)."""
-    _, returns = generalized_advantage_estimation(*_gae_inputs(rewards, mask, values, gammas, lambdas))
-    return returns, {"value/returns_mean": float(masked_mean(returns, mask))}
+    """Value-loss targets ``A + V`` of :func:`generalized_advantage_estimation` (never whitened);
+    an unscored row's target is its own value."""
+    _, returns, scored_mask = _scored_gae(rewards, mask, values, gammas, lambdas)
+    return returns, {"value/returns_mean": float(masked_mean(returns, scored_mask))}
 
 
 class GAEParams(Params):
@@ -409,42 +445,9 @@ def gae_advantages(
     whiten: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
     """GAE advantages (see :func:`generalized_advantage_estimation`), optionally whitened over
-    the batch's response tokens (seed ``000`` §3.1 normalises GAE advantages this way)."""
-    advantages, _ = generalized_advantage_estimation(*_gae_inputs(rewards, mask, values, gammas, lambdas))
+    the batch's response tokens (seed ``000`` §3.1 normalises GAE advantages this way).
+    Unscored rows get 0 and are left out of the whitening statistics."""
+    advantages, _, scored_mask = _scored_gae(rewards, mask, values, gammas, lambdas)
     if whiten:
-        advantages = masked_whiten(advantages, mask)
-    return advantages, _advantage_metrics(advantages, mask)
-
-
-# ---------------------------------------------------------------------------------------------
-# DAPO data-side helpers
-
-
-def dapo_overlong_penalty(lengths: Tensor, *, max_length: int, cache_length: int) -> Tensor:
-    """DAPO's soft overlong punishment (Yu et al., arXiv 2503.14476, Eq. 13), float [B].
-
-    0 for ``L <= max_length - cache_length``; ``(max_length - cache_length - L) / cache_length``
-    (linear from 0 to -1) up to ``L = max_length``; -1 beyond. ``cache_length = 0`` (not in the
-    paper) degenerates to a hard step: 0 up to ``max_length``, -1 beyond.
-    """
-    if not 0 <= cache_length <= max_length:
-        raise ValueError("need 0 <= cache_length <= max_length")
-    lengths = lengths.to(torch.get_default_dtype())
-    if cache_length == 0:
-        return torch.where(lengths > max_length, -1.0, 0.0).to(lengths.dtype)
-    soft_start = max_length - cache_length
-    penalty = (soft_start - lengths) / cache_length
-    return penalty.clamp(min=-1.0, max=0.0)
-
-
-def dapo_dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """DAPO dynamic sampling (arXiv 2503.14476, Eq. 11): bool [B], False for every sample of a
-    group whose rewards are all equal (it has zero group-relative advantage, hence no gradient).
-    Deviation: compares rewards exactly; a group of one sample is dropped."""
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    group_max = torch.full((num_groups,), -torch.inf, dtype=rewards.dtype, device=rewards.device)
-    group_min = torch.full((num_groups,), torch.inf, dtype=rewards.dtype, device=rewards.device)
-    group_max = group_max.scatter_reduce(0, inverse, rewards, reduce="amax")
-    group_min = group_min.scatter_reduce(0, inverse, rewards, reduce="amin")
-    return (group_max > group_min)[inverse]
+        advantages = masked_whiten(advantages, scored_mask)
+    return advantages, _advantage_metrics(advantages, scored_mask)

@@ -250,3 +250,100 @@ def test_dapo_dynamic_sampling_drops_groups_whose_rewards_all_agree():
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 2])
     keep = dapo_dynamic_sampling_keep(rewards, groups)
     assert keep.tolist() == [True, True, True, True, False, False, False]
+
+
+# ---------------------------------------------------------------------------------------------
+# Unscored samples (NaN rewards)
+
+# Group 0: rewards 1, 0 and two unscored samples; group 1: 3, 5 and one unscored sample.
+UNSCORED_REWARDS = torch.tensor([1.0, 0.0, NAN, NAN, 3.0, NAN, 5.0], dtype=F64)
+UNSCORED_GROUPS = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+UNSCORED_MASK = torch.ones(7, 2, dtype=torch.bool)
+
+
+def _unscored(name, **params):
+    advantages, metrics = get_advantage(name).fn(
+        rewards=UNSCORED_REWARDS, mask=UNSCORED_MASK, group_ids=UNSCORED_GROUPS, **params
+    )
+    torch.testing.assert_close(advantages[:, 0], advantages[:, 1], atol=0, rtol=0)
+    return advantages[:, 0], metrics
+
+
+def test_unscored_rewards_are_left_out_of_group_norm():
+    advantages, metrics = _unscored("group_norm")
+    # group 0 scored [1, 0]: mean 0.5, unbiased std sqrt((0.25 + 0.25) / 1) = sqrt(0.5) = 0.70711
+    #   A = +-0.5 / (0.70711 + 1e-6) = +-0.70711 (filling the NaNs with the mean gave +-0.8660)
+    # group 1 scored [3, 5]: mean 4, std sqrt((1 + 1) / 1) = sqrt(2): A = +-1 / (1.41421 + 1e-6)
+    a, b = 0.5 / (math.sqrt(0.5) + EPS), 1.0 / (math.sqrt(2.0) + EPS)
+    expected = torch.tensor([a, -a, 0.0, 0.0, -b, 0.0, b], dtype=F64)
+    torch.testing.assert_close(advantages, expected, atol=1e-12, rtol=0)
+    assert a == pytest.approx(0.70711, abs=1e-5)
+    # no group's scored rewards all agree
+    assert metrics["advantage/uniform_group_sample_frac"] == 0.0
+    assert all(math.isfinite(value) for value in metrics.values())
+
+
+def test_unscored_rewards_are_left_out_of_rloo_and_mean_centering():
+    advantages, _ = _unscored("rloo")
+    # group 0: 1 - 0 = 1, 0 - 1 = -1; group 1: 3 - 5 = -2, 5 - 3 = 2; unscored 0
+    expected = torch.tensor([1.0, -1.0, 0.0, 0.0, -2.0, 0.0, 2.0], dtype=F64)
+    torch.testing.assert_close(advantages, expected, atol=1e-12, rtol=0)
+    centered, _ = _unscored("group_mean_centered")
+    # R - scored group mean: 1 - 0.5, 0 - 0.5, 3 - 4, 5 - 4
+    torch.testing.assert_close(centered, torch.tensor([0.5, -0.5, 0.0, 0.0, -1.0, 0.0, 1.0], dtype=F64), atol=1e-12, rtol=0)
+
+
+def test_unscored_rewards_are_left_out_of_the_batch_std():
+    advantages, _ = _unscored("group_norm", std_scale="batch")
+    # scored rewards 1, 0, 3, 5: mean 2.25; squared deviations 1.5625 + 5.0625 + 0.5625 + 7.5625
+    # = 14.75; unbiased var 14.75 / 3; A = (R - group mean) / (sqrt(14.75 / 3) + eps)
+    std = math.sqrt(14.75 / 3) + EPS
+    expected = torch.tensor([0.5 / std, -0.5 / std, 0.0, 0.0, -1.0 / std, 0.0, 1.0 / std], dtype=F64)
+    torch.testing.assert_close(advantages, expected, atol=1e-12, rtol=0)
+
+
+def test_a_group_with_one_or_no_scored_sample_gets_zero_advantage():
+    mask = torch.ones(4, 1, dtype=torch.bool)
+    rewards = torch.tensor([2.0, NAN, NAN, NAN], dtype=F64)
+    for name in ("group_norm", "group_mean_centered", "rloo"):
+        advantages, metrics = get_advantage(name).fn(rewards=rewards, mask=mask, group_ids=torch.tensor([0, 0, 1, 1]))
+        assert torch.equal(advantages, torch.zeros(4, 1, dtype=F64)), name
+        assert all(math.isfinite(value) for value in metrics.values())
+
+
+def test_gae_gives_unscored_rows_zero_advantage_and_their_own_values_as_targets():
+    spec = get_advantage("gae")
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    values = torch.tensor([[0.5, 0.25, 9.0], [0.3, 0.2, 0.1], [0.0, 0.0, 0.0]], dtype=F64)
+    tensors = dict(rewards=torch.tensor([1.0, NAN, 2.0], dtype=F64), mask=mask, values=values,
+                   gammas=torch.ones(3, 3, dtype=F64), lambdas=torch.ones(3, 3, dtype=F64))  # fmt: skip
+    advantages, metrics = spec.fn(**tensors)
+    # gamma = lambda = 1: A_t = future reward - V_t; row 0: [0.5, 0.75]; row 1 unscored; row 2: [2]
+    expected = torch.tensor([[0.5, 0.75, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(advantages, expected, atol=1e-12, rtol=0)
+    returns, _ = spec.value_targets(**tensors)
+    expected_returns = torch.tensor([[1.0, 1.0, 0.0], [0.3, 0.2, 0.1], [2.0, 0.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(returns, expected_returns, atol=1e-12, rtol=0)
+    assert all(math.isfinite(value) for value in metrics.values())
+    # whitening: statistics over the scored rows' tokens 0.5, 0.75, 2 only; the unscored row stays 0
+    whitened, _ = spec.fn(**tensors, whiten=True)
+    scored = whitened[torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]], dtype=torch.bool)]
+    assert float(scored.mean()) == pytest.approx(0.0, abs=1e-12)
+    assert float(scored.std()) == pytest.approx(1.0, abs=1e-6)
+    assert torch.equal(whitened[1], torch.zeros(3, dtype=F64))
+
+
+def test_gae_token_rewards_with_a_nan_mark_the_row_unscored():
+    spec = get_advantage("gae")
+    mask = torch.tensor([[1, 1], [1, 1]], dtype=torch.bool)
+    rewards = torch.tensor([[0.0, 1.0], [0.0, NAN]], dtype=F64)
+    advantages, _ = spec.fn(rewards=rewards, mask=mask, values=torch.zeros(2, 2, dtype=F64),
+                            gammas=torch.ones(2, 2, dtype=F64), lambdas=torch.ones(2, 2, dtype=F64))  # fmt: skip
+    torch.testing.assert_close(advantages, torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=F64), atol=0, rtol=0)
+
+
+def test_dapo_dynamic_sampling_keeps_the_scored_samples_of_informative_groups():
+    # group 0: scored 1, 0 (informative) plus two unscored; group 1: scored 1, 1 (uniform)
+    rewards = torch.tensor([1.0, 0.0, NAN, NAN, 1.0, 1.0, NAN])
+    keep = dapo_dynamic_sampling_keep(rewards, torch.tensor([0, 0, 0, 0, 1, 1, 1]))
+    assert keep.tolist() == [True, True, False, False, False, False, False]
