@@ -172,3 +172,70 @@ def test_bapo_entropy_adaptive_clip_sets_the_bounds():
 def test_search_rejects_non_positive_steps():
     with pytest.raises(ValueError, match="step"):
         bapo_search_clip_bounds(*_batch(LOW_SUFFICES), c_low_step=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch-level preparation: one bound search per mini-batch, shared by its micro-batches
+
+
+def test_prepare_returns_the_batch_level_choices_by_hand():
+    ratio, advantages, mask = _batch(LOW_SUFFICES)
+    old_logprobs = torch.full_like(ratio, math.log(0.5))
+    spec = get_objective("bapo")
+    state = spec.prepare(old_logprobs + ratio.log(), old_logprobs, advantages, mask, entropy=None, **spec.default_params)
+    # as in test_bapo_loss_by_hand: the search stops at [0.7, 1.2] after 2 raises, share 1 / 1.95
+    assert state["clip_bounds"] == pytest.approx((0.7, 1.2), abs=1e-12)
+    assert state["positive_share"] == pytest.approx(1 / 1.95, abs=1e-12)
+    assert state["search_steps"] == 2
+    assert "clip_eps" not in state
+    assert all(get_objective(name).prepare is None for name in ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token"))
+
+
+def _split_batch():
+    """4 rows of 3 tokens: row 0 positive and rising, rows 1-3 negative, one row with low ratios.
+    Alone, the first row has no negative contribution and the others no positive one, so a
+    per-row search picks other bounds than a search over the whole batch."""
+    ratios = torch.tensor([[1.0, 1.3, 1.1], [0.62, 0.9, 1.0], [0.66, 0.95, 1.05], [1.0, 0.7, 0.8]], dtype=F64)
+    advantages = torch.tensor([[1.0] * 3, [-1.0] * 3, [-0.5] * 3, [-0.25] * 3], dtype=F64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    entropy = torch.tensor([[1.0, 0.5, 0.2], [1.2, 0.8, 0.0], [0.3, 0.4, 0.5], [2.0, 0.0, 0.0]], dtype=F64)
+    old_logprobs = torch.full_like(ratios, math.log(0.25))
+    return old_logprobs + ratios.log(), old_logprobs, advantages, mask, entropy
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_sum_constant_norm"])
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"positive_weight_sigmoid": True, "positive_weight_sign": -1.0}, {"entropy_adaptive_clip": True, "dual_clip": 3.0}],
+)
+def test_bapo_loss_is_split_invariant_with_prepare(aggregation, params):
+    from polyrl.platform.aggregation import global_loss_normalizer
+
+    spec = get_objective("bapo")
+    logprobs, old_logprobs, advantages, mask, entropy = _split_batch()
+    params = {**spec.default_params, **params}
+    normalizer = global_loss_normalizer(mask, mode=aggregation, max_response_length=3)
+    state = spec.prepare(logprobs, old_logprobs, advantages, mask, entropy=entropy, **params)
+
+    def run(rows, extra):
+        current = logprobs[rows].clone().requires_grad_(True)
+        loss, metrics = spec.fn(current, old_logprobs[rows], advantages[rows], mask[rows], entropy=entropy[rows],
+                                loss_normalizer=normalizer, aggregation=aggregation, **params, **extra)  # fmt: skip
+        loss.backward()
+        return loss.detach(), current.grad, metrics
+
+    whole_loss, whole_grad, whole_metrics = run(slice(0, 4), state)
+    micro = [run(slice(row, row + 1), state) for row in range(4)]
+    torch.testing.assert_close(sum(loss for loss, _, _ in micro), whole_loss, atol=1e-12, rtol=0)
+    torch.testing.assert_close(torch.cat([grad for _, grad, _ in micro]), whole_grad, atol=1e-12, rtol=0)
+    assert whole_grad.abs().max() > 1e-3
+    for _, _, metrics in micro:
+        assert (metrics["bapo/c_low"], metrics["bapo/c_high"]) == state["clip_bounds"]
+        assert metrics["bapo/positive_share"] == state["positive_share"]
+    # called alone on the whole batch, bapo_loss makes the same choices as prepare
+    alone_loss, _, alone_metrics = run(slice(0, 4), {})
+    torch.testing.assert_close(alone_loss, whole_loss, atol=1e-12, rtol=0)
+    assert (alone_metrics["bapo/c_low"], alone_metrics["bapo/c_high"]) == state["clip_bounds"]
+    # without the shared state each row would search its own bounds: the split would matter
+    per_row = {(m["bapo/c_low"], m["bapo/c_high"]) for _, _, m in (run(slice(r, r + 1), {}) for r in range(4))}
+    assert per_row != {state["clip_bounds"]}
