@@ -1,10 +1,14 @@
 """Loss aggregation: how per-token losses become one scalar.
 
 Every mode is written as ``sum_t w_t * loss_t / loss_normalizer`` where the per-token weight
-``w_t`` depends only on the token's own sequence and ``loss_normalizer`` is computed ONCE over
-the whole rollout batch by :func:`global_loss_normalizer`. Because the weights are local and the
-normaliser is global, summing the losses of any split of the batch into micro-batches (and
-data-parallel ranks) gives exactly the loss of the unsplit batch, so 1x8 == 8x1 accumulation.
+``w_t`` depends only on the token's own sequence and ``loss_normalizer`` is computed ONCE per
+MINI-BATCH (the samples of one optimizer step: ``train.mini_batches`` splits each rollout batch
+into that many) by :func:`global_loss_normalizer`, before the mini-batch's micro-batch loop.
+Because the weights are local and the normaliser spans the mini-batch, summing the losses of any
+split of the mini-batch into micro-batches (and data-parallel ranks) gives exactly the loss of
+the unsplit mini-batch, so 1x8 == 8x1 accumulation. With ``train.mini_batches: 1`` (the default)
+the mini-batch is the whole rollout batch; with more, each optimizer step normalises over its
+own mini-batch, as verl's and OpenRLHF's PPO mini-batch updates do.
 
 Modes, named for the maths:
 
@@ -18,8 +22,8 @@ Modes, named for the maths:
 "Number of sequences" counts rows with at least one response token: an all-masked row (e.g. a
 padding row) contributes no loss, so counting it would only shrink the loss.
 
-With data-parallel training, compute the normaliser over the mask of the whole global batch
-(all ranks); if the gradient all-reduce averages over ``world_size`` ranks, multiply the loss by
+With data-parallel training, compute the normaliser over the mask of the whole global
+mini-batch (all ranks); if the gradient all-reduce averages over ``world_size`` ranks, multiply the loss by
 ``world_size`` (or divide the normaliser by it) so the average becomes a sum.
 """
 
@@ -50,7 +54,7 @@ def count_sequences(mask: Tensor) -> int:
 def global_loss_normalizer(
     mask: Tensor, *, mode: str, max_response_length: int | None = None
 ) -> float:
-    """The denominator of ``mode`` for the WHOLE rollout batch ``mask`` [B, T].
+    """The denominator of ``mode`` for a whole mini-batch ``mask`` [B, T] (all its micro-batches).
 
     ``max_response_length`` is the configured generation limit L_max used by
     ``seq_sum_constant_norm``; when omitted the mask's width ``T`` stands in for it, which only
