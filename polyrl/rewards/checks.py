@@ -127,6 +127,13 @@ def check_module(
         unscored = sum(v is None for v in first)
         types = sorted({type(v).__name__ for v in first})
         report.add("contract", PASS, f"{len(first)} scores ({', '.join(types)}), {unscored} unscored")
+        if first and unscored == len(first):
+            report.add(
+                "scored",
+                WARN,
+                f"{label}: returned None for all {len(first)} samples; a training run stops on such a batch "
+                "unless the reward spec sets allow_unscored: true (do the rows have the fields it reads?)",
+            )
 
     nonfinite = [i for i, v in enumerate(first) if _is_number(v) and not math.isfinite(float(v))]
     if nonfinite:

@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from polyrl.cli_errors import fail, user_errors
 from polyrl.rewards.base import RewardBatch, RewardConfigError, module_label
-from polyrl.rewards.checks import FAIL, PASS, check_module
-from polyrl.rewards.registry import load_reward_class, registered_rewards, reward_entry_points
+from polyrl.rewards.checks import FAIL, PASS, WARN, check_module
+from polyrl.rewards.registry import build_reward, load_reward_class, registered_rewards, reward_entry_points
 
 app = typer.Typer(help="Write, list and check reward modules.", no_args_is_help=True)
 
@@ -163,15 +164,14 @@ def new(
     force: bool = typer.Option(False, "--force", help="overwrite existing files"),
 ) -> None:
     """Scaffold NAME.py (a RewardModule subclass) and test_NAME.py (passes as generated)."""
+    # The name becomes file names inside --dir: an identifier has no '/' or '..', so it cannot escape.
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", name) or keyword.iskeyword(name):
-        typer.echo(f"error: {name!r} is not a snake_case Python identifier (e.g. keyword_bonus)", err=True)
-        raise typer.Exit(2)
-    directory.mkdir(parents=True, exist_ok=True)
+        fail(f"{name!r} is not a snake_case Python identifier (e.g. keyword_bonus)")
     module_path, test_path = directory / f"{name}.py", directory / f"test_{name}.py"
     existing = [str(p) for p in (module_path, test_path) if p.exists()]
     if existing and not force:
-        typer.echo(f"error: {', '.join(existing)} already exist(s); use --force to overwrite", err=True)
-        raise typer.Exit(2)
+        fail(f"{', '.join(existing)} already exist(s); use --force to overwrite")
+    directory.mkdir(parents=True, exist_ok=True)
     class_name = _class_name(name)
     module_path.write_text(MODULE_TEMPLATE.format(name=name, class_name=class_name))
     test_path.write_text(TEST_TEMPLATE.format(name=name, class_name=class_name))
@@ -179,6 +179,17 @@ def new(
     typer.echo(f"next: pytest {test_path}")
     typer.echo(f"      polyrl rewards check {module_path}:{class_name} --data rows.jsonl")
     typer.echo(f"      in an experiment: rewards: [{{module: {module_path}:{class_name}, weight: 1.0}}]")
+
+
+def parse_params(text: str) -> dict[str, Any]:
+    """``--params``: a JSON object of constructor keyword arguments."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RewardConfigError(f"--params {text!r} is not valid JSON ({error}); expected an object such as '{{\"target\": 5}}'") from None
+    if not isinstance(parsed, dict):
+        raise RewardConfigError(f"--params {text!r} must be a JSON object (got {type(parsed).__name__}), e.g. '{{\"target\": 5}}'")
+    return parsed
 
 
 def _read_rows(path: Path, completion_field: str, limit: int | None) -> tuple[list[dict[str, Any]], list[str]]:
@@ -218,18 +229,16 @@ def check(
 ) -> None:
     """Run a reward module on real rows and check its contract; exit 1 when a check fails."""
     console = _console()
-    try:
-        parsed = json.loads(params)
-        if not isinstance(parsed, dict):
-            raise ValueError("--params must be a JSON object")
+    with user_errors():
+        parsed = parse_params(params)
         cls = load_reward_class(ref)
         label = module_label(cls)
         rows, completions = _read_rows(data, completion_field, limit)
-        batch = RewardBatch.from_rows(rows, completions, prompt_key=prompt_key, reference_key=reference_key)
-        module = cls(**parsed)
-    except (RewardConfigError, ValueError, TypeError) as error:
-        console.print(f"error: {error}", markup=False, highlight=False)
-        raise typer.Exit(2) from error
+        try:
+            batch = RewardBatch.from_rows(rows, completions, prompt_key=prompt_key, reference_key=reference_key)
+        except ValueError as error:
+            raise RewardConfigError(f"{data}: {error} (see --prompt-key)") from None
+        module = build_reward(cls, parsed, ref=ref, label=label)
     report = check_module(module, batch, label=label, tolerance=tolerance)
     table = Table(title=f"{label} ({ref}) on {len(batch)} rows of {data}")
     for column in ("check", "status", "detail"):
@@ -243,12 +252,14 @@ def check(
     if report.samples_per_second is not None:
         summary["samples/s"] = report.samples_per_second
     console.print(", ".join(f"{k} {v:.4g}" for k, v in summary.items()), highlight=False)
+    for result in report.results:
+        if result.status in (WARN, FAIL):
+            prefix = "FAILED" if result.status == FAIL else "WARNING"
+            console.print(f"{prefix} {result.name}: {result.message}", markup=False, highlight=False)
     if not report.ok:
-        for result in report.results:
-            if result.status == FAIL:
-                console.print(f"FAILED {result.name}: {result.message}", markup=False, highlight=False)
         raise typer.Exit(1)
-    console.print("all checks passed", highlight=False)
+    warnings = sum(result.status == WARN for result in report.results)
+    console.print("all checks passed" + (f" ({warnings} warning{'s' * (warnings > 1)})" if warnings else ""), highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

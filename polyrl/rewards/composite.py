@@ -18,7 +18,7 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModuleError, module_label
-from polyrl.rewards.registry import load_reward_class
+from polyrl.rewards.registry import build_reward, load_reward_class
 
 
 class RewardSpec(BaseModel):
@@ -32,6 +32,9 @@ class RewardSpec(BaseModel):
     name: str | None = Field(None, description="label in metrics; defaults to the module's registered name")
     on_nonfinite: Literal["error", "none"] = Field(
         "error", description="NaN/inf from the module: raise ('error') or treat as unscored ('none')"
+    )
+    allow_unscored: bool = Field(
+        False, description="accept a batch where the module scores no sample (all None); by default that is an error"
     )
 
     @field_validator("module")
@@ -55,12 +58,7 @@ class RewardSpec(BaseModel):
     def build(self, *, base_dir: str | Path | None = None) -> Any:
         """An instance of the module with ``params`` (not yet set up)."""
         cls = self.resolve(base_dir=base_dir)
-        try:
-            return cls(**self.params)
-        except TypeError as error:
-            raise RewardConfigError(
-                f"reward {self.name or module_label(cls)!r} ({self.module}): bad params {self.params}: {error}"
-            ) from error
+        return build_reward(cls, self.params, ref=self.module, label=self.name or module_label(cls))
 
 
 @dataclass
@@ -181,6 +179,7 @@ class CompositeReward:
         self.modules: dict[str, Any] = {}
         self.weights: dict[str, float] = {}
         self._policies: dict[str, str] = {}
+        self._allow_unscored: dict[str, bool] = {}
         for spec in self.specs:
             cls = spec.resolve(base_dir=base_dir)
             label = spec.name or module_label(cls)
@@ -191,6 +190,7 @@ class CompositeReward:
             self.modules[label] = spec.build(base_dir=base_dir)
             self.weights[label] = spec.weight
             self._policies[label] = spec.on_nonfinite
+            self._allow_unscored[label] = spec.allow_unscored
         self._set_up = False
 
     @property
@@ -218,6 +218,16 @@ class CompositeReward:
             label: run_module(module, batch, label=label, on_nonfinite=self._policies[label])
             for label, module in self.modules.items()
         }
+        for label, scores in per_module.items():
+            # A module that scores nothing would make every total None: training would go on
+            # with no signal and an empty reward/mean. Refuse unless the YAML says it is expected.
+            if len(batch) and all(value is None for value in scores) and not self._allow_unscored[label]:
+                raise RewardModuleError(
+                    f"reward module {label!r} returned None for all {len(batch)} samples of the batch "
+                    f"(first: {batch.sample(0)}); check that the data has what it needs (e.g. references or an "
+                    "answer field), or set allow_unscored: true in its reward spec if this is expected",
+                    label=label,
+                )
         totals: list[float | None] = []
         for i in range(len(batch)):
             terms = [(self.weights[label], scores[i]) for label, scores in per_module.items()]

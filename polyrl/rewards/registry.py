@@ -13,11 +13,14 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import sys
+import traceback
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
-from polyrl.rewards.base import RewardConfigError
+from polyrl.errors import PolyrlError
+from polyrl.rewards.base import RewardConfigError, module_label
 
 ENTRY_POINT_GROUP = "polyrl.rewards"
 
@@ -62,7 +65,37 @@ def _ensure_builtins() -> None:
     importlib.import_module("polyrl.rewards.builtins")
 
 
-def _load_file(path: Path) -> object:
+def where_it_failed(error: BaseException, prefer_file: str | Path | None = None) -> str:
+    """``file, line N`` of the user's code that raised ``error``.
+
+    A syntax error names its own place. Otherwise the deepest traceback frame in
+    ``prefer_file`` (the reward's source file) wins, so a failing ``import numpyy`` or a
+    library call that raises is reported at the user's line rather than deep inside a library;
+    failing that, the deepest frame that is not import machinery.
+    """
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}, line {error.lineno}"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<")]
+    if prefer_file is not None:
+        target = Path(prefer_file).resolve()
+        own = [f for f in frames if Path(f.filename).resolve() == target]
+        if own:
+            return f"{own[-1].filename}, line {own[-1].lineno}"
+    if frames:
+        return f"{frames[-1].filename}, line {frames[-1].lineno}"
+    return str(prefer_file) if prefer_file is not None else "(unknown place)"
+
+
+def _reason(error: BaseException) -> str:
+    text = error.msg if isinstance(error, SyntaxError) else str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _load_failed(ref: str, error: BaseException, source_file: str | Path | None) -> RewardConfigError:
+    return RewardConfigError(f"reward module {ref!r} failed to load: {where_it_failed(error, source_file)}: {_reason(error)}")
+
+
+def _load_file(path: Path, ref: str) -> object:
     path = path.resolve()
     if path in _FILE_MODULES:
         return _FILE_MODULES[path]
@@ -70,16 +103,36 @@ def _load_file(path: Path) -> object:
     module_name = f"polyrl_reward_file_{path.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise RewardConfigError(f"cannot load reward file {str(path)!r}")
+        raise RewardConfigError(f"reward module {ref!r}: cannot load file {str(path)!r}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look classes up here
     try:
         spec.loader.exec_module(module)
-    except Exception:
+    except Exception as error:  # noqa: BLE001 - any failure of the user's file is reported with its line
         sys.modules.pop(module_name, None)
-        raise
+        raise _load_failed(ref, error, path) from error
     _FILE_MODULES[path] = module
     return module
+
+
+def _import_target(target: str, ref: str) -> object:
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if target == missing or target.startswith(missing + "."):  # the module itself is not there
+            raise RewardConfigError(f"reward module {ref!r}: cannot import {target!r}: {error}") from error
+        raise _load_failed(ref, error, _module_file(target)) from error
+    except Exception as error:  # noqa: BLE001 - the module exists but fails while importing
+        raise _load_failed(ref, error, _module_file(target)) from error
+
+
+def _module_file(target: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(target)
+    except Exception:  # noqa: BLE001 - a parent package that fails to import
+        return None
+    return spec.origin if spec is not None else None
 
 
 def _unknown(ref: str, why: str = "") -> RewardConfigError:
@@ -115,12 +168,9 @@ def load_reward_class(ref: str, *, base_dir: str | Path | None = None) -> type:
                 path = Path(base_dir) / path
             if not path.is_file():
                 raise RewardConfigError(f"reward module {ref!r}: file {str(path)!r} does not exist")
-            module = _load_file(path)
+            module = _load_file(path, ref)
         else:
-            try:
-                module = importlib.import_module(target)
-            except ImportError as error:
-                raise RewardConfigError(f"reward module {ref!r}: cannot import {target!r}: {error}") from error
+            module = _import_target(target, ref)
         cls = getattr(module, attr, None)
         if cls is None:
             raise RewardConfigError(f"reward module {ref!r}: {target!r} has no attribute {attr!r}")
@@ -133,9 +183,50 @@ def load_reward_class(ref: str, *, base_dir: str | Path | None = None) -> type:
         try:
             cls = entry_points[ref].load()
         except Exception as error:  # noqa: BLE001 - report any plug-in import failure as config
-            raise RewardConfigError(f"reward entry point {ref!r} failed to load: {error}") from error
+            raise RewardConfigError(
+                f"reward entry point {ref!r} ({entry_points[ref].value}) failed to load: "
+                f"{where_it_failed(error, _module_file(entry_points[ref].module))}: {_reason(error)}"
+            ) from error
         if not isinstance(cls, type) or not callable(getattr(cls, "score", None)):
             raise RewardConfigError(f"reward entry point {ref!r} is not a class with a score(batch) method")
         return cls
 
     raise _unknown(ref)
+
+
+def bind_params(cls: type, params: dict[str, Any], *, ref: str, label: str | None = None) -> None:
+    """Check that ``params`` fit the constructor of ``cls`` without running it."""
+    label = label or module_label(cls)
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # a constructor without a signature (C extension): nothing to check
+        return
+    try:
+        signature.bind(**params)
+    except TypeError as error:
+        accepted = [name for name, p in signature.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        raise RewardConfigError(
+            f"reward {label!r} ({ref}): bad params {params}: {error}; accepted: {', '.join(accepted) or '(none)'}"
+        ) from None
+
+
+def build_reward(cls: type, params: dict[str, Any], *, ref: str, label: str | None = None) -> Any:
+    """``cls(**params)``, with any failure reported as one message naming the file and line.
+
+    The params are bound to the signature first, so a typo is named as such; a
+    :class:`PolyrlError` from the constructor (a module's own parameter check) passes through.
+    """
+    label = label or module_label(cls)
+    bind_params(cls, params, ref=ref, label=label)
+    try:
+        return cls(**params)
+    except PolyrlError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any constructor failure is the reward author's to fix
+        try:
+            source = inspect.getsourcefile(cls)
+        except TypeError:
+            source = None
+        raise RewardConfigError(
+            f"reward {label!r} ({ref}) failed in __init__ with params {params}: {where_it_failed(error, source)}: {_reason(error)}"
+        ) from error

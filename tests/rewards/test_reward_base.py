@@ -131,3 +131,15 @@ def test_register_clash_is_an_error():
 def test_base_module_rejects_unknown_params():
     with pytest.raises(TypeError, match="takes no parameters"):
         RewardModule(foo=1)
+
+
+def test_module_that_fails_while_importing_names_its_file_and_line(tmp_path, monkeypatch):
+    # The module exists (so not "cannot import") but its line 3 raises while it is imported.
+    (tmp_path / "polyrl_test_failing_mod.py").write_text("import os\n\nVALUE = {}['missing']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RewardConfigError) as info:
+        load_reward_class("polyrl_test_failing_mod:Reward")
+    assert str(info.value) == (
+        f"reward module 'polyrl_test_failing_mod:Reward' failed to load: "
+        f"{tmp_path / 'polyrl_test_failing_mod.py'}, line 3: KeyError: 'missing'"
+    )

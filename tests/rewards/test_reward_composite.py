@@ -110,10 +110,22 @@ def test_metrics_over_scored_samples_only():
     assert metrics["reward/unscored"] == 1.0
 
 
-def test_all_unscored_has_no_mean():
+def test_a_module_that_scores_no_sample_is_an_error_naming_it():
+    batch = RewardBatch(prompts=["p", "q"], completions=["abc", "xyz"])
+    reward = CompositeReward([spec("length"), spec("first_char", name="digit")])
+    with pytest.raises(RewardModuleError, match="reward module 'digit' returned None for all 2 samples") as info:
+        reward.score(batch)
+    assert info.value.label == "digit" and "allow_unscored: true" in str(info.value)
+    # One scored sample is enough (the unscored one is the trainer's to handle):
+    # "7" -> length 1 char × 1.0 + first char 7.0 = 8.0; "abc" has no digit -> None.
+    assert reward.score(RewardBatch(prompts=["p", "q"], completions=["abc", "7"])).totals == [None, 8.0]
+
+
+def test_all_unscored_is_allowed_when_the_spec_says_so_and_has_no_mean():
     batch = RewardBatch(prompts=["p"], completions=["abc"])
-    metrics = CompositeReward([spec("first_char")]).score(batch).metrics()
+    metrics = CompositeReward([spec("first_char", allow_unscored=True)]).score(batch).metrics()
     assert metrics == {f"reward/{PREFIX}first_char/unscored": 1.0, "reward/unscored": 1.0}
+    assert RewardSpec.model_validate({"module": "rouge_l"}).allow_unscored is False
 
 
 def test_spec_validation():
