@@ -235,3 +235,23 @@ def test_arm_names_that_would_escape_their_folder_are_refused(tmp_path, arm):
     with pytest.raises(ConfigError) as caught:
         load_experiment(path)
     assert f"arms.{arm}" in str(caught.value) and "letters, digits" in str(caught.value)
+
+
+def test_polyrl_validate_refuses_bad_typed_params_and_duplicate_keys(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    polyrl = Path(sys.executable).with_name("polyrl")
+    bad = _write(tmp_path, "name: x\nobjective: {name: ppo, params: {clip_low: '0.2', dual_clip: 0.5, kl_coef: 0.1}}\n")
+    result = subprocess.run([str(polyrl), "validate", str(bad)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    for fragment in ("objective.params.clip_low", "allowed: number >= 0 and < 1", "objective.params.dual_clip",
+                     "allowed: number > 1, or null", "objective.params.kl_coef", "set train.kl_coef instead"):  # fmt: skip
+        assert fragment in result.stderr, (fragment, result.stderr)
+    assert "Traceback" not in result.stderr
+    duplicate = tmp_path / "dup.yaml"
+    duplicate.write_text("name: x\ntrain: {steps: 3}\ntrain: {steps: 4}\n")
+    result = subprocess.run([str(polyrl), "validate", str(duplicate)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "duplicate key 'train' at line 3 (first at line 2)" in result.stderr
+    assert "Traceback" not in result.stderr
