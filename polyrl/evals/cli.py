@@ -14,23 +14,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from polyrl.evals.suite import EvalError
+from polyrl.cli_errors import fail, user_errors
 
 console = Console()
-error_console = Console(stderr=True)
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors users cause, shown as one message; anything else is a bug and keeps its traceback."""
-    from polyrl.modalities.data import DataConfigError
-    from polyrl.rewards import RewardConfigError, RewardModuleError
-
-    return (EvalError, DataConfigError, RewardConfigError, RewardModuleError, FileNotFoundError)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    error_console.print(f"[bold red]error[/]: {message}", highlight=False, markup=True, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _describe(error: BaseException) -> str:
@@ -63,18 +49,16 @@ def eval_command(
     from polyrl.platform.rollout import ROLLOUT_ENGINES
 
     if engine not in ROLLOUT_ENGINES:
-        _fail(f"--engine {engine!r}: allowed: {', '.join(sorted(ROLLOUT_ENGINES))}")
+        fail(f"--engine {engine!r}: allowed: {', '.join(sorted(ROLLOUT_ENGINES))}")
 
     def on_model(resolved, result, folder) -> None:
         console.print(f"[green]done[/] [cyan]{resolved.slug}[/] ({resolved.ref}): {result.datasets} in {result.seconds:.1f} s → {folder}")
 
-    try:
+    with user_errors(_describe):
         outcome = evaluate_models(
             list(model), suite, engine=EngineOptions(engine, dtype, max_model_len, kv_cache_gb), limit=limit, out=out,
             experiment=experiment, tracking_uri=tracking_uri, cache_dir=cache_dir, on_model=on_model,
         )
-    except _user_errors() as error:
-        _fail(_describe(error))
     table = Table(title=f"eval {outcome.reports[0]['suite']}")
     table.add_column("metric")
     for report in outcome.reports:

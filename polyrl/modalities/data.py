@@ -14,6 +14,7 @@ field, malformed references) raises ``DataConfigError`` naming the source and th
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -33,16 +34,105 @@ class DataConfigError(PolyrlError, ValueError):
     """A dataset source or field configuration that cannot be loaded."""
 
 
-def _load_file(path: Path, source: str, split: str) -> datasets.Dataset:
+# How much of a .json file (a JSON array, not JSON lines) the cheap first-row check parses.
+MAX_JSON_PARSE_BYTES = 64 * 1024 * 1024
+
+
+def _builder(path: Path, source: str) -> str:
     builder = _FILE_FORMATS.get(path.suffix.lower())
     if builder is None:
         raise DataConfigError(
             f"data source {source!r}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_FORMATS)}"
         )
+    return builder
+
+
+def _first_text_line(path: Path) -> tuple[int, str] | None:
+    """The first non-blank line of a text file and its number; ``None`` for an empty file."""
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                return number, line
+    return None
+
+
+def _empty_error(source: str, path: Path) -> DataConfigError:
+    return DataConfigError(f"data source {source!r}: {path} is empty (no rows)")
+
+
+def _load_file(path: Path, source: str, split: str) -> datasets.Dataset:
+    builder = _builder(path, source)
+    # datasets reports an empty file with a blank message; say what is wrong instead.
+    if path.stat().st_size == 0 or (builder == "json" and _first_text_line(path) is None):
+        raise _empty_error(source, path)
     try:
         return datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
     except Exception as error:  # noqa: BLE001 - datasets raises many types for bad files
-        raise DataConfigError(f"data source {source!r}: could not read {path}: {error}") from error
+        reason = f"{type(error).__name__}: {error}" if str(error).strip() else type(error).__name__
+        raise DataConfigError(f"data source {source!r}: could not read {path}: {reason}") from error
+
+
+def _first_row(path: Path, source: str) -> dict[str, Any] | None:
+    """The first row of a local data file, read cheaply; ``None`` when it cannot be had cheaply."""
+    builder = _builder(path, source)
+    if path.stat().st_size == 0:
+        raise _empty_error(source, path)
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            metadata = pq.ParquetFile(path).metadata
+        except Exception as error:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            raise DataConfigError(f"data source {source!r}: {path} is not a readable parquet file ({type(error).__name__}: {error})") from None
+        if metadata.num_rows == 0:
+            raise _empty_error(source, path)
+        return {name: None for name in metadata.schema.names}
+    try:
+        first = _first_text_line(path)
+    except UnicodeDecodeError as error:
+        raise DataConfigError(f"data source {source!r}: {path} is not UTF-8 text ({error})") from None
+    if first is None:
+        raise _empty_error(source, path)
+    number, line = first
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        if path.suffix.lower() == ".jsonl":
+            raise DataConfigError(f"data source {source!r}: {path}, line {number}: not valid JSON ({error})") from None
+        if path.stat().st_size > MAX_JSON_PARSE_BYTES:
+            return None
+        try:  # a .json file may be one JSON array spread over lines
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as whole_error:
+            raise DataConfigError(f"data source {source!r}: {path} is not valid JSON ({whole_error})") from None
+        if not isinstance(rows, list):
+            return None
+        if not rows:
+            raise _empty_error(source, path)
+        row = rows[0]
+    if not isinstance(row, dict):
+        raise DataConfigError(f"data source {source!r}: the first row of {path} is not a JSON object (got {type(row).__name__})")
+    return row
+
+
+def check_prompt_source(source: str, split: str, *, prompt_field: str = "prompt") -> None:
+    """What can be checked about a data source without loading it: a local file exists, is
+    not empty, and its first row has ``prompt_field``. Dataset names are left to the loader."""
+    if not isinstance(source, str) or not source:
+        raise DataConfigError(f"data source must be a non-empty string, got {source!r}")
+    if source in BUILTIN_SOURCES:
+        if split not in arithmetic.SPLITS:
+            raise DataConfigError(f"data source {source!r}: unknown split {split!r}; allowed: {list(arithmetic.SPLITS)}")
+        return
+    path = _resolve_local(source, split)
+    if path is None:
+        return
+    row = _first_row(path, source)
+    if row is not None and prompt_field not in row:
+        raise DataConfigError(
+            f"data source {source!r}: prompt field {prompt_field!r} not found in the first row of {path}; "
+            f"fields are {sorted(row)}"
+        )
 
 
 def _resolve_local(source: str, split: str) -> Path | None:

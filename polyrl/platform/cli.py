@@ -22,8 +22,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from polyrl.cli_errors import user_errors
 from polyrl.evals.cli import eval_command
-from polyrl.platform.config import ConfigError
 from polyrl.platform.distributed import submit_command
 from polyrl.platform.objectives_cli import app as objectives_app
 from polyrl.rewards.cli import app as rewards_app
@@ -39,20 +39,6 @@ app.command("submit", help="Run an experiment's arms as Ray tasks (local Ray by 
 app.command("eval", help="Evaluate one or more models (folders or MLflow runs) on an eval suite.")(eval_command)
 
 console = Console()
-error_console = Console(stderr=True)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    error_console.print(f"[bold red]error[/]: {message}", highlight=False, markup=True, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _user_errors():
-    """Errors users cause, shown as messages; anything else is a bug and keeps its traceback."""
-    from polyrl.modalities.data import DataConfigError
-    from polyrl.rewards import RewardConfigError, RewardModuleError
-
-    return (ConfigError, DataConfigError, RewardConfigError, RewardModuleError, FileNotFoundError)
 
 
 @app.command()
@@ -61,12 +47,12 @@ def validate(
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.steps=5 (repeatable)."),
 ) -> None:
     """Check an experiment YAML without running it; print each arm's resolved key settings."""
+    from polyrl.platform.preflight import preflight
     from polyrl.platform.runner import validate_file
 
-    try:
+    with user_errors():
         arms = validate_file(config, set_)
-    except _user_errors() as error:
-        _fail(str(error))
+        preflight(arms, source=str(config))
     for arm, cfg in arms.items():
         console.print(
             f"[green]ok[/] arm [cyan]{arm}[/]: objective={cfg.objective.name} "
@@ -85,13 +71,14 @@ def run(
     no_progress: bool = typer.Option(False, "--no-progress", help="Plain log lines instead of a progress bar."),
 ) -> None:
     """Run every arm of an experiment and log it to MLflow."""
+    from polyrl.platform.preflight import preflight_file
     from polyrl.platform.runner import run_experiment
 
-    try:
+    with user_errors():
+        # Rewards, model folder and data are checked before any MLflow run or model exists.
+        preflight_file(config, set_options=set_, only_arms=arm)
         result = run_experiment(config, set_options=set_, resume=resume, only_arms=arm or None, console=console,
                                 show_progress=False if no_progress else None)
-    except _user_errors() as error:
-        _fail(str(error))
     for name, metrics in result.final_metrics.items():
         console.print(
             f"arm [cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
@@ -109,15 +96,13 @@ def compare(
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."),
 ) -> None:
     """Plot the arms of an experiment side by side and tabulate their final values."""
-    from polyrl.platform.compare import CompareError, compare_experiment
+    from polyrl.platform.compare import compare_experiment, default_report_dir
     from polyrl.platform.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
-    out = out or Path("reports") / experiment
-    try:
+    with user_errors():
+        out = out or default_report_dir(experiment)
         result = compare_experiment(experiment, tracking_uri=uri, out_dir=out)
-    except CompareError as error:
-        _fail(str(error))
     console.print(result.table_markdown)
     console.print(f"\nReport: {result.out_dir / 'report.md'} ({len(result.plot_paths)} plots), also logged to parent run {result.parent_run_id}.")
     console.print("Open the MLflow UI with: polyrl ui   (then select the experiment and its arm runs, and click Compare)")

@@ -6,8 +6,10 @@ any tracking store, and logs the report to the experiment's parent run.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import matplotlib
 
@@ -90,7 +92,55 @@ def markdown_table(rows: dict[str, dict[str, float | None]], columns: list[str])
     return "\n".join(lines)
 
 
+def local_store_path(tracking_uri: str) -> Path | None:
+    """The file or folder of a local MLflow store (``sqlite:///…``, ``file:…`` or a bare path);
+    ``None`` for a server or an in-memory database."""
+    if tracking_uri.startswith("sqlite:"):
+        # SQLAlchemy form: sqlite:///relative.db, sqlite:////absolute.db, sqlite:// (memory).
+        path = tracking_uri[len("sqlite:"):].split("?", 1)[0]
+        if not path.startswith("///") or path == "///":
+            return None
+        return Path(unquote(path[3:]))
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    # A bare path; bare words ("databricks") name other stores, so only what looks like a path.
+    if (parsed.scheme == "" or re.fullmatch(r"[A-Za-z]", parsed.scheme)) and ("/" in tracking_uri or "\\" in tracking_uri):
+        return Path(tracking_uri)
+    return None
+
+
+def require_existing_store(tracking_uri: str) -> None:
+    """Refuse a local store that does not exist: MLflow would silently create an empty one
+    (and its folders) where a mistyped path points, and then report no experiment."""
+    path = local_store_path(tracking_uri)
+    if path is not None and not path.exists():
+        raise CompareError(
+            f"MLflow store {str(path)!r} (from {tracking_uri}) does not exist; check --tracking-uri or "
+            "$MLFLOW_TRACKING_URI (polyrl run writes ./mlflow.db in the folder it runs from)"
+        )
+
+
+def default_report_dir(experiment: str) -> Path:
+    """``reports/<slug of the experiment name>``: always inside ``reports``.
+
+    MLflow experiment names may hold '/' (``tracking.experiment: team/probe``), so the name is
+    made folder-safe rather than refused; ``..`` and absolute names cannot climb out. An
+    explicit ``--out`` is the user's own path and may be anywhere, absolute included.
+    """
+    from polyrl.evals.models import slugify
+
+    return Path("reports") / slugify(experiment)
+
+
+def safe_file_stem(key: str) -> str:
+    """A metric key as a file name that stays inside the report folder (no '/', no '..')."""
+    stem = re.sub(r"[^A-Za-z0-9_.\-]+", "_", key).strip(".")
+    return stem or "metric"
+
+
 def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Path, log_to_mlflow: bool = True) -> Comparison:
+    require_existing_store(tracking_uri)
     client = make_client(tracking_uri)
     parent = find_parent_run(client, experiment)
     if parent is None:
@@ -123,7 +173,7 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
         axis.grid(alpha=0.3)
         axis.legend()
         figure.tight_layout()
-        path = out / (key.replace("/", "_") + ".png")
+        path = out / (safe_file_stem(key) + ".png")
         figure.savefig(path, dpi=110)
         plt.close(figure)
         plot_paths.append(path)

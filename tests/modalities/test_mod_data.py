@@ -12,6 +12,7 @@ from polyrl.modalities.arithmetic import SHIPPED_SIZES  # noqa: E402
 from polyrl.modalities.data import (  # noqa: E402
     DataConfigError,
     PromptSampler,
+    check_prompt_source,
     load_prompt_dataset,
     rows_to_prompt_samples,
 )
@@ -76,10 +77,38 @@ def test_directory_without_split(tmp_path):
         load_prompt_dataset(str(tmp_path), "validation")
 
 
-def test_empty_split(tmp_path):
-    (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(DataConfigError, match="empty"):
-        load_prompt_dataset(str(tmp_path / "empty.jsonl"), "train")
+@pytest.mark.parametrize("name, text", [("rows.jsonl", ""), ("rows.jsonl", "\n  \n"), ("rows.json", "")])
+def test_empty_file_says_it_is_empty(tmp_path, name, text):
+    # The file name holds no "empty": the message itself must say it (datasets' own is blank).
+    (tmp_path / name).write_text(text)
+    for check in (load_prompt_dataset, check_prompt_source):
+        with pytest.raises(DataConfigError, match=rf"{name} is empty \(no rows\)$"):
+            check(str(tmp_path / name), "train")
+
+
+def test_check_prompt_source_reads_only_the_first_row(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    # Row 2 is not JSON: a full load would fail, the cheap check stops at row 1.
+    path.write_text(json.dumps({"question": "2+2?"}) + "\n{not json\n")
+    check_prompt_source(str(path), "train", prompt_field="question")
+    with pytest.raises(DataConfigError, match=r"prompt field 'prompt' not found in the first row .*fields are \['question'\]"):
+        check_prompt_source(str(path), "train")
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(DataConfigError, match=r"bad.jsonl, line 1: not valid JSON"):
+        check_prompt_source(str(tmp_path / "bad.jsonl"), "train")
+    (tmp_path / "array.json").write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}], indent=2))
+    check_prompt_source(str(tmp_path / "array.json"), "train")
+    with pytest.raises(DataConfigError, match="file not found"):
+        check_prompt_source(str(tmp_path / "nope.jsonl"), "train")
+    check_prompt_source("arithmetic", "train")
+    check_prompt_source("some-org/some-dataset", "train")  # a dataset name: left to the loader
+
+
+def test_check_prompt_source_parquet_schema(tmp_path):
+    datasets.Dataset.from_list([{"prompt": "a"}]).to_parquet(str(tmp_path / "rows.parquet"))
+    check_prompt_source(str(tmp_path / "rows.parquet"), "train")
+    with pytest.raises(DataConfigError, match="prompt field 'text' not found"):
+        check_prompt_source(str(tmp_path / "rows.parquet"), "train", prompt_field="text")
 
 
 def test_missing_prompt_field(tmp_path):

@@ -57,8 +57,12 @@ def test_bad_yaml_is_a_message_naming_the_field_not_a_traceback(tmp_path):
 def test_missing_file_and_unknown_experiment_are_clear_errors(tmp_path):
     result = polyrl("validate", str(tmp_path / "nope.yaml"))
     assert result.returncode == 2 and "no such file" in result.stderr
-    result = polyrl("compare", "never_ran", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", cwd=tmp_path)
-    assert result.returncode == 2 and "never_ran" in result.stderr and "Traceback" not in result.stderr
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'm.db'}"
+    MlflowClient(tracking_uri=store).search_experiments()  # an existing store without that experiment
+    result = polyrl("compare", "never_ran", "--tracking-uri", store, cwd=tmp_path)
+    assert result.returncode == 2 and "no polyrl experiment named 'never_ran'" in result.stderr and "Traceback" not in result.stderr
     result = polyrl("run", str(tmp_path / "nope.yaml"), "--resume", cwd=tmp_path)
     assert result.returncode == 2
 
