@@ -32,11 +32,12 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from polyrl.errors import PolyrlError
-from polyrl.platform.config import check_safe_name
+from polyrl.platform.config import check_safe_name, format_validation_error
+from polyrl.platform.yaml_files import YAMLFileError, safe_load_unique
 from polyrl.platform.types import SamplingSettings
 from polyrl.rewards import RewardSpec
 
@@ -49,6 +50,13 @@ class EvalError(PolyrlError, ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def field_error(model: str, loc: tuple[Any, ...], message: str, value: Any) -> ValidationError:
+    """A model-level check's failure reported at the field it is about (``generation.n``),
+    so the shared formatter names that path."""
+    detail = InitErrorDetails(type=PydanticCustomError("value_error", "{message}", {"message": message}), loc=loc, input=value)
+    return ValidationError.from_exception_data(model, [detail])
 
 
 class DatasetSpec(_Strict):
@@ -68,9 +76,7 @@ class DatasetSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9_.\-]+", value):
-            raise ValueError("must use only letters, digits, '_', '.', '-' (it prefixes MLflow metric names)")
-        return value
+        return None if value is None else check_safe_name(value, "it prefixes MLflow metric names")
 
     @property
     def label(self) -> str:
@@ -95,7 +101,7 @@ class GenerationSpec(_Strict):
     def _greedy_single(self) -> "GenerationSpec":
         # Greedy decoding returns n identical samples: pass@k would be pass@1 dressed up.
         if self.decoding == "greedy" and self.n != 1:
-            raise ValueError(f"n: greedy decoding gives {self.n} identical samples; use decoding: sample for n > 1")
+            raise field_error("GenerationSpec", ("n",), f"greedy decoding gives {self.n} identical samples; use decoding: sample for n > 1", self.n)
         return self
 
     def sampling_settings(self) -> SamplingSettings:
@@ -149,18 +155,17 @@ class EvalSuite(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvalSuite":
-        too_big = [k for k in self.metrics.pass_at_k if k > self.generation.n]
+        pass_at_k = self.metrics.pass_at_k
+        too_big = [k for k in pass_at_k if k > self.generation.n]
         if too_big:
-            raise ValueError(
-                f"metrics.pass_at_k: k={too_big} exceeds generation.n={self.generation.n}; "
-                "the unbiased estimator needs at least k samples per prompt"
-            )
-        if self.metrics.pass_at_k and self.accuracy_params() is None:
-            raise ValueError("metrics.pass_at_k: needs metrics.accuracy (pass@k counts correct samples)")
+            raise field_error("EvalSuite", ("metrics", "pass_at_k"), f"k={too_big} exceeds generation.n={self.generation.n}; "
+                              "the unbiased estimator needs at least k samples per prompt", pass_at_k)
+        if pass_at_k and self.accuracy_params() is None:
+            raise field_error("EvalSuite", ("metrics", "pass_at_k"), "needs metrics.accuracy (pass@k counts correct samples)", pass_at_k)
         labels = [d.label for d in self.datasets]
         duplicates = sorted({label for label in labels if labels.count(label) > 1})
         if duplicates:
-            raise ValueError(f"datasets: duplicate dataset name(s) {duplicates}; set datasets[i].name")
+            raise field_error("EvalSuite", ("datasets",), f"duplicate dataset name(s) {duplicates}; set datasets[i].name", labels)
         return self
 
     def accuracy_params(self) -> dict[str, Any] | None:
@@ -176,30 +181,9 @@ class EvalSuite(_Strict):
         return self.kind == "caption" if self.metrics.coco is None else self.metrics.coco
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    parts: list[str] = []
-    for item in loc:
-        parts.append(f"[{item}]" if isinstance(item, int) else ("." if parts else "") + str(item))
-    return "".join(parts)
-
-
 def format_suite_error(error: ValidationError, source: str) -> str:
     """One line per problem, each starting with the field path (e.g. ``generation.n``)."""
-    lines = [f"{source}: invalid eval suite"]
-    for item in error.errors():
-        path = _location(tuple(item["loc"]))
-        message = item["msg"].removeprefix("Value error, ")
-        # Model-level checks start their message with the field path below their model.
-        inner = re.match(r"^([A-Za-z_][\w.\[\]]*): (.*)$", message, re.S) if item["type"] == "value_error" else None
-        if inner:
-            path = f"{path}.{inner.group(1)}" if path else inner.group(1)
-            message = inner.group(2)
-        if item["type"] == "extra_forbidden":
-            message = "unknown field"
-        elif item["type"] != "missing" and not isinstance(item.get("input"), (dict, list)):
-            message += f" (got {item.get('input')!r})"
-        lines.append(f"  - {path or '(top level)'}: {message}")
-    return "\n".join(lines)
+    return format_validation_error(error, source=source, model=EvalSuite, what="eval suite")
 
 
 def suite_search_dirs() -> list[Path]:
@@ -242,9 +226,9 @@ def load_suite(ref: str | Path | EvalSuite) -> tuple[EvalSuite, Path | None]:
         return ref, None
     path = find_suite_file(ref)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise EvalError(f"{path}: not valid YAML: {error}") from None
+        raw = safe_load_unique(path.read_text(), str(path))  # a repeated key is refused, not silently dropped
+    except YAMLFileError as error:
+        raise EvalError(str(error)) from None
     return parse_suite(raw, str(path)), path.parent
 
 

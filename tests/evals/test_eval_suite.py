@@ -61,3 +61,21 @@ def test_eval_suite_search_path_env(tmp_path, monkeypatch, suite_file):
     monkeypatch.setenv("POLYRL_EVAL_SUITES", str(tmp_path))
     suite, folder = load_suite("mine")
     assert suite.name == "mine" and folder == tmp_path
+
+
+def test_eval_suite_errors_use_the_experiment_formatter():
+    # The shared formatter (polyrl.platform.config) lists the allowed fields of an unknown one
+    # and the bad value; the suite's own copy did neither.
+    with pytest.raises(EvalError) as info:
+        parse_suite({**BASE, "datasets": [{"source": "arithmetic", "splt": "test"}], "generation": {"n": 3}}, "suite.yaml")
+    lines = str(info.value).splitlines()
+    assert lines[0] == "suite.yaml: invalid eval suite"
+    assert "  - datasets[0].splt: unknown field; allowed: answer_field, image_field, limit, name, prompt_field, references_field, source, split" in lines
+    assert "  - generation.n: greedy decoding gives 3 identical samples; use decoding: sample for n > 1 (got 3)" in lines
+
+
+def test_eval_suite_file_with_a_repeated_key_is_refused(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text("name: s\ndatasets: [{source: arithmetic}]\ngeneration: {max_tokens: 8}\ngeneration: {max_tokens: 64}\n")
+    with pytest.raises(EvalError, match=r"suite.yaml: duplicate key 'generation' at line 4 \(first at line 3\)"):
+        load_suite(str(path))
