@@ -300,6 +300,7 @@ class VLLMRolloutEngine(RolloutEngine):
                     text=sample.text,
                     sampling_logprobs=_sampled_logprobs(sample.logprobs, token_ids),
                     finish_reason="length" if sample.finish_reason == "length" else "stop",
+                    completion_token_modalities=("text",) * len(token_ids),
                 )
             )
         return group
@@ -460,14 +461,19 @@ class HFRolloutEngine(RolloutEngine):
             tokens = new_tokens[i]
             hits = torch.nonzero(is_eos[i]).flatten()
             length = int(hits[0]) + 1 if len(hits) else tokens.shape[0]
+            finish = "stop" if len(hits) else "length"
+            if settings.stop:
+                # A row stopped by a stop string is padded while the others go on: keep its
+                # tokens up to the one that completes the stop string, as vLLM does.
+                stop_length = _stop_string_length(self.tokenizer, tokens[:length].tolist(), settings.stop)
+                if stop_length is not None:
+                    length, finish = stop_length, "stop"
             ids = tokens[:length].tolist()
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            finish = "stop" if len(hits) else "length"
             if settings.stop:
                 cut = [text.find(s) for s in settings.stop if s in text]
                 if cut:
                     text = text[: min(cut)]
-                    finish = "stop"
             completions.append(
                 Completion(
                     prompt_ids=list(r),
@@ -475,6 +481,7 @@ class HFRolloutEngine(RolloutEngine):
                     text=text,
                     sampling_logprobs=logprobs[i, :length].tolist(),
                     finish_reason=finish,
+                    completion_token_modalities=("text",) * len(ids),
                 )
             )
         return completions
@@ -491,6 +498,31 @@ class HFRolloutEngine(RolloutEngine):
     def close(self) -> None:
         self.model = None
         gc.collect()
+
+
+def _stop_string_length(tokenizer: Any, ids: list[int], stops: list[str]) -> int | None:
+    """Number of leading tokens of ``ids`` whose text first contains a stop string, or None.
+
+    The text keeps special tokens, as transformers' ``StopStringCriteria`` (which decided where
+    the row stopped) matches on token strings: a sampled ``<pad>`` completes the stop string
+    ``"a"``. Binary search over prefixes: once a prefix's text contains a stop string, every
+    longer prefix's text does too.
+    """
+
+    def contains(n: int) -> bool:
+        text = tokenizer.decode(ids[:n], skip_special_tokens=False)
+        return any(stop in text for stop in stops)
+
+    if not ids or not contains(len(ids)):
+        return None
+    low, high = 1, len(ids)
+    while low < high:
+        middle = (low + high) // 2
+        if contains(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 ROLLOUT_ENGINES: dict[str, type[RolloutEngine]] = {

@@ -34,8 +34,22 @@ class Completion:
     # measure the sampler/learner gap and for truncated importance-sampling correction.
     sampling_logprobs: list[float]
     finish_reason: str  # "stop" (EOS or stop string) or "length" (hit max_tokens)
-    # Modality of each prompt token; completion tokens are always text for now.
+    # Modality of each prompt token (None: all text).
     prompt_token_modalities: list[str] | None = None
+    # Modality of each completion token ("text", "image", ...; a name of ModalitiesConfig):
+    # it picks the token's GAE gamma/lambda. Left empty, every token is "text".
+    completion_token_modalities: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.completion_token_modalities:
+            self.completion_token_modalities = ("text",) * len(self.completion_ids)
+        else:
+            self.completion_token_modalities = tuple(self.completion_token_modalities)
+        if len(self.completion_token_modalities) != len(self.completion_ids):
+            raise ValueError(
+                f"completion_token_modalities has {len(self.completion_token_modalities)} entries for "
+                f"{len(self.completion_ids)} completion tokens"
+            )
 
     @property
     def truncated(self) -> bool:
