@@ -6,8 +6,10 @@ eval step on the training run's own engine).
 
 Metric names (every one prefixed with the dataset's name, ``<dataset>/``):
 
-- ``accuracy`` — mean of the ``accuracy`` reward module over scored samples (all samples of
-  all prompts; with ``n > 1`` this is the expected pass@1), ``accuracy/unscored``;
+- ``accuracy`` — the share of scored samples the suite's ``accuracy`` module scores > 0
+  (:func:`polyrl.evals.metrics.accuracy_share`, the definition ``train/accuracy`` uses too;
+  over all samples of all prompts, so with ``n > 1`` it is the expected pass@1),
+  ``accuracy/unscored``;
 - ``pass_at_<k>`` — unbiased pass@k (:mod:`polyrl.evals.passk`);
 - ``length/{mean,median,p90,max,truncated_share}`` — completion tokens;
 - ``reward/<label>/{mean,std,unscored}`` and ``reward/{mean,std,unscored}`` — the suite's
@@ -168,14 +170,14 @@ class SuiteRunner:
         values = run_module(data.accuracy, batch, label="accuracy")
         for row, value in zip(rows, values):
             row["correct"] = value
-        out = {"accuracy": stats.mean_of_scored(values), "accuracy/unscored": float(sum(v is None for v in values))}
-        # (n, c) per prompt; prompts with an unscored sample (no gold answer) are left out.
-        correct_value = data.accuracy.correct
+        out = {"accuracy": stats.accuracy_share(values), "accuracy/unscored": float(sum(v is None for v in values))}
+        # (n, c) per prompt, c counted as accuracy counts; prompts with an unscored sample (no
+        # gold answer) are left out.
         counts = []
         for start in range(0, len(values), n):
             group = values[start : start + n]
             if all(v is not None for v in group):
-                counts.append((n, sum(v == correct_value for v in group)))
+                counts.append((n, sum(stats.is_correct(v) for v in group)))
         for k in self.suite.metrics.pass_at_k:
             # "pass_at_k", not "pass@k": MLflow metric names may not contain '@'.
             out[f"pass_at_{k}"] = mean_pass_at_k(counts, k)
