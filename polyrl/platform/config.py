@@ -157,12 +157,18 @@ class ModalitiesConfig(StrictModel):
 
 
 class ValueConfig(StrictModel):
-    """Critic for PPO/GAE; built only when the advantage estimator needs values."""
+    """Critic for PPO/GAE; built only when the advantage estimator needs values.
+
+    The critic has its own optimizer (as in verl and OpenRLHF), so a value-loss coefficient
+    would only rescale its learning rate: there is no ``coef``; set ``learning_rate``.
+    """
 
     learning_rate: float = Field(1e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
     clip_range: float = Field(0.2, gt=0)
-    coef: float = Field(0.5, gt=0)
-    update_every: int = Field(1, ge=1, description="Delayed critic updates: one critic update every k policy updates (seed 000 §3.3).")
+    update_every: int = Field(1, ge=1, description="Delayed critic updates: one critic update every k policy optimizer steps (seed 000 §3.3).")
 
 
 class TrainConfig(StrictModel):
@@ -178,6 +184,14 @@ class TrainConfig(StrictModel):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     kl_in_reward: bool = False
     entropy_coef: float = 0.0
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Per optimizer step, after warm-up: constant, linear or cosine decay to learning_rate × min_lr_ratio."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up (steps × updates_per_batch × mini_batches in all).")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Where linear/cosine decay ends, as a fraction of learning_rate.")
+    max_consecutive_nonfinite: int = Field(
+        3, ge=1, description="Stop (with a checkpoint of the last good weights) after this many optimizer steps in a row skipped for a NaN/inf loss or gradient norm."
+    )
     value: ValueConfig = ValueConfig()
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
 
@@ -188,6 +202,9 @@ class TrackingConfig(StrictModel):
     sample_table_every: int = Field(5, ge=1)
     sample_table_rows: int = Field(16, ge=1)
     progress: bool = True
+    accuracy_reward: str | None = Field(
+        None, description="Label of the reward whose score defines train/accuracy; default: the reward labelled 'accuracy', if any."
+    )
 
 
 class CheckpointConfig(StrictModel):
@@ -208,6 +225,9 @@ class HealthConfig(StrictModel):
     positive_share_target: float = 0.45
     positive_share_tolerance: float = 0.25
     min_mean_length: float = 2.0
+    max_logprob_gap: float = Field(
+        1e-2, gt=0, description="Warn when rollout/logprob_gap (nats/token) exceeds this: a stale or partial weight sync."
+    )
 
 
 class ExperimentConfig(StrictModel):

@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from polyrl.platform.losses import entropy_from_logits
 from polyrl.platform.types import Completion
 
 
@@ -129,17 +130,23 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     compute_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token ``log softmax(logits / temperature)[token]`` of the completion tokens.
 
-    Returns ``(logprobs [B, T], entropy [B, T] or None)``, both float32 and 0 where
-    ``response_mask`` is 0. Entropy is ``-sum_v p_v log p_v`` of the same tempered
-    distribution. Gradients flow through both when the caller has grad enabled.
-    ``temperature == 0`` (greedy sampling) is scored at temperature 1.
+    Returns ``(logprobs [B, T], entropy [B, T] or None)``, at least float32 (float64 for a
+    float64 model) and 0 where ``response_mask`` is 0. Entropy is that of the same tempered
+    distribution (:func:`polyrl.platform.losses.entropy_from_logits`, finite with ``-inf``
+    logits). Gradients flow through the log-probs when the caller has grad enabled, and through
+    the entropy only with ``entropy_grad`` (a loss with an entropy bonus); otherwise the entropy
+    is a metric and is computed under ``no_grad``, which keeps its ``[B, T, V]`` graph out of
+    memory. ``temperature == 0`` (greedy sampling) is scored at temperature 1.
     """
     device = next(model.parameters()).device
     batch = batch.to(device)
-    logits = _response_logits(model, batch).float()
+    logits = _response_logits(model, batch)
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)  # [B, T, V]
@@ -148,7 +155,8 @@ def token_logprobs(
     logp = torch.where(mask, logp, torch.zeros_like(logp))
     entropy = None
     if compute_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
         entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
     return logp, entropy
 

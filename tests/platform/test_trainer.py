@@ -138,7 +138,7 @@ def test_dapo_with_dynamic_sampling_overlong_penalty_and_kl(tmp_path, tiny_exper
 
 def test_unscored_samples_get_zero_advantage_and_are_counted(tmp_path, tiny_experiment):
     # `accuracy` returns None for rows without an answer: every sample is unscored here.
-    config = tiny_experiment(data={"source": str(_no_answer_data(tmp_path))}, rewards=[{"module": "accuracy"}],
+    config = tiny_experiment(data={"source": str(_no_answer_data(tmp_path))}, rewards=[{"module": "accuracy", "allow_unscored": True}],
                              train={"steps": 1})
     trainer = _trainer(tmp_path, config)
     trainer.setup()
