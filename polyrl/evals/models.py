@@ -4,13 +4,18 @@
 - ``run:<run_id>`` — the latest complete checkpoint of a training arm run;
 - ``run:<run_id>@<step>`` — that run's checkpoint at ``step``.
 
-A run's checkpoints are found through its ``polyrl.checkpoint_dir`` tag and exported once
+A run's checkpoints are found through its ``polyrl.checkpoint_dir`` tag, but a folder is only
+where a run *was*: a later run of the same experiment reuses it (moving the earlier files to
+``<experiment>.previous-<time>``). So a checkpoint counts as the run's only when the MLflow run
+id stored inside it is that run's; the archived copies are searched too, and a folder holding
+another run's weights is refused, naming that run. The chosen checkpoint is exported once
 (:func:`polyrl.platform.checkpoint.export_model_dir`) into ``<cache>/eval-exports/<run>/step_<n>``;
-later evals of the same checkpoint reuse the export.
+later evals reuse the export while it was made from the same run's checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +73,45 @@ def _resolve_path(ref: str) -> ResolvedModel:
     return ResolvedModel(ref=ref, path=path, slug=slugify(path.name))
 
 
+def run_checkpoints(run_id: str, folder: str | Path) -> tuple[dict[int, Path], set[str]]:
+    """The run's complete checkpoints by step — from its tagged folder first, then the archived
+    copies of that folder — and the ids of other runs whose checkpoints were found there.
+
+    A checkpoint that stores no run id (written outside ``polyrl run``) is taken as the run's.
+    """
+    from polyrl.platform.checkpoint import checkpoint_dirs, checkpoint_step, read_checkpoint_info
+
+    folder = Path(folder)
+    experiment = folder.parent
+    archived = sorted(experiment.parent.glob(f"{experiment.name}.previous-*/{folder.name}"), reverse=True)
+    owned: dict[int, Path] = {}
+    others: set[str] = set()
+    for directory in [folder, *archived]:
+        for path in checkpoint_dirs(directory):
+            owner = read_checkpoint_info(path).get("mlflow_run_id")
+            if owner is None or owner == run_id:
+                owned.setdefault(checkpoint_step(path), path)
+            else:
+                others.add(owner)
+    return owned, others
+
+
+def _export_matches(target: Path, checkpoint: Path) -> bool:
+    """A cached export is reused only if it was made from this very run's checkpoint."""
+    from polyrl.platform.checkpoint import read_checkpoint_info
+
+    try:
+        made_from = json.loads((target / EXPORT_INFO).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return (made_from.get("checkpoint") == str(checkpoint.resolve())
+            and made_from.get("mlflow_run_id") == read_checkpoint_info(checkpoint).get("mlflow_run_id"))
+
+
 def _resolve_run(ref: str, *, tracking_uri: str | None, cache_dir: Path) -> ResolvedModel:
     from mlflow.exceptions import MlflowException
 
-    from polyrl.platform.checkpoint import checkpoint_dirs, export_model_dir
+    from polyrl.platform.checkpoint import export_model_dir
     from polyrl.platform.tracking import make_client, resolve_tracking_uri
 
     run_id, step = parse_run_ref(ref)
@@ -83,16 +123,19 @@ def _resolve_run(ref: str, *, tracking_uri: str | None, cache_dir: Path) -> Reso
     folder = run.data.tags.get(CHECKPOINT_DIR_TAG)
     if not folder:
         raise EvalError(f"--model {ref!r}: run {run_id} has no {CHECKPOINT_DIR_TAG} tag (is it a polyrl training arm run?)")
-    found = checkpoint_dirs(folder)
-    if not found:
+    steps, others = run_checkpoints(run_id, folder)
+    if not steps and others:
+        raise EvalError(f"--model {ref!r}: the checkpoints in {folder} belong to another run ({', '.join(sorted(others))}), not "
+                        f"{run_id}: a later run of the experiment reused the folder and run {run_id}'s own checkpoints are gone. "
+                        f"Evaluate run:<that id> for those weights")
+    if not steps:
         raise EvalError(f"--model {ref!r}: run {run_id} has no complete checkpoint in {folder}")
-    steps = {int(p.name.split("_")[1]): p for p in found}
     if step is None:
         step = max(steps)
     elif step not in steps:
         raise EvalError(f"--model {ref!r}: run {run_id} has no checkpoint at step {step}; available steps: {sorted(steps)}")
     target = cache_dir / slugify(run_id) / f"step_{step:06d}"
-    if not (target / EXPORT_INFO).is_file():  # export_model_dir writes atomically; the marker is last-in
+    if not _export_matches(target, steps[step]):  # export_model_dir writes atomically; the marker is last-in
         try:
             export_model_dir(steps[step], target)
         except (FileNotFoundError, KeyError) as error:

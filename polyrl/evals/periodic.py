@@ -9,7 +9,7 @@ trainer logs them as ``eval/<metric>``.
 
 from __future__ import annotations
 
-import math
+import numbers
 from typing import Any
 
 import torch
@@ -30,8 +30,9 @@ class PeriodicEvaluator:
         with torch.random.fork_rng(devices=devices):
             result = self.runner.run(engine)
         self.last_result = result
-        # NaN (e.g. accuracy with no gold answers) is dropped rather than logged as a number.
-        return {key: value for key, value in result.metrics.items() if isinstance(value, (int, float)) and math.isfinite(value)}
+        # NaN (e.g. accuracy with no gold answers) is logged as NaN, so the curve shows the
+        # metric was computed and undefined rather than silently missing; non-numbers are dropped.
+        return {key: value for key, value in result.metrics.items() if isinstance(value, numbers.Real) and not isinstance(value, bool)}
 
 
 def make_periodic_evaluator(config: Any) -> PeriodicEvaluator:

@@ -235,7 +235,8 @@ def export_model_dir(checkpoint: str | Path, out_dir: str | Path, *, base_model_
         if item.is_file() and not item.name.endswith((".safetensors", ".bin")) and item.name != "model.safetensors.index.json":
             shutil.copy2(item, staging / item.name)
     shutil.copy2(checkpoint / "policy.safetensors", staging / "model.safetensors")
-    (staging / "polyrl_checkpoint.json").write_text(json.dumps({"checkpoint": str(checkpoint.resolve()), "step": info["step"]}))
+    (staging / "polyrl_checkpoint.json").write_text(json.dumps({"checkpoint": str(checkpoint.resolve()), "step": info["step"],
+                                                                "mlflow_run_id": info.get("mlflow_run_id")}))
     if out_dir.exists():
         shutil.rmtree(out_dir)
     staging.rename(out_dir)

@@ -69,6 +69,9 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="Continue the last run of this experiment from its checkpoints, in the same MLflow runs."),
     arm: list[str] = typer.Option([], "--arm", help="Run only these arms (repeatable)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="Plain log lines instead of a progress bar."),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change",
+                                             help="With --resume: apply a changed config from the next step (recorded in MLflow) "
+                                                  "instead of refusing it; model, data, seed and tracking changes stay refused."),
 ) -> None:
     """Run every arm of an experiment and log it to MLflow."""
     from polyrl.platform.preflight import preflight_file
@@ -78,7 +81,7 @@ def run(
         # Rewards, model folder and data are checked before any MLflow run or model exists.
         preflight_file(config, set_options=set_, only_arms=arm)
         result = run_experiment(config, set_options=set_, resume=resume, only_arms=arm or None, console=console,
-                                show_progress=False if no_progress else None)
+                                show_progress=False if no_progress else None, allow_config_change=allow_config_change)
     for name, metrics in result.final_metrics.items():
         console.print(
             f"arm [cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "

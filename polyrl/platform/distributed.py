@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -42,18 +41,69 @@ from rich.console import Console
 
 from polyrl.errors import PolyrlError
 from polyrl.platform.config import ConfigError, ExperimentConfig, load_experiment, to_yaml
-from polyrl.platform.runner import (STATE_FILE, ExperimentResult, experiment_dir, read_state, start_arm_run,
+from polyrl.platform.run_lock import acquire_lock
+from polyrl.platform.runner import (STATE_FILE, ExperimentResult, archive_previous_run, experiment_dir, read_state, start_arm_run,
                                     start_experiment_run, train_arm, write_state, yaml_text)
-from polyrl.platform.tracking import ExperimentTracker, RunLogger, make_client, resolve_tracking_uri
+from polyrl.platform.tracking import ExperimentTracker, RunLogger, make_client, probe_tracking, resolve_tracking_uri
 
 # Environment variables a worker needs to behave like the driver (offline hubs, vLLM mode,
 # MLflow server credentials). A local cluster inherits the driver's environment anyway.
 FORWARDED_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "MLFLOW_", "POLYRL_")
 WORKER_TAGS = ("polyrl.ray.pid", "polyrl.ray.node_id", "polyrl.ray.hostname")
+RAY_CLIENT_PORT = 10001
+ADDRESS_PROBE_TIMEOUT_S = 5.0
 
 
 class ArmFailedError(PolyrlError, RuntimeError):
     """One or more arms raised in their Ray task; the message names each arm and its error."""
+
+    exit_code = 1
+
+
+class RayUnreachableError(PolyrlError):
+    """The Ray cluster named by ``--address`` (or ``RAY_ADDRESS``) does not answer."""
+
+
+def ray_endpoint(address: str) -> tuple[str, int] | None:
+    """The host and port ``ray.init(address=...)`` will connect to; None for a local cluster."""
+    if address in ("local", ""):
+        return None
+    if address.startswith("ray://"):
+        netloc = address[len("ray://"):].split("/", 1)[0]
+        host, sep, port = netloc.rpartition(":")
+        if not sep:
+            host, port = netloc, str(RAY_CLIENT_PORT)
+        if not host or not port.isdigit():
+            raise RayUnreachableError(f"--address {address}: expected ray://host:port")
+        return host.strip("[]"), int(port)
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address  # how ray.init finds "auto"
+
+        try:
+            address = canonicalize_bootstrap_address("auto") or ""
+        except (ConnectionError, ValueError) as error:
+            raise RayUnreachableError(f"--address auto: no running Ray cluster found on this machine ({error})") from None
+        if not address:
+            return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise RayUnreachableError(f"--address {address}: expected 'auto', host:port or ray://host:port")
+    return host.strip("[]"), int(port)
+
+
+def probe_ray_address(address: str, timeout: float = ADDRESS_PROBE_TIMEOUT_S) -> None:
+    """Fail in seconds when nothing listens at a cluster address; ``ray.init`` would retry for minutes."""
+    endpoint = ray_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=timeout).close()
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        raise RayUnreachableError(
+            f"--address {address}: cannot reach a Ray cluster at {endpoint[0]}:{endpoint[1]} ({reason}; checked within "
+            f"{timeout:g} s). Start one (ray start --head) or fix the address; without --address polyrl starts a local cluster"
+        ) from None
 
 
 # --- the Ray side -----------------------------------------------------------------------------
@@ -102,14 +152,15 @@ def _arm_task(job: dict[str, Any]) -> dict[str, Any]:
     arm = job["arm"]
     context = ray.get_runtime_context()
     where = {"polyrl.ray.pid": os.getpid(), "polyrl.ray.node_id": context.get_node_id(), "polyrl.ray.hostname": socket.gethostname()}
-    logger = RunLogger(make_client(job["tracking_uri"]), job["run_id"])
+    # The arm's folder also holds its MLflow buffer, so a Ray arm outlives a tracking-server outage too.
+    logger = RunLogger(make_client(job["tracking_uri"]), job["run_id"], buffer_dir=job["arm_dir"])
     try:
         logger.set_tags(where)
         config = ExperimentConfig.model_validate(yaml.safe_load(job["config_yaml"]))
         history = train_arm(config, arm=arm, arm_dir=job["arm_dir"], logger=logger, parent_run_id=job["parent_run_id"],
                             tracking_uri=job["tracking_uri"])
     except BaseException as error:
-        logger.finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")  # no-op if train_arm already did
+        logger.finish_after_error("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")  # no-op if train_arm already did
         error.add_note(f"polyrl: arm {arm!r} (MLflow run {job['run_id']}) failed in Ray worker pid {where['polyrl.ray.pid']} "
                        f"on {where['polyrl.ray.hostname']}")
         raise
@@ -229,7 +280,10 @@ def submit_experiment(
     configs = load_experiment(path, set_options=set_options)
     first = next(iter(configs.values()))
     tracking_uri = absolute_tracking_uri(resolve_tracking_uri(first.tracking.uri))
+    probe_tracking(tracking_uri)
     remote_cluster = address is not None or bool(os.environ.get("RAY_ADDRESS"))
+    if remote_cluster and not ray.is_initialized():
+        probe_ray_address(address if address is not None else os.environ["RAY_ADDRESS"])
     if remote_cluster and is_local_store(tracking_uri):
         console.print(f"[yellow]warning[/]: MLflow store {tracking_uri} is a local file: fine on a one-node cluster, but workers on "
                       "other nodes cannot write to it; use an MLflow server (tracking.uri: http://host:5000).")
@@ -256,12 +310,20 @@ def submit_experiment(
 
 
 def _submit_connected(path, configs, first, tracking_uri, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
+    folder = experiment_dir(first).resolve()
+    # Held while this driver supervises (a --no-wait submit hands the arms over and lets go).
+    lock = acquire_lock(folder, experiment=first.name, command=f"polyrl submit {path}", echo=console.print)
+    try:
+        return _submit_locked(path, configs, first, tracking_uri, folder, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
+                              gpus_per_arm=gpus_per_arm, wait=wait, console=console)
+    finally:
+        lock.release()
+
+
+def _submit_locked(path, configs, first, tracking_uri, folder, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
     import ray
 
-
-    folder = experiment_dir(first).resolve()
-    if folder.exists():  # as polyrl run: a new run never overwrites an earlier one's checkpoints
-        folder.rename(folder.with_name(f"{folder.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}"))
+    archive_previous_run(folder)  # as polyrl run: a new run never overwrites an earlier one's checkpoints
     tracker = ExperimentTracker(tracking_uri, first.tracking.experiment or first.name)
     parent = start_experiment_run(tracker, first.name, arms=list(configs), yaml_text=yaml_text(path), config_path=path,
                                   tags={"polyrl.launcher": "ray"})
@@ -313,7 +375,6 @@ def _submit_connected(path, configs, first, tracking_uri, *, parallel_arms, cpus
 # --- the command ------------------------------------------------------------------------------
 
 _console = Console()
-_error_console = Console(stderr=True)
 
 
 def submit_command(
@@ -326,18 +387,11 @@ def submit_command(
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the arms (default) or return once submitted (needs --address)."),
 ) -> None:
     """Run the arms of an experiment as Ray tasks (local Ray by default), logged to MLflow under one parent run."""
-    from polyrl.modalities.data import DataConfigError
-    from polyrl.rewards import RewardConfigError, RewardModuleError
+    from polyrl.cli_errors import user_errors
 
-    try:
+    with user_errors():  # ArmFailedError exits 1, every other PolyrlError 2
         result = submit_experiment(config, set_options=set_, address=address, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
                                    gpus_per_arm=gpus_per_arm, wait=wait, console=_console)
-    except (ConfigError, DataConfigError, RewardConfigError, RewardModuleError, FileNotFoundError) as error:
-        _error_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2)
-    except ArmFailedError as error:
-        _error_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
     for name, metrics in result.final_metrics.items():
         _console.print(
             f"arm [cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
