@@ -113,3 +113,163 @@ def test_nan_and_inf_metrics_are_logged_and_only_non_numbers_dropped(tmp_path):
     assert metrics["actor/grad_norm"] > 1e308  # MLflow stores +inf as the largest double
     assert metrics["reward/mean"] == 0.25 and metrics[STEP_MARKER] == 1.0
     assert not {"note", "flag", "missing"} & set(metrics)
+
+
+# --- 8. one run per experiment folder ----------------------------------------------------------
+
+LOCK_HOLDER = """
+import sys, time
+from polyrl.platform.run_lock import acquire_lock
+lock = acquire_lock(sys.argv[1], experiment="x", command="holder")
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_lock_refuses_a_live_owner_and_takes_over_a_dead_one(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from polyrl.platform.run_lock import LOCK_FILE, ExperimentLockedError, acquire_lock
+
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ExperimentLockedError) as caught:
+            acquire_lock(tmp_path, experiment="x")
+        assert f"pid {holder.pid} on host {socket.gethostname()}" in str(caught.value) and "already running" in str(caught.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    # SIGKILLed holder: the kernel dropped its flock; its record names a dead pid on this host.
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == holder.pid
+    seen = []
+    lock = acquire_lock(tmp_path, experiment="x", echo=seen.append)
+    assert lock.took_over["pid"] == holder.pid and "gone" in seen[0]
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
+    assert (tmp_path / LOCK_FILE).read_text() == ""  # released: kept, emptied
+    acquire_lock(tmp_path, experiment="x").release()
+
+
+def test_lock_recorded_by_another_host_is_refused_with_how_to_clear_it(tmp_path):
+    from polyrl.platform.run_lock import LOCK_FILE, ExperimentLockedError, acquire_lock
+
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": 4242, "host": "elsewhere.example", "started": "2025-01-01 00:00:00"}))
+    with pytest.raises(ExperimentLockedError, match=r"pid 4242 on host elsewhere\.example.*another machine.*delete .*\.polyrl-run\.lock"):
+        acquire_lock(tmp_path, experiment="x")
+
+
+# --- 6. config changes on resume ---------------------------------------------------------------
+
+
+def _snapshot(**overrides):
+    from polyrl.platform.config import ExperimentConfig
+    from polyrl.platform.resume_config import config_snapshot
+
+    return config_snapshot(ExperimentConfig.model_validate({"name": "e", **overrides}))
+
+
+def test_resume_config_diff_names_each_changed_key_and_refuses_without_the_flag():
+    from polyrl.platform.config import ConfigError
+    from polyrl.platform.resume_config import check_resume_changes, resume_changes
+
+    old = _snapshot(train={"learning_rate": 1e-3})
+    new = _snapshot(train={"learning_rate": 5e-4}, objective={"name": "dr_grpo"})
+    changes = resume_changes("main", old, new)
+    assert [c.describe() for c in changes] == ["objective.name: 'grpo' → 'dr_grpo'", "train.learning_rate: 0.001 → 0.0005"]
+    with pytest.raises(ConfigError) as caught:
+        check_resume_changes({"main": changes}, finished=set(), allow=False, resume_steps={"main": 4})
+    message = str(caught.value)
+    assert "arm 'main' (resumes after step 4)" in message and "--allow-config-change" in message
+    assert "train.learning_rate: 0.001 → 0.0005" in message and "objective.name: 'grpo' → 'dr_grpo'" in message
+    check_resume_changes({"main": changes}, finished=set(), allow=True, resume_steps={"main": 4})  # applies
+    check_resume_changes({"main": []}, finished=set(), allow=False, resume_steps={})  # nothing changed
+
+
+def test_changes_that_cannot_apply_to_a_resumed_run_are_refused_even_with_the_flag():
+    from polyrl.platform.config import ConfigError
+    from polyrl.platform.resume_config import check_resume_changes, resume_changes
+
+    old = _snapshot()
+    new = _snapshot(seed=1, model={"builtin": {"size": "3m"}, "dtype": "bfloat16"}, data={"limit": 10},
+                    train={"steps": 40}, objective={"name": "ppo"})
+    changes = {"main": resume_changes("main", old, new), "done": resume_changes("done", old, _snapshot(train={"steps": 40}))}
+    with pytest.raises(ConfigError) as caught:
+        check_resume_changes(changes, finished={"done"}, allow=True, resume_steps={"main": 2})
+    message = str(caught.value)
+    for line in ("seed: 0 → 1", "model.builtin.size: '0.3m' → '3m'", "model.dtype: 'float32' → 'bfloat16'",
+                 "data.limit: None → 10", "critic (advantage estimator needing values): 'no' → 'yes'",
+                 "arm 'done' already finished, so train.steps: 20 → 40 cannot apply"):
+        assert line in message, (line, message)
+    assert "arm 'main': train.steps" not in message  # more steps for a running arm is fine
+
+
+# --- 5. an unreachable tracking server is reported at once -------------------------------------
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_probe_reports_a_closed_port_in_seconds_and_passes_local_stores(tmp_path):
+    import time
+
+    from polyrl.platform.tracking import TrackingUnavailableError, probe_tracking, unreachable_reason
+
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    with pytest.raises(TrackingUnavailableError, match=rf"cannot reach MLflow at {uri}: .*refused"):
+        probe_tracking(uri)
+    assert time.monotonic() - started < 5
+    assert unreachable_reason(f"sqlite:///{tmp_path / 'm.db'}") is None
+
+
+def test_a_local_store_error_is_raised_not_buffered(tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    tracker = ExperimentTracker(uri, "local")
+    arm = tracker.start_arm(tracker.start_parent("local").run_id, "a", buffer_dir=tmp_path / "arm")
+    arm.set_tags({"polyrl.x": "1"})
+    with pytest.raises(MlflowException):
+        arm.log_step(1, {"bad key with \u0000": 1.0})
+    assert not (tmp_path / "arm").exists()
+
+
+# --- 4. bounded MLflow calls -------------------------------------------------------------------
+
+
+def test_mlflow_http_calls_get_bounded_timeouts_unless_the_user_set_them(tmp_path, monkeypatch):
+    import os
+
+    from polyrl.platform.tracking import HTTP_DEFAULTS, make_client
+
+    for key in HTTP_DEFAULTS:
+        monkeypatch.setenv(key, "placeholder")  # so that monkeypatch restores the original state
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "7")
+    make_client(f"sqlite:///{tmp_path / 'm.db'}")
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"  # the user's value wins
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2" and os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] == "1"
+
+
+def test_probe_of_a_server_that_accepts_but_never_answers_gives_up_at_its_timeout():
+    import socket
+    import time
+
+    from polyrl.platform.tracking import unreachable_reason
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)  # accepts connections (kernel backlog) but never replies
+        started = time.monotonic()
+        reason = unreachable_reason(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=1.0)
+        assert reason is not None and "timed out" in reason
+        assert time.monotonic() - started < 3
