@@ -21,7 +21,6 @@ import os
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -34,9 +33,10 @@ from polyrl.evals.metrics import accuracy_share
 from polyrl.modalities.data import PromptSampler, load_prompt_dataset
 from polyrl.platform.advantages import get_advantage
 from polyrl.platform.aggregation import global_loss_normalizer
+from polyrl.platform.batches import LearnerBatch, Rollout, Scores, informative_groups
 from polyrl.platform.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from polyrl.platform.config import ConfigError, ExperimentConfig
-from polyrl.platform.dapo_data import dapo_dynamic_sampling_keep, dapo_overlong_penalty
+from polyrl.platform.dapo_data import dapo_overlong_penalty
 from polyrl.platform.health import NONFINITE_REASONS, HealthMonitor, NonFiniteGuard, NonFiniteTrainingError
 from polyrl.platform.logprobs import PackedBatch, logprob_gap, pack_completions, token_logprobs
 from polyrl.platform.losses import clipped_value_loss, kl_penalty, masked_mean
@@ -45,8 +45,10 @@ from polyrl.platform.objectives import get_objective
 from polyrl.platform.precision import autocast, compute_dtype
 from polyrl.platform.rollout import RolloutEngine, build_rollout_engine
 from polyrl.platform.schedule import apply_optimizer_settings, lr_factor, set_learning_rate
-from polyrl.platform.types import Completion, PromptSample, SamplingSettings
+from polyrl.platform.types import SamplingSettings
 from polyrl.rewards import CompositeReward, RewardBatch, RewardResult, load_reward_class
+
+__all__ = ["PHASES", "ArmTrainer", "LearnerBatch", "PhaseTimer", "Rollout", "Scores", "ValueModel", "seed_everything"]
 
 PHASES = ("generate", "score", "advantage", "update", "sync", "log")
 
@@ -71,61 +73,6 @@ class PhaseTimer:
         return out
 
 
-@dataclass
-class Rollout:
-    """G completions for each of P prompts, flattened prompt-major."""
-
-    prompts: list[PromptSample]  # one per completion (each prompt repeated G times)
-    completions: list[Completion]
-    group_ids: Tensor  # [N]
-
-    def __len__(self) -> int:
-        return len(self.completions)
-
-    def select(self, keep: list[int]) -> "Rollout":
-        return Rollout([self.prompts[i] for i in keep], [self.completions[i] for i in keep],
-                       self.group_ids[torch.as_tensor(keep, dtype=torch.long)])
-
-    @staticmethod
-    def concat(parts: list["Rollout"]) -> "Rollout":
-        if not parts:
-            return Rollout([], [], torch.zeros(0, dtype=torch.long))
-        return Rollout(
-            [p for part in parts for p in part.prompts],
-            [c for part in parts for c in part.completions],
-            torch.cat([part.group_ids for part in parts]),
-        )
-
-
-@dataclass
-class Scores:
-    totals: list[float | None]
-    metrics: dict[str, float]
-    per_module: dict[str, list[float | None]] = field(default_factory=dict)
-
-    def select(self, keep: list[int]) -> "Scores":
-        return Scores([self.totals[i] for i in keep], self.metrics, {k: [v[i] for i in keep] for k, v in self.per_module.items()})
-
-
-@dataclass
-class LearnerBatch:
-    packed: PackedBatch
-    old_logprobs: Tensor | None  # None: taken from the update's own first forward pass
-    advantages: Tensor
-    ref_logprobs: Tensor | None = None
-    old_values: Tensor | None = None
-    returns: Tensor | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    # The tokens that train: the response mask without the rows that must not (unscored
-    # samples; truncated ones under overlong.mode mask_truncated). It is the mask of the loss,
-    # its normaliser, the KL and entropy terms, the metrics and the critic loss.
-    loss_mask: Tensor | None = None
-
-    def __post_init__(self) -> None:
-        if self.loss_mask is None:
-            self.loss_mask = self.packed.response_mask.bool()
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
@@ -139,16 +86,6 @@ def _masked_stats(values: Tensor, mask: Tensor) -> tuple[float, float]:
         return 0.0, 0.0
     picked = values[mask]
     return float(picked.mean()), float(picked.std(unbiased=False)) if count > 1 else 0.0
-
-
-def informative_groups(totals: list[float | None], group_ids: Tensor) -> list[int]:
-    """Group ids (ascending) whose scored rewards are not all equal: DAPO's dynamic-sampling
-    filter (:func:`dapo_dynamic_sampling_keep`) over scored samples only, so an unscored sample
-    neither makes nor breaks its group."""
-    rewards = torch.tensor([math.nan if t is None else float(t) for t in totals], dtype=torch.float64)
-    scored = ~torch.isnan(rewards)
-    keep = dapo_dynamic_sampling_keep(rewards[scored], group_ids[scored])
-    return sorted(set(group_ids[scored][keep].tolist()))
 
 
 class ValueModel(torch.nn.Module):
@@ -526,8 +463,8 @@ class ArmTrainer:
         for _ in range(cfg.updates_per_batch):
             order = torch.randperm(size, generator=generator) if cfg.updates_per_batch > 1 or cfg.mini_batches > 1 else torch.arange(size)
             for mini in torch.tensor_split(order, cfg.mini_batches):
-                if len(mini) == 0:
-                    continue
+                if not batch.loss_mask[mini].any():
+                    continue  # nothing trains here; momentum and weight decay alone must not move the weights
                 normalizer = global_loss_normalizer(batch.loss_mask[mini], mode=self.aggregation, max_response_length=self.config.rollout.max_tokens)
                 prepared = self._prepare_objective(batch, mini)
                 self.optimizer.zero_grad(set_to_none=True)

@@ -101,6 +101,11 @@ def test_a_truncated_sample_under_mask_truncated_leaves_the_loss_entirely(tmp_pa
         trainer.optimizer.state.clear()
         trainer.optimizer_step = 0
         only_kept = trainer.update(alone)
+        # A batch with nothing left to train makes no step: Adam's momentum alone would move the weights.
+        before_empty = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        trainer.update(dataclasses.replace(both, loss_mask=torch.zeros_like(both.loss_mask)))
+        assert trainer.optimizer_step == 1
+        assert all(torch.equal(before_empty[n], p) for n, p in trainer.policy.named_parameters())
     assert with_truncated["actor/loss"] == pytest.approx(only_kept["actor/loss"], rel=1e-6, abs=1e-9)
     assert with_truncated["actor/entropy"] == pytest.approx(only_kept["actor/entropy"], rel=1e-6)
     for name, p in trainer.policy.named_parameters():
