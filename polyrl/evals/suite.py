@@ -49,7 +49,7 @@ class EvalError(PolyrlError, ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def field_error(model: str, loc: tuple[Any, ...], message: str, value: Any) -> ValidationError:

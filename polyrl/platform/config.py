@@ -53,7 +53,8 @@ class BuiltinModelConfig(StrictModel):
 class ModelConfig(StrictModel):
     path: str | None = Field(None, description="Local Hugging Face model directory; when unset the built-in tiny policy is used.")
     builtin: BuiltinModelConfig = BuiltinModelConfig()
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Compute dtype of forward/backward passes; weights and optimizer state stay float32 (mixed precision).")
     cache_dir: str | None = Field(None, description="Where built-in policies are cached; default $POLYRL_CACHE or ~/.cache/polyrl/models.")
 
 

@@ -54,6 +54,23 @@ def reward_problems(specs: list[RewardSpec], *, model_path: str | None = None) -
     return problems
 
 
+def accuracy_problems(config: ExperimentConfig, labels: list[str]) -> list[str]:
+    wanted = config.tracking.accuracy_reward
+    if wanted is None or wanted in labels:
+        return []
+    return [f"tracking.accuracy_reward: no reward is labelled {wanted!r}; reward labels: {', '.join(labels)}"]
+
+
+def reward_labels(specs: list[RewardSpec]) -> list[str]:
+    labels = []
+    for spec in specs:
+        try:
+            labels.append(spec.name or module_label(spec.resolve()))
+        except RewardConfigError:
+            continue
+    return labels
+
+
 def _accepts(cls: type, name: str) -> bool:
     try:
         return name in inspect.signature(cls.__init__).parameters
@@ -63,6 +80,7 @@ def _accepts(cls: type, name: str) -> bool:
 
 def arm_problems(config: ExperimentConfig) -> list[str]:
     problems = reward_problems(list(config.rewards), model_path=config.model.path)
+    problems += accuracy_problems(config, reward_labels(list(config.rewards)))
     if config.model.path:
         try:
             check_model_dir(config.model.path)

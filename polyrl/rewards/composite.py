@@ -24,7 +24,7 @@ from polyrl.rewards.registry import build_reward, load_reward_class
 class RewardSpec(BaseModel):
     """One reward term of an experiment: which module, its weight, its parameters."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     module: str = Field(description="registered name, 'package.module:Class' or 'path/to/file.py:Class'")
     weight: float = Field(1.0, description="multiplier of this term in the total reward")

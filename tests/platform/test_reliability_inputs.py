@@ -159,8 +159,10 @@ def test_the_trainer_resolves_the_model_folder_with_the_same_check(tmp_path, ran
         ({"data": {"source": "empty.jsonl"}}, ["data.source", "empty.jsonl is empty"]),
         ({"rewards": []}, ["rewards: the list is empty"]),
         ({"rewards": [{"module": "length", "params": {"scael": 3}}]}, ["rewards[0]", "bad params {'scael': 3}", "accepted: unit, tokenizer_path, scale"]),
+        ({"tracking": {"accuracy_reward": "acc"}}, ["tracking.accuracy_reward", "no reward is labelled 'acc'", "reward labels: accuracy"]),
+        ({"rewards": [{"module": "length", "weight": float("inf")}]}, ["rewards[0].weight", "finite number"]),
     ],
-    ids=["missing-data", "no-prompt-field", "empty-data", "no-rewards", "params-do-not-bind"],
+    ids=["missing-data", "no-prompt-field", "empty-data", "no-rewards", "params-do-not-bind", "unknown-accuracy-reward", "infinite-weight"],
 )
 def test_validate_checks_data_rewards_and_params_without_training(tmp_path, monkeypatch, overrides, fragments):
     write_rows(tmp_path / "rows.jsonl", ROWS)
