@@ -60,6 +60,15 @@ class StopSignals:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
+    def arm(self) -> None:
+        """Enter an arm's training loop: a request now waits for the step's end. A handler a
+        library installed while the arm was built (a rollout engine may) is replaced by ours
+        again, so the signal still stops the run at a step boundary."""
+        for signum in self._previous:
+            if signal.getsignal(signum) != self._handle:
+                signal.signal(signum, self._handle)
+        self.armed = True
+
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)

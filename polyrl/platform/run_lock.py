@@ -132,8 +132,3 @@ def _check_takeover(previous: dict[str, Any], path: Path, experiment: str) -> No
         f"experiment {experiment!r}: {path} names {describe_owner(previous)}, which {where} "
         f"(its lock could not be checked from here). If that run is gone, delete {path} and run again")
 
-
-def ensure_unlocked(folder: str | Path, *, experiment: str) -> None:
-    """Refuse when a live run holds ``folder``'s lock (for launchers that do not hold it themselves)."""
-    if (Path(folder) / LOCK_FILE).is_file():
-        acquire_lock(folder, experiment=experiment).release()

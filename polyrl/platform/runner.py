@@ -354,7 +354,7 @@ def _stop_at_step_end(trainer: Any, stop: StopSignals, then: Callable[[int, dict
 def _train_with_progress(trainer: Any, console: Console, show: bool, stop: StopSignals | None = None) -> None:
     total = trainer.config.train.steps
     stop = stop or StopSignals()
-    stop.armed = True
+    stop.arm()
     try:
         if not show:
             trainer.on_step = _stop_at_step_end(trainer, stop, None)

@@ -370,7 +370,6 @@ def test_submit_to_an_unreachable_ray_address_fails_in_seconds_naming_it(tmp_pat
 # --- 7. polyrl eval run:<A> never evaluates run B's weights ------------------------------------
 
 
-@pytest.mark.slow
 def test_eval_run_ref_finds_its_own_weights_after_a_later_run_reused_the_folder(tmp_path, tiny_experiment, write_experiment,
                                                                                monkeypatch):
     import shutil
