@@ -2,6 +2,7 @@
 
 from polyrl.rewards.builtins.accuracy import Accuracy, Format
 from polyrl.rewards.builtins.cider import Cider
+from polyrl.rewards.builtins.drawing import Drawing
 from polyrl.rewards.builtins.fluency import PerplexityFluency
 from polyrl.rewards.builtins.length import Length, soft_overlong_punishment
 from polyrl.rewards.builtins.rouge import RougeL
@@ -13,6 +14,7 @@ __all__ = [
     "CJKTokenizer",
     "Cider",
     "DEFAULT_CATEGORIES",
+    "Drawing",
     "Format",
     "Length",
     "PerplexityFluency",
