@@ -1,0 +1,219 @@
+"""Synthetic scenes: coloured shapes on a 2×2 grid, drawn with PIL into 32×32 RGB images.
+
+A scene holds one to three objects, each a (colour, shape) in a distinct cell of the grid.
+From a scene come
+
+* several templated reference captions (``captions``), for the captioning task; and
+* VQA questions with one verifiable answer each (``questions``): colour ("What color is the
+  circle?"), shape ("What shape is at top left?"), position ("Where is the red square?") and
+  count ("How many shapes are there?"). A question is asked only when its answer is unique
+  (no "What color is the circle?" with two circles).
+
+Everything is a pure function of an integer seed (``random.Random``), so the shipped data can be
+regenerated bit for bit (``python -m polyrl.tasks.scenes --write``) and a test checks the
+shipped files against the generator.
+
+Storage: ``polyrl/tasks/data/scenes/{train,test}.parquet``, one VQA row per question with the
+columns ``prompt`` (``"<image>Q: ...\\nA:"``), ``answer``, ``kind``, ``scene_id``,
+``references`` (the scene's captions) and ``images`` (a list of one image, a ``datasets``
+``Image`` feature stored as PNG bytes). ``datasets.load_dataset("parquet", ...)`` decodes it to
+PIL images; 32×32 PNGs are ~100 bytes each, so the files stay a few hundred KB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+IMAGE_SIZE = 32
+GRID = 2
+CELL = IMAGE_SIZE // GRID
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "green": (30, 180, 40),
+    "blue": (40, 60, 220),
+    "yellow": (230, 210, 20),
+}
+SHAPES = ("square", "circle", "triangle")
+POSITIONS = ("top left", "top right", "bottom left", "bottom right")  # row-major cells
+NUMBER_WORDS = {1: "one", 2: "two", 3: "three"}
+MAX_OBJECTS = 3
+QUESTION_KINDS = ("color", "shape", "position", "count")
+IMAGE_PLACEHOLDER = "<image>"
+SPLITS = ("train", "test")
+# Scene seeds of each split: disjoint ranges, so no test scene is a train scene by seed.
+SPLIT_SCENES = {"train": (0, 400), "test": (100_000, 100_100)}
+BACKGROUND = (245, 245, 245)
+
+
+@dataclass(frozen=True)
+class SceneObject:
+    color: str
+    shape: str
+    cell: int  # index into POSITIONS
+
+    @property
+    def position(self) -> str:
+        return POSITIONS[self.cell]
+
+
+@dataclass(frozen=True)
+class Scene:
+    seed: int
+    objects: tuple[SceneObject, ...]
+
+
+def make_scene(seed: int) -> Scene:
+    """A scene of 1–3 objects in distinct cells, a pure function of ``seed``."""
+    rng = random.Random(f"polyrl-scene-{seed}")
+    count = rng.randint(1, MAX_OBJECTS)
+    cells = sorted(rng.sample(range(GRID * GRID), count))
+    objects = tuple(SceneObject(rng.choice(list(COLORS)), rng.choice(SHAPES), cell) for cell in cells)
+    return Scene(seed=seed, objects=objects)
+
+
+def render(scene: Scene) -> Image.Image:
+    """The scene as a 32×32 RGB image (no anti-aliasing: PIL draws the same pixels everywhere)."""
+    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    margin = 2
+    for obj in scene.objects:
+        row, col = divmod(obj.cell, GRID)
+        left, top = col * CELL + margin, row * CELL + margin
+        right, bottom = (col + 1) * CELL - margin - 1, (row + 1) * CELL - margin - 1
+        fill = COLORS[obj.color]
+        if obj.shape == "square":
+            draw.rectangle((left, top, right, bottom), fill=fill)
+        elif obj.shape == "circle":
+            draw.ellipse((left, top, right, bottom), fill=fill)
+        else:
+            draw.polygon([((left + right) // 2, top), (right, bottom), (left, bottom)], fill=fill)
+    return image
+
+
+def _describe(obj: SceneObject) -> str:
+    return f"a {obj.color} {obj.shape} at {obj.position}"
+
+
+def captions(scene: Scene) -> list[str]:
+    """Templated reference captions; content words (colours, shapes, positions) carry meaning."""
+    parts = [_describe(o) for o in scene.objects]
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    n = len(scene.objects)
+    noun = "shape" if n == 1 else "shapes"
+    return [
+        listed,
+        f"there is {listed}",
+        f"{NUMBER_WORDS[n]} {noun}: " + ", ".join(f"{o.color} {o.shape} {o.position}" for o in scene.objects),
+        "the image shows " + " and ".join(f"a {o.color} {o.shape}" for o in scene.objects),
+    ]
+
+
+def questions(scene: Scene) -> list[dict[str, str]]:
+    """Questions with a unique, verifiable answer: ``{"kind", "question", "answer"}``."""
+    out: list[dict[str, str]] = []
+    shapes = [o.shape for o in scene.objects]
+    for obj in scene.objects:
+        if shapes.count(obj.shape) == 1:
+            out.append({"kind": "color", "question": f"What color is the {obj.shape}?", "answer": obj.color})
+        out.append({"kind": "shape", "question": f"What shape is at {obj.position}?", "answer": obj.shape})
+        same = [o for o in scene.objects if (o.color, o.shape) == (obj.color, obj.shape)]
+        if len(same) == 1:
+            out.append({"kind": "position", "question": f"Where is the {obj.color} {obj.shape}?", "answer": obj.position})
+    out.append({"kind": "count", "question": "How many shapes are there?", "answer": str(len(scene.objects))})
+    return out
+
+
+def vqa_prompt(question: str) -> str:
+    return f"{IMAGE_PLACEHOLDER}Q: {question}\nA:"
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=False)
+    return buffer.getvalue()
+
+
+def split_rows(split: str) -> list[dict[str, Any]]:
+    """The VQA rows of ``split`` (one per question), images as ``{"bytes", "path"}`` dicts."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown scenes split {split!r}; allowed: {list(SPLITS)}")
+    start, stop = SPLIT_SCENES[split]
+    rows = []
+    for seed in range(start, stop):
+        scene = make_scene(seed)
+        image = {"bytes": png_bytes(render(scene)), "path": None}
+        refs = captions(scene)
+        for q in questions(scene):
+            rows.append(
+                {
+                    "prompt": vqa_prompt(q["question"]),
+                    "answer": q["answer"],
+                    "kind": q["kind"],
+                    "scene_id": seed,
+                    "references": refs,
+                    "images": [image],
+                }
+            )
+    return rows
+
+
+def data_dir() -> Path:
+    return Path(__file__).resolve().parent / "data" / "scenes"
+
+
+def shipped_path(split: str) -> Path:
+    if split not in SPLITS:
+        raise ValueError(f"unknown scenes split {split!r}; allowed: {list(SPLITS)}")
+    return data_dir() / f"{split}.parquet"
+
+
+def shipped_data_version() -> str:
+    """A hash of the shipped files (part of the VLM warm-up cache key)."""
+    digest = hashlib.sha256()
+    for split in SPLITS:
+        digest.update(shipped_path(split).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def write_split(split: str, directory: Path | None = None) -> Path:
+    """Write ``split`` as parquet with an ``images`` column of ``Sequence(Image())``."""
+    import datasets
+
+    features = datasets.Features(
+        {
+            "prompt": datasets.Value("string"),
+            "answer": datasets.Value("string"),
+            "kind": datasets.Value("string"),
+            "scene_id": datasets.Value("int64"),
+            "references": datasets.List(datasets.Value("string")),
+            "images": datasets.List(datasets.Image()),
+        }
+    )
+    path = (directory or data_dir()) / f"{split}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    datasets.Dataset.from_list(split_rows(split), features=features).to_parquet(str(path))
+    return path
+
+
+def answer_matches(completion: str, answer: str) -> bool:
+    """The VQA check: the completion's first line, trimmed and lower-cased, equals the answer."""
+    lines = completion.strip().splitlines()
+    return bool(lines) and lines[0].strip().rstrip(".").lower() == answer.strip().lower()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the shipped scenes parquet files.")
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    if args.write:
+        for name in SPLITS:
+            print(write_split(name))
