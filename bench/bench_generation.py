@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2, count_parameters, save_model_dir  # noqa: E402
+from polyrl.models.text import build_char_tokenizer, build_tiny_qwen2, count_parameters, save_model_dir  # noqa: E402
 
 PROMPT_TEXTS = [f"{a}+{b}=" for a in range(16) for b in range(8)]  # 128 distinct short prompts
 
@@ -74,7 +74,7 @@ def bench_vllm(engine, tokenizer, n_seqs: int, new_tokens: int, repeats: int) ->
 def bench_wrapper(engine, n_prompts: int, n_samples: int, new_tokens: int, repeats: int) -> tuple[float, float, int]:
     from vllm import SamplingParams
 
-    from polyrl.platform.types import PromptSample, SamplingSettings
+    from polyrl.core.types import PromptSample, SamplingSettings
 
     prompts = [PromptSample(prompt=t) for t in PROMPT_TEXTS[:n_prompts]]
     settings = SamplingSettings(n=n_samples, temperature=1.0, max_tokens=new_tokens, seed=7)
@@ -111,7 +111,7 @@ def main() -> None:
     if args.quick:
         args.seqs, args.new_tokens, args.repeats = 32, 16, 1
 
-    from polyrl.platform.rollout import build_rollout_engine
+    from polyrl.engines.rollout import build_rollout_engine
 
     tokenizer = build_char_tokenizer()
     workdir = Path(tempfile.mkdtemp(prefix="polyrl_bench_gen_"))

@@ -28,8 +28,8 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from polyrl.platform.config import load_experiment, resolve_arms  # noqa: E402
-from polyrl.platform.trainer import PHASES, ArmTrainer  # noqa: E402
+from polyrl.config.schema import load_experiment, resolve_arms  # noqa: E402
+from polyrl.roles.trainer import PHASES, ArmTrainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +71,7 @@ def bench_demo(steps: int) -> dict[str, float]:
 
 
 def bench_30m(steps: int, repeats: int) -> None:
-    from polyrl.modalities.text_models import build_random_text_model_dir
+    from polyrl.models.text import build_random_text_model_dir
 
     model_dir = build_random_text_model_dir(Path(tempfile.mkdtemp()) / "m30", "30m", seed=0)
     config = resolve_arms({

@@ -23,7 +23,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 @pytest.fixture(scope="session")
 def random_policy_dir(tmp_path_factory) -> Path:
     """A random ~0.3M-parameter Qwen2 with the char tokenizer (fast; knows nothing)."""
-    from polyrl.modalities.text_models import build_random_text_model_dir
+    from polyrl.models.text import build_random_text_model_dir
 
     return build_random_text_model_dir(tmp_path_factory.mktemp("random_policy") / "model", "0.3m", seed=0)
 

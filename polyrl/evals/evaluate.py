@@ -72,7 +72,7 @@ def evaluate_models(
     ``out``: with one model, that model's report folder (default ``reports/eval/<suite>/<slug>``);
     with several, the folder holding one ``<slug>/`` per model and ``comparison.{md,json}``.
     """
-    from polyrl.platform.tracking import ensure_experiment, make_client, resolve_tracking_uri
+    from polyrl.tracking.mlflow_runs import ensure_experiment, make_client, resolve_tracking_uri
 
     if not model_refs:
         raise ValueError("evaluate_models needs at least one model")
@@ -101,8 +101,8 @@ def evaluate_models(
 
 def _evaluate_one(model: ResolvedModel, runner: SuiteRunner, options: EngineOptions, client, experiment_id: str,
                   uri: str, folder: Path, limit: int | None) -> tuple[dict[str, Any], EvalResult]:
-    from polyrl.platform.rollout import build_rollout_engine
-    from polyrl.platform.tracking import RunLogger
+    from polyrl.engines.rollout import build_rollout_engine
+    from polyrl.tracking.mlflow_runs import RunLogger
 
     suite = runner.suite
     tags = {MODEL_TAG: model.ref, SUITE_TAG: suite.name, ROLE_TAG: "eval", "polyrl.engine": options.engine,

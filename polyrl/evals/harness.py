@@ -7,7 +7,7 @@ eval step on the training run's own engine).
 Metric names (every one prefixed with the dataset's name, ``<dataset>/``):
 
 - ``accuracy`` — the share of scored samples the suite's ``accuracy`` module scores > 0
-  (:func:`polyrl.evals.metrics.accuracy_share`, the definition ``train/accuracy`` uses too;
+  (:func:`polyrl.rewards.summary.accuracy_share`, the definition ``train/accuracy`` uses too;
   over all samples of all prompts, so with ``n > 1`` it is the expected pass@1),
   ``accuracy/unscored``;
 - ``pass_at_<k>`` — unbiased pass@k (:mod:`polyrl.evals.passk`);
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polyrl.evals import metrics as stats
+from polyrl.rewards import summary as stats
 from polyrl.evals.coco import coco_caption_metrics
 from polyrl.evals.passk import mean_pass_at_k
 from polyrl.evals.suite import DatasetSpec, EvalError, EvalSuite, load_suite, resolve_source
-from polyrl.modalities.data import load_prompt_dataset, rows_to_prompt_samples
-from polyrl.platform.types import Completion, PromptSample
+from polyrl.data.prompts import load_prompt_dataset, rows_to_prompt_samples
+from polyrl.core.types import Completion, PromptSample
 from polyrl.rewards import CompositeReward, RewardBatch, RewardSpec, run_module
 
 

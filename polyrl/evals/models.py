@@ -9,7 +9,7 @@ where a run *was*: a later run of the same experiment reuses it (moving the earl
 ``<experiment>.previous-<time>``). So a checkpoint counts as the run's only when the MLflow run
 id stored inside it is that run's; the archived copies are searched too, and a folder holding
 another run's weights is refused, naming that run. The chosen checkpoint is exported once
-(:func:`polyrl.platform.checkpoint.export_model_dir`) into ``<cache>/eval-exports/<run>/step_<n>``;
+(:func:`polyrl.roles.checkpoint.export_model_dir`) into ``<cache>/eval-exports/<run>/step_<n>``;
 later evals reuse the export while it was made from the same run's checkpoint.
 """
 
@@ -52,7 +52,7 @@ def parse_run_ref(ref: str) -> tuple[str, int | None]:
 
 
 def default_export_dir() -> Path:
-    from polyrl.modalities.warmup import default_cache_dir
+    from polyrl.models.warmup import default_cache_dir
 
     return default_cache_dir() / "eval-exports"
 
@@ -79,7 +79,7 @@ def run_checkpoints(run_id: str, folder: str | Path) -> tuple[dict[int, Path], s
 
     A checkpoint that stores no run id (written outside ``polyrl run``) is taken as the run's.
     """
-    from polyrl.platform.checkpoint import checkpoint_dirs, checkpoint_step, read_checkpoint_info
+    from polyrl.roles.checkpoint import checkpoint_dirs, checkpoint_step, read_checkpoint_info
 
     folder = Path(folder)
     experiment = folder.parent
@@ -98,7 +98,7 @@ def run_checkpoints(run_id: str, folder: str | Path) -> tuple[dict[int, Path], s
 
 def _export_matches(target: Path, checkpoint: Path) -> bool:
     """A cached export is reused only if it was made from this very run's checkpoint."""
-    from polyrl.platform.checkpoint import read_checkpoint_info
+    from polyrl.roles.checkpoint import read_checkpoint_info
 
     try:
         made_from = json.loads((target / EXPORT_INFO).read_text())
@@ -111,8 +111,8 @@ def _export_matches(target: Path, checkpoint: Path) -> bool:
 def _resolve_run(ref: str, *, tracking_uri: str | None, cache_dir: Path) -> ResolvedModel:
     from mlflow.exceptions import MlflowException
 
-    from polyrl.platform.checkpoint import export_model_dir
-    from polyrl.platform.tracking import make_client, resolve_tracking_uri
+    from polyrl.roles.checkpoint import export_model_dir
+    from polyrl.tracking.mlflow_runs import make_client, resolve_tracking_uri
 
     run_id, step = parse_run_ref(ref)
     uri = resolve_tracking_uri(tracking_uri)

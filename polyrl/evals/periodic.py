@@ -36,7 +36,7 @@ class PeriodicEvaluator:
 
 
 def make_periodic_evaluator(config: Any) -> PeriodicEvaluator:
-    """The evaluator of an :class:`~polyrl.platform.config.ExperimentConfig` (``config.eval``)."""
+    """The evaluator of an :class:`~polyrl.config.schema.ExperimentConfig` (``config.eval``)."""
     suite = getattr(config.eval, "suite", None)
     if not suite:
         raise EvalError("eval.suite: periodic evaluation needs a suite name or path")

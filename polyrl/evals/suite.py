@@ -35,10 +35,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from polyrl.errors import PolyrlError
-from polyrl.platform.config import check_safe_name, format_validation_error
-from polyrl.platform.yaml_files import YAMLFileError, safe_load_unique
-from polyrl.platform.types import SamplingSettings
+from polyrl.core.errors import PolyrlError
+from polyrl.config.schema import check_safe_name, format_validation_error
+from polyrl.config.yaml_files import YAMLFileError, safe_load_unique
+from polyrl.core.types import SamplingSettings
 from polyrl.rewards import RewardSpec
 
 REPO_SUITES = Path(__file__).resolve().parents[2] / "experiments" / "evals"
@@ -60,7 +60,7 @@ def field_error(model: str, loc: tuple[Any, ...], message: str, value: Any) -> V
 
 
 class DatasetSpec(_Strict):
-    """One split of one prompt dataset (see :func:`polyrl.modalities.data.load_prompt_dataset`)."""
+    """One split of one prompt dataset (see :func:`polyrl.data.prompts.load_prompt_dataset`)."""
 
     name: str | None = Field(None, description="prefix of this dataset's metrics; default '<source stem>-<split>'")
     source: str = Field(..., min_length=1, description="'arithmetic', a .jsonl/.json/.parquet path (relative to the suite file) or a datasets name")

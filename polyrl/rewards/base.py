@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
-from polyrl.errors import PolyrlError
+from polyrl.core.errors import PolyrlError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from polyrl.platform.types import PromptSample
+    from polyrl.core.types import PromptSample
 
 # How much of a prompt/completion an error message quotes.
 SNIPPET_CHARS = 60
@@ -128,7 +128,7 @@ class RewardBatch:
 
     @classmethod
     def from_samples(cls, samples: Sequence[PromptSample], completions: Sequence[str], *, group_size: int = 1) -> RewardBatch:
-        """Build a batch from :class:`polyrl.platform.types.PromptSample` objects."""
+        """Build a batch from :class:`polyrl.core.types.PromptSample` objects."""
         if len(completions) != len(samples) * group_size:
             raise ValueError(f"{len(completions)} completions for {len(samples)} samples × group_size {group_size}")
         expanded = [s for s in samples for _ in range(group_size)]

@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from polyrl.errors import PolyrlError
+from polyrl.core.errors import PolyrlError
 from polyrl.rewards.base import RewardConfigError, module_label
 
 ENTRY_POINT_GROUP = "polyrl.rewards"

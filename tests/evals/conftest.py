@@ -18,7 +18,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 
-from polyrl.platform.types import Completion, PromptSample, SamplingSettings  # noqa: E402
+from polyrl.core.types import Completion, PromptSample, SamplingSettings  # noqa: E402
 
 
 class ScriptedEngine:
@@ -58,21 +58,21 @@ def scripted_engine():
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from polyrl.modalities.text_models import build_random_text_model_dir
+    from polyrl.models.text import build_random_text_model_dir
 
     return build_random_text_model_dir(tmp_path_factory.mktemp("eval_models") / "tiny-a", "0.3m", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_b(tmp_path_factory) -> Path:
-    from polyrl.modalities.text_models import build_random_text_model_dir
+    from polyrl.models.text import build_random_text_model_dir
 
     return build_random_text_model_dir(tmp_path_factory.mktemp("eval_models_b") / "tiny-b", "0.3m", seed=1)
 
 
 @pytest.fixture(scope="session")
 def hf_engine(tiny_model):
-    from polyrl.platform.rollout import build_rollout_engine
+    from polyrl.engines.rollout import build_rollout_engine
 
     engine = build_rollout_engine("hf", str(tiny_model), seed=0)
     yield engine

@@ -1,12 +1,12 @@
 """The eval harness's accuracy is polyrl's one definition (also train/accuracy): the share of
-scored samples whose accuracy score is > 0 (polyrl.evals.metrics.accuracy_share)."""
+scored samples whose accuracy score is > 0 (polyrl.rewards.summary.accuracy_share)."""
 
 from __future__ import annotations
 
 import pytest
 
 from polyrl.evals import SuiteRunner, parse_suite
-from polyrl.evals.metrics import accuracy_share
+from polyrl.rewards.summary import accuracy_share
 
 ROWS = [{"id": "a", "prompt": "Q: 1+1=? A:", "answer": "2"}, {"id": "b", "prompt": "Q: 2+2=? A:", "answer": "4"}]
 SCRIPT = {"Q: 1+1=? A:": [" #### 2", " #### 3"], "Q: 2+2=? A:": [" #### 4", " #### 4"]}  # 3 of 4 right

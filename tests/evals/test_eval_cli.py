@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from polyrl.evals.cli import eval_command
+from polyrl.launch.eval_cli import eval_command
 
 ROWS = [{"id": f"r{i}", "prompt": f"Q: {i}+1=? A:", "answer": str(i + 1)} for i in range(3)]
 
@@ -87,7 +87,7 @@ def test_eval_run_ref_uses_latest_or_named_checkpoint(app, tmp_path, small_suite
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from polyrl.platform.checkpoint import save_checkpoint
+    from polyrl.roles.checkpoint import save_checkpoint
 
     arm_dir = tmp_path / "runs" / "exp" / "grpo"
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model))

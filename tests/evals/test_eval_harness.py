@@ -9,7 +9,7 @@ import pytest
 
 from polyrl.evals import SuiteRunner, parse_suite
 from polyrl.evals.suite import EvalError
-from polyrl.modalities.data import DataConfigError
+from polyrl.data.prompts import DataConfigError
 from polyrl.rewards import CompositeReward, RewardBatch, RewardModuleError, RewardSpec
 
 ROWS = [
@@ -124,7 +124,7 @@ def test_eval_engine_returning_too_few_samples_is_an_error(tmp_path, jsonl, scri
 def test_eval_real_model_greedy_accuracy_is_known_by_construction(tmp_path, jsonl, hf_engine):
     """Gold answers are the model's own greedy outputs for even rows and junk for odd rows,
     so greedy accuracy (``extract: full``) must be exactly the even rows' share."""
-    from polyrl.platform.types import PromptSample, SamplingSettings
+    from polyrl.core.types import PromptSample, SamplingSettings
 
     prompts = [f"Q: {i}+{i}=? A:" for i in range(6)]
     greedy = SamplingSettings(n=1, temperature=0.0, max_tokens=6, seed=0)
@@ -148,7 +148,7 @@ def test_eval_real_model_greedy_accuracy_is_known_by_construction(tmp_path, json
 
 def test_eval_real_model_pass_at_k_matches_counts_from_the_table(tmp_path, jsonl, hf_engine):
     """Seeded sampling repeats exactly, so answers taken from a first run's sample 0 are hit again."""
-    from polyrl.platform.types import PromptSample
+    from polyrl.core.types import PromptSample
 
     prompts = [f"Q: {i}*2=? A:" for i in range(4)]
     base = {"name": "pk", "generation": {"decoding": "sample", "n": 4, "max_tokens": 5, "seed": 3},

@@ -10,7 +10,7 @@ import torch
 from polyrl.evals import SuiteRunner
 from polyrl.evals.periodic import make_periodic_evaluator
 from polyrl.evals.suite import EvalError
-from polyrl.platform.config import ExperimentConfig
+from polyrl.config.schema import ExperimentConfig
 
 ROWS = [{"prompt": f"Q: {i}+2=? A:", "answer": str(i + 2)} for i in range(5)]
 
@@ -51,7 +51,7 @@ def test_eval_periodic_metrics_reach_the_training_run(tmp_path, periodic_suite, 
     import yaml
     from mlflow.tracking import MlflowClient
 
-    from polyrl.platform.runner import run_experiment
+    from polyrl.launch.runner import run_experiment
 
     config = {
         "name": "periodic-e2e",

@@ -64,7 +64,7 @@ def test_eval_suite_search_path_env(tmp_path, monkeypatch, suite_file):
 
 
 def test_eval_suite_errors_use_the_experiment_formatter():
-    # The shared formatter (polyrl.platform.config) lists the allowed fields of an unknown one
+    # The shared formatter (polyrl.config.schema) lists the allowed fields of an unknown one
     # and the bad value; the suite's own copy did neither.
     with pytest.raises(EvalError) as info:
         parse_suite({**BASE, "datasets": [{"source": "arithmetic", "splt": "test"}], "generation": {"n": 3}}, "suite.yaml")

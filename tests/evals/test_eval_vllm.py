@@ -26,7 +26,7 @@ def test_eval_vllm_engine_report_matches_its_samples_and_hf(tmp_path, jsonl, sui
     })
     out = tmp_path / "report"
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    command = [sys.executable, "-m", "polyrl.evals.cli", "--model", str(tiny_model), "--suite", str(suite),
+    command = [sys.executable, "-m", "polyrl.launch.eval_cli", "--model", str(tiny_model), "--suite", str(suite),
                "--engine", "vllm", "--out", str(out), "--kv-cache-gb", "0.25", "--max-model-len", "64"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

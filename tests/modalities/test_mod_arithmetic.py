@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from polyrl.modalities import arithmetic
-from polyrl.modalities.arithmetic import (
+from polyrl.tasks import arithmetic
+from polyrl.tasks.arithmetic import (
     SHIPPED_SEED,
     SHIPPED_SIZES,
     extract_answer,

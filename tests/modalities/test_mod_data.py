@@ -8,15 +8,15 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from polyrl.modalities.arithmetic import SHIPPED_SIZES  # noqa: E402
-from polyrl.modalities.data import (  # noqa: E402
+from polyrl.tasks.arithmetic import SHIPPED_SIZES  # noqa: E402
+from polyrl.data.prompts import (  # noqa: E402
     DataConfigError,
     PromptSampler,
     check_prompt_source,
     load_prompt_dataset,
     rows_to_prompt_samples,
 )
-from polyrl.platform.types import PromptSample  # noqa: E402
+from polyrl.core.types import PromptSample  # noqa: E402
 
 
 def test_load_shipped_arithmetic():

@@ -1,7 +1,7 @@
 """The warmed-up policy builder: determinism, caching, loadable output, loss going down.
 
 These use the 0.3M-parameter model and a handful of steps; the default 3M build is measured
-by hand (see polyrl/modalities/warmup.py), not in the unit tests.
+by hand (see polyrl/models/warmup.py), not in the unit tests.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
-from polyrl.modalities import warmup  # noqa: E402
-from polyrl.modalities.warmup import (  # noqa: E402
+from polyrl.models import warmup  # noqa: E402
+from polyrl.models.warmup import (  # noqa: E402
     COMPLETE_MARKER,
     build_warm_policy,
     default_cache_dir,
@@ -97,7 +97,7 @@ def test_output_loads_with_auto_classes(built):
 
 
 def test_loss_decreases():
-    from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_causal_lm
+    from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_causal_lm(tokenizer, "0.3m", seed=0)
@@ -125,7 +125,7 @@ def test_info_of_non_warmup_dir(tmp_path):
 
 
 def test_packed_batch_equals_separate_examples():
-    from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_causal_lm
+    from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_causal_lm(tokenizer, "0.3m", seed=0).eval()

@@ -9,10 +9,10 @@ from typing import Iterator
 
 import torch
 
-from polyrl.platform.config import resolve_arms
-from polyrl.platform.rollout import RolloutEngine
-from polyrl.platform.trainer import ArmTrainer, PhaseTimer, Rollout
-from polyrl.platform.types import Completion, PromptSample, SamplingSettings
+from polyrl.config.schema import resolve_arms
+from polyrl.engines.rollout import RolloutEngine
+from polyrl.roles.trainer import ArmTrainer, PhaseTimer, Rollout
+from polyrl.core.types import Completion, PromptSample, SamplingSettings
 
 
 def make_trainer(tmp_path: Path, config_dict: dict, *, arm: str = "main", logger=None) -> ArmTrainer:

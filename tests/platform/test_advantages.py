@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from polyrl.platform.advantages import (
+from polyrl.algos.advantages import (
     dapo_dynamic_sampling_keep,
     dapo_overlong_penalty,
     generalized_advantage_estimation,

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from polyrl.platform.aggregation import AGGREGATION_MODES, aggregate, global_loss_normalizer
+from polyrl.algos.aggregation import AGGREGATION_MODES, aggregate, global_loss_normalizer
 
 F64 = torch.float64
 NAN = math.nan

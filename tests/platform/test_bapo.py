@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from polyrl.platform.objectives import bapo as bapo_module
-from polyrl.platform.objectives import (
+from polyrl.algos.objectives import bapo as bapo_module
+from polyrl.algos.objectives import (
     bapo_positive_share,
     bapo_search_clip_bounds,
     entropy_adaptive_epsilon,
@@ -209,7 +209,7 @@ def _split_batch():
     [{}, {"positive_weight_sigmoid": True, "positive_weight_sign": -1.0}, {"entropy_adaptive_clip": True, "dual_clip": 3.0}],
 )
 def test_bapo_loss_is_split_invariant_with_prepare(aggregation, params):
-    from polyrl.platform.aggregation import global_loss_normalizer
+    from polyrl.algos.aggregation import global_loss_normalizer
 
     spec = get_objective("bapo")
     logprobs, old_logprobs, advantages, mask, entropy = _split_batch()

@@ -28,7 +28,7 @@ def test_console_script_runs():
 def test_every_command_has_help(command):
     from typer.testing import CliRunner
 
-    from polyrl.platform.cli import app
+    from polyrl.launch.cli import app
 
     result = CliRunner().invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output

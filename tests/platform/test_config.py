@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from polyrl.platform.config import (
+from polyrl.config.schema import (
     ConfigError,
     TrainConfig,
     flatten,
@@ -15,8 +15,8 @@ from polyrl.platform.config import (
     safe_load_unique,
     to_yaml,
 )
-from polyrl.errors import PolyrlError
-from polyrl.platform.objectives import get_objective
+from polyrl.core.errors import PolyrlError
+from polyrl.algos.objectives import get_objective
 
 
 def _write(tmp_path, text: str):
@@ -199,7 +199,7 @@ def test_resolved_config_round_trips_and_flattens(tmp_path):
 def test_shipped_experiments_validate():
     from pathlib import Path
 
-    from polyrl.platform.runner import validate_file
+    from polyrl.launch.runner import validate_file
 
     files = sorted(Path(__file__).resolve().parents[2].joinpath("experiments").glob("*.yaml"))
     assert files, "no shipped experiments"

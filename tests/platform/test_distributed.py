@@ -7,8 +7,8 @@ import os
 import pytest
 from mlflow.tracking import MlflowClient
 
-from polyrl.platform.distributed import absolute_tracking_uri, submit_experiment
-from polyrl.platform.tracking import find_arm_runs
+from polyrl.launch.ray_submit import absolute_tracking_uri, submit_experiment
+from polyrl.tracking.mlflow_runs import find_arm_runs
 
 
 def test_absolute_tracking_uri(tmp_path, monkeypatch):

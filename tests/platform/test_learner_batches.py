@@ -15,12 +15,12 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from learner_helpers import ScriptedEngine, completion, make_trainer, rollout_of, set_up
-from polyrl.evals.metrics import accuracy_share
-from polyrl.modalities.text_models import build_char_tokenizer
-from polyrl.platform.config import ConfigError, resolve_arms
-from polyrl.platform.logprobs import pack_completions
-from polyrl.platform.tracking import ExperimentTracker
-from polyrl.platform.trainer import LearnerBatch, PhaseTimer, Rollout, Scores
+from polyrl.rewards.summary import accuracy_share
+from polyrl.models.text import build_char_tokenizer
+from polyrl.config.schema import ConfigError, resolve_arms
+from polyrl.algos.logprobs import pack_completions
+from polyrl.tracking.mlflow_runs import ExperimentTracker
+from polyrl.roles.trainer import LearnerBatch, PhaseTimer, Rollout, Scores
 
 # --- dynamic sampling ---------------------------------------------------------------------------
 

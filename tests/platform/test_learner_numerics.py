@@ -12,14 +12,14 @@ import torch
 from safetensors.torch import load_file
 
 from learner_helpers import changed_fraction, first_batch, make_trainer, set_up, snapshot
-from polyrl.errors import PolyrlError
-from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_causal_lm, save_model_dir
-from polyrl.platform.aggregation import global_loss_normalizer
-from polyrl.platform.health import NonFiniteTrainingError
-from polyrl.platform.logprobs import pack_completions, token_logprobs
-from polyrl.platform.objectives import list_objectives
-from polyrl.platform.schedule import lr_factor
-from polyrl.platform.types import Completion
+from polyrl.core.errors import PolyrlError
+from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm, save_model_dir
+from polyrl.algos.aggregation import global_loss_normalizer
+from polyrl.roles.health import NonFiniteTrainingError
+from polyrl.algos.logprobs import pack_completions, token_logprobs
+from polyrl.algos.objectives import list_objectives
+from polyrl.roles.schedule import lr_factor
+from polyrl.core.types import Completion
 
 # --- mixed precision -------------------------------------------------------------------------
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polyrl.modalities.text_models import build_char_tokenizer, build_tiny_qwen2
-from polyrl.platform.logprobs import PackedBatch, logprob_gap, pack_completions, token_logprobs
-from polyrl.platform.types import Completion
+from polyrl.models.text import build_char_tokenizer, build_tiny_qwen2
+from polyrl.algos.logprobs import PackedBatch, logprob_gap, pack_completions, token_logprobs
+from polyrl.core.types import Completion
 
 PAD = 0
 

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from polyrl.platform.aggregation import global_loss_normalizer
-from polyrl.platform.losses import clipped_value_loss, entropy_from_logits, kl_in_reward, kl_penalty
+from polyrl.algos.aggregation import global_loss_normalizer
+from polyrl.algos.losses import clipped_value_loss, entropy_from_logits, kl_in_reward, kl_penalty
 
 F64 = torch.float64
 LN2 = math.log(2.0)

@@ -5,10 +5,10 @@ import torch
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from polyrl.platform.advantages import get_advantage
-from polyrl.platform.aggregation import AGGREGATION_MODES, global_loss_normalizer
-from polyrl.platform.objectives import SHARED_PARAMS, TRAIN_SETTINGS, get_objective, list_objectives
-from polyrl.platform.objectives_cli import app
+from polyrl.algos.advantages import get_advantage
+from polyrl.algos.aggregation import AGGREGATION_MODES, global_loss_normalizer
+from polyrl.algos.objectives import SHARED_PARAMS, TRAIN_SETTINGS, get_objective, list_objectives
+from polyrl.launch.objectives_cli import app
 
 F64 = torch.float64
 NAN = math.nan

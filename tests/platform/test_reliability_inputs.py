@@ -17,8 +17,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from polyrl.errors import PolyrlError
-from polyrl.platform.cli import app
+from polyrl.core.errors import PolyrlError
+from polyrl.launch.cli import app
 
 POLYRL = str(Path(sys.executable).with_name("polyrl"))
 
@@ -139,8 +139,8 @@ def test_model_folder_missing_tokenizer_or_weights_names_what_is_missing(tmp_pat
 
 
 def test_the_trainer_resolves_the_model_folder_with_the_same_check(tmp_path, random_policy_dir):
-    from polyrl.platform.config import ConfigError, ModelConfig
-    from polyrl.platform.models import resolve_policy_path
+    from polyrl.config.schema import ConfigError, ModelConfig
+    from polyrl.models.paths import resolve_policy_path
 
     assert resolve_policy_path(ModelConfig(path=str(random_policy_dir))) == random_policy_dir
     (tmp_path / "config.json").write_text((random_policy_dir / "config.json").read_text())
@@ -211,9 +211,9 @@ class BrandNewError(PolyrlError):
 @pytest.mark.parametrize(
     "target, args",
     [
-        ("polyrl.platform.runner.validate_file", ["validate", "exp.yaml"]),
+        ("polyrl.launch.runner.validate_file", ["validate", "exp.yaml"]),
         ("polyrl.evals.evaluate.evaluate_models", ["eval", "--model", "m", "--suite", "arithmetic", "--engine", "hf"]),
-        ("polyrl.rewards.cli.load_reward_class", ["rewards", "check", "length", "--data", "rows.jsonl"]),
+        ("polyrl.launch.rewards_cli.load_reward_class", ["rewards", "check", "length", "--data", "rows.jsonl"]),
     ],
     ids=["polyrl", "polyrl-eval", "polyrl-rewards"],
 )
@@ -232,7 +232,7 @@ def test_every_command_group_reports_any_polyrl_error(tmp_path, monkeypatch, tar
 def test_an_error_class_may_set_its_exit_code():
     import typer
 
-    from polyrl.cli_errors import user_errors
+    from polyrl.launch.cli_errors import user_errors
 
     class Failed(PolyrlError):
         exit_code = 1
@@ -273,7 +273,7 @@ def record_experiment(uri: str, name: str, artifacts: Path, metrics: dict[str, l
     """A polyrl-shaped experiment (parent run + one arm run) in a real MLflow SQLite store."""
     from mlflow.tracking import MlflowClient
 
-    from polyrl.platform.tracking import ARM_TAG, EXPERIMENT_TAG, ROLE_TAG
+    from polyrl.tracking.mlflow_runs import ARM_TAG, EXPERIMENT_TAG, ROLE_TAG
 
     client = MlflowClient(tracking_uri=uri)
     experiment_id = client.create_experiment(name, artifact_location=str(artifacts))

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from polyrl.platform.tracking import STEP_MARKER
+from polyrl.tracking.mlflow_runs import STEP_MARKER
 
 # The real CLI; after each step listed in argv[1] it tells the test and waits for 'go_<step>'.
 CHILD = """
 import sys, time
 from pathlib import Path
-from polyrl.platform import trainer
-from polyrl.platform.cli import app
+from polyrl.roles import trainer
+from polyrl.launch.cli import app
 
 HOLD = {int(s) for s in sys.argv[1].split(",")}
 original_step = trainer.ArmTrainer.step
@@ -177,7 +177,7 @@ def test_server_still_down_at_the_end_stops_with_checkpoints_and_resume_uploads_
     assert (arm_dir / "step_000004").is_dir() and list(arm_dir.glob("mlflow_buffer.*.jsonl"))
 
     server.start()
-    resumed = subprocess.run([sys.executable, "-m", "polyrl.platform.cli", "run", str(path), "--resume", "--no-progress"],
+    resumed = subprocess.run([sys.executable, "-m", "polyrl.launch.cli", "run", str(path), "--resume", "--no-progress"],
                              cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "answers again: uploaded" in resumed.stdout

@@ -15,14 +15,15 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from polyrl.platform.tracking import STEP_MARKER
+from polyrl.tracking.mlflow_runs import STEP_MARKER
 
 # A child process runs the real CLI with one function wrapped, to act at an exact point.
 CHILD = """
 import os, signal, sys, time
 from pathlib import Path
-from polyrl.platform import checkpoint, trainer
-from polyrl.platform.cli import app
+from polyrl.roles import checkpoint
+from polyrl.roles import trainer
+from polyrl.launch.cli import app
 
 ACTION, AT = sys.argv[1], int(sys.argv[2])
 if ACTION == "kill_after_save":  # SIGKILL right after step AT's checkpoint is complete
@@ -66,7 +67,7 @@ def _env() -> dict[str, str]:
 
 
 def _polyrl(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polyrl.platform.cli", *args], cwd=folder, env=_env(), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "polyrl.launch.cli", *args], cwd=folder, env=_env(), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -376,7 +377,7 @@ def test_eval_run_ref_finds_its_own_weights_after_a_later_run_reused_the_folder(
 
     from polyrl.evals.models import resolve_model
     from polyrl.evals.suite import EvalError
-    from polyrl.platform.runner import run_experiment
+    from polyrl.launch.runner import run_experiment
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

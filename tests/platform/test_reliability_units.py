@@ -13,9 +13,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from polyrl.errors import PolyrlError
-from polyrl.platform import checkpoint as ckpt
-from polyrl.platform.tracking import STEP_MARKER, ExperimentTracker
+from polyrl.core.errors import PolyrlError
+from polyrl.roles import checkpoint as ckpt
+from polyrl.tracking.mlflow_runs import STEP_MARKER, ExperimentTracker
 
 
 def _tiny_state():
@@ -119,7 +119,7 @@ def test_nan_and_inf_metrics_are_logged_and_only_non_numbers_dropped(tmp_path):
 
 LOCK_HOLDER = """
 import sys, time
-from polyrl.platform.run_lock import acquire_lock
+from polyrl.launch.run_lock import acquire_lock
 lock = acquire_lock(sys.argv[1], experiment="x", command="holder")
 print("locked", flush=True)
 time.sleep(60)
@@ -132,7 +132,7 @@ def test_lock_refuses_a_live_owner_and_takes_over_a_dead_one(tmp_path):
     import subprocess
     import sys
 
-    from polyrl.platform.run_lock import LOCK_FILE, ExperimentLockedError, acquire_lock
+    from polyrl.launch.run_lock import LOCK_FILE, ExperimentLockedError, acquire_lock
 
     holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -155,7 +155,7 @@ def test_lock_refuses_a_live_owner_and_takes_over_a_dead_one(tmp_path):
 
 
 def test_lock_recorded_by_another_host_is_refused_with_how_to_clear_it(tmp_path):
-    from polyrl.platform.run_lock import LOCK_FILE, ExperimentLockedError, acquire_lock
+    from polyrl.launch.run_lock import LOCK_FILE, ExperimentLockedError, acquire_lock
 
     (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": 4242, "host": "elsewhere.example", "started": "2025-01-01 00:00:00"}))
     with pytest.raises(ExperimentLockedError, match=r"pid 4242 on host elsewhere\.example.*another machine.*delete .*\.polyrl-run\.lock"):
@@ -166,15 +166,15 @@ def test_lock_recorded_by_another_host_is_refused_with_how_to_clear_it(tmp_path)
 
 
 def _snapshot(**overrides):
-    from polyrl.platform.config import ExperimentConfig
-    from polyrl.platform.resume_config import config_snapshot
+    from polyrl.config.schema import ExperimentConfig
+    from polyrl.launch.resume_config import config_snapshot
 
     return config_snapshot(ExperimentConfig.model_validate({"name": "e", **overrides}))
 
 
 def test_resume_config_diff_names_each_changed_key_and_refuses_without_the_flag():
-    from polyrl.platform.config import ConfigError
-    from polyrl.platform.resume_config import check_resume_changes, resume_changes
+    from polyrl.config.schema import ConfigError
+    from polyrl.launch.resume_config import check_resume_changes, resume_changes
 
     old = _snapshot(train={"learning_rate": 1e-3})
     new = _snapshot(train={"learning_rate": 5e-4}, objective={"name": "dr_grpo"})
@@ -190,8 +190,8 @@ def test_resume_config_diff_names_each_changed_key_and_refuses_without_the_flag(
 
 
 def test_changes_that_cannot_apply_to_a_resumed_run_are_refused_even_with_the_flag():
-    from polyrl.platform.config import ConfigError
-    from polyrl.platform.resume_config import check_resume_changes, resume_changes
+    from polyrl.config.schema import ConfigError
+    from polyrl.launch.resume_config import check_resume_changes, resume_changes
 
     old = _snapshot()
     new = _snapshot(seed=1, model={"builtin": {"size": "3m"}, "dtype": "bfloat16"}, data={"limit": 10},
@@ -221,7 +221,7 @@ def _closed_port() -> int:
 def test_probe_reports_a_closed_port_in_seconds_and_passes_local_stores(tmp_path):
     import time
 
-    from polyrl.platform.tracking import TrackingUnavailableError, probe_tracking, unreachable_reason
+    from polyrl.tracking.mlflow_runs import TrackingUnavailableError, probe_tracking, unreachable_reason
 
     uri = f"http://127.0.0.1:{_closed_port()}"
     started = time.monotonic()
@@ -249,7 +249,7 @@ def test_a_local_store_error_is_raised_not_buffered(tmp_path):
 def test_mlflow_http_calls_get_bounded_timeouts_unless_the_user_set_them(tmp_path, monkeypatch):
     import os
 
-    from polyrl.platform.tracking import HTTP_DEFAULTS, make_client
+    from polyrl.tracking.mlflow_runs import HTTP_DEFAULTS, make_client
 
     for key in HTTP_DEFAULTS:
         monkeypatch.setenv(key, "placeholder")  # so that monkeypatch restores the original state
@@ -264,7 +264,7 @@ def test_probe_of_a_server_that_accepts_but_never_answers_gives_up_at_its_timeou
     import socket
     import time
 
-    from polyrl.platform.tracking import unreachable_reason
+    from polyrl.tracking.mlflow_runs import unreachable_reason
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

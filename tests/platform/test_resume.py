@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from polyrl.platform.tracking import STEP_MARKER
+from polyrl.tracking.mlflow_runs import STEP_MARKER
 
 KILL_AFTER_STEP_5 = """
 import os, signal, sys
-from polyrl.platform import trainer
-from polyrl.platform.cli import app
+from polyrl.roles import trainer
+from polyrl.launch.cli import app
 
 original_step = trainer.ArmTrainer.step
 
@@ -36,7 +36,7 @@ COMPARED = ["reward/mean", "actor/loss", "actor/grad_norm", "rollout/response_le
 
 
 def _polyrl(*args, cwd):
-    return [sys.executable, "-m", "polyrl.platform.cli", *args]
+    return [sys.executable, "-m", "polyrl.launch.cli", *args]
 
 
 def _arm_run(client, experiment):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polyrl.modalities.text_models import save_model_dir
+from polyrl.models.text import save_model_dir
 from rollout_models import PROMPTS, SETTINGS, eos_prone_model, perturbed
-from polyrl.platform.logprobs import logprob_gap, pack_completions, token_logprobs
-from polyrl.platform.rollout import ROLLOUT_ENGINES, HFRolloutEngine, build_rollout_engine
-from polyrl.platform.types import PromptSample, SamplingSettings
+from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs
+from polyrl.engines.rollout import ROLLOUT_ENGINES, HFRolloutEngine, build_rollout_engine
+from polyrl.core.types import PromptSample, SamplingSettings
 
 
 

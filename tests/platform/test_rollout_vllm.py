@@ -12,11 +12,11 @@ import torch
 
 pytest.importorskip("vllm")
 
-from polyrl.modalities.text_models import save_model_dir  # noqa: E402
+from polyrl.models.text import save_model_dir  # noqa: E402
 from rollout_models import PROMPTS, SETTINGS, eos_prone_model, perturbed  # noqa: E402
-from polyrl.platform.logprobs import logprob_gap, pack_completions, token_logprobs  # noqa: E402
-from polyrl.platform.rollout import ROLLOUT_ENGINES, VLLMRolloutEngine, _refresh_vocab_layers, build_rollout_engine  # noqa: E402
-from polyrl.platform.types import Completion, SamplingSettings  # noqa: E402
+from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs  # noqa: E402
+from polyrl.engines.rollout import ROLLOUT_ENGINES, VLLMRolloutEngine, _refresh_vocab_layers, build_rollout_engine  # noqa: E402
+from polyrl.core.types import Completion, SamplingSettings  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from polyrl.platform.stats import (bootstrap_interval, curve_band, interquartile_mean, mean_interval, verdict,
+from polyrl.launch.stats import (bootstrap_interval, curve_band, interquartile_mean, mean_interval, verdict,
                                    welch_difference)
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from polyrl.platform.compare import compare_experiment
-from polyrl.platform.runner import run_experiment
-from polyrl.platform.tracking import ExperimentTracker, STEP_MARKER, resolve_tracking_uri
+from polyrl.launch.compare import compare_experiment
+from polyrl.launch.runner import run_experiment
+from polyrl.tracking.mlflow_runs import ExperimentTracker, STEP_MARKER, resolve_tracking_uri
 
 
 def test_default_store_is_sqlite_in_the_working_folder(tmp_path, monkeypatch):

@@ -12,9 +12,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from polyrl.platform.config import resolve_arms
-from polyrl.platform.tracking import ARM_TAG, ExperimentTracker
-from polyrl.platform.trainer import ArmTrainer
+from polyrl.config.schema import resolve_arms
+from polyrl.tracking.mlflow_runs import ARM_TAG, ExperimentTracker
+from polyrl.roles.trainer import ArmTrainer
 
 REQUIRED_METRICS = [
     "reward/mean",
@@ -143,7 +143,7 @@ def test_unscored_samples_get_zero_advantage_and_are_counted(tmp_path, tiny_expe
     trainer = _trainer(tmp_path, config)
     trainer.setup()
     try:
-        rollout, scores = trainer.generate_and_score(1, __import__("polyrl.platform.trainer", fromlist=["PhaseTimer"]).PhaseTimer())
+        rollout, scores = trainer.generate_and_score(1, __import__("polyrl.roles.trainer", fromlist=["PhaseTimer"]).PhaseTimer())
         batch = trainer.compute_advantages(rollout, scores)
     finally:
         trainer.close()

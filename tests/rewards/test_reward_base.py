@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from polyrl.platform.types import PromptSample
+from polyrl.core.types import PromptSample
 from polyrl.rewards import (
     RewardBatch,
     RewardConfigError,

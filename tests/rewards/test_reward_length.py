@@ -2,7 +2,7 @@
 
 import pytest
 
-from polyrl.modalities.text_models import build_char_tokenizer
+from polyrl.models.text import build_char_tokenizer
 from polyrl.rewards import RewardBatch, RewardConfigError
 from polyrl.rewards.builtins import Length, soft_overlong_punishment
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from polyrl.modalities.text_models import build_random_text_model_dir
+from polyrl.models.text import build_random_text_model_dir
 from polyrl.rewards import CompositeReward, RewardBatch, RewardSpec
 
 YAML_PATH = Path(__file__).resolve().parents[2] / "experiments" / "snippets" / "seed_composite_reward.yaml"

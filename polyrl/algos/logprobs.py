@@ -1,0 +1,182 @@
+"""Packing completions into learner batches and computing per-token log-probs on the learner.
+
+The learner scores the *same* token ids the rollout engine sampled. Each completion becomes
+one row ``prompt_ids + completion_ids``, right-padded, so every row starts at position 0 and
+the default positions (``0..S-1``) agree with the positions the sampler used; no position-id
+bookkeeping is needed.
+
+Completion token ``t`` of row ``b`` is predicted by the logits at position
+``len(prompt_b) - 1 + t`` (``response_index``). :func:`token_logprobs` gathers the final
+hidden states at those positions *before* the output head, so the ``[B, S, V]`` logits tensor
+of the full sequence is never built: only ``[B, T, V]`` for the ``T`` response positions.
+
+The sampler/learner parity contract: rollout engines report, for every sampled token, its
+log-probability under ``log_softmax(logits / temperature)`` (see ``rollout.py``), which is
+exactly what :func:`token_logprobs` computes with the same ``temperature``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from polyrl.algos.losses import entropy_from_logits
+from polyrl.core.types import Completion
+
+
+@dataclass
+class PackedBatch:
+    """One row per completion. ``B`` rows, ``S`` = longest prompt+completion, ``T`` = longest completion."""
+
+    input_ids: Tensor  # [B, S] prompt + completion, right-padded with the pad id
+    attention_mask: Tensor  # [B, S] 1 on real tokens
+    response_mask: Tensor  # [B, T] 1 on completion tokens
+    response_index: Tensor  # [B, T] position in input_ids whose next-token logits predict completion token t
+    completion_ids: Tensor  # [B, T] completion tokens, padded with the pad id
+    # Sampler log-probs of the completion tokens (0 where masked): the behaviour policy's
+    # log-probs for truncated importance sampling and the sampler/learner gap.
+    sampling_logprobs: Tensor | None = None  # [B, T] float32
+
+    def to(self, device: torch.device | str) -> "PackedBatch":
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return PackedBatch(**{k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in moved.items()})
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, rows: Tensor | Sequence[int] | slice) -> "PackedBatch":
+        """A sub-batch (micro-batch) of rows; padding columns are kept as they are."""
+        if not isinstance(rows, slice):
+            rows = torch.as_tensor(rows, dtype=torch.long)
+        return PackedBatch(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[rows]) for f in fields(self)})
+
+
+def pack_completions(completions: list[Completion], *, pad_token_id: int) -> PackedBatch:
+    """Pack completions into right-padded learner tensors (see :class:`PackedBatch`).
+
+    A completion with no tokens gets an all-zero response mask row. Rows whose
+    ``sampling_logprobs`` length differs from ``completion_ids`` raise, because the
+    sampler/learner comparison would silently misalign.
+    """
+    if not completions:
+        raise ValueError("pack_completions needs at least one completion")
+    batch_size = len(completions)
+    seq_len = max(len(c.prompt_ids) + len(c.completion_ids) for c in completions)
+    resp_len = max(1, max(len(c.completion_ids) for c in completions))
+
+    input_ids = torch.full((batch_size, seq_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch_size, seq_len), dtype=torch.long)
+    response_mask = torch.zeros((batch_size, resp_len), dtype=torch.long)
+    response_index = torch.zeros((batch_size, resp_len), dtype=torch.long)
+    completion_ids = torch.full((batch_size, resp_len), pad_token_id, dtype=torch.long)
+    sampling_logprobs = torch.zeros((batch_size, resp_len), dtype=torch.float32)
+
+    for row, c in enumerate(completions):
+        n_prompt, n_resp = len(c.prompt_ids), len(c.completion_ids)
+        if n_prompt == 0:
+            raise ValueError(f"completion {row} has an empty prompt: the first token has nothing to be predicted from")
+        if c.sampling_logprobs and len(c.sampling_logprobs) != n_resp:
+            raise ValueError(f"completion {row}: {len(c.sampling_logprobs)} sampling log-probs for {n_resp} completion tokens")
+        input_ids[row, :n_prompt] = torch.as_tensor(c.prompt_ids, dtype=torch.long)
+        if n_resp:
+            input_ids[row, n_prompt : n_prompt + n_resp] = torch.as_tensor(c.completion_ids, dtype=torch.long)
+            completion_ids[row, :n_resp] = torch.as_tensor(c.completion_ids, dtype=torch.long)
+            response_mask[row, :n_resp] = 1
+            response_index[row, :n_resp] = torch.arange(n_prompt - 1, n_prompt - 1 + n_resp)
+            if c.sampling_logprobs:
+                sampling_logprobs[row, :n_resp] = torch.as_tensor(c.sampling_logprobs, dtype=torch.float32)
+        attention_mask[row, : n_prompt + n_resp] = 1
+    # Masked response slots point at the row's last prompt position: a valid index whose
+    # value is ignored.
+    last_prompt = torch.as_tensor([len(c.prompt_ids) - 1 for c in completions], dtype=torch.long)
+    response_index = torch.where(response_mask.bool(), response_index, last_prompt[:, None])
+    return PackedBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        response_index=response_index,
+        completion_ids=completion_ids,
+        sampling_logprobs=sampling_logprobs,
+    )
+
+
+# Config attributes that change the logits after the output head; models carrying any of them
+# go through the model's own forward instead of the hidden-state shortcut.
+_POST_HEAD_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def _response_logits(model: torch.nn.Module, batch: PackedBatch) -> Tensor:
+    """Logits ``[B, T, V]`` at the response positions only."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    config = getattr(model, "config", None)
+    post_head = any(getattr(config, name, None) not in (None, 1, 1.0) for name in _POST_HEAD_ATTRS)
+    index = batch.response_index
+    if decoder is not None and head is not None and decoder is not model and not post_head:
+        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
+        picked = torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
+        return head(picked)
+    # Generic path: the full forward, then slice (costs [B, S, V] memory).
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    return torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    *,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+    entropy_grad: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token ``log softmax(logits / temperature)[token]`` of the completion tokens.
+
+    Returns ``(logprobs [B, T], entropy [B, T] or None)``, at least float32 (float64 for a
+    float64 model) and 0 where ``response_mask`` is 0. Entropy is that of the same tempered
+    distribution (:func:`polyrl.algos.losses.entropy_from_logits`, finite with ``-inf``
+    logits). Gradients flow through the log-probs when the caller has grad enabled, and through
+    the entropy only with ``entropy_grad`` (a loss with an entropy bonus); otherwise the entropy
+    is a metric and is computed under ``no_grad``, which keeps its ``[B, T, V]`` graph out of
+    memory. ``temperature == 0`` (greedy sampling) is scored at temperature 1.
+    """
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    logits = _response_logits(model, batch)
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
+    if temperature and temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)  # [B, T, V]
+    logp = torch.gather(logp_all, -1, batch.completion_ids[..., None]).squeeze(-1)
+    mask = batch.response_mask.bool()
+    logp = torch.where(mask, logp, torch.zeros_like(logp))
+    entropy = None
+    if compute_entropy:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
+    return logp, entropy
+
+
+def logprob_gap(engine_completions: list[Completion] | Tensor, learner_logprobs: Tensor, mask: Tensor) -> float:
+    """Mean ``|sampler - learner|`` log-prob over response tokens (the ``rollout/logprob_gap`` metric).
+
+    ``engine_completions`` is either the completions in batch row order (their
+    ``sampling_logprobs`` are packed like :func:`pack_completions` does) or an already packed
+    ``[B, T]`` tensor of sampler log-probs. With fp32 on both sides and weights in sync this is
+    ~1e-6; a stale weight sync shows up as a gap of nats.
+    """
+    if isinstance(engine_completions, Tensor):
+        sampler = engine_completions.float()
+    else:
+        sampler = torch.zeros(learner_logprobs.shape, dtype=torch.float32)
+        for row, c in enumerate(engine_completions):
+            if c.sampling_logprobs:
+                sampler[row, : len(c.sampling_logprobs)] = torch.as_tensor(c.sampling_logprobs, dtype=torch.float32)
+    sampler = sampler.to(learner_logprobs.device)
+    mask = mask.to(learner_logprobs.device).bool()
+    diff = (sampler - learner_logprobs.detach().float()).abs()
+    return float(torch.where(mask, diff, torch.zeros_like(diff)).sum() / mask.sum().clamp(min=1))

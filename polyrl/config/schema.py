@@ -1,0 +1,466 @@
+"""The experiment schema: typed, validated, the one source of truth for a run.
+
+YAML is the serialised form of :class:`ExperimentConfig`. A file may hold ``arms:``, named
+variants that override keys of the base config; each arm resolves to a complete, validated
+config of its own. Every validation error names the field path, the bad value and what is
+allowed (see :func:`format_validation_error`).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from polyrl.core.errors import PolyrlError
+from polyrl.config.presets import PRESETS, PresetError, preset_overrides
+from polyrl.config.yaml_files import YAMLFileError, safe_load_unique
+from polyrl.rewards import RewardSpec
+
+
+class ConfigError(PolyrlError, ValueError):
+    """A config that cannot be used; the message is meant for the user, not a traceback."""
+
+
+def check_safe_name(name: str, why: str) -> str:
+    """Names that become folder and run names: letters, digits, '_', '.', '-' only, and not
+    '.' or '..' (which would name the folder itself or its parent)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name) or set(name) == {"."}:
+        raise ValueError(f"must use only letters, digits, '_', '.', '-' and not be '.' or '..' ({why})")
+    return name
+
+
+class StrictModel(BaseModel):
+    # Every float of the schema is finite unless a field says otherwise: `.inf` or `.nan` in
+    # a YAML file is refused at load time, not after a step has written non-finite weights.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class BuiltinModelConfig(StrictModel):
+    """A tiny policy built from a transformers config and warmed up on the synthetic task."""
+
+    size: Literal["0.3m", "3m", "30m"] = "0.3m"
+    seed: int = 0
+    warmup_steps: int = Field(400, ge=0)
+    warmup_learning_rate: float = Field(5e-3, gt=0)
+
+
+class ModelConfig(StrictModel):
+    path: str | None = Field(None, description="Local Hugging Face model directory; when unset the built-in tiny policy is used.")
+    builtin: BuiltinModelConfig = BuiltinModelConfig()
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Compute dtype of forward/backward passes; weights and optimizer state stay float32 (mixed precision).")
+    cache_dir: str | None = Field(None, description="Where built-in policies are cached; default $POLYRL_CACHE or ~/.cache/polyrl/models.")
+
+
+class DataConfig(StrictModel):
+    source: str = Field("arithmetic", description="'arithmetic' (shipped), a .jsonl/.json/.parquet path, a folder, or a dataset name.")
+    train_split: str = "train"
+    test_split: str = "test"
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    references_field: str = "references"
+    limit: int | None = Field(None, ge=1)
+
+
+class TruncatedImportanceSamplingConfig(StrictModel):
+    """Correct for the sampler/learner log-prob gap (Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training')."""
+
+    enabled: bool = False
+    cap: float = Field(2.0, gt=1.0)
+
+
+class RolloutConfig(StrictModel):
+    engine: Literal["vllm", "hf"] = "vllm"
+    prompts_per_step: int = Field(8, ge=1)
+    samples_per_prompt: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(64, ge=1)
+    max_model_len: int = Field(512, ge=16)
+    kv_cache_gb: float = Field(1.0, gt=0)
+    truncated_importance_sampling: TruncatedImportanceSamplingConfig = TruncatedImportanceSamplingConfig()
+
+
+class ObjectiveConfig(StrictModel):
+    name: str = "grpo"
+    params: dict[str, Any] = Field(default_factory=dict, description="The objective's typed params (`polyrl objectives show NAME`); kl_coef, kl_estimator and entropy_coef live in train.")
+    aggregation: str | None = Field(None, description="Loss aggregation mode; default: the objective's own.")
+
+    @field_validator("name")
+    @classmethod
+    def _registered_objective(cls, name: str) -> str:
+        from polyrl.algos.objectives import list_objectives
+
+        allowed = [spec.name for spec in list_objectives()]
+        if name not in allowed:
+            raise ValueError(f"unknown objective {name!r}; allowed: {', '.join(allowed)}")
+        return name
+
+    @field_validator("aggregation")
+    @classmethod
+    def _known_aggregation(cls, mode: str | None) -> str | None:
+        from polyrl.algos.aggregation import AGGREGATION_MODES
+
+        if mode is not None and mode not in AGGREGATION_MODES:
+            raise ValueError(f"unknown aggregation {mode!r}; allowed: {', '.join(AGGREGATION_MODES)}")
+        return mode
+
+
+class DynamicSamplingConfig(StrictModel):
+    """DAPO's dynamic sampling: drop groups whose rewards all agree, refill, bounded."""
+
+    enabled: bool = False
+    max_rounds: int = Field(3, ge=1)
+
+
+class OverlongConfig(StrictModel):
+    """DAPO's overlong handling: soft punishment added to the reward, or masking truncated samples."""
+
+    mode: Literal["off", "soft_punishment", "mask_truncated"] = "off"
+    max_length: int | None = Field(None, ge=1, description="L_max; default rollout.max_tokens")
+    cache_length: int = Field(16, ge=0)
+    penalty_weight: float = 1.0
+
+
+class AdvantageConfig(StrictModel):
+    estimator: str | None = Field(None, description="Advantage estimator; default: the objective's own.")
+    params: dict[str, Any] = Field(default_factory=dict, description="The estimator's typed params (`polyrl objectives show NAME --advantage`).")
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    overlong: OverlongConfig = OverlongConfig()
+
+    @field_validator("estimator")
+    @classmethod
+    def _registered_estimator(cls, name: str | None) -> str | None:
+        from polyrl.algos.advantages import list_advantages
+
+        allowed = [spec.name for spec in list_advantages()]
+        if name is not None and name not in allowed:
+            raise ValueError(f"unknown advantage estimator {name!r}; allowed: {', '.join(allowed)}")
+        return name
+
+
+class ModalityGAEConfig(StrictModel):
+    gamma: float = Field(..., gt=0, le=1)
+    lam: float = Field(..., ge=0, le=1)
+
+
+class ModalitiesConfig(StrictModel):
+    """Per-modality GAE settings (seed 003 §7): each token uses its own modality's γ/λ."""
+
+    text: ModalityGAEConfig = ModalityGAEConfig(gamma=0.95, lam=0.9)
+    image: ModalityGAEConfig = ModalityGAEConfig(gamma=0.85, lam=0.8)
+
+
+class ValueConfig(StrictModel):
+    """Critic for PPO/GAE; built only when the advantage estimator needs values.
+
+    The critic has its own optimizer (as in verl and OpenRLHF), so a value-loss coefficient
+    would only rescale its learning rate: there is no ``coef``; set ``learning_rate``.
+    """
+
+    learning_rate: float = Field(1e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    clip_range: float = Field(0.2, gt=0)
+    update_every: int = Field(1, ge=1, description="Delayed critic updates: one critic update every k policy optimizer steps (seed 000 §3.3).")
+
+
+class TrainConfig(StrictModel):
+    steps: int = Field(20, ge=1)
+    learning_rate: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = Field(1.0, gt=0)
+    micro_batch_size: int = Field(16, ge=1)
+    updates_per_batch: int = Field(1, ge=1, description="Optimizer updates per rollout batch (off-policy reuse).")
+    mini_batches: int = Field(1, ge=1, description="Split each rollout batch into this many optimizer steps per update pass.")
+    kl_coef: float = Field(0.0, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Per optimizer step, after warm-up: constant, linear or cosine decay to learning_rate × min_lr_ratio."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up (steps × updates_per_batch × mini_batches in all).")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Where linear/cosine decay ends, as a fraction of learning_rate.")
+    max_consecutive_nonfinite: int = Field(
+        3, ge=1, description="Stop (with a checkpoint of the last good weights) after this many optimizer steps in a row skipped for a NaN/inf loss or gradient norm."
+    )
+    value: ValueConfig = ValueConfig()
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
+
+
+class TrackingConfig(StrictModel):
+    uri: str | None = Field(None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working folder.")
+    experiment: str | None = Field(None, description="MLflow experiment name; default: the config's name.")
+    sample_table_every: int = Field(5, ge=1)
+    sample_table_rows: int = Field(16, ge=1)
+    progress: bool = True
+    accuracy_reward: str | None = Field(
+        None, description="Label of the reward whose score defines train/accuracy; default: the reward labelled 'accuracy', if any."
+    )
+
+
+class CheckpointConfig(StrictModel):
+    dir: str = Field("runs", description="Checkpoints go to <dir>/<name>/<arm>/step_<n>.")
+    every: int = Field(10, ge=1)
+    keep: int = Field(2, ge=1)
+
+
+class EvalConfig(StrictModel):
+    every: int = Field(0, ge=0, description="Evaluate every N steps inside training (0 = never).")
+    suite: str | None = None
+    limit: int | None = Field(None, ge=1)
+
+
+class HealthConfig(StrictModel):
+    min_entropy: float = 0.1
+    advantage_sigma: float = 3.0
+    positive_share_target: float = 0.45
+    positive_share_tolerance: float = 0.25
+    min_mean_length: float = 2.0
+    max_logprob_gap: float = Field(
+        1e-2, gt=0, description="Warn when rollout/logprob_gap (nats/token) exceeds this: a stale or partial weight sync."
+    )
+
+
+class ExperimentConfig(StrictModel):
+    name: str = Field(..., min_length=1)
+    description: str = ""
+    seed: int = 0
+    preset: Literal["lt_1b", "1b_10b", "gt_10b"] | None = None
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    advantage: AdvantageConfig = AdvantageConfig()
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(module="accuracy")])
+    modalities: ModalitiesConfig = ModalitiesConfig()
+    train: TrainConfig = TrainConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    eval: EvalConfig = EvalConfig()
+    health: HealthConfig = HealthConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        return check_safe_name(name, "it names folders and MLflow runs")
+
+    @model_validator(mode="after")
+    def _typed_params(self) -> "ExperimentConfig":
+        """Check objective.params and advantage.params against their registration's typed model
+        and store them as proper Python values; errors keep their field paths."""
+        from polyrl.algos.advantages import get_advantage
+        from polyrl.algos.objectives import get_objective
+
+        objective = get_objective(self.objective.name)
+        estimator = get_advantage(self.advantage.estimator or objective.default_advantage)
+        errors: list[InitErrorDetails] = []
+        for name, section, spec in (("objective", self.objective, objective), ("advantage", self.advantage, estimator)):
+            try:
+                section.params = spec.validate_params(section.params)
+            except ValidationError as error:
+                # validate_params reports custom errors (message and ctx['allowed']); re-raise
+                # them at their place in the experiment.
+                errors += [InitErrorDetails(type=PydanticCustomError(item["type"], item["msg"], item["ctx"]),
+                                            loc=(name, "params", *item["loc"]), input=item["input"])
+                           for item in error.errors()]  # fmt: skip
+        if errors:
+            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        return self
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def expand_dotted(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``{"objective.name": "dr_grpo"}`` → ``{"objective": {"name": "dr_grpo"}}`` (nested dicts kept)."""
+    nested: dict[str, Any] = {}
+    for key, value in overrides.items():
+        value = expand_dotted(value) if isinstance(value, dict) else value
+        parts = str(key).split(".")
+        target = nested
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        if isinstance(value, dict) and isinstance(target.get(parts[-1]), dict):
+            target[parts[-1]] = deep_merge(target[parts[-1]], value)
+        else:
+            target[parts[-1]] = value
+    return nested
+
+
+def parse_set_options(assignments: list[str]) -> dict[str, Any]:
+    """``--set a.b=c`` options; values are parsed as YAML scalars (``3`` → int, ``true`` → bool)."""
+    overrides: dict[str, Any] = {}
+    for assignment in assignments:
+        if "=" not in assignment:
+            raise ConfigError(f"--set {assignment!r}: expected KEY.PATH=VALUE")
+        key, raw = assignment.split("=", 1)
+        overrides[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+    return expand_dotted(overrides)
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(top level)"
+
+
+def _allowed_values(error: dict[str, Any]) -> str:
+    ctx = error.get("ctx") or {}
+    if ctx.get("allowed"):
+        return f"allowed: {ctx['allowed']}"
+    if "expected" in ctx:
+        return f"allowed: {ctx['expected']}"
+    for bound, word in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+        if bound in ctx:
+            return f"allowed: {word} {ctx[bound]}"
+    if error["type"] == "extra_forbidden":
+        return ""
+    return ""
+
+
+def format_validation_error(error: ValidationError, *, source: str, prefix: tuple[Any, ...] = (), model: type[BaseModel] | None = None,
+                            what: str = "experiment config") -> str:
+    """One line per problem: field path, message, the bad value and what is allowed (also used
+    for eval suites, ``what="eval suite"``)."""
+    lines = [f"{source}: invalid {what}"]
+    for item in error.errors():
+        loc = prefix + tuple(item["loc"])
+        path = _location(loc)
+        message = item["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        value = item.get("input")
+        detail = f"  - {path}: {message}"
+        if item["type"] == "extra_forbidden":
+            siblings = _sibling_fields(model, tuple(item["loc"])[:-1]) if model else []
+            detail = f"  - {path}: unknown field" + (f"; allowed: {', '.join(siblings)}" if siblings else "")
+        elif item["type"] != "missing" and not isinstance(value, (dict, list)):
+            detail += f" (got {value!r})"
+        allowed = _allowed_values(item)
+        if allowed and "allowed" not in detail:
+            detail += f"; {allowed}"
+        lines.append(detail)
+    return "\n".join(lines)
+
+
+def _sibling_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        annotation = field.annotation
+        current = _model_in(annotation)
+    return sorted(getattr(current, "model_fields", {}).keys()) if current is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = safe_load_unique(path.read_text(), str(path))
+    except YAMLFileError as error:
+        raise ConfigError(str(error)) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: dict[str, Any] | None = None) -> dict[str, ExperimentConfig]:
+    """Validate a raw mapping and return one resolved config per arm (``{"main": cfg}`` without arms).
+
+    Order of precedence, lowest first: schema defaults, preset, base keys, arm keys, ``--set``.
+    """
+    raw = copy.deepcopy(raw)
+    arms_raw = raw.pop("arms", None) or {}
+    if not isinstance(arms_raw, dict):
+        raise ConfigError(f"{source}: invalid experiment config\n  - arms: expected a mapping of arm name to overrides (got {type(arms_raw).__name__})")
+    overrides = overrides or {}
+    arm_names = list(arms_raw) or ["main"]
+    resolved: dict[str, ExperimentConfig] = {}
+    for arm_name in arm_names:
+        if arms_raw:
+            try:
+                check_safe_name(arm_name if isinstance(arm_name, str) else repr(arm_name), "it names a checkpoint folder and an MLflow run")
+            except ValueError as error:
+                raise ConfigError(f"{source}: invalid experiment config\n  - arms.{arm_name}: {error} (got {arm_name!r})") from None
+        arm_overrides = arms_raw.get(arm_name) or {}
+        if not isinstance(arm_overrides, dict):
+            raise ConfigError(f"{source}: invalid experiment config\n  - arms.{arm_name}: expected a mapping of overrides")
+        merged = deep_merge(deep_merge(raw, expand_dotted(arm_overrides)), overrides)
+        preset = merged.get("preset")
+        if preset is not None:
+            if preset not in PRESETS:
+                raise ConfigError(f"{source}: invalid experiment config\n  - preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
+            try:
+                merged = deep_merge(preset_overrides(preset, merged), merged)
+            except PresetError as error:
+                raise ConfigError(f"{source}: invalid experiment config\n  - preset: {error}") from None
+        try:
+            config = ExperimentConfig.model_validate(merged)
+        except ValidationError as error:
+            # Report arm errors at the arm's path when the bad key came from the arm.
+            raise ConfigError(format_validation_error(error, source=source + (f" (arm {arm_name!r})" if arms_raw else ""), model=ExperimentConfig)) from None
+        resolved[arm_name] = config
+    return resolved
+
+
+def load_experiment(path: str | Path, *, set_options: list[str] | None = None) -> dict[str, ExperimentConfig]:
+    raw = read_yaml(path)
+    overrides = parse_set_options(set_options or [])
+    return resolve_arms(raw, source=str(path), overrides=overrides)
+
+
+def to_yaml(config: ExperimentConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested config into dotted keys for MLflow params."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, path + "."))
+        elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            for index, item in enumerate(value):
+                flat.update(flatten(item, f"{path}.{index}."))
+        else:
+            flat[path] = value
+    return flat

@@ -1,0 +1,135 @@
+"""The ``polyrl`` command line.
+
+Every user-facing failure (a bad YAML, a missing model, an unknown experiment) is reported
+as one clear message and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+# The CLI shows its own progress; the libraries' INFO logs and weight-loading bars would bury it.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from polyrl.launch.cli_errors import user_errors
+from polyrl.launch.eval_cli import eval_command
+from polyrl.launch.ray_submit import submit_command
+from polyrl.launch.objectives_cli import app as objectives_app
+from polyrl.launch.rewards_cli import app as rewards_app
+
+app = typer.Typer(
+    help="polyrl: reinforcement-learning experiments on language and vision-language models.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(objectives_app, name="objectives")
+app.add_typer(rewards_app, name="rewards")
+app.command("submit", help="Run an experiment's arms as Ray tasks (local Ray by default, or --address).")(submit_command)
+app.command("eval", help="Evaluate one or more models (folders or MLflow runs) on an eval suite.")(eval_command)
+
+console = Console()
+
+
+@app.command()
+def validate(
+    config: Path = typer.Argument(..., help="Experiment YAML."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.steps=5 (repeatable)."),
+) -> None:
+    """Check an experiment YAML without running it; print each arm's resolved key settings."""
+    from polyrl.launch.preflight import preflight
+    from polyrl.launch.runner import validate_file
+
+    with user_errors():
+        arms = validate_file(config, set_)
+        preflight(arms, source=str(config))
+    for arm, cfg in arms.items():
+        console.print(
+            f"[green]ok[/] arm [cyan]{arm}[/]: objective={cfg.objective.name} "
+            f"aggregation={cfg.objective.aggregation or 'default'} engine={cfg.rollout.engine} "
+            f"steps={cfg.train.steps} prompts×samples={cfg.rollout.prompts_per_step}×{cfg.rollout.samples_per_prompt} "
+            f"rewards={[s.module for s in cfg.rewards]}"
+        )
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="Experiment YAML."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.steps=5 (repeatable)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the last run of this experiment from its checkpoints, in the same MLflow runs."),
+    arm: list[str] = typer.Option([], "--arm", help="Run only these arms (repeatable)."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Plain log lines instead of a progress bar."),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change",
+                                             help="With --resume: apply a changed config from the next step (recorded in MLflow) "
+                                                  "instead of refusing it; model, data, seed and tracking changes stay refused."),
+) -> None:
+    """Run every arm of an experiment and log it to MLflow."""
+    from polyrl.launch.preflight import preflight_file
+    from polyrl.launch.runner import run_experiment
+
+    with user_errors():
+        # Rewards, model folder and data are checked before any MLflow run or model exists.
+        preflight_file(config, set_options=set_, only_arms=arm)
+        result = run_experiment(config, set_options=set_, resume=resume, only_arms=arm or None, console=console,
+                                show_progress=False if no_progress else None, allow_config_change=allow_config_change)
+    for name, metrics in result.final_metrics.items():
+        console.print(
+            f"arm [cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
+            f"accuracy {metrics.get('train/accuracy', float('nan')):.3f} · "
+            f"length {metrics.get('rollout/response_length/mean', float('nan')):.1f}"
+        )
+    console.print(f"MLflow: {result.tracking_uri} (parent run {result.parent_run_id})")
+    console.print(f"Compare the arms: polyrl compare {result.name}    ·    open the UI: polyrl ui")
+
+
+@app.command()
+def compare(
+    experiment: str = typer.Argument(..., help="Experiment name (the YAML's `name`)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Report folder; default reports/<experiment>."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."),
+) -> None:
+    """Plot the arms of an experiment side by side and tabulate their final values."""
+    from polyrl.launch.compare import compare_experiment, default_report_dir
+    from polyrl.tracking.mlflow_runs import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    with user_errors():
+        out = out or default_report_dir(experiment)
+        result = compare_experiment(experiment, tracking_uri=uri, out_dir=out)
+    console.print(result.table_markdown)
+    console.print(f"\nReport: {result.out_dir / 'report.md'} ({len(result.plot_paths)} plots), also logged to parent run {result.parent_run_id}.")
+    console.print("Open the MLflow UI with: polyrl ui   (then select the experiment and its arm runs, and click Compare)")
+
+
+@app.command()
+def ui(
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; loopback by default."),
+    port: int = typer.Option(5000, help="Port."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."),
+) -> None:
+    """Start the MLflow UI on the experiment store (127.0.0.1 by default)."""
+    from polyrl.tracking.mlflow_runs import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    console.print(f"MLflow UI on http://{host}:{port} for {uri} (Ctrl-C to stop)")
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    command = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    raise typer.Exit(subprocess.call(command, env=os.environ.copy()))
+
+
+def main() -> None:  # pragma: no cover - console script entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

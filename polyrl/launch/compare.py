@@ -1,0 +1,209 @@
+"""``polyrl compare``: plots and a table of final values for the arms of an experiment.
+
+Reads everything back from MLflow (not from local state), so it works on any experiment in
+any tracking store, and logs the report to the experiment's parent run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from polyrl.core.errors import PolyrlError  # noqa: E402
+from polyrl.tracking.mlflow_runs import ARM_TAG, find_arm_runs, find_parent_run, make_client  # noqa: E402
+
+# Curves every comparison shows: (metric key, plot title).
+CURVES: tuple[tuple[str, str], ...] = (
+    ("reward/mean", "reward"),
+    ("train/accuracy", "train accuracy"),
+    ("rollout/response_length/mean", "mean response length (tokens)"),
+    ("actor/entropy", "entropy (nats/token)"),
+)
+TABLE_METRICS: tuple[str, ...] = (
+    "reward/mean",
+    "train/accuracy",
+    "rollout/response_length/mean",
+    "rollout/response_length/clipped_ratio",
+    "actor/entropy",
+    "actor/approx_kl",
+    "actor/clip_frac_high",
+    "actor/pos_loss_share",
+    "rollout/logprob_gap",
+    "perf/step_s",
+)
+
+
+class CompareError(PolyrlError, RuntimeError):
+    pass
+
+
+@dataclass
+class Comparison:
+    experiment: str
+    parent_run_id: str
+    arms: dict[str, str]  # arm -> run id
+    histories: dict[str, dict[str, list[tuple[int, float]]]]  # arm -> metric -> [(step, value)]
+    table_markdown: str
+    plot_paths: list[Path]
+    out_dir: Path
+
+
+def _histories(client: MlflowClient, run_id: str, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {}
+    for key in keys:
+        points = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        if points:
+            out[key] = points
+    return out
+
+
+# Eval metrics worth a curve and a column; the rest stay in MLflow.
+EVAL_HEADLINE_SUFFIXES = ("/accuracy", "/length/mean", "/reward/mean", "/coco/CIDEr", "/cider_fast")
+
+
+def _eval_keys(client: MlflowClient, run_ids: list[str]) -> list[str]:
+    keys: set[str] = set()
+    for run_id in run_ids:
+        keys.update(k for k in client.get_run(run_id).data.metrics
+                    if k.startswith("eval/") and (k.endswith(EVAL_HEADLINE_SUFFIXES) or "/pass_at_" in k))
+    return sorted(keys)
+
+
+def _format(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.4g}"
+
+
+def markdown_table(rows: dict[str, dict[str, float | None]], columns: list[str]) -> str:
+    header = "| arm | " + " | ".join(columns) + " |"
+    rule = "|---|" + "---|" * len(columns)
+    lines = [header, rule]
+    for arm, values in rows.items():
+        lines.append(f"| {arm} | " + " | ".join(_format(values.get(c)) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def local_store_path(tracking_uri: str) -> Path | None:
+    """The file or folder of a local MLflow store (``sqlite:///…``, ``file:…`` or a bare path);
+    ``None`` for a server or an in-memory database."""
+    if tracking_uri.startswith("sqlite:"):
+        # SQLAlchemy form: sqlite:///relative.db, sqlite:////absolute.db, sqlite:// (memory).
+        path = tracking_uri[len("sqlite:"):].split("?", 1)[0]
+        if not path.startswith("///") or path == "///":
+            return None
+        return Path(unquote(path[3:]))
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    # A bare path; bare words ("databricks") name other stores, so only what looks like a path.
+    if (parsed.scheme == "" or re.fullmatch(r"[A-Za-z]", parsed.scheme)) and ("/" in tracking_uri or "\\" in tracking_uri):
+        return Path(tracking_uri)
+    return None
+
+
+def require_existing_store(tracking_uri: str) -> None:
+    """Refuse a local store that does not exist: MLflow would silently create an empty one
+    (and its folders) where a mistyped path points, and then report no experiment."""
+    path = local_store_path(tracking_uri)
+    if path is not None and not path.exists():
+        raise CompareError(
+            f"MLflow store {str(path)!r} (from {tracking_uri}) does not exist; check --tracking-uri or "
+            "$MLFLOW_TRACKING_URI (polyrl run writes ./mlflow.db in the folder it runs from)"
+        )
+
+
+def default_report_dir(experiment: str) -> Path:
+    """``reports/<slug of the experiment name>``: always inside ``reports``.
+
+    MLflow experiment names may hold '/' (``tracking.experiment: team/probe``), so the name is
+    made folder-safe rather than refused; ``..`` and absolute names cannot climb out. An
+    explicit ``--out`` is the user's own path and may be anywhere, absolute included.
+    """
+    from polyrl.evals.models import slugify
+
+    return Path("reports") / slugify(experiment)
+
+
+def safe_file_stem(key: str) -> str:
+    """A metric key as a file name that stays inside the report folder (no '/', no '..')."""
+    stem = re.sub(r"[^A-Za-z0-9_.\-]+", "_", key).strip(".")
+    return stem or "metric"
+
+
+def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Path, log_to_mlflow: bool = True) -> Comparison:
+    require_existing_store(tracking_uri)
+    client = make_client(tracking_uri)
+    parent = find_parent_run(client, experiment)
+    if parent is None:
+        raise CompareError(f"no polyrl experiment named {experiment!r} in {tracking_uri}; run it first (polyrl run …)")
+    arm_runs = find_arm_runs(client, parent.info.experiment_id, parent.info.run_id)
+    if not arm_runs:
+        raise CompareError(f"experiment {experiment!r} (run {parent.info.run_id}) has no arm runs yet")
+    arms = {run.data.tags.get(ARM_TAG, run.info.run_name): run.info.run_id for run in arm_runs}
+    eval_keys = _eval_keys(client, list(arms.values()))
+    curve_keys = [key for key, _ in CURVES] + eval_keys
+    histories = {arm: _histories(client, run_id, sorted(set(curve_keys) | set(TABLE_METRICS))) for arm, run_id in arms.items()}
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_paths = []
+    titles = dict(CURVES) | {key: key for key in eval_keys}
+    for key in curve_keys:
+        figure, axis = plt.subplots(figsize=(6, 3.6))
+        drawn = False
+        for arm, history in histories.items():
+            points = history.get(key)
+            if points:
+                axis.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=2.5, label=arm)
+                drawn = True
+        if not drawn:
+            plt.close(figure)
+            continue
+        axis.set_title(f"{experiment}: {titles[key]}")
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+        axis.legend()
+        figure.tight_layout()
+        path = out / (safe_file_stem(key) + ".png")
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        plot_paths.append(path)
+
+    columns = [key for key in TABLE_METRICS + tuple(eval_keys) if any(key in h for h in histories.values())]
+    final = {arm: {key: history[key][-1][1] for key in columns if key in history} for arm, history in histories.items()}
+    start_keys = ["reward/mean", "train/accuracy", "rollout/response_length/mean", *eval_keys]
+    first = {arm: {key: history[key][0][1] for key in start_keys if key in history} for arm, history in histories.items()}
+    table = markdown_table(final, columns)
+    start_table = markdown_table(first, [c for c in start_keys if any(c in v for v in first.values())])
+    report = "\n".join([
+        f"# {experiment}: comparison of arms",
+        "",
+        f"Parent run `{parent.info.run_id}` · tracking `{tracking_uri}`",
+        "",
+        "## Final values (last logged step)",
+        "",
+        table,
+        "",
+        "## Start (first logged step; eval metrics at step 0 are the starting policy)",
+        "",
+        start_table,
+        "",
+        "## Curves",
+        "",
+        *[f"![{p.stem}]({p.name})" for p in plot_paths],
+        "",
+    ])
+    (out / "report.md").write_text(report)
+    if log_to_mlflow:
+        for path in plot_paths + [out / "report.md"]:
+            client.log_artifact(parent.info.run_id, str(path), "comparison")
+    return Comparison(experiment, parent.info.run_id, arms, histories, table, plot_paths, out)

@@ -1,0 +1,116 @@
+"""What ``polyrl validate`` and the start of ``polyrl run`` check without training.
+
+Each arm's reward modules are loaded and constructed (not set up: heavy resources load in
+``setup``), the model folder and the first row of the data are looked at, so a broken reward
+file, a folder without a tokenizer or a data file without the prompt field is one message in a
+second — before any MLflow run is created or any model loads. Like verl's and TRL's config
+checks, only what is cheap is checked here; dataset names (the Hub) are left to the loader.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from polyrl.data.prompts import DataConfigError, check_prompt_source
+from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment
+from polyrl.models.paths import check_model_dir
+from polyrl.rewards import RewardConfigError, RewardSpec
+from polyrl.rewards.base import module_label
+from polyrl.rewards.registry import bind_params, build_reward
+
+EMPTY_REWARDS = "rewards: the list is empty; an experiment needs at least one reward module, e.g. rewards: [{module: accuracy}]"
+
+
+def reward_problems(specs: list[RewardSpec], *, model_path: str | None = None) -> list[str]:
+    """One line per reward that cannot be built, each starting with its field path."""
+    if not specs:
+        return [EMPTY_REWARDS]
+    problems: list[str] = []
+    labels: dict[str, int] = {}
+    for index, spec in enumerate(specs):
+        try:
+            cls = spec.resolve()
+        except RewardConfigError as error:
+            problems.append(f"rewards[{index}].module: {error}")
+            continue
+        label = spec.name or module_label(cls)
+        if label in labels:
+            problems.append(f"rewards[{index}]: labelled {label!r} like rewards[{labels[label]}]; give one of them a distinct 'name'")
+        labels.setdefault(label, index)
+        params = dict(spec.params)
+        # The trainer gives a module that takes model_path the policy's folder (trainer.py);
+        # without a model.path that folder is only known once the built-in policy is built.
+        injected = _accepts(cls, "model_path") and "model_path" not in params
+        if injected:
+            params["model_path"] = model_path or "<built-in policy>"
+        try:
+            bind_params(cls, params, ref=spec.module, label=label)
+            if not injected or model_path:
+                build_reward(cls, params, ref=spec.module, label=label)
+        except RewardConfigError as error:
+            problems.append(f"rewards[{index}]: {error}")
+    return problems
+
+
+def accuracy_problems(config: ExperimentConfig, labels: list[str]) -> list[str]:
+    wanted = config.tracking.accuracy_reward
+    if wanted is None or wanted in labels:
+        return []
+    return [f"tracking.accuracy_reward: no reward is labelled {wanted!r}; reward labels: {', '.join(labels)}"]
+
+
+def reward_labels(specs: list[RewardSpec]) -> list[str]:
+    labels = []
+    for spec in specs:
+        try:
+            labels.append(spec.name or module_label(spec.resolve()))
+        except RewardConfigError:
+            continue
+    return labels
+
+
+def _accepts(cls: type, name: str) -> bool:
+    try:
+        return name in inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def arm_problems(config: ExperimentConfig) -> list[str]:
+    problems = reward_problems(list(config.rewards), model_path=config.model.path)
+    problems += accuracy_problems(config, reward_labels(list(config.rewards)))
+    if config.model.path:
+        try:
+            check_model_dir(config.model.path)
+        except ConfigError as error:
+            problems.append(str(error))
+    try:
+        check_prompt_source(config.data.source, config.data.train_split, prompt_field=config.data.prompt_field)
+    except DataConfigError as error:
+        problems.append(f"data.source: {error}")
+    return problems
+
+
+def preflight(configs: dict[str, ExperimentConfig], *, source: str) -> None:
+    """Raise one :class:`ConfigError` listing every problem of every arm (named when not all share it)."""
+    found: dict[str, list[str]] = {}
+    for arm, config in configs.items():
+        for problem in arm_problems(config):
+            found.setdefault(problem, []).append(arm)
+    if not found:
+        return
+    lines = [f"{source}: invalid experiment config"]
+    for problem, arms in found.items():
+        where = f" (arm {', '.join(map(repr, arms))})" if len(arms) < len(configs) else ""
+        lines.append(f"  - {problem}{where}")
+    raise ConfigError("\n".join(lines))
+
+
+def preflight_file(path: str | Path, *, set_options: list[str] | None = None, only_arms: list[str] | None = None) -> dict[str, Any]:
+    """Load an experiment file and run :func:`preflight` on its arms (those in ``only_arms``)."""
+    configs = load_experiment(path, set_options=set_options)
+    chosen = {arm: config for arm, config in configs.items() if not only_arms or arm in only_arms}
+    preflight(chosen or configs, source=str(path))
+    return configs

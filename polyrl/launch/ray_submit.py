@@ -1,0 +1,408 @@
+"""``polyrl submit``: run the arms of an experiment as Ray tasks.
+
+The driver (the process that runs ``polyrl submit``) resolves the experiment, creates the MLflow
+parent run and one child run per arm — params, resolved config and tags logged there, exactly as
+``polyrl run`` does — and then hands each arm to a Ray task (``num_cpus=cpus_per_arm``). A task
+gets the arm's *resolved config as YAML text* (never a path: the worker may be on another
+machine), the tracking URI and its run id; it builds an :class:`ArmTrainer` with a
+:class:`RunLogger` for that run, trains, and marks the run FINISHED (or FAILED). Arms run in
+parallel when the cluster has the CPUs (``--sequential`` runs one at a time).
+
+Where Ray runs:
+
+* no ``--address``: ``ray.init()`` starts (or, with ``RAY_ADDRESS`` set, attaches to) a local
+  cluster with no dashboard; it stops when the command ends. Workers are started with this
+  interpreter, so they import the very ``polyrl`` this driver imports (the installed package).
+* ``--address auto`` or ``ray://host:port``: a running cluster. The local ``polyrl`` package
+  folder travels to the workers in ``runtime_env={"py_modules": [...]}`` so workers run the
+  driver's code; its dependencies (torch, transformers, mlflow, vLLM) must be installed on the
+  cluster's nodes. Files the YAML names (model folders, data, reward files, ``checkpoint.dir``)
+  must be visible on the worker nodes (a shared filesystem).
+
+MLflow: the tracking URI is resolved on the driver and a local store path is made absolute, so
+workers on this machine write to the same SQLite file. A multi-node cluster needs an MLflow
+tracking server every node reaches (``tracking.uri: http://host:5000`` or
+``MLFLOW_TRACKING_URI``); a SQLite file on one node's disk is not shared.
+
+``start_experiment_run``, ``start_arm_run`` and ``train_arm`` are the steps ``polyrl run``
+shares with ``polyrl submit``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+
+from polyrl.core.errors import PolyrlError
+from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment, to_yaml
+from polyrl.launch.run_lock import acquire_lock
+from polyrl.launch.runner import (STATE_FILE, ExperimentResult, archive_previous_run, experiment_dir, read_state, start_arm_run,
+                                    start_experiment_run, train_arm, write_state, yaml_text)
+from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, make_client, probe_tracking, resolve_tracking_uri
+
+# Environment variables a worker needs to behave like the driver (offline hubs, vLLM mode,
+# MLflow server credentials). A local cluster inherits the driver's environment anyway.
+FORWARDED_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "MLFLOW_", "POLYRL_")
+WORKER_TAGS = ("polyrl.ray.pid", "polyrl.ray.node_id", "polyrl.ray.hostname")
+RAY_CLIENT_PORT = 10001
+ADDRESS_PROBE_TIMEOUT_S = 5.0
+
+
+class ArmFailedError(PolyrlError, RuntimeError):
+    """One or more arms raised in their Ray task; the message names each arm and its error."""
+
+    exit_code = 1
+
+
+class RayUnreachableError(PolyrlError):
+    """The Ray cluster named by ``--address`` (or ``RAY_ADDRESS``) does not answer."""
+
+
+def ray_endpoint(address: str) -> tuple[str, int] | None:
+    """The host and port ``ray.init(address=...)`` will connect to; None for a local cluster."""
+    if address in ("local", ""):
+        return None
+    if address.startswith("ray://"):
+        netloc = address[len("ray://"):].split("/", 1)[0]
+        host, sep, port = netloc.rpartition(":")
+        if not sep:
+            host, port = netloc, str(RAY_CLIENT_PORT)
+        if not host or not port.isdigit():
+            raise RayUnreachableError(f"--address {address}: expected ray://host:port")
+        return host.strip("[]"), int(port)
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address  # how ray.init finds "auto"
+
+        try:
+            address = canonicalize_bootstrap_address("auto") or ""
+        except (ConnectionError, ValueError) as error:
+            raise RayUnreachableError(f"--address auto: no running Ray cluster found on this machine ({error})") from None
+        if not address:
+            return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise RayUnreachableError(f"--address {address}: expected 'auto', host:port or ray://host:port")
+    return host.strip("[]"), int(port)
+
+
+def probe_ray_address(address: str, timeout: float = ADDRESS_PROBE_TIMEOUT_S) -> None:
+    """Fail in seconds when nothing listens at a cluster address; ``ray.init`` would retry for minutes."""
+    endpoint = ray_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=timeout).close()
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        raise RayUnreachableError(
+            f"--address {address}: cannot reach a Ray cluster at {endpoint[0]}:{endpoint[1]} ({reason}; checked within "
+            f"{timeout:g} s). Start one (ray start --head) or fix the address; without --address polyrl starts a local cluster"
+        ) from None
+
+
+# --- the Ray side -----------------------------------------------------------------------------
+
+
+def absolute_tracking_uri(uri: str) -> str:
+    """Make a local store (``sqlite:///rel.db``, ``file:rel``, a bare path) absolute; others unchanged."""
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):]
+        return uri if path.startswith("/") or path == ":memory:" else f"sqlite:///{Path(path).resolve()}"
+    if uri.startswith("file:"):
+        path = uri[len("file:"):]
+        path = path[2:] if path.startswith("//") else path
+        return f"file://{Path(path).resolve()}"
+    if "://" not in uri:
+        return str(Path(uri).resolve())
+    return uri
+
+
+def is_local_store(uri: str) -> bool:
+    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
+
+
+def _worker_env() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if key.startswith(FORWARDED_ENV_PREFIXES)}
+
+
+def _runtime_env(ship_package: bool) -> dict[str, Any]:
+    env: dict[str, Any] = {"env_vars": _worker_env()}
+    if ship_package:
+        import polyrl
+
+        env["py_modules"] = [str(Path(polyrl.__file__).resolve().parent)]
+        env["excludes"] = ["__pycache__", "*.pyc"]
+    return env
+
+
+def _arm_task(job: dict[str, Any]) -> dict[str, Any]:
+    """Body of one arm's Ray task (runs in a Ray worker process)."""
+    import yaml
+
+    import ray
+
+    if job.get("cwd") and os.path.isdir(job["cwd"]):
+        os.chdir(job["cwd"])  # relative paths in the YAML resolve as on the driver (same machine / shared fs)
+    arm = job["arm"]
+    context = ray.get_runtime_context()
+    where = {"polyrl.ray.pid": os.getpid(), "polyrl.ray.node_id": context.get_node_id(), "polyrl.ray.hostname": socket.gethostname()}
+    # The arm's folder also holds its MLflow buffer, so a Ray arm outlives a tracking-server outage too.
+    logger = RunLogger(make_client(job["tracking_uri"]), job["run_id"], buffer_dir=job["arm_dir"])
+    try:
+        logger.set_tags(where)
+        config = ExperimentConfig.model_validate(yaml.safe_load(job["config_yaml"]))
+        history = train_arm(config, arm=arm, arm_dir=job["arm_dir"], logger=logger, parent_run_id=job["parent_run_id"],
+                            tracking_uri=job["tracking_uri"])
+    except BaseException as error:
+        logger.finish_after_error("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")  # no-op if train_arm already did
+        error.add_note(f"polyrl: arm {arm!r} (MLflow run {job['run_id']}) failed in Ray worker pid {where['polyrl.ray.pid']} "
+                       f"on {where['polyrl.ray.hostname']}")
+        raise
+    return {"arm": arm, "final_metrics": history[-1] if history else {}, "steps": len(history), **where}
+
+
+def _supervise(jobs: list[dict[str, Any]], *, parallel: bool, task_options: dict[str, Any], tracking_uri: str, parent_run_id: str,
+               state_path: str | None, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Launch the arm tasks, gather their results, close the parent run; raises ArmFailedError.
+
+    Runs in the driver (``--wait``) or in a detached actor inside the cluster (``--no-wait``).
+    Every arm runs even if another fails (arms are independent); the parent run is FAILED if any did.
+    """
+    import ray
+
+    remote = ray.remote(max_calls=1)(_arm_task)  # a fresh worker process per arm: its models and engine go with it
+    client = make_client(tracking_uri)
+    pending = list(jobs)
+    running: dict[Any, dict[str, Any]] = {}
+    results: dict[str, dict[str, Any]] = {}
+    failures: dict[str, BaseException] = {}
+
+    def launch() -> None:
+        while pending and (parallel or not running):
+            job = pending.pop(0)
+            ref = remote.options(name=f"polyrl:{job['experiment']}:{job['arm']}", **task_options).remote(job)
+            running[ref] = job
+
+    try:
+        launch()
+        while running:
+            done, _ = ray.wait(list(running), num_returns=1)
+            job = running.pop(done[0])
+            try:
+                results[job["arm"]] = ray.get(done[0])
+                echo(f"arm {job['arm']}: finished in Ray worker pid {results[job['arm']]['polyrl.ray.pid']} "
+                     f"({results[job['arm']]['steps']} steps)")
+                if state_path:
+                    state = read_state(Path(state_path))
+                    state.setdefault("finished", []).append(job["arm"])
+                    write_state(Path(state_path), state)
+            except Exception as error:  # noqa: BLE001 - RayTaskError (the arm raised) or the worker died
+                failures[job["arm"]] = error
+                _finish_if_running(client, job["run_id"], "FAILED")  # the worker may have died before it could
+                echo(f"arm {job['arm']}: FAILED ({type(error).__name__})")
+            launch()
+    except BaseException:  # Ctrl-C or a lost cluster: stop the arms, close every run still open
+        for ref in running:
+            ray.cancel(ref, force=True)
+        for job in jobs:
+            if job["arm"] not in results and job["arm"] not in failures:
+                _finish_if_running(client, job["run_id"], "KILLED")
+        client.set_terminated(parent_run_id, status="KILLED")
+        raise
+    client.set_terminated(parent_run_id, status="FAILED" if failures else "FINISHED")
+    if failures:
+        lines = [f"arm {arm!r} (MLflow run {next(j['run_id'] for j in jobs if j['arm'] == arm)}) failed: "
+                 f"{_root_cause(error)}" for arm, error in failures.items()]
+        raise ArmFailedError("\n".join(lines)) from next(iter(failures.values()))
+    return results
+
+
+def _finish_if_running(client, run_id: str, status: str) -> None:
+    if client.get_run(run_id).info.status == "RUNNING":
+        client.set_terminated(run_id, status=status)
+
+
+def _root_cause(error: BaseException) -> str:
+    cause = getattr(error, "cause", None) or error  # ray.exceptions.RayTaskError keeps the arm's exception
+    return f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
+
+
+class _Supervisor:
+    """Detached actor that supervises the arms after ``polyrl submit --no-wait`` returns."""
+
+    def start(self, jobs, parallel, task_options, tracking_uri, parent_run_id, state_path) -> str:
+        """Start supervising in a thread and return at once (the driver may exit right after)."""
+        import threading
+
+        def supervise() -> None:
+            import ray
+
+            try:
+                _supervise(jobs, parallel=parallel, task_options=task_options, tracking_uri=tracking_uri,
+                           parent_run_id=parent_run_id, state_path=state_path)
+            finally:
+                ray.kill(ray.get_runtime_context().current_actor)  # a detached actor lives until killed
+
+        threading.Thread(target=supervise, name="polyrl-supervisor", daemon=True).start()
+        return parent_run_id
+
+
+def submit_experiment(
+    path: str | Path,
+    *,
+    set_options: list[str] | None = None,
+    address: str | None = None,
+    parallel_arms: bool = True,
+    cpus_per_arm: float = 1.0,
+    gpus_per_arm: float = 0.0,
+    wait: bool = True,
+    console: Console | None = None,
+):
+    """Submit every arm of an experiment to Ray; returns :class:`polyrl.launch.runner.ExperimentResult`.
+
+    With ``wait=False`` the arms keep running in the cluster under a detached supervisor actor
+    and the result has run ids but no metrics; that needs a running cluster (``address``).
+    """
+    import ray
+
+    console = console or Console()
+    if cpus_per_arm <= 0:
+        raise ConfigError("--cpus-per-arm must be > 0")
+    if not wait and address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
+        raise ConfigError("--no-wait needs a running Ray cluster (--address auto or ray://host:port): "
+                          "a local cluster started by this command stops when the command ends")
+    configs = load_experiment(path, set_options=set_options)
+    first = next(iter(configs.values()))
+    tracking_uri = absolute_tracking_uri(resolve_tracking_uri(first.tracking.uri))
+    probe_tracking(tracking_uri)
+    remote_cluster = address is not None or bool(os.environ.get("RAY_ADDRESS"))
+    if remote_cluster and not ray.is_initialized():
+        probe_ray_address(address if address is not None else os.environ["RAY_ADDRESS"])
+    if remote_cluster and is_local_store(tracking_uri):
+        console.print(f"[yellow]warning[/]: MLflow store {tracking_uri} is a local file: fine on a one-node cluster, but workers on "
+                      "other nodes cannot write to it; use an MLflow server (tracking.uri: http://host:5000).")
+
+    started_ray = False
+    if not ray.is_initialized():
+        try:
+            if address is None:
+                # A local cluster listens on loopback only, like every polyrl server.
+                local_only = {} if remote_cluster else {"_node_ip_address": "127.0.0.1"}
+                ray.init(include_dashboard=False, object_store_memory=200 * 1024 * 1024,
+                         runtime_env=_runtime_env(ship_package=remote_cluster), **local_only)
+            else:  # the driver's polyrl package travels with the job (py_modules)
+                ray.init(address=address, runtime_env=_runtime_env(ship_package=True))
+        except ConnectionError as error:
+            raise ConfigError(f"--address {address or os.environ.get('RAY_ADDRESS')}: cannot reach a Ray cluster: {error}") from None
+        started_ray = True
+    try:
+        return _submit_connected(path, configs, first, tracking_uri, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
+                                 gpus_per_arm=gpus_per_arm, wait=wait, console=console)
+    finally:
+        if started_ray:
+            ray.shutdown()  # with --no-wait this only disconnects: the detached supervisor keeps running
+
+
+def _submit_connected(path, configs, first, tracking_uri, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
+    folder = experiment_dir(first).resolve()
+    # Held while this driver supervises (a --no-wait submit hands the arms over and lets go).
+    lock = acquire_lock(folder, experiment=first.name, command=f"polyrl submit {path}", echo=console.print)
+    try:
+        return _submit_locked(path, configs, first, tracking_uri, folder, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
+                              gpus_per_arm=gpus_per_arm, wait=wait, console=console)
+    finally:
+        lock.release()
+
+
+def _submit_locked(path, configs, first, tracking_uri, folder, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
+    import ray
+
+    archive_previous_run(folder)  # as polyrl run: a new run never overwrites an earlier one's checkpoints
+    tracker = ExperimentTracker(tracking_uri, first.tracking.experiment or first.name)
+    parent = start_experiment_run(tracker, first.name, arms=list(configs), yaml_text=yaml_text(path), config_path=path,
+                                  tags={"polyrl.launcher": "ray"})
+    state_path = folder / STATE_FILE
+    state: dict[str, Any] = {"tracking_uri": tracking_uri, "parent_run_id": parent.run_id, "experiment": first.name,
+                             "config_path": str(path), "arms": {}, "finished": [], "launcher": "ray"}
+    jobs: list[dict[str, Any]] = []
+    threads = max(1, int(cpus_per_arm))
+    try:
+        for arm, config in configs.items():
+            if config.train.threads is None:  # torch would otherwise take every core of the node
+                config = config.model_copy(update={"train": config.train.model_copy(update={"threads": threads})})
+            arm_dir = folder / arm
+            logger = start_arm_run(tracker, parent.run_id, arm, config, arm_dir=arm_dir)
+            state["arms"][arm] = logger.run_id
+            jobs.append({"experiment": first.name, "arm": arm, "run_id": logger.run_id, "parent_run_id": parent.run_id,
+                         "tracking_uri": tracking_uri, "config_yaml": to_yaml(config), "arm_dir": str(arm_dir), "cwd": os.getcwd()})
+        write_state(state_path, state)
+    except BaseException:
+        parent.finish("FAILED")
+        raise
+
+    result = ExperimentResult(first.name, tracking_uri, parent.run_id, dict(state["arms"]), experiment_dir=folder)
+    try:
+        task_options = {"num_cpus": cpus_per_arm, "num_gpus": gpus_per_arm, "runtime_env": {"env_vars": _worker_env()}}
+        cluster_cpus = ray.cluster_resources().get("CPU", 0)
+        console.print(f"[bold]polyrl[/] submit [cyan]{first.name}[/] · arms: {', '.join(configs)} · "
+                      f"{'parallel' if parallel_arms else 'sequential'}, {cpus_per_arm:g} CPU each (cluster: {cluster_cpus:g} CPUs) · "
+                      f"MLflow: {tracking_uri}")
+        console.print(f"parent run {parent.run_id} · " + " · ".join(f"{arm}: {run_id}" for arm, run_id in result.arm_run_ids.items()))
+        if wait:
+            results = _supervise(jobs, parallel=parallel_arms, task_options=task_options, tracking_uri=tracking_uri,
+                                 parent_run_id=parent.run_id, state_path=str(state_path), echo=console.print)
+            result.final_metrics = {arm: results[arm]["final_metrics"] for arm in configs}
+        else:
+            supervisor = ray.remote(_Supervisor).options(name=f"polyrl-supervisor-{parent.run_id}", namespace="polyrl", lifetime="detached", num_cpus=0,
+                                                         runtime_env=task_options["runtime_env"]).remote()
+            ray.get(supervisor.start.remote(jobs, parallel_arms, task_options, tracking_uri, parent.run_id, str(state_path)))
+            console.print(f"submitted; the arms run under the detached actor polyrl-supervisor-{parent.run_id} (namespace polyrl); follow them in MLflow")
+    except BaseException:
+        if parent.client.get_run(parent.run_id).info.status == "RUNNING":  # failed before the arms were handed over
+            for job in jobs:
+                _finish_if_running(parent.client, job["run_id"], "FAILED")
+            parent.finish("FAILED")
+        raise
+    return result
+
+
+# --- the command ------------------------------------------------------------------------------
+
+_console = Console()
+
+
+def submit_command(
+    config: Path = typer.Argument(..., help="Experiment YAML."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.steps=5 (repeatable)."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster: 'auto' or ray://host:port. Default: a local Ray cluster (ray.init())."),
+    parallel_arms: bool = typer.Option(True, "--parallel/--sequential", help="Run arms at the same time when the cluster has the CPUs."),
+    cpus_per_arm: float = typer.Option(1.0, "--cpus-per-arm", help="Ray CPUs per arm (also the arm's torch threads unless train.threads is set)."),
+    gpus_per_arm: float = typer.Option(0.0, "--gpus-per-arm", help="Ray GPUs per arm (0: the arm sees no GPU)."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the arms (default) or return once submitted (needs --address)."),
+) -> None:
+    """Run the arms of an experiment as Ray tasks (local Ray by default), logged to MLflow under one parent run."""
+    from polyrl.launch.cli_errors import user_errors
+
+    with user_errors():  # ArmFailedError exits 1, every other PolyrlError 2
+        result = submit_experiment(config, set_options=set_, address=address, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
+                                   gpus_per_arm=gpus_per_arm, wait=wait, console=_console)
+    for name, metrics in result.final_metrics.items():
+        _console.print(
+            f"arm [cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
+            f"accuracy {metrics.get('train/accuracy', float('nan')):.3f} · "
+            f"length {metrics.get('rollout/response_length/mean', float('nan')):.1f}"
+        )
+    _console.print(f"MLflow: {result.tracking_uri} (parent run {result.parent_run_id})")
+    _console.print(f"Compare the arms: polyrl compare {result.name} --tracking-uri {result.tracking_uri}    ·    "
+                   f"open the UI: polyrl ui --tracking-uri {result.tracking_uri}")
+
+
+if __name__ == "__main__":  # python -m polyrl.launch.ray_submit exp.yaml
+    typer.run(submit_command)
+    sys.exit(0)

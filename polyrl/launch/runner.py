@@ -1,0 +1,410 @@
+"""Run an experiment file: every arm in turn, one MLflow parent run, resumable.
+
+The experiment's folder (``<checkpoint.dir>/<name>/``) holds ``experiment.json`` — the MLflow
+run ids, which arms finished and each arm's resolved config — the run lock, and one checkpoint
+folder per arm. ``resume=True`` picks up the same MLflow runs and each unfinished arm's latest
+checkpoint, after checking the config still matches the one the run was trained with
+(:mod:`polyrl.launch.resume_config`).
+
+What a run guarantees when things go wrong (the README's "Checkpoints and resume"):
+an unreachable MLflow server is reported before anything loads and is outlived mid-run
+(:mod:`polyrl.tracking.mlflow_runs`); one run per folder (:mod:`polyrl.launch.run_lock`);
+SIGTERM and Ctrl-C stop at a step boundary with a checkpoint (:mod:`polyrl.launch.interrupts`);
+every user-facing error that ends an arm marks its MLflow runs FAILED with the message and,
+when resuming can fix it, says how to resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from polyrl.core.errors import PolyrlError
+from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint, read_checkpoint_info, remove_partial_checkpoints
+from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml, to_yaml
+from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
+from polyrl.launch.resume_config import ConfigChange, check_resume_changes, config_snapshot, describe_changes, resume_changes
+from polyrl.launch.run_lock import LOCK_FILE, acquire_lock
+from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, TrackingUnavailableError, probe_tracking, resolve_tracking_uri
+
+STATE_FILE = "experiment.json"
+
+
+@dataclass
+class ExperimentResult:
+    name: str
+    tracking_uri: str
+    parent_run_id: str
+    arm_run_ids: dict[str, str]
+    final_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    experiment_dir: Path | None = None
+
+
+def experiment_dir(config: ExperimentConfig) -> Path:
+    return Path(config.checkpoint.dir) / config.name
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".json.partial")
+    staging.write_text(json.dumps(state, indent=2))
+    os.replace(staging, path)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.fields[arm]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("reward {task.fields[reward]:>6}  acc {task.fields[accuracy]:>5}  len {task.fields[length]:>5}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+# --- steps shared with polyrl submit (distributed.py) -----------------------------------------
+
+
+def start_experiment_run(tracker: ExperimentTracker, name: str, *, arms: list[str], yaml_text: str, config_path: str | Path,
+                         resume_run_id: str | None = None, tags: dict[str, Any] | None = None,
+                         buffer_dir: str | Path | None = None, echo: Callable[[str], None] | None = None) -> RunLogger:
+    """The experiment's MLflow parent run; a new one gets the YAML as an artifact and the arm list."""
+    parent = tracker.start_parent(name, resume_run_id=resume_run_id, tags=tags, buffer_dir=buffer_dir, echo=echo)
+    if not resume_run_id:
+        parent.log_text(yaml_text, "experiment.yaml")
+        parent.set_tags({"polyrl.arms": ",".join(arms), "polyrl.config_path": str(config_path)})
+    return parent
+
+
+def start_arm_run(tracker: ExperimentTracker, parent_run_id: str, arm: str, config: ExperimentConfig, *, arm_dir: str | Path,
+                  resume_run_id: str | None = None, tags: dict[str, Any] | None = None, echo: Callable[[str], None] | None = None,
+                  config_changes: list[ConfigChange] | None = None, resume_step: int = 0) -> RunLogger:
+    """One arm's child run with its checkpoint folder, flattened params and resolved config.
+
+    A resumed run keeps its params and ``resolved_config.yaml`` (what it was trained with); a
+    config change allowed on resume is recorded as a tag and ``resolved_config.resume_step_<n>.yaml``.
+    """
+    logger = tracker.start_arm(parent_run_id, arm, resume_run_id=resume_run_id, tags=tags, buffer_dir=arm_dir, echo=echo)
+    logger.set_tags({"polyrl.checkpoint_dir": str(Path(arm_dir).resolve())})
+    if not resume_run_id:
+        logger.log_params(flatten(config.model_dump(mode="json")))
+        logger.log_text(to_yaml(config), "resolved_config.yaml")
+    elif config_changes:
+        # MLflow params are immutable: they keep the values the run started with, and this tag
+        # says from which step which values changed.
+        logger.set_tags({f"polyrl.config_change.step_{resume_step:06d}": describe_changes(config_changes)[:5000],
+                         "polyrl.config_changed": "true"})
+        logger.log_text(to_yaml(config), f"resolved_config.resume_step_{resume_step:06d}.yaml")
+    return logger
+
+
+def train_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger: RunLogger, parent_run_id: str, tracking_uri: str,
+              resume: bool = False, train: Callable[[Any], None] | None = None,
+              on_resumed: Callable[[int], None] | None = None) -> list[dict[str, float]]:
+    """Build the arm's trainer, train it and close the MLflow run (FINISHED, FAILED or KILLED).
+
+    ``train(trainer)`` runs the loop (default ``trainer.run()``; ``polyrl run`` passes its
+    progress-bar loop). Returns the per-step metric history. A failure closes the run with the
+    error's message in the ``polyrl.error`` tag.
+    """
+    from polyrl.roles.trainer import ArmTrainer  # torch, vLLM: only where an arm trains
+
+    remove_partial_checkpoints(arm_dir)  # a write cut short by a kill; this process owns the folder now
+    trainer = ArmTrainer(config, arm=arm, arm_dir=Path(arm_dir), logger=logger, evaluator=periodic_evaluator(config))
+    # Every checkpoint names the run it belongs to (polyrl eval run:<id> checks it) and the
+    # config it was trained with (--resume compares it).
+    trainer.checkpoint_extra = {"mlflow_parent_run_id": parent_run_id, "mlflow_run_id": logger.run_id, "tracking_uri": tracking_uri,
+                                "config": config_snapshot(config)}
+    try:
+        start_state = trainer.setup(resume=resume)
+        if start_state and on_resumed is not None:
+            on_resumed(int(start_state["step"]))
+        (train or (lambda t: t.run()))(trainer)
+    except PolyrlError as error:
+        logger.finish_after_error("FAILED", str(error))
+        raise
+    except KeyboardInterrupt as error:
+        logger.finish_after_error("KILLED", f"stopped by {error or 'KeyboardInterrupt'}")
+        raise
+    except BaseException as error:
+        logger.finish_after_error("FAILED", f"{type(error).__name__}: {error}")
+        raise
+    finally:
+        trainer.close()
+    logger.finish()
+    return trainer.history
+
+
+# --- polyrl run ---------------------------------------------------------------------------------
+
+
+def resume_command(path: str | Path, set_options: list[str] | None, only_arms: list[str] | None) -> str:
+    words = ["polyrl", "run", str(path), "--resume"]
+    for option in set_options or []:
+        words += ["--set", option]
+    for arm in only_arms or []:
+        words += ["--arm", arm]
+    return shlex.join(words)
+
+
+def archive_previous_run(folder: Path) -> Path | None:
+    """Move an earlier run's files aside (``<name>.previous-<time>``); the lock file stays."""
+    entries = [p for p in folder.iterdir() if p.name != LOCK_FILE] if folder.is_dir() else []
+    if not entries:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = folder.with_name(f"{folder.name}.previous-{stamp}")
+    count = 1
+    while target.exists():
+        count += 1
+        target = folder.with_name(f"{folder.name}.previous-{stamp}-{count}")
+    target.mkdir()
+    for entry in entries:
+        shutil.move(str(entry), str(target / entry.name))
+    return target
+
+
+def _repoint_archived_runs(tracker: ExperimentTracker, old_state: dict[str, Any], archived: Path, echo: Callable[[str], None]) -> None:
+    """The earlier run's arm runs now find their checkpoints in the archive folder."""
+    if old_state.get("tracking_uri") != tracker.tracking_uri:
+        return
+    for arm, run_id in old_state.get("arms", {}).items():
+        try:
+            tracker.client.set_tag(run_id, "polyrl.checkpoint_dir", str((archived / arm).resolve()))
+        except Exception as error:  # noqa: BLE001 - a stale tag only costs polyrl eval a search
+            echo(f"warning: could not re-point MLflow run {run_id} at its moved checkpoints ({type(error).__name__})")
+
+
+def _resume_plan(configs: dict[str, ExperimentConfig], folder: Path, state: dict[str, Any], *, allow: bool,
+                 echo: Callable[[str], None]) -> tuple[dict[str, list[ConfigChange]], dict[str, int]]:
+    """Each arm's config changes since it was last trained, and the step it resumes after."""
+    changes: dict[str, list[ConfigChange]] = {}
+    steps: dict[str, int] = {}
+    for arm, config in configs.items():
+        if arm not in state.get("arms", {}):
+            continue  # never started: nothing to compare with
+        latest = latest_checkpoint(folder / arm)
+        steps[arm] = checkpoint_step(latest) if latest is not None else 0
+        baseline = read_checkpoint_info(latest).get("config") if latest is not None else None
+        baseline = baseline or state.get("arm_configs", {}).get(arm)
+        if baseline is None:
+            echo(f"warning: arm {arm!r}: this run predates stored configs; the config cannot be checked against it")
+            continue
+        changes[arm] = resume_changes(arm, baseline, config_snapshot(config))
+    check_resume_changes(changes, finished=set(state.get("finished", [])), allow=allow, resume_steps=steps)
+    return changes, steps
+
+
+def run_experiment(
+    path: str | Path,
+    *,
+    set_options: list[str] | None = None,
+    resume: bool = False,
+    only_arms: list[str] | None = None,
+    console: Console | None = None,
+    show_progress: bool | None = None,
+    allow_config_change: bool = False,
+) -> ExperimentResult:
+    console = console or Console()
+    configs = load_experiment(path, set_options=set_options)
+    if only_arms:
+        unknown = sorted(set(only_arms) - set(configs))
+        if unknown:
+            raise ConfigError(f"--arm {unknown}: no such arm; allowed: {', '.join(configs)}")
+        configs = {name: cfg for name, cfg in configs.items() if name in only_arms}
+    if allow_config_change and not resume:
+        raise ConfigError("--allow-config-change only applies with --resume")
+    first = next(iter(configs.values()))
+    folder = experiment_dir(first)
+    # An unreachable tracking server is reported in seconds, before the folder is touched or
+    # any model loads.
+    probe_tracking(read_state(folder / STATE_FILE).get("tracking_uri") or resolve_tracking_uri(first.tracking.uri))
+    hint = resume_command(path, set_options, only_arms)
+    where: dict[str, Any] = {"arm": None, "started": False}
+    lock = acquire_lock(folder, experiment=first.name, command=shlex.join(["polyrl", "run", str(path)]), echo=console.print)
+    try:
+        with StopSignals(echo=console.print) as stop:
+            return _run_locked(path, configs, first, folder, resume=resume, allow_config_change=allow_config_change,
+                               console=console, show_progress=show_progress, stop=stop, where=where)
+    except KeyboardInterrupt as error:
+        raise _interrupted(error, folder, where, hint) from None
+    except PolyrlError as error:
+        if getattr(error, "resumable", False) and where["started"]:
+            error.args = (f"{error}\nContinue with: {hint}",)
+        raise
+    finally:
+        lock.release()
+
+
+def _interrupted(error: KeyboardInterrupt, folder: Path, where: dict[str, Any], hint: str) -> RunInterrupted:
+    arm = where["arm"]
+    signum = getattr(error, "signum", signal.SIGINT)
+    name = signal.Signals(signum).name
+    step, checkpoint = getattr(error, "step", None), getattr(error, "checkpoint", None)
+    if step is not None and checkpoint:
+        kept = f"after step {step} of arm {arm!r}: checkpoint {checkpoint} saved"
+    elif arm is not None:
+        latest = latest_checkpoint(folder / arm)
+        kept = f"during arm {arm!r}: " + (f"its latest checkpoint is {latest}" if latest else "it had no checkpoint yet")
+    else:
+        kept = "between arms (finished arms are kept)" if where["started"] else "before any arm started"
+    return RunInterrupted(f"stopped by {name} {kept}; the MLflow runs are marked KILLED. Continue with: {hint}", signum)
+
+
+def _run_locked(path, configs, first, folder, *, resume, allow_config_change, console, show_progress, stop: StopSignals,
+                where: dict[str, Any]) -> ExperimentResult:
+    state_path = folder / STATE_FILE
+    state = read_state(state_path)
+    if resume and not state:
+        raise ConfigError(f"--resume: no earlier run of {first.name!r} in {folder} (no {STATE_FILE}); run without --resume")
+    changes: dict[str, list[ConfigChange]] = {}
+    resume_steps: dict[str, int] = {}
+    archived, old_state = None, state
+    if resume:
+        changes, resume_steps = _resume_plan(configs, folder, state, allow=allow_config_change, echo=console.print)
+    else:
+        # A new run never overwrites an earlier one's checkpoints: keep them beside it.
+        archived = archive_previous_run(folder)
+        state = {}
+    tracking_uri = state.get("tracking_uri") or resolve_tracking_uri(first.tracking.uri)
+    tracker = ExperimentTracker(tracking_uri, first.tracking.experiment or first.name)
+    if archived is not None:
+        _repoint_archived_runs(tracker, old_state, archived, console.print)
+    parent = start_experiment_run(tracker, first.name, arms=list(configs), yaml_text=yaml_text(path), config_path=path,
+                                  resume_run_id=state.get("parent_run_id"), buffer_dir=folder, echo=console.print)
+    state.setdefault("arms", {})
+    state.setdefault("finished", [])
+    state.setdefault("arm_configs", {})
+    state.update(tracking_uri=tracking_uri, parent_run_id=parent.run_id, experiment=first.name, config_path=str(path))
+    write_state(state_path, state)
+    where["started"] = True
+    show_progress = first.tracking.progress if show_progress is None else show_progress
+    result = ExperimentResult(first.name, tracking_uri, parent.run_id, {}, experiment_dir=folder)
+    console.print(f"[bold]polyrl[/] experiment [cyan]{first.name}[/] · arms: {', '.join(configs)} · MLflow: {tracking_uri}")
+    try:
+        for arm, config in configs.items():
+            if arm in state["finished"]:
+                console.print(f"arm [cyan]{arm}[/] already finished; skipping")
+                result.arm_run_ids[arm] = state["arms"][arm]
+                continue
+            if stop.requested is not None:
+                raise StopNow(stop.requested)
+            where["arm"] = arm
+            arm_changes = changes.get(arm) or []
+            logger = start_arm_run(tracker, parent.run_id, arm, config, arm_dir=folder / arm, resume_run_id=state["arms"].get(arm),
+                                   echo=console.print, config_changes=arm_changes, resume_step=resume_steps.get(arm, 0))
+            if arm_changes:
+                console.print(f"arm [cyan]{arm}[/]: applying config changes from step {resume_steps.get(arm, 0) + 1}: "
+                              f"{describe_changes(arm_changes)}", highlight=False)
+            state["arms"][arm] = logger.run_id
+            state["arm_configs"][arm] = config_snapshot(config)
+            write_state(state_path, state)
+            result.arm_run_ids[arm] = logger.run_id
+            history = train_arm(config, arm=arm, arm_dir=folder / arm, logger=logger, parent_run_id=parent.run_id,
+                                tracking_uri=tracking_uri, resume=resume,
+                                train=lambda trainer: _train_with_progress(trainer, console, show_progress, stop),
+                                on_resumed=lambda step, arm=arm: console.print(f"arm [cyan]{arm}[/]: resumed from step {step}"))
+            result.final_metrics[arm] = history[-1] if history else {}
+            state["finished"].append(arm)
+            write_state(state_path, state)
+            where["arm"] = None
+    except TrackingUnavailableError:
+        raise  # the parent run cannot be reached to be closed; a resume closes it
+    except BaseException as error:
+        killed = isinstance(error, KeyboardInterrupt)
+        message = f"arm {where['arm']!r}: {error}" if where["arm"] and isinstance(error, PolyrlError) else None
+        parent.finish_after_error("KILLED" if killed else "FAILED", message)
+        raise
+    parent.finish()
+    return result
+
+
+def _stop_at_step_end(trainer: Any, stop: StopSignals, then: Callable[[int, dict[str, float]], None] | None):
+    """``on_step`` that honours a stop request: checkpoint this step (unless saved), then unwind."""
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        if then is not None:
+            then(step, metrics)
+        if stop.requested is None or step >= trainer.config.train.steps:
+            return  # the arm's last step ends the arm normally; the next arm will not start
+        latest = latest_checkpoint(trainer.arm_dir)
+        path = latest if latest is not None and checkpoint_step(latest) == step else trainer.save(step)
+        raise StopNow(stop.requested, step=step, checkpoint=str(path))
+
+    return on_step
+
+
+def _train_with_progress(trainer: Any, console: Console, show: bool, stop: StopSignals | None = None) -> None:
+    total = trainer.config.train.steps
+    stop = stop or StopSignals()
+    stop.arm()
+    try:
+        if not show:
+            trainer.on_step = _stop_at_step_end(trainer, stop, None)
+            trainer.run()
+            return
+        with _progress(console) as progress:
+            task = progress.add_task("train", total=total, completed=trainer.step_index, arm=trainer.arm, reward="-", accuracy="-",
+                                     length="-")
+
+            def show_step(step: int, metrics: dict[str, float]) -> None:
+                progress.update(
+                    task,
+                    completed=step,
+                    reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
+                    accuracy=f"{metrics.get('train/accuracy', float('nan')):.2f}",
+                    length=f"{metrics.get('rollout/response_length/mean', float('nan')):.1f}",
+                )
+
+            trainer.on_step = _stop_at_step_end(trainer, stop, show_step)
+            trainer.health_printer = progress.console.print
+            trainer.run()
+    finally:
+        stop.armed = False
+
+
+def periodic_evaluator(config: ExperimentConfig):
+    """Evaluation every ``eval.every`` steps inside training (the eval harness, if configured)."""
+    if not config.eval.every or not config.eval.suite:
+        return None
+    from polyrl.evals.periodic import make_periodic_evaluator
+
+    return make_periodic_evaluator(config)
+
+
+def yaml_text(path: str | Path) -> str:
+    return Path(path).read_text()
+
+
+def validate_file(path: str | Path, set_options: list[str] | None = None) -> dict[str, ExperimentConfig]:
+    """Resolve and validate every arm; also checks that reward modules resolve."""
+    from polyrl.rewards import load_reward_class
+
+    configs = load_experiment(path, set_options=set_options)
+    for arm, config in configs.items():
+        for index, spec in enumerate(config.rewards):
+            try:
+                load_reward_class(spec.module)
+            except Exception as error:  # noqa: BLE001 - reported as a config error with its path
+                raise ConfigError(f"{path}: invalid experiment config\n  - rewards[{index}].module (arm {arm!r}): {error}") from None
+    return configs
+
+
+__all__ = ["run_experiment", "validate_file", "ExperimentResult", "read_yaml"]

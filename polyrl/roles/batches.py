@@ -1,0 +1,81 @@
+"""The data a training step passes between its phases: the rollout, its scores, the learner batch.
+
+Plain data (tensors and lists), so a phase can run in-process or behind a Ray actor unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from polyrl.algos.dapo_data import dapo_dynamic_sampling_keep
+from polyrl.algos.logprobs import PackedBatch
+from polyrl.core.types import Completion, PromptSample
+
+
+@dataclass
+class Rollout:
+    """G completions for each of P prompts, flattened prompt-major."""
+
+    prompts: list[PromptSample]  # one per completion (each prompt repeated G times)
+    completions: list[Completion]
+    group_ids: Tensor  # [N]
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def select(self, keep: list[int]) -> "Rollout":
+        return Rollout([self.prompts[i] for i in keep], [self.completions[i] for i in keep],
+                       self.group_ids[torch.as_tensor(keep, dtype=torch.long)])
+
+    @staticmethod
+    def concat(parts: list["Rollout"]) -> "Rollout":
+        if not parts:
+            return Rollout([], [], torch.zeros(0, dtype=torch.long))
+        return Rollout(
+            [p for part in parts for p in part.prompts],
+            [c for part in parts for c in part.completions],
+            torch.cat([part.group_ids for part in parts]),
+        )
+
+
+@dataclass
+class Scores:
+    totals: list[float | None]
+    metrics: dict[str, float]
+    per_module: dict[str, list[float | None]] = field(default_factory=dict)
+
+    def select(self, keep: list[int]) -> "Scores":
+        return Scores([self.totals[i] for i in keep], self.metrics, {k: [v[i] for i in keep] for k, v in self.per_module.items()})
+
+
+@dataclass
+class LearnerBatch:
+    packed: PackedBatch
+    old_logprobs: Tensor | None  # None: taken from the update's own first forward pass
+    advantages: Tensor
+    ref_logprobs: Tensor | None = None
+    old_values: Tensor | None = None
+    returns: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    # The tokens that train: the response mask without the rows that must not (unscored
+    # samples; truncated ones under overlong.mode mask_truncated). It is the mask of the loss,
+    # its normaliser, the KL and entropy terms, the metrics and the critic loss.
+    loss_mask: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is None:
+            self.loss_mask = self.packed.response_mask.bool()
+
+
+def informative_groups(totals: list[float | None], group_ids: Tensor) -> list[int]:
+    """Group ids (ascending) whose scored rewards are not all equal: DAPO's dynamic-sampling
+    filter (:func:`dapo_dynamic_sampling_keep`) over scored samples only, so an unscored sample
+    neither makes nor breaks its group."""
+    rewards = torch.tensor([math.nan if t is None else float(t) for t in totals], dtype=torch.float64)
+    scored = ~torch.isnan(rewards)
+    keep = dapo_dynamic_sampling_keep(rewards[scored], group_ids[scored])
+    return sorted(set(group_ids[scored][keep].tolist()))

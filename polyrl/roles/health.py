@@ -1,0 +1,120 @@
+"""Live health checks from the seeds' trouble-shooting tables (seed 000 §5.2, seed 003 §6.3),
+and the guard that keeps non-finite updates away from the weights.
+
+Each check looks at one step's metrics and, the first time it trips, returns a warning of the
+form ``"name: what happened → what to try"``. The trainer prints it and records it as an
+MLflow tag; later trips of the same check are counted, not repeated, except for skipped
+non-finite optimizer steps, which are reported every time they happen.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from polyrl.core.errors import PolyrlError
+
+
+class NonFiniteTrainingError(PolyrlError):
+    """Training stopped because too many optimizer steps in a row had a NaN/inf loss or gradient norm."""
+
+
+# What a skipped step's reason reads as in warnings and errors.
+NONFINITE_REASONS: dict[str, str] = {
+    "loss": "policy loss",
+    "grad_norm": "policy gradient norm",
+    "critic_loss": "critic loss",
+    "critic_grad_norm": "critic gradient norm",
+}
+
+
+class NonFiniteGuard:
+    """Decides whether an optimizer step may be applied and counts consecutive refusals.
+
+    A step whose loss or gradient norm is NaN/inf is skipped (its gradients are zeroed, the
+    weights and optimizer state stay the last good ones); :attr:`exhausted` turns true after
+    ``max_consecutive`` skips in a row. The same policy as mixed-precision loss scalers
+    (torch.amp's GradScaler, Megatron's skipped iterations), which skip rather than apply.
+    """
+
+    def __init__(self, max_consecutive: int, *, prefix: str = ""):
+        self.max_consecutive = max_consecutive
+        self.prefix = prefix
+        self.consecutive = 0
+
+    def check(self, loss: float, grad_norm: float) -> str | None:
+        """``None`` when the step may be applied, else the reason: ``"loss"`` or ``"grad_norm"`` (prefixed)."""
+        reason = None
+        if not math.isfinite(loss):
+            reason = "loss"
+        elif not math.isfinite(grad_norm):
+            reason = "grad_norm"
+        self.consecutive = 0 if reason is None else self.consecutive + 1
+        return None if reason is None else self.prefix + reason
+
+    @property
+    def exhausted(self) -> bool:
+        return self.consecutive >= self.max_consecutive
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consecutive": self.consecutive}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.consecutive = int(state.get("consecutive", 0))
+
+
+class HealthMonitor:
+    def __init__(self, settings: Any, *, check_logprob_gap: bool = True):
+        self.settings = settings
+        # With top_p < 1 the sampler's log-probs are renormalised over the nucleus, so the gap
+        # is not a sync check (rollout.py) and this check is off.
+        self.check_logprob_gap = check_logprob_gap
+        self.fired: dict[str, int] = {}
+        self._first_length: float | None = None
+
+    def _trip(self, name: str, message: str, out: list[str], *, every_time: bool = False) -> None:
+        self.fired[name] = self.fired.get(name, 0) + 1
+        if self.fired[name] == 1 or every_time:
+            out.append(f"{name}: {message}")
+
+    def check(self, step: int, metrics: dict[str, float]) -> list[str]:
+        s = self.settings
+        warnings: list[str] = []
+        for reason, what in NONFINITE_REASONS.items():
+            skipped = metrics.get(f"health/nonfinite_{reason}_steps", 0.0)
+            if skipped:
+                self._trip(f"nonfinite_{reason}", f"{int(skipped)} optimizer step(s) skipped: the {what} was NaN/inf, the weights "
+                           "were left unchanged → check rewards and advantages for NaN/inf, lower the learning rate", warnings,
+                           every_time=True)  # fmt: skip
+        gap = metrics.get("rollout/logprob_gap")
+        if self.check_logprob_gap and gap is not None and gap > s.max_logprob_gap:
+            self._trip("logprob_gap", f"sampler/learner log-prob gap {gap:.3g} nats/token > {s.max_logprob_gap:g} → the rollout "
+                       "engine samples from other weights than the learner's (a stale or partial weight sync)", warnings)
+        kept_groups = metrics.get("rollout/dynamic_sampling_kept_groups")
+        if kept_groups is not None and kept_groups == 0:
+            self._trip("no_informative_groups", "dynamic sampling kept no group (every group's rewards agreed), so the step made "
+                       "no update → raise advantage.dynamic_sampling.max_rounds or use a reward that separates samples", warnings)
+        entropy = metrics.get("actor/entropy")
+        if entropy is not None and entropy < s.min_entropy:
+            self._trip("entropy_collapse", f"entropy {entropy:.3f} < {s.min_entropy} → raise the clip upper bound (clip_high) or add an entropy bonus", warnings)
+        z = metrics.get("advantage/max_abs_z")
+        if z is not None and z > s.advantage_sigma:
+            self._trip("advantage_outliers", f"an advantage lies {z:.1f}σ from the mean (> ±{s.advantage_sigma}σ) → check reward scale and advantage normalisation", warnings)
+        share = metrics.get("actor/pos_loss_share")
+        if share is not None and share > 0 and abs(share - s.positive_share_target) > s.positive_share_tolerance:
+            self._trip("positive_share", f"positive-advantage loss share {share:.2f} far from target {s.positive_share_target} → consider BAPO's adaptive clipping", warnings)
+        length = metrics.get("rollout/response_length/mean")
+        if length is not None:
+            if self._first_length is None:
+                self._first_length = length
+            if length < s.min_mean_length or (self._first_length > 4 * s.min_mean_length and length < 0.25 * self._first_length):
+                self._trip("length_collapse", f"mean response length {length:.1f} collapsed (start {self._first_length:.1f}) → check length bias; try Dr.GRPO", warnings)
+        metrics.update({f"health/{name}_trips": float(count) for name, count in self.fired.items()})
+        return warnings
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"fired": dict(self.fired), "first_length": self._first_length}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.fired = dict(state.get("fired", {}))
+        self._first_length = state.get("first_length")
