@@ -111,7 +111,7 @@ def main() -> None:
     if args.quick:
         args.seqs, args.new_tokens, args.repeats = 32, 16, 1
 
-    from polyrl.engines.rollout import build_rollout_engine
+    from polyrl.engines.base import build_rollout_engine
 
     tokenizer = build_char_tokenizer()
     workdir = Path(tempfile.mkdtemp(prefix="polyrl_bench_gen_"))

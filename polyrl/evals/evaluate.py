@@ -101,7 +101,7 @@ def evaluate_models(
 
 def _evaluate_one(model: ResolvedModel, runner: SuiteRunner, options: EngineOptions, client, experiment_id: str,
                   uri: str, folder: Path, limit: int | None) -> tuple[dict[str, Any], EvalResult]:
-    from polyrl.engines.rollout import build_rollout_engine
+    from polyrl.engines.base import build_rollout_engine
     from polyrl.tracking.mlflow_runs import RunLogger
 
     suite = runner.suite

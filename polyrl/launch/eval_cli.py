@@ -46,7 +46,7 @@ def eval_command(
 ) -> None:
     """Evaluate one or more models on an eval suite; log MLflow eval runs and write reports."""
     from polyrl.evals.evaluate import EngineOptions, evaluate_models
-    from polyrl.engines.rollout import ROLLOUT_ENGINES
+    from polyrl.engines.base import ROLLOUT_ENGINES
 
     if engine not in ROLLOUT_ENGINES:
         fail(f"--engine {engine!r}: allowed: {', '.join(sorted(ROLLOUT_ENGINES))}")

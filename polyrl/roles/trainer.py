@@ -43,7 +43,7 @@ from polyrl.algos.losses import clipped_value_loss, kl_penalty, masked_mean
 from polyrl.models.paths import resolve_policy_path
 from polyrl.algos.objectives import get_objective
 from polyrl.roles.precision import autocast, compute_dtype
-from polyrl.engines.rollout import RolloutEngine, build_rollout_engine
+from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor, set_learning_rate
 from polyrl.core.types import SamplingSettings
 from polyrl.rewards import CompositeReward, RewardBatch, RewardResult, load_reward_class

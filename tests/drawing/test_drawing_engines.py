@@ -4,7 +4,7 @@ import pytest
 
 from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.engines.modality_marks import modality_string
-from polyrl.engines.rollout import build_rollout_engine
+from polyrl.engines.base import build_rollout_engine
 from polyrl.models.text import build_random_text_model_dir
 from polyrl.rewards import RewardBatch
 from polyrl.rewards.builtins.drawing import Drawing

@@ -72,7 +72,7 @@ def tiny_model_b(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def hf_engine(tiny_model):
-    from polyrl.engines.rollout import build_rollout_engine
+    from polyrl.engines.base import build_rollout_engine
 
     engine = build_rollout_engine("hf", str(tiny_model), seed=0)
     yield engine

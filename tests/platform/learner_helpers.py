@@ -10,7 +10,7 @@ from typing import Iterator
 import torch
 
 from polyrl.config.schema import resolve_arms
-from polyrl.engines.rollout import RolloutEngine
+from polyrl.engines.base import RolloutEngine
 from polyrl.roles.trainer import ArmTrainer, PhaseTimer, Rollout
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 

@@ -8,7 +8,8 @@ import torch
 from polyrl.models.text import save_model_dir
 from rollout_models import PROMPTS, SETTINGS, eos_prone_model, perturbed
 from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs
-from polyrl.engines.rollout import ROLLOUT_ENGINES, HFRolloutEngine, build_rollout_engine
+from polyrl.engines.base import build_rollout_engine, rollout_engine_class
+from polyrl.engines.hf_engine import HFRolloutEngine
 from polyrl.core.types import PromptSample, SamplingSettings
 
 
@@ -39,7 +40,7 @@ def setup(request, tmp_path_factory):
 
 def test_registry_and_name(setup):
     engine, _, _ = setup
-    assert ROLLOUT_ENGINES["hf"] is HFRolloutEngine and engine.name == "hf"
+    assert rollout_engine_class("hf") is HFRolloutEngine and engine.name == "hf"
 
 
 def test_samples_are_consistent(setup):
@@ -146,7 +147,7 @@ def test_unknown_names_rejected(setup):
         engine.sync_weights([("not.a.weight", torch.zeros(1))])
 
 
-def test_images_not_yet_supported(setup):
+def test_image_prompt_on_a_text_only_model_is_refused(setup):
     engine, _, _ = setup
-    with pytest.raises(NotImplementedError, match="image-modality"):
-        engine.generate([PromptSample(prompt="a", images=[object()])], SETTINGS)
+    with pytest.raises(ValueError, match="text-only model"):
+        engine.generate([PromptSample(prompt="<image>a", images=[object()])], SETTINGS)

