@@ -57,6 +57,11 @@ def resolve_policy_path(model: ModelConfig) -> Path:
     """A local model directory for ``model``; builds (or reuses the cached) tiny warm policy."""
     if model.path:
         return check_model_dir(model.path)
+    if model.builtin.task == "drawing":
+        from polyrl.models.drawing_policy import build_drawing_policy
+
+        return build_drawing_policy(model.cache_dir, size=model.builtin.size, seed=model.builtin.seed,
+                                    steps=model.builtin.warmup_steps, lr=model.builtin.warmup_learning_rate)
     from polyrl.models.warmup import build_warm_policy
 
     return build_warm_policy(

@@ -29,3 +29,16 @@ def test_cached_build_is_returned_as_is(drawing_policy_dir):
     again = build_drawing_policy(drawing_policy_dir.parent, steps=60, eval_prompts=16)
     assert again == drawing_policy_dir
     assert (again / INFO_FILE).stat().st_mtime_ns == stamp
+
+
+def test_builtin_task_drawing_resolves_to_the_drawing_policy(tmp_path):
+    from polyrl.config.schema import ModelConfig
+    from polyrl.models.paths import resolve_policy_path
+
+    model = ModelConfig(builtin={"task": "drawing", "warmup_steps": 2, "warmup_learning_rate": 2e-3}, cache_dir=str(tmp_path))
+    path = resolve_policy_path(model)
+    info = json.loads((path / INFO_FILE).read_text())
+    assert path.name.startswith("draw-") and info["task"] == "drawing" and info["steps"] == 2 and info["lr"] == 2e-3
+    assert (path / MODALITY_FILE).is_file()
+    # the default stays the arithmetic policy
+    assert ModelConfig().builtin.task == "arithmetic"
