@@ -35,9 +35,15 @@ from typing import Any
 
 import torch
 
-from polyrl.tasks import arithmetic
+from polyrl.core.types import PromptSample, SamplingSettings
+from polyrl.engines.base import RolloutEngine
+from polyrl.engines.hf_engine import HFRolloutEngine
 from polyrl.models import text as text_models
 from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm, count_parameters, save_model_dir
+from polyrl.rewards.base import RewardBatch
+from polyrl.rewards.builtins.accuracy import Accuracy
+from polyrl.rewards.summary import accuracy_share, length_stats
+from polyrl.tasks import arithmetic
 
 # Bump when a change here alters the weights or the recorded info of a build.
 WARMUP_CODE_VERSION = "2"
@@ -230,59 +236,37 @@ def _is_long_form(completion: str) -> bool:
     return arithmetic.LONG_MARKER in head or "=" in head
 
 
-@torch.no_grad()
 def evaluate_arithmetic(
-    model: torch.nn.Module,
-    tokenizer,
+    engine: RolloutEngine,
     rows: Sequence[dict[str, Any]],
     *,
     temperature: float = 0.0,
     max_new_tokens: int = 48,
-    batch_size: int = 128,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Accuracy of ``model`` on arithmetic ``rows`` (greedy when ``temperature`` is 0).
+    """Accuracy of ``engine``'s policy on arithmetic ``rows`` (greedy when ``temperature`` is 0).
 
-    Sampling at ``temperature > 0`` is pure (top_k=0, top_p=1) like vLLM's defaults. Returns
-    ``{"accuracy", "mean_length", "long_fraction", "truncated_fraction", "completions"}``;
-    lengths are in tokens and include the EOS token when one was produced.
+    The same path as training and the eval harness: the rollout engine samples (pure sampling:
+    top_k=0, top_p=1), the ``accuracy`` reward (``extract: hash``) scores and
+    :func:`accuracy_share` is the accuracy. Returns ``{"accuracy", "mean_length",
+    "long_fraction", "truncated_fraction", "completions"}``; lengths are in tokens and include
+    the EOS token when one was produced.
     """
-    model.eval()
-    torch.manual_seed(seed)
-    correct, lengths, long_forms, truncated, completions = 0, [], 0, 0, []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        inputs = tokenizer([row["prompt"] for row in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
-        sampling = (
-            dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-            if temperature > 0
-            else dict(do_sample=False, temperature=None, top_k=None, top_p=None)
-        )
-        output = model.generate(
-            **inputs,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            **sampling,
-        )
-        generated = output[:, inputs["input_ids"].shape[1] :]
-        for row, ids in zip(chunk, generated.tolist()):
-            if tokenizer.eos_token_id in ids:
-                ids = ids[: ids.index(tokenizer.eos_token_id) + 1]
-            else:
-                truncated += 1
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            lengths.append(len(ids))
-            long_forms += _is_long_form(text)
-            correct += arithmetic.extract_answer(text) == str(row["answer"])
-            completions.append(text)
-    n = max(1, len(rows))
+    if not rows:
+        return {"accuracy": float("nan"), "mean_length": 0.0, "long_fraction": 0.0, "truncated_fraction": 0.0, "completions": []}
+    settings = SamplingSettings(n=1, temperature=temperature, max_tokens=max_new_tokens, seed=seed)
+    samples = [group[0] for group in engine.generate([PromptSample(prompt=row["prompt"]) for row in rows], settings)]
+    texts = [sample.text for sample in samples]
+    scores = Accuracy(extract="hash").score(
+        RewardBatch(prompts=[row["prompt"] for row in rows], completions=texts, fields=[{"answer": row["answer"]} for row in rows])
+    )
+    lengths = length_stats([len(s.completion_ids) for s in samples], [s.finish_reason == "length" for s in samples])
     return {
-        "accuracy": correct / n,
-        "mean_length": sum(lengths) / n,
-        "long_fraction": long_forms / n,
-        "truncated_fraction": truncated / n,
-        "completions": completions,
+        "accuracy": accuracy_share(scores),
+        "mean_length": lengths["mean"],
+        "long_fraction": sum(_is_long_form(text) for text in texts) / len(rows),
+        "truncated_fraction": lengths["truncated_share"],
+        "completions": texts,
     }
 
 
@@ -304,12 +288,9 @@ def build_warm_policy(
 
     ``cache_dir`` defaults to ``default_cache_dir()``. ``num_threads`` caps torch's CPU threads
     during the build (restored afterwards); ``None`` leaves them alone. One thread is the
-    default because it is the fastest for these tiny models: on the shared 2-core dev box 50
-    steps of the 0.3m build took 7.8 s with one thread and 51.5 s with two (intra-op
-    parallelism on ~100-wide matrices costs more in synchronisation than it saves, and
-    collapses when another process holds a core); the weights were bit-identical for 1 and 2
-    threads. ``force`` rebuilds even when a complete directory exists. Deterministic for given
-    inputs.
+    default: on matrices ~100 wide, intra-op parallelism costs more in synchronisation than it
+    saves, and collapses when another process holds a core. ``force`` rebuilds even when a
+    complete directory exists. Deterministic for given inputs.
     """
     cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if steps < 0:
@@ -332,6 +313,8 @@ def build_warm_policy(
     if not force and _is_complete(final):
         return final
 
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    temporary = cache_dir / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     previous_threads = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
@@ -352,8 +335,12 @@ def build_warm_policy(
         )
         train_seconds = time.perf_counter() - started
         test_rows = _read_rows("test")[:eval_prompts]
-        greedy = evaluate_arithmetic(model, tokenizer, test_rows, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
-        sampled = evaluate_arithmetic(model, tokenizer, test_rows, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)
+        save_model_dir(model, tokenizer, temporary)
+        # The engine samples from the model in memory; the directory gives it the model's own
+        # declarations (modality rule, processor), as for any policy directory.
+        with HFRolloutEngine(str(temporary), model=model, tokenizer=tokenizer, seed=seed, device="cpu", batch_size=128) as engine:
+            greedy = evaluate_arithmetic(engine, test_rows, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
+            sampled = evaluate_arithmetic(engine, test_rows, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)
         info = {
             **settings,
             "key": final.name,
@@ -380,13 +367,6 @@ def build_warm_policy(
                 for row, g, s in list(zip(test_rows, greedy["completions"], sampled["completions"]))[:8]
             ],
         }
-    finally:
-        torch.set_num_threads(previous_threads)
-
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    temporary = cache_dir / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        save_model_dir(model, tokenizer, temporary)
         (temporary / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         (temporary / COMPLETE_MARKER).write_text(final.name + "\n")
         if final.exists() and (force or not _is_complete(final)):
@@ -398,6 +378,7 @@ def build_warm_policy(
                 shutil.rmtree(final, ignore_errors=True)
                 os.rename(temporary, final)
     finally:
+        torch.set_num_threads(previous_threads)
         if temporary.exists():
             shutil.rmtree(temporary, ignore_errors=True)
     return final

@@ -158,3 +158,38 @@ def test_model_fingerprint_is_in_the_key():
     assert warmup.model_fingerprint("0.3m") != warmup.model_fingerprint("3m")
     with pytest.raises(ValueError, match="unknown model size"):
         build_warm_policy("/nonexistent-cache", size="7b")
+
+
+class _FixedEngine:
+    """Returns fixed completions: a unit test of the scoring around a rollout engine."""
+
+    def __init__(self, outputs):
+        self.outputs = outputs
+        self.settings = None
+
+    def generate(self, prompts, settings):
+        from polyrl.core.types import Completion
+
+        self.settings = settings
+        return [
+            [Completion(prompt_ids=[1], completion_ids=list(range(length)), text=text, sampling_logprobs=[0.0] * length, finish_reason=finish)]
+            for text, length, finish in self.outputs[: len(prompts)]
+        ]
+
+
+def test_warmup_evaluation_scores_with_the_training_accuracy_definition():
+    rows = [{"prompt": "Q: 1+1=? A:", "answer": 2}, {"prompt": "Q: 2+2=? A:", "answer": 4}, {"prompt": "Q: 3+3=? A:", "answer": 6}]
+    engine = _FixedEngine(
+        [
+            ("1 + 1 = 2 #### 2", 10, "stop"),  # correct, long form ("=" before ####)
+            ("#### 04", 4, "stop"),  # correct: the accuracy reward matches 04 and 4 numerically
+            ("6 6 6", 6, "length"),  # no answer: wrong, and truncated
+        ]
+    )
+    result = warmup.evaluate_arithmetic(engine, rows, temperature=1.0, max_new_tokens=6, seed=3)
+    assert engine.settings.n == 1 and engine.settings.temperature == 1.0 and engine.settings.max_tokens == 6 and engine.settings.seed == 3
+    assert result["accuracy"] == pytest.approx(2 / 3, abs=1e-12)  # 2 of 3 scored samples score > 0
+    assert result["mean_length"] == pytest.approx((10 + 4 + 6) / 3, abs=1e-12)  # 20 / 3 tokens
+    assert result["truncated_fraction"] == pytest.approx(1 / 3, abs=1e-12)  # one finish_reason "length"
+    assert result["long_fraction"] == pytest.approx(1 / 3, abs=1e-12)  # only the first shows a step
+    assert result["completions"] == ["1 + 1 = 2 #### 2", "#### 04", "6 6 6"]
