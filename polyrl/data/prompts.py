@@ -3,6 +3,7 @@
 ``load_prompt_dataset(source, split)`` accepts
 
 * ``"arithmetic"`` — the synthetic task shipped with polyrl (``polyrl/tasks/data/arithmetic``);
+* ``"drawing"`` — the shipped drawing task (``polyrl/tasks/data/drawing``);
 * a local ``.jsonl`` / ``.json`` / ``.parquet`` file (the whole file is the split), or a
   directory holding ``{split}.jsonl``, ``{split}.json`` or ``{split}.parquet``;
 * any other string is taken as a dataset name for ``datasets.load_dataset(name, split=split)``
@@ -23,10 +24,12 @@ from typing import Any
 import datasets
 
 from polyrl.core.errors import PolyrlError
-from polyrl.tasks import arithmetic
+from polyrl.tasks import arithmetic, drawing
 from polyrl.core.types import PromptSample
 
-BUILTIN_SOURCES = ("arithmetic",)
+BUILTIN_SOURCES = ("arithmetic", "drawing")
+# The module of each built-in source: its SPLITS and shipped_path(split).
+_BUILTIN_MODULES = {"arithmetic": arithmetic, "drawing": drawing}
 _FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -121,8 +124,9 @@ def check_prompt_source(source: str, split: str, *, prompt_field: str = "prompt"
     if not isinstance(source, str) or not source:
         raise DataConfigError(f"data source must be a non-empty string, got {source!r}")
     if source in BUILTIN_SOURCES:
-        if split not in arithmetic.SPLITS:
-            raise DataConfigError(f"data source {source!r}: unknown split {split!r}; allowed: {list(arithmetic.SPLITS)}")
+        splits = _BUILTIN_MODULES[source].SPLITS
+        if split not in splits:
+            raise DataConfigError(f"data source {source!r}: unknown split {split!r}; allowed: {list(splits)}")
         return
     path = _resolve_local(source, split)
     if path is None:
@@ -175,11 +179,12 @@ def load_prompt_dataset(
         raise DataConfigError(f"data source {source!r}: limit must be positive, got {limit}")
 
     if source in BUILTIN_SOURCES:
-        if split not in arithmetic.SPLITS:
+        module = _BUILTIN_MODULES[source]
+        if split not in module.SPLITS:
             raise DataConfigError(
-                f"data source {source!r}: unknown split {split!r}; allowed: {list(arithmetic.SPLITS)}"
+                f"data source {source!r}: unknown split {split!r}; allowed: {list(module.SPLITS)}"
             )
-        dataset = _load_file(arithmetic.shipped_path(split), source, split)
+        dataset = _load_file(module.shipped_path(split), source, split)
     else:
         local = _resolve_local(source, split)
         if local is not None:

@@ -69,3 +69,16 @@ def test_shipped_files_are_the_generator_output():
     for split, size in drawing.SHIPPED_SIZES.items():
         shipped = [json.loads(line) for line in drawing.shipped_path(split).read_text().splitlines()]
         assert shipped == drawing.make_drawing_rows(size, seed=drawing.SHIPPED_SEED, split=split)
+
+
+def test_the_prompt_loader_knows_the_builtin_source():
+    from polyrl.data.prompts import DataConfigError, check_prompt_source, load_prompt_dataset, rows_to_prompt_samples
+
+    dataset = load_prompt_dataset("drawing", "test")
+    assert len(dataset) == drawing.SHIPPED_SIZES["test"]
+    sample = rows_to_prompt_samples(dataset.select(range(1)))[0]
+    first = drawing.read_rows("test")[0]
+    assert sample.prompt == first["prompt"] and sample.references == [first["answer"]]
+    check_prompt_source("drawing", "train")
+    with pytest.raises(DataConfigError, match="unknown split 'dev'; allowed: \\['train', 'test'\\]"):
+        load_prompt_dataset("drawing", "dev")
