@@ -12,11 +12,14 @@ def dapo_overlong_penalty(lengths: Tensor, *, max_length: int, cache_length: int
 
     0 for ``L <= max_length - cache_length``; ``(max_length - cache_length - L) / cache_length``
     (linear from 0 to -1) up to ``L = max_length``; -1 beyond. ``cache_length = 0`` (not in the
-    paper) degenerates to a hard step: 0 up to ``max_length``, -1 beyond.
+    paper) degenerates to a hard step: 0 up to ``max_length``, -1 beyond. Floating ``lengths``
+    keep their dtype (the ``length`` reward passes float64), integer ones become the default.
+    Used on token ids by the learner's reward shaping and on re-tokenised text by the
+    ``length`` reward.
     """
     if not 0 <= cache_length <= max_length:
         raise ValueError("need 0 <= cache_length <= max_length")
-    lengths = lengths.to(torch.get_default_dtype())
+    lengths = lengths if lengths.is_floating_point() else lengths.to(torch.get_default_dtype())
     if cache_length == 0:
         return torch.where(lengths > max_length, -1.0, 0.0).to(lengths.dtype)
     soft_start = max_length - cache_length

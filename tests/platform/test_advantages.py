@@ -245,6 +245,13 @@ def test_dapo_overlong_penalty_by_hand():
         dapo_overlong_penalty(lengths, max_length=20, cache_length=21)
 
 
+def test_dapo_overlong_penalty_keeps_float64_lengths():
+    # The length reward's path: float64 in, float64 out. L_max 19, L_cache 3: soft zone from 16;
+    # 17 -> (16 - 17) / 3 = -1/3 exactly in float64 (float32 would give -0.33333334).
+    penalty = dapo_overlong_penalty(torch.tensor([17.0], dtype=torch.float64), max_length=19, cache_length=3)
+    assert penalty.dtype == torch.float64 and float(penalty[0]) == -1 / 3
+
+
 def test_dapo_dynamic_sampling_drops_groups_whose_rewards_all_agree():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 3.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 2])

@@ -4,7 +4,7 @@ import pytest
 
 from polyrl.models.text import build_char_tokenizer
 from polyrl.rewards import RewardBatch, RewardConfigError
-from polyrl.rewards.builtins import Length, soft_overlong_punishment
+from polyrl.rewards.builtins import Length
 
 
 def lengths_batch(*lengths):
@@ -31,7 +31,7 @@ def test_dapo_soft_overlong_punishment():
     assert module.score(lengths_batch(10, 80, 85, 90, 100, 101, 500)) == pytest.approx(
         [0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0], abs=1e-12
     )
-    assert soft_overlong_punishment(81, 100, 20) == pytest.approx(-0.05, abs=1e-12)  # (80-81)/20
+    assert module.reward(81) == pytest.approx(-0.05, abs=1e-12)  # (80-81)/20, in float64
 
 
 def test_token_unit(tmp_path):

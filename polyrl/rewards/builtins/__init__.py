@@ -4,7 +4,7 @@ from polyrl.rewards.builtins.accuracy import Accuracy, Format
 from polyrl.rewards.builtins.cider import Cider
 from polyrl.rewards.builtins.drawing import Drawing
 from polyrl.rewards.builtins.fluency import PerplexityFluency
-from polyrl.rewards.builtins.length import Length, soft_overlong_punishment
+from polyrl.rewards.builtins.length import Length
 from polyrl.rewards.builtins.rouge import RougeL
 from polyrl.rewards.builtins.safety import DEFAULT_CATEGORIES, Safety, SafetyDetails, SafetyFinding
 from polyrl.rewards.builtins.text import CJKTokenizer, tokenize
@@ -22,6 +22,5 @@ __all__ = [
     "Safety",
     "SafetyDetails",
     "SafetyFinding",
-    "soft_overlong_punishment",
     "tokenize",
 ]

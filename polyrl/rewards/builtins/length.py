@@ -4,22 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
+
+from polyrl.algos.dapo_data import dapo_overlong_penalty
 from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModule
 from polyrl.rewards.registry import register_reward
-
-
-def soft_overlong_punishment(length: float, max_length: float, cache_length: float) -> float:
-    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13).
-
-    0 when ``length ≤ max_length − cache_length``; ``(max_length − cache_length − length) /
-    cache_length`` in the cache interval (linear from 0 down to −1 at ``max_length``); −1 beyond.
-    """
-    start = max_length - cache_length
-    if length <= start:
-        return 0.0
-    if length <= max_length:
-        return (start - length) / cache_length
-    return -1.0
 
 
 @register_reward("length")
@@ -102,7 +91,8 @@ class Length(RewardModule):
 
     def reward(self, length: float) -> float:
         if self.overlong_max_length is not None:
-            value = soft_overlong_punishment(length, self.overlong_max_length, self.overlong_cache_length)
+            lengths = torch.tensor([float(length)], dtype=torch.float64)
+            value = float(dapo_overlong_penalty(lengths, max_length=self.overlong_max_length, cache_length=self.overlong_cache_length)[0])
         elif self.target is not None:
             value = -abs(length - self.target) / self.scale
         else:
