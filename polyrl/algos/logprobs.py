@@ -13,6 +13,13 @@ of the full sequence is never built: only ``[B, T, V]`` for the ``T`` response p
 The sampler/learner parity contract: rollout engines report, for every sampled token, its
 log-probability under ``log_softmax(logits / temperature)`` (see ``rollout.py``), which is
 exactly what :func:`token_logprobs` computes with the same ``temperature``.
+
+Image batches: a row whose prompt had images carries the processor's image tensors
+(``Completion.image_inputs``) and its *expanded* prompt ids (the image tokens in place). The
+forward then goes through the multimodal base model with those tensors (the text decoder alone
+takes no ``pixel_values``); the image tokens are prompt positions, so they are never scored and
+never enter a loss. Token ids the sampler banned (``Completion.banned_token_ids``: the image and
+special tokens of an image-text model) are set to ``-inf`` before the softmax, as the sampler did.
 """
 
 from __future__ import annotations
@@ -39,6 +46,11 @@ class PackedBatch:
     # Sampler log-probs of the completion tokens (0 where masked): the behaviour policy's
     # log-probs for truncated importance sampling and the sampler/learner gap.
     sampling_logprobs: Tensor | None = None  # [B, T] float32
+    # Per row: the processor's image tensors of its prompt, None for a text-only row (a list,
+    # not a tensor: models lay image tensors out differently; collated in the forward).
+    image_inputs: list[dict[str, Tensor] | None] | None = None
+    # Ids banned in sampling, masked to -inf before the learner's softmax (shared by all rows).
+    banned_token_ids: Tensor | None = None  # [K] long
 
     def to(self, device: torch.device | str) -> "PackedBatch":
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -51,7 +63,17 @@ class PackedBatch:
         """A sub-batch (micro-batch) of rows; padding columns are kept as they are."""
         if not isinstance(rows, slice):
             rows = torch.as_tensor(rows, dtype=torch.long)
-        return PackedBatch(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[rows]) for f in fields(self)})
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or f.name == "banned_token_ids":
+                picked[f.name] = value
+            elif f.name == "image_inputs":
+                order = range(len(value))[rows] if isinstance(rows, slice) else rows.tolist()
+                picked[f.name] = [value[i] for i in order]
+            else:
+                picked[f.name] = value[rows]
+        return PackedBatch(**picked)
 
 
 def pack_completions(completions: list[Completion], *, pad_token_id: int) -> PackedBatch:
@@ -93,6 +115,10 @@ def pack_completions(completions: list[Completion], *, pad_token_id: int) -> Pac
     # value is ignored.
     last_prompt = torch.as_tensor([len(c.prompt_ids) - 1 for c in completions], dtype=torch.long)
     response_index = torch.where(response_mask.bool(), response_index, last_prompt[:, None])
+    banned = {tuple(c.banned_token_ids) for c in completions}
+    if len(banned) > 1:
+        raise ValueError("completions of one batch were sampled with different banned token ids (different engines?)")
+    banned_ids = next(iter(banned))
     return PackedBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -100,6 +126,8 @@ def pack_completions(completions: list[Completion], *, pad_token_id: int) -> Pac
         response_index=response_index,
         completion_ids=completion_ids,
         sampling_logprobs=sampling_logprobs,
+        image_inputs=[c.image_inputs for c in completions] if any(c.image_inputs for c in completions) else None,
+        banned_token_ids=torch.as_tensor(banned_ids, dtype=torch.long) if banned_ids else None,
     )
 
 
@@ -115,12 +143,62 @@ def _response_logits(model: torch.nn.Module, batch: PackedBatch) -> Tensor:
     config = getattr(model, "config", None)
     post_head = any(getattr(config, name, None) not in (None, 1, 1.0) for name in _POST_HEAD_ATTRS)
     index = batch.response_index
+    if batch.image_inputs is not None and any(batch.image_inputs):
+        return _image_response_logits(model, batch, head)
     if decoder is not None and head is not None and decoder is not model and not post_head:
         hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
         picked = torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
         return head(picked)
     # Generic path: the full forward, then slice (costs [B, S, V] memory).
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    return torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def collate_image_inputs(rows: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
+    """One forward's image inputs from each row's (``None``: a text-only row).
+
+    Two layouts exist. Per-row tensors (Idefics3: ``pixel_values [1, N, C, H, W]``,
+    ``pixel_attention_mask [1, N, H, W]``): padded to the most images with zeros — Idefics3
+    drops all-zero images — and stacked, text-only rows all zeros. Flat tensors (Qwen2.5-VL:
+    patches ``[P, D]`` and ``image_grid_thw [n, 3]``): concatenated over the rows that have
+    images, in row order, which is the order of the image tokens in the batch.
+    """
+    present = [row for row in rows if row]
+    if not present:
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for key in present[0]:
+        sample = present[0][key]
+        if sample.dim() >= 4 and sample.shape[0] == 1:
+            most = max(row[key].shape[1] for row in present)
+            padded = []
+            for row in rows:
+                value = row.get(key) if row else None
+                blank = torch.zeros((1, most, *sample.shape[2:]), dtype=sample.dtype)
+                if value is not None:
+                    blank[:, : value.shape[1]] = value
+                padded.append(blank)
+            out[key] = torch.cat(padded)
+        else:
+            out[key] = torch.cat([row[key] for row in present])
+    return out
+
+
+def _image_response_logits(model: torch.nn.Module, batch: PackedBatch, head: torch.nn.Module | None) -> Tensor:
+    """Response logits of a batch with images: the multimodal base model (vision tower, image
+    features placed at the image tokens, text decoder), then the head at the response positions
+    only. Models without a separate base model take the full forward, then slice."""
+    device = batch.input_ids.device
+    images = {key: value.to(device) for key, value in collate_image_inputs(batch.image_inputs).items()}
+    if "pixel_values" in images:
+        images["pixel_values"] = images["pixel_values"].to(next(model.parameters()).dtype)
+    index = batch.response_index
+    base = getattr(model, "base_model", None)
+    if head is not None and base is not None and base is not model:
+        hidden = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **images).last_hidden_state
+        picked = torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+        return head(picked)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **images).logits
     return torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1]))
 
 
@@ -147,6 +225,8 @@ def token_logprobs(
     logits = _response_logits(model, batch)
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
+    if batch.banned_token_ids is not None:
+        logits = logits.index_fill(-1, batch.banned_token_ids.to(logits.device), float("-inf"))
     if temperature and temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)  # [B, T, V]

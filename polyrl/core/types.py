@@ -39,6 +39,12 @@ class Completion:
     # Modality of each completion token ("text", "image", ...; a name of ModalitiesConfig):
     # it picks the token's GAE gamma/lambda. Left empty, every token is "text".
     completion_token_modalities: tuple[str, ...] = ()
+    # The processor's image tensors of the prompt (e.g. ``pixel_values``), for the learner's
+    # multimodal forward; None for a text-only prompt. Shared by the n samples of a prompt.
+    image_inputs: dict[str, Any] | None = None
+    # Token ids the sampler could never sample (image/special tokens of an image-text model).
+    # The learner masks the same ids, so both log-probs normalise over the same vocabulary.
+    banned_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.completion_token_modalities:

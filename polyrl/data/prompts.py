@@ -24,12 +24,13 @@ from typing import Any
 import datasets
 
 from polyrl.core.errors import PolyrlError
-from polyrl.tasks import arithmetic, drawing
+from polyrl.data import images as image_rows
+from polyrl.tasks import arithmetic, drawing, scenes
 from polyrl.core.types import PromptSample
 
-BUILTIN_SOURCES = ("arithmetic", "drawing")
+BUILTIN_SOURCES = ("arithmetic", "drawing", "scenes")
 # The module of each built-in source: its SPLITS and shipped_path(split).
-_BUILTIN_MODULES = {"arithmetic": arithmetic, "drawing": drawing}
+_BUILTIN_MODULES = {"arithmetic": arithmetic, "drawing": drawing, "scenes": scenes}
 _FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -165,12 +166,16 @@ def load_prompt_dataset(
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     references_field: str = "references",
+    images_field: str = "images",
     limit: int | None = None,
 ) -> datasets.Dataset:
     """Load one split of a prompt dataset and check that it is usable.
 
     The prompt column must exist; ``answer_field`` and ``references_field`` are optional
     (``rows_to_prompt_samples`` uses the references list, else the answer, else nothing).
+    ``images_field`` is the optional image column (``polyrl/data/images.py``): every row's
+    images are checked here (type, file, readable, one ``<image>`` per image) and relative
+    image paths become absolute (relative to the data file's folder).
     ``limit`` keeps the first ``limit`` rows.
     """
     if not isinstance(source, str) or not source:
@@ -178,6 +183,7 @@ def load_prompt_dataset(
     if limit is not None and limit <= 0:
         raise DataConfigError(f"data source {source!r}: limit must be positive, got {limit}")
 
+    local: Path | None = None
     if source in BUILTIN_SOURCES:
         module = _BUILTIN_MODULES[source]
         if split not in module.SPLITS:
@@ -210,7 +216,33 @@ def load_prompt_dataset(
         )
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-    return dataset
+    return _checked_images(dataset, source, local, prompt_field, images_field)
+
+
+def _checked_images(dataset: datasets.Dataset, source: str, local: Path | None, prompt_field: str, images_field: str) -> datasets.Dataset:
+    """Check every row's images before any model is built (see ``data/images.py``)."""
+    if images_field not in dataset.column_names:
+        for index, prompt in enumerate(dataset[prompt_field]):
+            if isinstance(prompt, str) and image_rows.IMAGE_PLACEHOLDER in prompt:
+                image_rows.check_placeholder_count(prompt, 0, index=index, prompt_field=prompt_field, images_field=images_field)
+        return dataset
+    base_dir = local.parent if local is not None else None
+    feature = dataset.features[images_field]
+    inner = getattr(feature, "feature", feature)
+    # Check encoded bytes/paths without decoding every image.
+    raw = dataset.cast_column(images_field, datasets.List(datasets.Image(decode=False))) if isinstance(inner, datasets.Image) and feature is not inner else (
+        dataset.cast_column(images_field, datasets.Image(decode=False)) if isinstance(feature, datasets.Image) else dataset)
+    image_rows.check_rows(raw, prompt_field=prompt_field, images_field=images_field, base_dir=base_dir)
+    if base_dir is None or isinstance(inner, datasets.Image):
+        return dataset
+
+    def absolute(row: dict[str, Any]) -> dict[str, Any]:
+        values = row[images_field]
+        if isinstance(values, str):
+            values = [values]
+        return {images_field: None if values is None else [str((base_dir / v).resolve()) if isinstance(v, str) else v for v in values]}
+
+    return dataset.map(absolute)
 
 
 def _references(row: Mapping[str, Any], answer_field: str, references_field: str) -> list[str]:
@@ -232,12 +264,14 @@ def rows_to_prompt_samples(
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     references_field: str = "references",
+    images_field: str = "images",
 ) -> list[PromptSample]:
     """Dataset rows -> ``PromptSample``s.
 
     ``references`` is the ``references_field`` list if present, else ``[answer]``, else ``[]``.
-    ``fields`` holds every column except the prompt and references (so ``answer`` and ``id``
-    reach reward modules).
+    ``images`` are the ``images_field`` values as RGB PIL images (``data/images.py``).
+    ``fields`` holds every column except the prompt, references and images (so ``answer`` and
+    ``id`` reach reward modules).
     """
     samples = []
     for index, row in enumerate(rows):
@@ -246,11 +280,13 @@ def rows_to_prompt_samples(
         prompt = row[prompt_field]
         if not isinstance(prompt, str):
             raise DataConfigError(f"row {index}: prompt field {prompt_field!r} must be a string, got {type(prompt).__name__}")
-        fields = {key: value for key, value in row.items() if key not in (prompt_field, references_field)}
+        fields = {key: value for key, value in row.items() if key not in (prompt_field, references_field, images_field)}
+        values = image_rows.image_values(row, images_field, index=index)
         samples.append(
             PromptSample(
                 prompt=prompt,
                 references=_references(row, answer_field, references_field),
+                images=[image_rows.open_image(v, index=index, field=images_field, position=i) for i, v in enumerate(values)],
                 fields=fields,
             )
         )

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Literal
 import torch
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
+from polyrl.engines import images as image_prompts
 from polyrl.engines.modality_marks import ImageSpanRule, token_modalities
 
 
@@ -66,6 +67,47 @@ class RolloutEngine(ABC):
 
     def encode_prompt(self, prompt: PromptSample) -> list[int]:
         return list(self.tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"])
+
+    # -- images (engines/images.py) ------------------------------------------------------------
+
+    processor: Any = None
+    banned_token_ids: tuple[int, ...] = ()
+    _image_token_ids: frozenset[int] = frozenset()
+
+    def _setup_images(self, model_path: str, vocab_size: int | None) -> None:
+        """For an image-text model: its processor, and the ids sampling bans (image/special
+        tokens, plus any output rows beyond the tokenizer, which vLLM cannot allow)."""
+        self.processor = image_prompts.load_processor(model_path)
+        if self.processor is None:
+            return
+        banned = set(image_prompts.banned_token_ids(self.tokenizer))
+        if vocab_size is not None:
+            banned.update(range(len(self.tokenizer), vocab_size))
+        self.banned_token_ids = tuple(sorted(banned))
+        vocab = self.tokenizer.get_vocab()
+        self._image_token_ids = frozenset(vocab[t] for t in image_prompts._IMAGE_TOKEN_PATTERNS if t in vocab)
+
+    def _encode_images(self, prompt: PromptSample) -> tuple[list[int], list[int], dict[str, Any] | None]:
+        """``(ids to send, expected prompt ids, image inputs)``; text prompts: the ids twice, None."""
+        if not prompt.images:
+            ids = self.encode_prompt(prompt)
+            return ids, ids, None
+        if self.processor is None:
+            raise ValueError(
+                f"a prompt has {len(prompt.images)} image(s) but the {self.name} engine's model "
+                f"({getattr(self, 'model_path', '?')}) is a text-only model (no vision_config)"
+            )
+        return image_prompts.encode_image_prompt(self.processor, prompt.prompt, prompt.images)
+
+    def _image_fields(self, prompt_ids: list[int], image_inputs: dict[str, Any] | None) -> dict[str, Any]:
+        """Completion fields an image-text engine fills: banned ids, image inputs, prompt modalities."""
+        if self.processor is None:
+            return {}
+        return {
+            "banned_token_ids": self.banned_token_ids,
+            "image_inputs": image_inputs,
+            "prompt_token_modalities": image_prompts.prompt_modalities(prompt_ids, set(self._image_token_ids)) if image_inputs else None,
+        }
 
     def verify_sync(
         self,

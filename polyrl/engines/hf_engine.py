@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import torch
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
+from polyrl.engines import images as image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids
 from polyrl.engines.modality_marks import load_modality_rule
 
@@ -37,7 +38,7 @@ class HFRolloutEngine(RolloutEngine):
         model: torch.nn.Module | None = None,
         tokenizer: Any = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         del kv_cache_gb, enforce_eager  # vLLM-only knobs, accepted for a uniform factory
         self.model_path = str(model_path)
@@ -48,23 +49,23 @@ class HFRolloutEngine(RolloutEngine):
         torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_path)
         self.tokenizer.padding_side = "left"
-        self.model = model or AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
+        # Image-text models load whole (vision tower included): AutoModelForImageTextToText.
+        model_class = image_prompts.auto_model_class(self.model_path)
+        self.model = model or model_class.from_pretrained(self.model_path, dtype=torch_dtype)
         self.model.to(self.device).eval()
         self.eos_ids = eos_ids(self.tokenizer, self.model)
+        text_config = getattr(self.model.config, "text_config", None) or self.model.config
+        self._setup_images(self.model_path, getattr(text_config, "vocab_size", None))
         self.modality_rule = load_modality_rule(self.model_path, self.tokenizer)
         self._pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
 
     def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
         if not prompts:
             return []
-        if any(p.images for p in prompts):
-            raise NotImplementedError(
-                "image prompts in the HF rollout engine (processor + pixel values) are added by "
-                "the image-modality issue; this engine currently handles text prompts only"
-            )
-        prompt_ids = [self.encode_prompt(p) for p in prompts]
+        # Expanded ids (the processor's) and image tensors; text prompts: their ids and None.
+        encoded = [self._encode_images(p)[1:] for p in prompts]
         # One row per sample, grouped per prompt: row i*n + j is sample j of prompt i.
-        rows = [ids for ids in prompt_ids for _ in range(settings.n)]
+        rows = [row for row in encoded for _ in range(settings.n)]
         chunk = self.batch_size or len(rows)
         generator_seed = self.seed if settings.seed is None else settings.seed
         torch.manual_seed(generator_seed)
@@ -74,11 +75,11 @@ class HFRolloutEngine(RolloutEngine):
         return [flat[i * settings.n : (i + 1) * settings.n] for i in range(len(prompts))]
 
     @torch.no_grad()
-    def _generate_rows(self, rows: list[list[int]], settings: SamplingSettings) -> list[Completion]:
-        width = max(len(r) for r in rows)
+    def _generate_rows(self, rows: list[tuple[list[int], dict[str, Any] | None]], settings: SamplingSettings) -> list[Completion]:
+        width = max(len(r) for r, _ in rows)
         input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
+        for i, (r, _) in enumerate(rows):
             input_ids[i, width - len(r) :] = torch.as_tensor(r)
             attention_mask[i, width - len(r) :] = 1
         greedy = settings.temperature == 0
@@ -99,6 +100,15 @@ class HFRolloutEngine(RolloutEngine):
         if settings.stop:
             gen_kwargs["stop_strings"] = list(settings.stop)
             gen_kwargs["tokenizer"] = self.tokenizer
+        if self.banned_token_ids:
+            # -inf before temperature, so the processed scores (the sampling log-probs) exclude
+            # them, as the learner does with the same ids.
+            gen_kwargs["bad_words_ids"] = [[i] for i in self.banned_token_ids]
+        images = image_prompts.collate_image_inputs([inputs for _, inputs in rows])
+        for key, value in images.items():
+            if key == "pixel_values":
+                value = value.to(next(self.model.parameters()).dtype)
+            gen_kwargs[key] = value.to(self.device)
         out = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **gen_kwargs
         )
@@ -109,7 +119,7 @@ class HFRolloutEngine(RolloutEngine):
         completions = []
         eos = torch.tensor(sorted(self.eos_ids)) if self.eos_ids else torch.tensor([], dtype=torch.long)
         is_eos = torch.isin(new_tokens, eos)
-        for i, r in enumerate(rows):
+        for i, (r, image_inputs) in enumerate(rows):
             tokens = new_tokens[i]
             hits = torch.nonzero(is_eos[i]).flatten()
             length = int(hits[0]) + 1 if len(hits) else tokens.shape[0]
@@ -134,6 +144,7 @@ class HFRolloutEngine(RolloutEngine):
                     sampling_logprobs=logprobs[i, :length].tolist(),
                     finish_reason=finish,
                     completion_token_modalities=self.completion_modalities(ids),
+                    **self._image_fields(list(r), image_inputs),
                 )
             )
         return completions

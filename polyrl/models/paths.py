@@ -62,6 +62,11 @@ def resolve_policy_path(model: ModelConfig) -> Path:
 
         return build_drawing_policy(model.cache_dir, size=model.builtin.size, seed=model.builtin.seed,
                                     steps=model.builtin.warmup_steps, lr=model.builtin.warmup_learning_rate)
+    if model.builtin.task == "vqa":
+        from polyrl.models.vlm import warm_vlm_policy
+
+        return warm_vlm_policy(model.cache_dir, size=model.builtin.size, seed=model.builtin.seed,
+                               steps=model.builtin.warmup_steps, lr=model.builtin.warmup_learning_rate)
     from polyrl.models.warmup import build_warm_policy
 
     return build_warm_policy(
