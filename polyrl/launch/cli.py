@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import webbrowser
 from pathlib import Path
 from typing import Optional
 
@@ -72,6 +73,8 @@ def run(
     allow_config_change: bool = typer.Option(False, "--allow-config-change",
                                              help="With --resume: apply a changed config from the next step (recorded in MLflow) "
                                                   "instead of refusing it; model, data, seed and tracking changes stay refused."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Run every arm with these seeds: a count (--seeds 3 = 0,1,2) or a list "
+                                                            "(--seeds 0,1,2); overrides the YAML's seeds and seed."),
 ) -> None:
     """Run every arm of an experiment and log it to MLflow."""
     from polyrl.launch.preflight import preflight_file
@@ -81,10 +84,11 @@ def run(
         # Rewards, model folder and data are checked before any MLflow run or model exists.
         preflight_file(config, set_options=set_, only_arms=arm)
         result = run_experiment(config, set_options=set_, resume=resume, only_arms=arm or None, console=console,
-                                show_progress=False if no_progress else None, allow_config_change=allow_config_change)
+                                show_progress=False if no_progress else None, allow_config_change=allow_config_change,
+                                seeds_option=seeds)
     for name, metrics in result.final_metrics.items():
         console.print(
-            f"arm [cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
+            f"[cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
             f"accuracy {metrics.get('train/accuracy', float('nan')):.3f} · "
             f"length {metrics.get('rollout/response_length/mean', float('nan')):.1f}"
         )
@@ -100,31 +104,67 @@ def compare(
 ) -> None:
     """Plot the arms of an experiment side by side and tabulate their final values."""
     from polyrl.launch.compare import compare_experiment, default_report_dir
-    from polyrl.tracking.mlflow_runs import resolve_tracking_uri
+    from polyrl.tracking.mlflow_runs import is_server_uri, resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     with user_errors():
         out = out or default_report_dir(experiment)
         result = compare_experiment(experiment, tracking_uri=uri, out_dir=out)
     console.print(result.table_markdown)
-    console.print(f"\nReport: {result.out_dir / 'report.md'} ({len(result.plot_paths)} plots), also logged to parent run {result.parent_run_id}.")
-    console.print("Open the MLflow UI with: polyrl ui   (then select the experiment and its arm runs, and click Compare)")
+    console.print(f"\nReport: {result.out_dir / 'report.md'} ({len(result.plot_paths)} plots), also logged to parent run "
+                  f"{result.parent_run_id} and shown as its description in the MLflow UI.")
+    console.print(f"Compare the arms in MLflow: {result.compare_url}", soft_wrap=True, highlight=False)
+    if not is_server_uri(uri):
+        console.print(f"(a local store: start the UI first with polyrl ui {experiment})", highlight=False)
 
 
 @app.command()
 def ui(
+    experiment: Optional[str] = typer.Argument(None, help="Experiment name: print (and with --open, open) its compare-runs view."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; loopback by default."),
     port: int = typer.Option(5000, help="Port."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."),
+    open_browser: bool = typer.Option(False, "--open", help="Open the URL in a web browser."),
 ) -> None:
-    """Start the MLflow UI on the experiment store (127.0.0.1 by default)."""
-    from polyrl.tracking.mlflow_runs import resolve_tracking_uri
+    """Start the MLflow UI on the experiment store (127.0.0.1 by default), or, for a tracking
+    server, point at it; with EXPERIMENT, the URL of the compare view of its arm runs."""
+    from polyrl.launch.compare import experiment_compare_url
+    from polyrl.tracking.mlflow_runs import is_server_uri, resolve_tracking_uri
+    from polyrl.tracking.ui_links import ui_base_url
 
     uri = resolve_tracking_uri(tracking_uri)
-    console.print(f"MLflow UI on http://{host}:{port} for {uri} (Ctrl-C to stop)")
+    base = ui_base_url(uri, host=host, port=port)
+    url = base
+    if experiment:
+        with user_errors():
+            url = experiment_compare_url(experiment, tracking_uri=uri, base_url=base)
+    console.print(f"MLflow UI for {uri}:\n{url}", soft_wrap=True, highlight=False)
+    if is_server_uri(uri):  # a server already serves its UI
+        if open_browser:
+            webbrowser.open(url)
+        return
+    console.print(f"Serving it on http://{host}:{port} (Ctrl-C to stop)")
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     command = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
-    raise typer.Exit(subprocess.call(command, env=os.environ.copy()))
+    server = subprocess.Popen(command, env=os.environ.copy())
+    if open_browser:
+        _open_when_up(f"http://{host}:{port}", url, server)
+    raise typer.Exit(server.wait())
+
+
+def _open_when_up(base: str, url: str, server: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2):
+                webbrowser.open(url)
+                return
+        except OSError:
+            time.sleep(0.5)
+    console.print(f"the UI did not answer within {timeout_s:g} s; open {url} yourself")
 
 
 def main() -> None:  # pragma: no cover - console script entry

@@ -1,7 +1,9 @@
 """``polyrl compare``: plots and a table of final values for the arms of an experiment.
 
 Reads everything back from MLflow (not from local state), so it works on any experiment in
-any tracking store, and logs the report to the experiment's parent run.
+any tracking store, and logs the report to the experiment's parent run: as artifacts under
+``comparison/`` and as the run's description (what the MLflow UI shows on the run's page).
+An experiment run with ``seeds`` gets the statistics of :mod:`polyrl.launch.seed_report`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from polyrl.core.errors import PolyrlError  # noqa: E402
-from polyrl.tracking.mlflow_runs import ARM_TAG, find_arm_runs, find_parent_run, make_client  # noqa: E402
+from polyrl.tracking.mlflow_runs import (ARM_TAG, NOTE_TAG, find_arm_runs, find_parent_run, find_seed_runs,  # noqa: E402
+                                         make_client)
+from polyrl.tracking.ui_links import compare_runs_url, ui_base_url  # noqa: E402
 
 # Curves every comparison shows: (metric key, plot title).
 CURVES: tuple[tuple[str, str], ...] = (
@@ -54,6 +58,9 @@ class Comparison:
     table_markdown: str
     plot_paths: list[Path]
     out_dir: Path
+    compare_url: str = ""
+    seed_runs: dict[str, dict[int, str]] | None = None  # arm -> seed -> run id, when run with seeds
+    verdicts: list[str] | None = None
 
 
 def _histories(client: MlflowClient, run_id: str, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
@@ -139,25 +146,29 @@ def safe_file_stem(key: str) -> str:
     return stem or "metric"
 
 
-def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Path, log_to_mlflow: bool = True) -> Comparison:
-    require_existing_store(tracking_uri)
-    client = make_client(tracking_uri)
+def _arm_runs(client: MlflowClient, experiment: str, tracking_uri: str):
     parent = find_parent_run(client, experiment)
     if parent is None:
         raise CompareError(f"no polyrl experiment named {experiment!r} in {tracking_uri}; run it first (polyrl run …)")
     arm_runs = find_arm_runs(client, parent.info.experiment_id, parent.info.run_id)
     if not arm_runs:
         raise CompareError(f"experiment {experiment!r} (run {parent.info.run_id}) has no arm runs yet")
-    arms = {run.data.tags.get(ARM_TAG, run.info.run_name): run.info.run_id for run in arm_runs}
-    eval_keys = _eval_keys(client, list(arms.values()))
-    curve_keys = [key for key, _ in CURVES] + eval_keys
-    histories = {arm: _histories(client, run_id, sorted(set(curve_keys) | set(TABLE_METRICS))) for arm, run_id in arms.items()}
+    return parent, {run.data.tags.get(ARM_TAG, run.info.run_name): run.info.run_id for run in arm_runs}
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+
+def experiment_compare_url(experiment: str, *, tracking_uri: str, base_url: str | None = None) -> str:
+    """MLflow's compare-runs view of the newest run of ``experiment``, its arm runs selected."""
+    require_existing_store(tracking_uri)
+    client = make_client(tracking_uri)
+    parent, arms = _arm_runs(client, experiment, tracking_uri)
+    return compare_runs_url(base_url or ui_base_url(tracking_uri), parent.info.experiment_id, list(arms.values()))
+
+
+def plot_curves(histories: dict[str, dict[str, list[tuple[int, float]]]], keys: list[str], titles: dict[str, str], *,
+                experiment: str, out: Path) -> list[Path]:
+    """One PNG per metric: a line per arm."""
     plot_paths = []
-    titles = dict(CURVES) | {key: key for key in eval_keys}
-    for key in curve_keys:
+    for key in keys:
         figure, axis = plt.subplots(figsize=(6, 3.6))
         drawn = False
         for arm, history in histories.items():
@@ -177,7 +188,57 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
         figure.savefig(path, dpi=110)
         plt.close(figure)
         plot_paths.append(path)
+    return plot_paths
 
+
+def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str) -> str:
+    """The report as the parent run's MLflow description: plots read through the server's
+    ``get-artifact`` endpoint (a relative link, so it works on whatever host serves the UI),
+    and a link to the compare view of the arm runs. Cut to MLflow's tag length limit."""
+    def artifact_link(match: re.Match) -> str:
+        return f"![{match.group(1)}](get-artifact?path=comparison/{match.group(2)}&run_uuid={parent_run_id})"
+
+    body = re.sub(r"!\[([^\]]*)\]\(([^)/]+\.png)\)", artifact_link, report)
+    head = f"[Open the compare view of the arm runs]({compare_url_fragment}) · full report: artifacts `comparison/report.md`\n\n"
+    note = head + body
+    limit = 7900  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH is 8000
+    if len(note) > limit:
+        note = note[: limit - 80].rsplit("\n", 1)[0] + "\n\n… (cut; the full report is the artifact comparison/report.md)"
+    return note
+
+
+def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Path, log_to_mlflow: bool = True) -> Comparison:
+    require_existing_store(tracking_uri)
+    client = make_client(tracking_uri)
+    parent, arms = _arm_runs(client, experiment, tracking_uri)
+    seed_runs = {arm: {int(run.data.tags.get("polyrl.seed", "0")): run.info.run_id
+                       for run in find_seed_runs(client, parent.info.experiment_id, run_id)} for arm, run_id in arms.items()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if any(seed_runs.values()):
+        from polyrl.launch.seed_report import seeded_report
+
+        report, table, plot_paths, histories, verdicts = seeded_report(client, experiment, parent.info.run_id, tracking_uri,
+                                                                     seed_runs, out)
+    else:
+        report, table, plot_paths, histories = _single_seed_report(client, experiment, parent.info.run_id, tracking_uri, arms, out)
+        seed_runs, verdicts = None, None
+    (out / "report.md").write_text(report)
+    url = compare_runs_url(ui_base_url(tracking_uri), parent.info.experiment_id, list(arms.values()))
+    if log_to_mlflow:
+        for path in plot_paths + [out / "report.md"]:
+            client.log_artifact(parent.info.run_id, str(path), "comparison")
+        fragment = url[url.index("#"):]
+        client.set_tag(parent.info.run_id, NOTE_TAG, ui_note(report, parent_run_id=parent.info.run_id, compare_url_fragment=fragment))
+    return Comparison(experiment, parent.info.run_id, arms, histories, table, plot_paths, out, url, seed_runs, verdicts)
+
+
+def _single_seed_report(client, experiment, parent_run_id, tracking_uri, arms, out):
+    eval_keys = _eval_keys(client, list(arms.values()))
+    curve_keys = [key for key, _ in CURVES] + eval_keys
+    histories = {arm: _histories(client, run_id, sorted(set(curve_keys) | set(TABLE_METRICS))) for arm, run_id in arms.items()}
+    titles = dict(CURVES) | {key: key for key in eval_keys}
+    plot_paths = plot_curves(histories, curve_keys, titles, experiment=experiment, out=out)
     columns = [key for key in TABLE_METRICS + tuple(eval_keys) if any(key in h for h in histories.values())]
     final = {arm: {key: history[key][-1][1] for key in columns if key in history} for arm, history in histories.items()}
     start_keys = ["reward/mean", "train/accuracy", "rollout/response_length/mean", *eval_keys]
@@ -187,7 +248,7 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
     report = "\n".join([
         f"# {experiment}: comparison of arms",
         "",
-        f"Parent run `{parent.info.run_id}` · tracking `{tracking_uri}`",
+        f"Parent run `{parent_run_id}` · tracking `{tracking_uri}`",
         "",
         "## Final values (last logged step)",
         "",
@@ -202,8 +263,4 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
         *[f"![{p.stem}]({p.name})" for p in plot_paths],
         "",
     ])
-    (out / "report.md").write_text(report)
-    if log_to_mlflow:
-        for path in plot_paths + [out / "report.md"]:
-            client.log_artifact(parent.info.run_id, str(path), "comparison")
-    return Comparison(experiment, parent.info.run_id, arms, histories, table, plot_paths, out)
+    return report, table, plot_paths, histories

@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from polyrl.core.errors import PolyrlError
 from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint, read_checkpoint_info, remove_partial_checkpoints
-from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml, to_yaml
+from polyrl.config.schema import ConfigError, ExperimentConfig, experiment_seeds, flatten, load_experiment, read_yaml, to_yaml
 from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
 from polyrl.launch.resume_config import ConfigChange, check_resume_changes, config_snapshot, describe_changes, resume_changes
 from polyrl.launch.run_lock import LOCK_FILE, acquire_lock
@@ -46,8 +46,10 @@ class ExperimentResult:
     tracking_uri: str
     parent_run_id: str
     arm_run_ids: dict[str, str]
-    final_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    final_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # by run key: arm, or arm/seed_<s>
     experiment_dir: Path | None = None
+    seeds: list[int] | None = None
+    seed_run_ids: dict[str, str] = field(default_factory=dict)  # arm/seed_<s> -> run id
 
 
 def experiment_dir(config: ExperimentConfig) -> Path:
@@ -95,13 +97,14 @@ def start_experiment_run(tracker: ExperimentTracker, name: str, *, arms: list[st
 
 def start_arm_run(tracker: ExperimentTracker, parent_run_id: str, arm: str, config: ExperimentConfig, *, arm_dir: str | Path,
                   resume_run_id: str | None = None, tags: dict[str, Any] | None = None, echo: Callable[[str], None] | None = None,
-                  config_changes: list[ConfigChange] | None = None, resume_step: int = 0) -> RunLogger:
+                  config_changes: list[ConfigChange] | None = None, resume_step: int = 0, seed: int | None = None) -> RunLogger:
     """One arm's child run with its checkpoint folder, flattened params and resolved config.
 
     A resumed run keeps its params and ``resolved_config.yaml`` (what it was trained with); a
     config change allowed on resume is recorded as a tag and ``resolved_config.resume_step_<n>.yaml``.
+    With ``seed`` it is that seed's run under the arm's run (``parent_run_id``).
     """
-    logger = tracker.start_arm(parent_run_id, arm, resume_run_id=resume_run_id, tags=tags, buffer_dir=arm_dir, echo=echo)
+    logger = tracker.start_arm(parent_run_id, arm, resume_run_id=resume_run_id, tags=tags, buffer_dir=arm_dir, echo=echo, seed=seed)
     logger.set_tags({"polyrl.checkpoint_dir": str(Path(arm_dir).resolve())})
     if not resume_run_id:
         logger.log_params(flatten(config.model_dump(mode="json")))
@@ -155,12 +158,15 @@ def train_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
 # --- polyrl run ---------------------------------------------------------------------------------
 
 
-def resume_command(path: str | Path, set_options: list[str] | None, only_arms: list[str] | None) -> str:
+def resume_command(path: str | Path, set_options: list[str] | None, only_arms: list[str] | None,
+                   seeds_option: str | None = None) -> str:
     words = ["polyrl", "run", str(path), "--resume"]
     for option in set_options or []:
         words += ["--set", option]
     for arm in only_arms or []:
         words += ["--arm", arm]
+    if seeds_option is not None:
+        words += ["--seeds", seeds_option]
     return shlex.join(words)
 
 
@@ -185,20 +191,22 @@ def _repoint_archived_runs(tracker: ExperimentTracker, old_state: dict[str, Any]
     """The earlier run's arm runs now find their checkpoints in the archive folder."""
     if old_state.get("tracking_uri") != tracker.tracking_uri:
         return
-    for arm, run_id in old_state.get("arms", {}).items():
+    for key, run_id in (old_state.get("runs") or old_state.get("arms", {})).items():
         try:
-            tracker.client.set_tag(run_id, "polyrl.checkpoint_dir", str((archived / arm).resolve()))
+            tracker.client.set_tag(run_id, "polyrl.checkpoint_dir", str((archived / key).resolve()))
         except Exception as error:  # noqa: BLE001 - a stale tag only costs polyrl eval a search
             echo(f"warning: could not re-point MLflow run {run_id} at its moved checkpoints ({type(error).__name__})")
 
 
 def _resume_plan(configs: dict[str, ExperimentConfig], folder: Path, state: dict[str, Any], *, allow: bool,
                  echo: Callable[[str], None]) -> tuple[dict[str, list[ConfigChange]], dict[str, int]]:
-    """Each arm's config changes since it was last trained, and the step it resumes after."""
+    """Each run's config changes since it was last trained, and the step it resumes after
+    (keyed by run key: the arm, or ``arm/seed_<s>``)."""
     changes: dict[str, list[ConfigChange]] = {}
     steps: dict[str, int] = {}
+    started = state.get("runs") if state.get("seeds") is not None else state.get("arms", {})
     for arm, config in configs.items():
-        if arm not in state.get("arms", {}):
+        if arm not in (started or {}):
             continue  # never started: nothing to compare with
         latest = latest_checkpoint(folder / arm)
         steps[arm] = checkpoint_step(latest) if latest is not None else 0
@@ -221,9 +229,13 @@ def run_experiment(
     console: Console | None = None,
     show_progress: bool | None = None,
     allow_config_change: bool = False,
+    seeds_option: str | None = None,
 ) -> ExperimentResult:
+    """``seeds_option`` is ``--seeds`` (``"3"`` or ``"0,1,2"``); it overrides the file's seeds."""
+    from polyrl.launch.seeds import load_plan
+
     console = console or Console()
-    configs = load_experiment(path, set_options=set_options)
+    configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option)
     if only_arms:
         unknown = sorted(set(only_arms) - set(configs))
         if unknown:
@@ -236,12 +248,12 @@ def run_experiment(
     # An unreachable tracking server is reported in seconds, before the folder is touched or
     # any model loads.
     probe_tracking(read_state(folder / STATE_FILE).get("tracking_uri") or resolve_tracking_uri(first.tracking.uri))
-    hint = resume_command(path, set_options, only_arms)
+    hint = resume_command(path, set_options, only_arms, seeds_option)
     where: dict[str, Any] = {"arm": None, "started": False}
     lock = acquire_lock(folder, experiment=first.name, command=shlex.join(["polyrl", "run", str(path)]), echo=console.print)
     try:
         with StopSignals(echo=console.print) as stop:
-            return _run_locked(path, configs, first, folder, resume=resume, allow_config_change=allow_config_change,
+            return _run_locked(path, configs, seeds, first, folder, resume=resume, allow_config_change=allow_config_change,
                                console=console, show_progress=show_progress, stop=stop, where=where)
     except KeyboardInterrupt as error:
         raise _interrupted(error, folder, where, hint) from None
@@ -268,17 +280,32 @@ def _interrupted(error: KeyboardInterrupt, folder: Path, where: dict[str, Any], 
     return RunInterrupted(f"stopped by {name} {kept}; the MLflow runs are marked KILLED. Continue with: {hint}", signum)
 
 
-def _run_locked(path, configs, first, folder, *, resume, allow_config_change, console, show_progress, stop: StopSignals,
+def _check_seeds_on_resume(state: dict[str, Any], seeds: list[int] | None, name: str) -> None:
+    """A resumed run keeps its seeds: a changed set would mix runs of two different plans."""
+    if state.get("seeds") != seeds:
+        def said(value):
+            return "no seeds (one run per arm)" if value is None else f"seeds {value}"
+
+        raise ConfigError(f"--resume: the run of {name!r} used {said(state.get('seeds'))}; the config and --seeds now give "
+                          f"{said(seeds)}. Seeds cannot change on resume: resume with the same seeds, or run without --resume")
+
+
+def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_change, console, show_progress, stop: StopSignals,
                 where: dict[str, Any]) -> ExperimentResult:
+    from polyrl.launch.seeds import expand_units
+
     state_path = folder / STATE_FILE
     state = read_state(state_path)
     if resume and not state:
         raise ConfigError(f"--resume: no earlier run of {first.name!r} in {folder} (no {STATE_FILE}); run without --resume")
+    units = expand_units(configs, seeds)
+    unit_configs = {unit.key: unit.config for unit in units}
     changes: dict[str, list[ConfigChange]] = {}
     resume_steps: dict[str, int] = {}
     archived, old_state = None, state
     if resume:
-        changes, resume_steps = _resume_plan(configs, folder, state, allow=allow_config_change, echo=console.print)
+        _check_seeds_on_resume(state, seeds, first.name)
+        changes, resume_steps = _resume_plan(unit_configs, folder, state, allow=allow_config_change, echo=console.print)
     else:
         # A new run never overwrites an earlier one's checkpoints: keep them beside it.
         archived = archive_previous_run(folder)
@@ -288,52 +315,114 @@ def _run_locked(path, configs, first, folder, *, resume, allow_config_change, co
     if archived is not None:
         _repoint_archived_runs(tracker, old_state, archived, console.print)
     parent = start_experiment_run(tracker, first.name, arms=list(configs), yaml_text=yaml_text(path), config_path=path,
-                                  resume_run_id=state.get("parent_run_id"), buffer_dir=folder, echo=console.print)
-    state.setdefault("arms", {})
-    state.setdefault("finished", [])
-    state.setdefault("arm_configs", {})
-    state.update(tracking_uri=tracking_uri, parent_run_id=parent.run_id, experiment=first.name, config_path=str(path))
+                                  resume_run_id=state.get("parent_run_id"), buffer_dir=folder, echo=console.print,
+                                  tags=None if seeds is None else {"polyrl.seeds": ",".join(map(str, seeds))})
+    for key, default in (("arms", {}), ("finished", []), ("arm_configs", {})):
+        state.setdefault(key, default)
+    if seeds is not None:
+        state.setdefault("runs", {})
+        state.setdefault("arms_finished", [])
+    state.update(tracking_uri=tracking_uri, parent_run_id=parent.run_id, experiment=first.name, config_path=str(path), seeds=seeds)
     write_state(state_path, state)
     where["started"] = True
     show_progress = first.tracking.progress if show_progress is None else show_progress
-    result = ExperimentResult(first.name, tracking_uri, parent.run_id, {}, experiment_dir=folder)
-    console.print(f"[bold]polyrl[/] experiment [cyan]{first.name}[/] · arms: {', '.join(configs)} · MLflow: {tracking_uri}")
+    result = ExperimentResult(first.name, tracking_uri, parent.run_id, {}, experiment_dir=folder, seeds=seeds)
+    console.print(f"[bold]polyrl[/] experiment [cyan]{first.name}[/] · arms: {', '.join(configs)}"
+                  + (f" · seeds: {', '.join(map(str, seeds))}" if seeds is not None else "") + f" · MLflow: {tracking_uri}")
+    arm_loggers: dict[str, RunLogger] = {}  # with seeds: the arm runs open in this process
     try:
-        for arm, config in configs.items():
-            if arm in state["finished"]:
-                console.print(f"arm [cyan]{arm}[/] already finished; skipping")
-                result.arm_run_ids[arm] = state["arms"][arm]
-                continue
-            if stop.requested is not None:
-                raise StopNow(stop.requested)
-            where["arm"] = arm
-            arm_changes = changes.get(arm) or []
-            logger = start_arm_run(tracker, parent.run_id, arm, config, arm_dir=folder / arm, resume_run_id=state["arms"].get(arm),
-                                   echo=console.print, config_changes=arm_changes, resume_step=resume_steps.get(arm, 0))
-            if arm_changes:
-                console.print(f"arm [cyan]{arm}[/]: applying config changes from step {resume_steps.get(arm, 0) + 1}: "
-                              f"{describe_changes(arm_changes)}", highlight=False)
-            state["arms"][arm] = logger.run_id
-            state["arm_configs"][arm] = config_snapshot(config)
-            write_state(state_path, state)
-            result.arm_run_ids[arm] = logger.run_id
-            history = train_arm(config, arm=arm, arm_dir=folder / arm, logger=logger, parent_run_id=parent.run_id,
-                                tracking_uri=tracking_uri, resume=resume,
-                                train=lambda trainer: _train_with_progress(trainer, console, show_progress, stop),
-                                on_resumed=lambda step, arm=arm: console.print(f"arm [cyan]{arm}[/]: resumed from step {step}"))
-            result.final_metrics[arm] = history[-1] if history else {}
-            state["finished"].append(arm)
-            write_state(state_path, state)
-            where["arm"] = None
+        for unit in units:
+            key, arm, config = unit.key, unit.arm, unit.config
+            run_parent = parent.run_id
+            if seeds is not None:
+                if arm in state["arms_finished"]:
+                    result.arm_run_ids[arm] = state["arms"][arm]
+                    _record_run_id(result, state, unit)
+                    continue
+                if arm not in arm_loggers:
+                    arm_loggers[arm] = _start_seeded_arm_run(tracker, parent.run_id, arm, configs[arm], seeds, folder,
+                                                             state["arms"].get(arm), console.print)
+                    state["arms"][arm] = arm_loggers[arm].run_id
+                    write_state(state_path, state)
+                run_parent = arm_loggers[arm].run_id
+                result.arm_run_ids[arm] = run_parent
+            if key in state["finished"]:
+                console.print(f"[cyan]{key}[/] already finished; skipping")
+                _record_run_id(result, state, unit)
+            else:
+                if stop.requested is not None:
+                    raise StopNow(stop.requested)
+                where["arm"] = key
+                _train_unit(unit, tracker, parent.run_id, run_parent, folder, state, state_path, result, changes, resume_steps,
+                            tracking_uri=tracking_uri, resume=resume, console=console, show_progress=show_progress, stop=stop)
+                where["arm"] = None
+            if seeds is not None and unit.seed == seeds[-1]:
+                _close_arm_run(arm, arm_loggers.pop(arm), state, state_path)
     except TrackingUnavailableError:
         raise  # the parent run cannot be reached to be closed; a resume closes it
     except BaseException as error:
         killed = isinstance(error, KeyboardInterrupt)
-        message = f"arm {where['arm']!r}: {error}" if where["arm"] and isinstance(error, PolyrlError) else None
+        message = f"{where['arm']!r}: {error}" if where["arm"] and isinstance(error, PolyrlError) else None
+        for arm_logger in arm_loggers.values():
+            arm_logger.finish_after_error("KILLED" if killed else "FAILED", message)
         parent.finish_after_error("KILLED" if killed else "FAILED", message)
         raise
     parent.finish()
     return result
+
+
+def _start_seeded_arm_run(tracker, parent_run_id, arm, config, seeds, folder, resume_run_id, echo) -> RunLogger:
+    """The arm's run over its seeds: the arm's params (``seeds`` in place of ``seed``), no training of its own."""
+    seeds_text = ",".join(map(str, seeds))
+    logger = tracker.start_arm(parent_run_id, arm, resume_run_id=resume_run_id, buffer_dir=folder, echo=echo,
+                               tags={"polyrl.seeds": seeds_text})
+    if not resume_run_id:
+        params = flatten(config.model_dump(mode="json"))
+        params.pop("seed", None)
+        logger.log_params(params | {"seeds": seeds_text})
+    return logger
+
+
+def _record_run_id(result: ExperimentResult, state: dict[str, Any], unit) -> None:
+    if unit.seed is None:
+        result.arm_run_ids[unit.arm] = state["arms"][unit.arm]
+    else:
+        result.seed_run_ids[unit.key] = state["runs"][unit.key]
+
+
+def _train_unit(unit, tracker, experiment_run_id, run_parent, folder, state, state_path, result, changes, resume_steps, *,
+                tracking_uri, resume, console, show_progress, stop) -> None:
+    """Start (or reopen) one arm × seed run, train it to the end and record it as finished."""
+    key = unit.key
+    unit_changes = changes.get(key) or []
+    run_ids = state["arms"] if unit.seed is None else state["runs"]
+    logger = start_arm_run(tracker, run_parent, unit.arm, unit.config, arm_dir=folder / key, resume_run_id=run_ids.get(key),
+                           echo=console.print, config_changes=unit_changes, resume_step=resume_steps.get(key, 0), seed=unit.seed)
+    if unit_changes:
+        console.print(f"[cyan]{key}[/]: applying config changes from step {resume_steps.get(key, 0) + 1}: "
+                      f"{describe_changes(unit_changes)}", highlight=False)
+    run_ids[key] = logger.run_id
+    state["arm_configs"][key] = config_snapshot(unit.config)
+    write_state(state_path, state)
+    _record_run_id(result, state, unit)
+    history = train_arm(unit.config, arm=unit.arm, arm_dir=folder / key, logger=logger, parent_run_id=experiment_run_id,
+                        tracking_uri=tracking_uri, resume=resume,
+                        train=lambda trainer: _train_with_progress(trainer, console, show_progress, stop),
+                        on_resumed=lambda step: console.print(f"[cyan]{key}[/]: resumed from step {step}"))
+    result.final_metrics[key] = history[-1] if history else {}
+    state["finished"].append(key)
+    write_state(state_path, state)
+
+
+def _close_arm_run(arm: str, arm_logger: RunLogger, state: dict[str, Any], state_path: Path) -> None:
+    """All seeds of an arm are done: its run gets the per-step means over seeds and closes."""
+    from polyrl.launch.seeds import log_arm_summary
+
+    seed_run_ids = [run_id for key, run_id in state["runs"].items() if key.split("/seed_")[0] == arm]
+    log_arm_summary(arm_logger, seed_run_ids)
+    arm_logger.finish()
+    state["arms_finished"].append(arm)
+    write_state(state_path, state)
 
 
 def _stop_at_step_end(trainer: Any, stop: StopSignals, then: Callable[[int, dict[str, float]], None] | None):
@@ -398,6 +487,7 @@ def validate_file(path: str | Path, set_options: list[str] | None = None) -> dic
     from polyrl.rewards import load_reward_class
 
     configs = load_experiment(path, set_options=set_options)
+    experiment_seeds(read_yaml(path), source=str(path))  # a bad seeds key is refused here too
     for arm, config in configs.items():
         for index, spec in enumerate(config.rewards):
             try:

@@ -33,6 +33,15 @@ from polyrl.core.errors import PolyrlError
 EXPERIMENT_TAG = "polyrl.experiment"
 ARM_TAG = "polyrl.arm"
 ROLE_TAG = "polyrl.role"
+SEED_TAG = "polyrl.seed"
+SEEDS_TAG = "polyrl.seeds"
+# MLflow 3's UI opens an experiment on its GenAI "Overview / Traces" page unless the
+# experiment says it is model training; this tag (what the UI's own kind selector writes)
+# makes it open on the runs table.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# A run's description in the MLflow UI.
+NOTE_TAG = "mlflow.note.content"
 # Written last in each step's batch: a step is in MLflow iff this marker is.
 STEP_MARKER = "train/step"
 MLFLOW_PARAM_VALUE_LIMIT = 6000
@@ -108,12 +117,17 @@ def make_client(tracking_uri: str) -> MlflowClient:
 
 
 def ensure_experiment(client: MlflowClient, name: str) -> str:
+    """The experiment's id (created or restored), marked as model training for the MLflow UI."""
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
+    if experiment is None:
+        experiment_id = client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+    else:
+        experiment_id = experiment.experiment_id
         if experiment.lifecycle_stage == "deleted":
-            client.restore_experiment(experiment.experiment_id)
-        return experiment.experiment_id
-    return client.create_experiment(name)
+            client.restore_experiment(experiment_id)
+        if EXPERIMENT_KIND_TAG not in experiment.tags:  # a kind the user chose in the UI stays
+            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return experiment_id
 
 
 def is_metric_value(value: Any) -> bool:
@@ -415,22 +429,31 @@ class ExperimentTracker:
         return self._logger(run.info.run_id, buffer_dir, echo)
 
     def start_arm(self, parent_run_id: str, arm: str, *, resume_run_id: str | None = None, tags: dict[str, Any] | None = None,
-                  buffer_dir: str | Path | None = None, echo: Callable[[str], None] | None = None) -> RunLogger:
+                  buffer_dir: str | Path | None = None, echo: Callable[[str], None] | None = None,
+                  seed: int | None = None) -> RunLogger:
+        """An arm's run under the experiment's run; with ``seed``, one seed's run under the arm's run
+        (``parent_run_id`` is then the arm's run)."""
+        what = f"arm {arm!r}" + (f" seed {seed}" if seed is not None else "")
         if resume_run_id:
-            self._call(lambda: self.client.update_run(resume_run_id, status="RUNNING"), f"reopen the run of arm {arm!r}")
+            self._call(lambda: self.client.update_run(resume_run_id, status="RUNNING"), f"reopen the run of {what}")
             return self._logger(resume_run_id, buffer_dir, echo)
+        role = {ROLE_TAG: "arm"} if seed is None else {ROLE_TAG: "seed", SEED_TAG: str(seed)}
         run = self._call(lambda: self.client.create_run(
             self.experiment_id,
-            run_name=arm,
+            run_name=arm if seed is None else seed_run_name(arm, seed),
             tags={
                 "mlflow.parentRunId": parent_run_id,
                 EXPERIMENT_TAG: self.experiment_name,
                 ARM_TAG: arm,
-                ROLE_TAG: "arm",
+                **role,
                 **(tags or {}),
             },
-        ), f"create the run of arm {arm!r}")
+        ), f"create the run of {what}")
         return self._logger(run.info.run_id, buffer_dir, echo)
+
+
+def seed_run_name(arm: str, seed: int) -> str:
+    return f"{arm} · seed {seed}"
 
 
 def find_parent_run(client: MlflowClient, experiment_name: str):
@@ -453,4 +476,13 @@ def find_arm_runs(client: MlflowClient, experiment_id: str, parent_run_id: str):
         filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`{ROLE_TAG}` = 'arm'",
         order_by=["attributes.start_time ASC"],
     )
+
+
+def find_seed_runs(client: MlflowClient, experiment_id: str, arm_run_id: str):
+    """The seed runs under an arm's run (none for an experiment run without ``seeds``), by seed."""
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{arm_run_id}' and tags.`{ROLE_TAG}` = 'seed'",
+    )
+    return sorted(runs, key=lambda run: int(run.data.tags.get(SEED_TAG, "0")))
 

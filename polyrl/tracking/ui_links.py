@@ -1,0 +1,28 @@
+"""Links into the MLflow UI: where it is, and its compare-runs view with chosen runs selected."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qs, quote, urlparse
+
+from polyrl.tracking.mlflow_runs import is_server_uri
+
+
+def ui_base_url(tracking_uri: str, *, host: str = "127.0.0.1", port: int = 5000) -> str:
+    """Where the MLflow UI of a store is: the server itself, or the ``polyrl ui`` of a local store."""
+    return tracking_uri.rstrip("/") if is_server_uri(tracking_uri) else f"http://{host}:{port}"
+
+
+def compare_runs_url(base_url: str, experiment_id: str, run_ids: list[str]) -> str:
+    """MLflow's compare-runs view with these runs selected (the route the UI's own Compare
+    button builds: ``#/compare-runs?runs=[...]&experiments=[...]``, JSON lists, URL-quoted)."""
+    runs = quote(json.dumps(list(run_ids)), safe="")
+    experiments = quote(json.dumps([str(experiment_id)]), safe="")
+    return f"{base_url.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}"
+
+
+def run_ids_in_compare_url(url: str) -> list[str]:
+    """The run ids a compare-runs URL selects (the inverse of :func:`compare_runs_url`)."""
+    fragment = urlparse(url).fragment
+    query = fragment.split("?", 1)[1] if "?" in fragment else ""
+    return json.loads(parse_qs(query)["runs"][0])
