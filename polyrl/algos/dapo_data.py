@@ -1,10 +1,12 @@
 """DAPO's data-side pieces (Yu et al., arXiv 2503.14476): overlong punishment and dynamic
-sampling. Re-exported by :mod:`polyrl.algos.advantages`."""
+sampling (also exported by :mod:`polyrl.algos.advantages`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from polyrl.algos.groups import group_index
 
 
 def dapo_overlong_penalty(lengths: Tensor, *, max_length: int, cache_length: int) -> Tensor:
@@ -33,8 +35,7 @@ def dapo_dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
     gradient), and False for every unscored (NaN) sample; the scored samples of a group whose
     scored rewards differ are kept. Deviation: compares rewards exactly; a group of one scored
     sample is dropped."""
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    inverse, num_groups = group_index(group_ids)
     scored = ~torch.isnan(rewards)
     group_max = torch.full((num_groups,), -torch.inf, dtype=rewards.dtype, device=rewards.device)
     group_min = torch.full((num_groups,), torch.inf, dtype=rewards.dtype, device=rewards.device)

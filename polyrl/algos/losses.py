@@ -20,6 +20,16 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return zero_masked(x, mask).sum() / mask.sum().clamp(min=1)
 
 
+def masked_mean_std(x: Tensor, mask: Tensor, *, unbiased: bool = False) -> tuple[Tensor, Tensor]:
+    """Mean and std of ``x`` over ``mask`` (population std, or Bessel-corrected with
+    ``unbiased``); std 0 for fewer than two positions, mean 0 for none."""
+    mask = mask.bool()
+    mean = masked_mean(x, mask)
+    count = mask.sum()
+    variance = zero_masked((x - mean).square(), mask).sum() / ((count - 1) if unbiased else count).clamp(min=1)
+    return mean, variance.sqrt()
+
+
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, *, estimator: str) -> Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta.
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from polyrl.algos.advantages import (
+    AdvantageInputs,
     dapo_dynamic_sampling_keep,
     dapo_overlong_penalty,
     generalized_advantage_estimation,
@@ -28,7 +29,7 @@ def _sequence_column(advantages: torch.Tensor) -> torch.Tensor:
 
 
 def _estimate(name, rewards=REWARDS, **params):
-    return get_advantage(name).fn(rewards=rewards, mask=MASK, group_ids=GROUPS, **params)
+    return get_advantage(name).fn(AdvantageInputs(rewards=rewards, mask=MASK, group_ids=GROUPS), **params)
 
 
 def test_group_norm_by_hand():
@@ -73,7 +74,7 @@ def test_single_sample_groups_get_zero_advantage():
     mask = torch.ones(2, 1, dtype=torch.bool)
     for name in ("group_norm", "rloo"):
         advantages, _ = get_advantage(name).fn(
-            rewards=torch.tensor([3.0, 1.0], dtype=F64), mask=mask, group_ids=torch.tensor([0, 1])
+            AdvantageInputs(rewards=torch.tensor([3.0, 1.0], dtype=F64), mask=mask, group_ids=torch.tensor([0, 1]))
         )
         assert torch.equal(advantages, torch.zeros(2, 1, dtype=F64))
 
@@ -175,12 +176,12 @@ def test_registered_gae_places_sequence_rewards_on_the_last_token_and_gives_valu
         gammas=torch.ones(2, 3, dtype=F64),
         lambdas=torch.ones(2, 3, dtype=F64),
     )
-    advantages, _ = spec.fn(**tensors, **spec.default_params)
+    advantages, _ = spec.fn(AdvantageInputs(**tensors), **spec.default_params)
     # gamma = lambda = 1: A_t = (sum of future rewards) - V_t
     # row 0: reward 1 on token 1 -> [1 - 0.5, 1 - 0.25, 0]; row 1: reward 2 on token 2 -> [2, 2, 2]
     expected = torch.tensor([[0.5, 0.75, 0.0], [2.0, 2.0, 2.0]], dtype=F64)
     torch.testing.assert_close(advantages, expected, atol=1e-12, rtol=0)
-    returns, _ = spec.value_targets(**tensors, **spec.default_params)
+    returns, _ = spec.value_targets(AdvantageInputs(**tensors), **spec.default_params)
     torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0, 0.0], [2.0, 2.0, 2.0]], dtype=F64), atol=1e-12, rtol=0)
 
 
@@ -188,9 +189,9 @@ def test_gae_whitening_gives_zero_mean_unit_std_over_response_tokens():
     spec = get_advantage("gae")
     torch.manual_seed(1)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
-    advantages, _ = spec.fn(
+    advantages, _ = spec.fn(AdvantageInputs(
         rewards=torch.randn(2, 4, dtype=F64), mask=mask, values=torch.randn(2, 4, dtype=F64),
-        gammas=torch.full((2, 4), 0.9, dtype=F64), lambdas=torch.full((2, 4), 0.9, dtype=F64), whiten=True,
+        gammas=torch.full((2, 4), 0.9, dtype=F64), lambdas=torch.full((2, 4), 0.9, dtype=F64)), whiten=True,
     )  # fmt: skip
     response = advantages[mask]
     assert float(response.mean()) == pytest.approx(0.0, abs=1e-12)
@@ -200,9 +201,9 @@ def test_gae_whitening_gives_zero_mean_unit_std_over_response_tokens():
 
 def test_gae_reports_missing_tensors():
     with pytest.raises(ValueError, match="values"):
-        get_advantage("gae").fn(rewards=REWARDS, mask=MASK)
+        get_advantage("gae").fn(AdvantageInputs(rewards=REWARDS, mask=MASK))
     with pytest.raises(ValueError, match="group_ids"):
-        get_advantage("group_norm").fn(rewards=REWARDS, mask=MASK)
+        get_advantage("group_norm").fn(AdvantageInputs(rewards=REWARDS, mask=MASK))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,12 +221,12 @@ def test_every_estimator_takes_the_uniform_call():
     )
     assert {spec.name for spec in list_advantages()} == {"group_norm", "group_mean_centered", "rloo", "gae"}
     for spec in list_advantages():
-        advantages, metrics = spec.fn(**tensors, **spec.default_params)
+        advantages, metrics = spec.fn(AdvantageInputs(**tensors), **spec.default_params)
         assert advantages.shape == (6, 3)
         assert all(isinstance(value, float) for value in metrics.values())
         assert spec.fn.__doc__ and "arXiv" in spec.fn.__doc__ + spec.paper
     with pytest.raises(TypeError):
-        get_advantage("rloo").fn(**tensors, use_std=False)
+        get_advantage("rloo").fn(AdvantageInputs(**tensors), use_std=False)
 
 
 def test_unknown_estimator_lists_the_registered_names():
@@ -270,7 +271,7 @@ UNSCORED_MASK = torch.ones(7, 2, dtype=torch.bool)
 
 def _unscored(name, **params):
     advantages, metrics = get_advantage(name).fn(
-        rewards=UNSCORED_REWARDS, mask=UNSCORED_MASK, group_ids=UNSCORED_GROUPS, **params
+        AdvantageInputs(rewards=UNSCORED_REWARDS, mask=UNSCORED_MASK, group_ids=UNSCORED_GROUPS), **params
     )
     torch.testing.assert_close(advantages[:, 0], advantages[:, 1], atol=0, rtol=0)
     return advantages[:, 0], metrics
@@ -313,7 +314,7 @@ def test_a_group_with_one_or_no_scored_sample_gets_zero_advantage():
     mask = torch.ones(4, 1, dtype=torch.bool)
     rewards = torch.tensor([2.0, NAN, NAN, NAN], dtype=F64)
     for name in ("group_norm", "group_mean_centered", "rloo"):
-        advantages, metrics = get_advantage(name).fn(rewards=rewards, mask=mask, group_ids=torch.tensor([0, 0, 1, 1]))
+        advantages, metrics = get_advantage(name).fn(AdvantageInputs(rewards=rewards, mask=mask, group_ids=torch.tensor([0, 0, 1, 1])))
         assert torch.equal(advantages, torch.zeros(4, 1, dtype=F64)), name
         assert all(math.isfinite(value) for value in metrics.values())
 
@@ -324,16 +325,16 @@ def test_gae_gives_unscored_rows_zero_advantage_and_their_own_values_as_targets(
     values = torch.tensor([[0.5, 0.25, 9.0], [0.3, 0.2, 0.1], [0.0, 0.0, 0.0]], dtype=F64)
     tensors = dict(rewards=torch.tensor([1.0, NAN, 2.0], dtype=F64), mask=mask, values=values,
                    gammas=torch.ones(3, 3, dtype=F64), lambdas=torch.ones(3, 3, dtype=F64))  # fmt: skip
-    advantages, metrics = spec.fn(**tensors)
+    advantages, metrics = spec.fn(AdvantageInputs(**tensors))
     # gamma = lambda = 1: A_t = future reward - V_t; row 0: [0.5, 0.75]; row 1 unscored; row 2: [2]
     expected = torch.tensor([[0.5, 0.75, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]], dtype=F64)
     torch.testing.assert_close(advantages, expected, atol=1e-12, rtol=0)
-    returns, _ = spec.value_targets(**tensors)
+    returns, _ = spec.value_targets(AdvantageInputs(**tensors))
     expected_returns = torch.tensor([[1.0, 1.0, 0.0], [0.3, 0.2, 0.1], [2.0, 0.0, 0.0]], dtype=F64)
     torch.testing.assert_close(returns, expected_returns, atol=1e-12, rtol=0)
     assert all(math.isfinite(value) for value in metrics.values())
     # whitening: statistics over the scored rows' tokens 0.5, 0.75, 2 only; the unscored row stays 0
-    whitened, _ = spec.fn(**tensors, whiten=True)
+    whitened, _ = spec.fn(AdvantageInputs(**tensors), whiten=True)
     scored = whitened[torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]], dtype=torch.bool)]
     assert float(scored.mean()) == pytest.approx(0.0, abs=1e-12)
     assert float(scored.std()) == pytest.approx(1.0, abs=1e-6)
@@ -344,8 +345,8 @@ def test_gae_token_rewards_with_a_nan_mark_the_row_unscored():
     spec = get_advantage("gae")
     mask = torch.tensor([[1, 1], [1, 1]], dtype=torch.bool)
     rewards = torch.tensor([[0.0, 1.0], [0.0, NAN]], dtype=F64)
-    advantages, _ = spec.fn(rewards=rewards, mask=mask, values=torch.zeros(2, 2, dtype=F64),
-                            gammas=torch.ones(2, 2, dtype=F64), lambdas=torch.ones(2, 2, dtype=F64))  # fmt: skip
+    advantages, _ = spec.fn(AdvantageInputs(rewards=rewards, mask=mask, values=torch.zeros(2, 2, dtype=F64),
+                                            gammas=torch.ones(2, 2, dtype=F64), lambdas=torch.ones(2, 2, dtype=F64)))  # fmt: skip
     torch.testing.assert_close(advantages, torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=F64), atol=0, rtol=0)
 
 
