@@ -1,0 +1,36 @@
+"""The shared statistics: masked mean/std (losses) and the group index (groups)."""
+
+import math
+
+import torch
+
+from polyrl.algos.groups import group_index
+from polyrl.algos.losses import masked_mean_std
+
+F64 = torch.float64
+
+
+def test_masked_mean_std_by_hand():
+    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, float("nan"), float("inf")]], dtype=F64)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    # response values 1, 2, 3 (100, NaN and inf are masked): mean 2; squared deviations 1 + 0 + 1 = 2
+    mean, std = masked_mean_std(x, mask)
+    assert float(mean) == 2.0 and float(std) == math.sqrt(2 / 3)  # population: 2 / 3
+    _, unbiased = masked_mean_std(x, mask, unbiased=True)
+    assert float(unbiased) == 1.0  # Bessel: 2 / (3 - 1)
+
+
+def test_masked_mean_std_of_one_or_no_position():
+    x = torch.tensor([[5.0, 7.0]], dtype=F64)
+    for unbiased in (False, True):
+        mean, std = masked_mean_std(x, torch.tensor([[0, 1]], dtype=torch.bool), unbiased=unbiased)
+        assert (float(mean), float(std)) == (7.0, 0.0)
+        mean, std = masked_mean_std(x, torch.zeros(1, 2, dtype=torch.bool), unbiased=unbiased)
+        assert (float(mean), float(std)) == (0.0, 0.0)
+
+
+def test_group_index_numbers_groups_in_sorted_id_order():
+    inverse, count = group_index(torch.tensor([7, 3, 7, 11]))
+    assert inverse.tolist() == [1, 0, 1, 2] and count == 3
+    inverse, count = group_index(torch.tensor([], dtype=torch.long))
+    assert inverse.numel() == 0 and count == 0
