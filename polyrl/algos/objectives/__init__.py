@@ -56,7 +56,7 @@ from polyrl.algos.objectives.common import (
     approx_kl_old_to_new,
     clamped_log_ratio,
     clipped_surrogate_per_token,
-    finalize_objective,
+    ObjectiveInputs,
     policy_metrics,
     sequence_advantages,
     sequence_log_ratio,
@@ -85,9 +85,9 @@ from polyrl.algos.objectives.bapo import (
 )
 
 __all__ = [
-    "LOG_RATIO_CLAMP", "SHARED_PARAMS", "TRAIN_SETTINGS", "ObjectiveFn", "ObjectiveParams", "ObjectiveSpec",
+    "LOG_RATIO_CLAMP", "ObjectiveInputs", "SHARED_PARAMS", "TRAIN_SETTINGS", "ObjectiveFn", "ObjectiveParams", "ObjectiveSpec",
     "approx_kl_old_to_new", "bapo_loss", "bapo_positive_share", "bapo_prepare", "bapo_search_clip_bounds",
     "bapo_search_steps", "clamped_log_ratio", "clipped_surrogate_per_token", "entropy_adaptive_epsilon",
-    "finalize_objective", "get_objective", "gspo_loss", "gspo_token_loss", "list_objectives", "policy_metrics",
+    "get_objective", "gspo_loss", "gspo_token_loss", "list_objectives", "policy_metrics",
     "positive_weight", "ppo_loss", "register_objective", "sequence_advantages", "sequence_log_ratio", "token_ratio",
 ]  # fmt: skip

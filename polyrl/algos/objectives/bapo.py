@@ -18,8 +18,8 @@ from torch import Tensor
 
 from polyrl.algos.losses import masked_mean, zero_masked
 from polyrl.algos.objectives.common import (
+    ObjectiveInputs,
     clipped_surrogate_per_token,
-    finalize_objective,
     token_ratio,
     zero_masked_inputs,
 )
@@ -312,10 +312,9 @@ def bapo_loss(
         )  # fmt: skip
         clip_bounds, positive_share = state["clip_bounds"], state["positive_share"]
         search_steps, clip_eps = state["search_steps"], state.get("clip_eps")
-    logprobs, old_logprobs, advantages, mask, entropy = zero_masked_inputs(
-        logprobs, old_logprobs, advantages, mask, entropy
-    )
-    ratio = token_ratio(logprobs, old_logprobs)
+    x = ObjectiveInputs.zero_masked(logprobs, old_logprobs, advantages, mask, entropy=entropy,
+                                    loss_normalizer=loss_normalizer, aggregation=aggregation, **shared)  # fmt: skip
+    ratio, advantages, mask = token_ratio(x.logprobs, x.old_logprobs), x.advantages, x.mask
     c_low, c_high = clip_bounds
     if positive_share is None:
         positive_share = bapo_positive_share(ratio, advantages, mask, c_low=c_low, c_high=c_high)
@@ -334,11 +333,7 @@ def bapo_loss(
         per_token = per_token * token_weight
         extra["bapo/positive_weight"] = weight
 
-    loss, metrics = finalize_objective(
-        per_token, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
-        ratio=ratio, low_bound=c_low, high_bound=c_high, loss_normalizer=loss_normalizer,
-        aggregation=aggregation, entropy=entropy, **shared,
-    )  # fmt: skip
+    loss, metrics = x.finalize(per_token, ratio=ratio, low_bound=c_low, high_bound=c_high)
     metrics.update(
         {
             "bapo/c_low": float(c_low),

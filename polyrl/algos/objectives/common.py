@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -119,54 +121,68 @@ def policy_metrics(
     return metrics
 
 
-def finalize_objective(
-    policy_loss_per_token: Tensor,
-    *,
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    ratio: Tensor,
-    low_bound: float,
-    high_bound: float,
-    loss_normalizer: float,
-    aggregation: str,
-    entropy: Tensor | None,
-    ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy_coef: float = 0.0,
-    high_prob_threshold: float = 0.5,
-) -> tuple[Tensor, dict[str, float]]:
-    """Add the KL and entropy terms, aggregate, and compute metrics (inputs already zero-masked)."""
-    per_token = policy_loss_per_token
-    kl = None
-    if ref_logprobs is not None:
-        kl = kl_penalty(logprobs, zero_masked(ref_logprobs, mask), estimator=kl_estimator)
-        if kl_coef:
-            per_token = per_token + kl_coef * kl
-    elif kl_coef:
-        raise ValueError("kl_coef > 0 needs ref_logprobs")
-    if entropy_coef:
-        if entropy is None:
-            raise ValueError("entropy_coef > 0 needs the per-token entropy tensor")
-        per_token = per_token - entropy_coef * entropy
-    loss = aggregate(per_token, mask, mode=aggregation, loss_normalizer=loss_normalizer)
-    metrics = policy_metrics(
-        logprobs=logprobs.detach(),
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        mask=mask,
-        ratio=ratio.detach(),
-        low_bound=low_bound,
-        high_bound=high_bound,
-        policy_loss_per_token=policy_loss_per_token.detach(),
-        aggregation=aggregation,
-        high_prob_threshold=high_prob_threshold,
-        entropy=None if entropy is None else entropy.detach(),
-        kl=None if kl is None else kl.detach(),
-    )
-    return loss, metrics
+@dataclass(frozen=True)
+class ObjectiveInputs:
+    """One micro-batch's inputs, zero-masked once (:meth:`zero_masked`), with the settings every
+    objective's finalisation takes: the KL and entropy terms, aggregation and metrics."""
+
+    logprobs: Tensor
+    old_logprobs: Tensor
+    advantages: Tensor
+    mask: Tensor
+    entropy: Tensor | None
+    loss_normalizer: float
+    aggregation: str
+    ref_logprobs: Tensor | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    high_prob_threshold: float = 0.5
+
+    @classmethod
+    def zero_masked(
+        cls, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+        entropy: Tensor | None, loss_normalizer: float, aggregation: str, **shared: Any,
+    ) -> "ObjectiveInputs":  # fmt: skip
+        """Masked positions zeroed (old log-probs and advantages detached); ``shared`` holds the
+        ``train.*`` settings (``ref_logprobs``, ``kl_coef``, ...); an unknown one is a TypeError."""
+        masked = zero_masked_inputs(logprobs, old_logprobs, advantages, mask, entropy)
+        return cls(*masked, loss_normalizer=loss_normalizer, aggregation=aggregation, **shared)
+
+    def finalize(
+        self, policy_loss_per_token: Tensor, *, ratio: Tensor, low_bound: float, high_bound: float,
+        advantages: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, float]]:  # fmt: skip
+        """Add the KL and entropy terms, aggregate, and compute the metrics. ``advantages``
+        replaces the inputs' in the metrics (GSPO reports its per-sequence advantage)."""
+        mask, entropy, per_token = self.mask, self.entropy, policy_loss_per_token
+        kl = None
+        if self.ref_logprobs is not None:
+            kl = kl_penalty(self.logprobs, zero_masked(self.ref_logprobs, mask), estimator=self.kl_estimator)
+            if self.kl_coef:
+                per_token = per_token + self.kl_coef * kl
+        elif self.kl_coef:
+            raise ValueError("kl_coef > 0 needs ref_logprobs")
+        if self.entropy_coef:
+            if entropy is None:
+                raise ValueError("entropy_coef > 0 needs the per-token entropy tensor")
+            per_token = per_token - self.entropy_coef * entropy
+        loss = aggregate(per_token, mask, mode=self.aggregation, loss_normalizer=self.loss_normalizer)
+        metrics = policy_metrics(
+            logprobs=self.logprobs.detach(),
+            old_logprobs=self.old_logprobs,
+            advantages=self.advantages if advantages is None else advantages,
+            mask=mask,
+            ratio=ratio.detach(),
+            low_bound=low_bound,
+            high_bound=high_bound,
+            policy_loss_per_token=policy_loss_per_token.detach(),
+            aggregation=self.aggregation,
+            high_prob_threshold=self.high_prob_threshold,
+            entropy=None if entropy is None else entropy.detach(),
+            kl=None if kl is None else kl.detach(),
+        )
+        return loss, metrics
 
 
 def zero_masked_inputs(

@@ -8,11 +8,10 @@ import torch
 from torch import Tensor
 
 from polyrl.algos.objectives.common import (
+    ObjectiveInputs,
     clipped_surrogate_per_token,
-    finalize_objective,
     sequence_advantages,
     sequence_log_ratio,
-    zero_masked_inputs,
 )
 from polyrl.algos.objectives.registry import ObjectiveParams, register_objective
 from polyrl.algos.params import number
@@ -61,20 +60,15 @@ def gspo_loss(
     ratios; the paper (and this code) uses the geometric mean. Deviation: ``log s_i`` is
     clamped to +-20 before the exp (as the token log-ratio is), so it never overflows.
     """
-    logprobs, old_logprobs, advantages, mask, entropy = zero_masked_inputs(
-        logprobs, old_logprobs, advantages, mask, entropy
-    )
-    seq_ratio = torch.exp(sequence_log_ratio(logprobs, old_logprobs, mask))
-    seq_advantage = sequence_advantages(advantages, mask)
+    x = ObjectiveInputs.zero_masked(logprobs, old_logprobs, advantages, mask, entropy=entropy,
+                                    loss_normalizer=loss_normalizer, aggregation=aggregation, **shared)  # fmt: skip
+    seq_ratio = torch.exp(sequence_log_ratio(x.logprobs, x.old_logprobs, x.mask))
+    seq_advantage = sequence_advantages(x.advantages, x.mask)
     low_bound, high_bound = 1.0 - clip_low, 1.0 + clip_high
     seq_loss = clipped_surrogate_per_token(seq_ratio, seq_advantage, low_bound=low_bound, high_bound=high_bound)
-    per_token = seq_loss[:, None].expand_as(logprobs)
-    return finalize_objective(
-        per_token, logprobs=logprobs, old_logprobs=old_logprobs,
-        advantages=seq_advantage[:, None].expand_as(logprobs), mask=mask,
-        ratio=seq_ratio[:, None].expand_as(logprobs), low_bound=low_bound, high_bound=high_bound,
-        loss_normalizer=loss_normalizer, aggregation=aggregation, entropy=entropy, **shared,
-    )  # fmt: skip
+    per_token = seq_loss[:, None].expand_as(x.logprobs)
+    return x.finalize(per_token, ratio=seq_ratio[:, None].expand_as(x.logprobs), low_bound=low_bound, high_bound=high_bound,
+                      advantages=seq_advantage[:, None].expand_as(x.logprobs))  # fmt: skip
 
 
 @register_objective(
@@ -105,15 +99,10 @@ def gspo_token_loss(
     advantages and ``seq_mean_token_mean`` it has exactly GSPO's gradient. Deviation: ``log s_i``
     is clamped to +-20, as in :func:`gspo_loss`.
     """
-    logprobs, old_logprobs, advantages, mask, entropy = zero_masked_inputs(
-        logprobs, old_logprobs, advantages, mask, entropy
-    )
-    seq_ratio = torch.exp(sequence_log_ratio(logprobs, old_logprobs, mask)).detach()
-    ratio = seq_ratio[:, None] * torch.exp(logprobs - logprobs.detach())
+    x = ObjectiveInputs.zero_masked(logprobs, old_logprobs, advantages, mask, entropy=entropy,
+                                    loss_normalizer=loss_normalizer, aggregation=aggregation, **shared)  # fmt: skip
+    seq_ratio = torch.exp(sequence_log_ratio(x.logprobs, x.old_logprobs, x.mask)).detach()
+    ratio = seq_ratio[:, None] * torch.exp(x.logprobs - x.logprobs.detach())
     low_bound, high_bound = 1.0 - clip_low, 1.0 + clip_high
-    per_token = clipped_surrogate_per_token(ratio, advantages, low_bound=low_bound, high_bound=high_bound)
-    return finalize_objective(
-        per_token, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
-        ratio=ratio, low_bound=low_bound, high_bound=high_bound, loss_normalizer=loss_normalizer,
-        aggregation=aggregation, entropy=entropy, **shared,
-    )  # fmt: skip
+    per_token = clipped_surrogate_per_token(ratio, x.advantages, low_bound=low_bound, high_bound=high_bound)
+    return x.finalize(per_token, ratio=ratio, low_bound=low_bound, high_bound=high_bound)

@@ -9,10 +9,9 @@ from torch import Tensor
 
 from polyrl.algos.losses import masked_mean
 from polyrl.algos.objectives.common import (
+    ObjectiveInputs,
     clipped_surrogate_per_token,
-    finalize_objective,
     token_ratio,
-    zero_masked_inputs,
 )
 from polyrl.algos.objectives.registry import ObjectiveParams, register_objective
 from polyrl.algos.params import number
@@ -76,24 +75,19 @@ def ppo_loss(
     differ from PPO in their advantage estimator, loss aggregation and clip defaults, which the
     registry holds (each registration cites its paper and lists its deviations).
     """
-    logprobs, old_logprobs, advantages, mask, entropy = zero_masked_inputs(
-        logprobs, old_logprobs, advantages, mask, entropy
-    )
-    ratio = token_ratio(logprobs, old_logprobs)
+    x = ObjectiveInputs.zero_masked(logprobs, old_logprobs, advantages, mask, entropy=entropy,
+                                    loss_normalizer=loss_normalizer, aggregation=aggregation, **shared)  # fmt: skip
+    ratio = token_ratio(x.logprobs, x.old_logprobs)
     low_bound, high_bound = 1.0 - clip_low, 1.0 + clip_high
     per_token = clipped_surrogate_per_token(
-        ratio, advantages, low_bound=low_bound, high_bound=high_bound, dual_clip=dual_clip
+        ratio, x.advantages, low_bound=low_bound, high_bound=high_bound, dual_clip=dual_clip
     )
-    loss, metrics = finalize_objective(
-        per_token, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
-        ratio=ratio, low_bound=low_bound, high_bound=high_bound, loss_normalizer=loss_normalizer,
-        aggregation=aggregation, entropy=entropy, **shared,
-    )  # fmt: skip
+    loss, metrics = x.finalize(per_token, ratio=ratio, low_bound=low_bound, high_bound=high_bound)
     if dual_clip is not None:
         with torch.no_grad():
             # For A<0 the cap -c*A binds exactly when r > c.
-            dual_clipped = (advantages < 0) & (ratio.detach() > dual_clip)
-            metrics["dual_clip_frac"] = float(masked_mean(dual_clipped.to(ratio.dtype), mask))
+            dual_clipped = (x.advantages < 0) & (ratio.detach() > dual_clip)
+            metrics["dual_clip_frac"] = float(masked_mean(dual_clipped.to(ratio.dtype), x.mask))
     return loss, metrics
 
 
