@@ -24,6 +24,11 @@ workers on this machine write to the same SQLite file. A multi-node cluster need
 tracking server every node reaches (``tracking.uri: http://host:5000`` or
 ``MLFLOW_TRACKING_URI``); a SQLite file on one node's disk is not shared.
 
+With ``seeds`` (``--seeds``), every arm × seed is one task: the driver creates each arm's run
+and each seed's run under it, the tasks spread over the cluster like arms do, and when all
+tasks are done the supervisor gives each arm's run the per-step mean over its seeds and closes
+it (FAILED if a seed failed).
+
 ``start_experiment_run``, ``start_arm_run`` and ``train_arm`` are the steps ``polyrl run``
 shares with ``polyrl submit``.
 """
@@ -40,8 +45,9 @@ import typer
 from rich.console import Console
 
 from polyrl.core.errors import PolyrlError
-from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment, to_yaml
+from polyrl.config.schema import ConfigError, ExperimentConfig, to_yaml
 from polyrl.launch.run_lock import acquire_lock
+from polyrl.launch.seeds import expand_units, load_plan, start_seeded_arm_run
 from polyrl.launch.runner import (STATE_FILE, ExperimentResult, archive_previous_run, experiment_dir, read_state, start_arm_run,
                                     start_experiment_run, train_arm, write_state, yaml_text)
 from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, make_client, probe_tracking, resolve_tracking_uri
@@ -149,7 +155,7 @@ def _arm_task(job: dict[str, Any]) -> dict[str, Any]:
 
     if job.get("cwd") and os.path.isdir(job["cwd"]):
         os.chdir(job["cwd"])  # relative paths in the YAML resolve as on the driver (same machine / shared fs)
-    arm = job["arm"]
+    arm, key = job["arm"], job["key"]
     context = ray.get_runtime_context()
     where = {"polyrl.ray.pid": os.getpid(), "polyrl.ray.node_id": context.get_node_id(), "polyrl.ray.hostname": socket.gethostname()}
     # The arm's folder also holds its MLflow buffer, so a Ray arm outlives a tracking-server outage too.
@@ -161,10 +167,10 @@ def _arm_task(job: dict[str, Any]) -> dict[str, Any]:
                             tracking_uri=job["tracking_uri"])
     except BaseException as error:
         logger.finish_after_error("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")  # no-op if train_arm already did
-        error.add_note(f"polyrl: arm {arm!r} (MLflow run {job['run_id']}) failed in Ray worker pid {where['polyrl.ray.pid']} "
+        error.add_note(f"polyrl: {key!r} (MLflow run {job['run_id']}) failed in Ray worker pid {where['polyrl.ray.pid']} "
                        f"on {where['polyrl.ray.hostname']}")
         raise
-    return {"arm": arm, "final_metrics": history[-1] if history else {}, "steps": len(history), **where}
+    return {"arm": arm, "key": key, "final_metrics": history[-1] if history else {}, "steps": len(history), **where}
 
 
 def _supervise(jobs: list[dict[str, Any]], *, parallel: bool, task_options: dict[str, Any], tracking_uri: str, parent_run_id: str,
@@ -186,7 +192,7 @@ def _supervise(jobs: list[dict[str, Any]], *, parallel: bool, task_options: dict
     def launch() -> None:
         while pending and (parallel or not running):
             job = pending.pop(0)
-            ref = remote.options(name=f"polyrl:{job['experiment']}:{job['arm']}", **task_options).remote(job)
+            ref = remote.options(name=f"polyrl:{job['experiment']}:{job['key']}", **task_options).remote(job)
             running[ref] = job
 
     try:
@@ -194,33 +200,52 @@ def _supervise(jobs: list[dict[str, Any]], *, parallel: bool, task_options: dict
         while running:
             done, _ = ray.wait(list(running), num_returns=1)
             job = running.pop(done[0])
+            key = job["key"]
             try:
-                results[job["arm"]] = ray.get(done[0])
-                echo(f"arm {job['arm']}: finished in Ray worker pid {results[job['arm']]['polyrl.ray.pid']} "
-                     f"({results[job['arm']]['steps']} steps)")
+                results[key] = ray.get(done[0])
+                echo(f"{key}: finished in Ray worker pid {results[key]['polyrl.ray.pid']} ({results[key]['steps']} steps)")
                 if state_path:
                     state = read_state(Path(state_path))
-                    state.setdefault("finished", []).append(job["arm"])
+                    state.setdefault("finished", []).append(key)
                     write_state(Path(state_path), state)
             except Exception as error:  # noqa: BLE001 - RayTaskError (the arm raised) or the worker died
-                failures[job["arm"]] = error
+                failures[key] = error
                 _finish_if_running(client, job["run_id"], "FAILED")  # the worker may have died before it could
-                echo(f"arm {job['arm']}: FAILED ({type(error).__name__})")
+                echo(f"{key}: FAILED ({type(error).__name__})")
             launch()
     except BaseException:  # Ctrl-C or a lost cluster: stop the arms, close every run still open
         for ref in running:
             ray.cancel(ref, force=True)
         for job in jobs:
-            if job["arm"] not in results and job["arm"] not in failures:
+            if job["key"] not in results and job["key"] not in failures:
                 _finish_if_running(client, job["run_id"], "KILLED")
+        for arm_run_id in {job["arm_run_id"] for job in jobs if job.get("arm_run_id")}:
+            _finish_if_running(client, arm_run_id, "KILLED")
         client.set_terminated(parent_run_id, status="KILLED")
         raise
+    _close_seeded_arm_runs(client, jobs, failures)
     client.set_terminated(parent_run_id, status="FAILED" if failures else "FINISHED")
     if failures:
-        lines = [f"arm {arm!r} (MLflow run {next(j['run_id'] for j in jobs if j['arm'] == arm)}) failed: "
-                 f"{_root_cause(error)}" for arm, error in failures.items()]
+        lines = [f"{key!r} (MLflow run {next(j['run_id'] for j in jobs if j['key'] == key)}) failed: "
+                 f"{_root_cause(error)}" for key, error in failures.items()]
         raise ArmFailedError("\n".join(lines)) from next(iter(failures.values()))
     return results
+
+
+def _close_seeded_arm_runs(client, jobs: list[dict[str, Any]], failures: dict[str, BaseException]) -> None:
+    """Each arm's run over seeds: the per-step mean over its seeds, then FINISHED (FAILED if a seed failed)."""
+    from polyrl.launch.seeds import log_arm_summary
+
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for job in jobs:
+        if job.get("arm_run_id"):
+            by_arm.setdefault(job["arm_run_id"], []).append(job)
+    for arm_run_id, arm_jobs in by_arm.items():
+        logger = RunLogger(client, arm_run_id)
+        finished = [job["run_id"] for job in arm_jobs if job["key"] not in failures]
+        if finished:
+            log_arm_summary(logger, finished)
+        logger.finish("FAILED" if len(finished) < len(arm_jobs) else "FINISHED")
 
 
 def _finish_if_running(client, run_id: str, status: str) -> None:
@@ -263,6 +288,7 @@ def submit_experiment(
     gpus_per_arm: float = 0.0,
     wait: bool = True,
     console: Console | None = None,
+    seeds_option: str | None = None,
 ):
     """Submit every arm of an experiment to Ray; returns :class:`polyrl.launch.runner.ExperimentResult`.
 
@@ -277,7 +303,7 @@ def submit_experiment(
     if not wait and address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
         raise ConfigError("--no-wait needs a running Ray cluster (--address auto or ray://host:port): "
                           "a local cluster started by this command stops when the command ends")
-    configs = load_experiment(path, set_options=set_options)
+    configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option)
     first = next(iter(configs.values()))
     tracking_uri = absolute_tracking_uri(resolve_tracking_uri(first.tracking.uri))
     probe_tracking(tracking_uri)
@@ -302,62 +328,78 @@ def submit_experiment(
             raise ConfigError(f"--address {address or os.environ.get('RAY_ADDRESS')}: cannot reach a Ray cluster: {error}") from None
         started_ray = True
     try:
-        return _submit_connected(path, configs, first, tracking_uri, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
+        return _submit_connected(path, configs, seeds, first, tracking_uri, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
                                  gpus_per_arm=gpus_per_arm, wait=wait, console=console)
     finally:
         if started_ray:
             ray.shutdown()  # with --no-wait this only disconnects: the detached supervisor keeps running
 
 
-def _submit_connected(path, configs, first, tracking_uri, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
+def _submit_connected(path, configs, seeds, first, tracking_uri, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
     folder = experiment_dir(first).resolve()
     # Held while this driver supervises (a --no-wait submit hands the arms over and lets go).
     lock = acquire_lock(folder, experiment=first.name, command=f"polyrl submit {path}", echo=console.print)
     try:
-        return _submit_locked(path, configs, first, tracking_uri, folder, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
+        return _submit_locked(path, configs, seeds, first, tracking_uri, folder, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
                               gpus_per_arm=gpus_per_arm, wait=wait, console=console)
     finally:
         lock.release()
 
 
-def _submit_locked(path, configs, first, tracking_uri, folder, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
+def _submit_locked(path, configs, seeds, first, tracking_uri, folder, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
     import ray
 
     archive_previous_run(folder)  # as polyrl run: a new run never overwrites an earlier one's checkpoints
     tracker = ExperimentTracker(tracking_uri, first.tracking.experiment or first.name)
+    seed_tags = {} if seeds is None else {"polyrl.seeds": ",".join(map(str, seeds))}
     parent = start_experiment_run(tracker, first.name, arms=list(configs), yaml_text=yaml_text(path), config_path=path,
-                                  tags={"polyrl.launcher": "ray"})
+                                  tags={"polyrl.launcher": "ray", **seed_tags})
     state_path = folder / STATE_FILE
     state: dict[str, Any] = {"tracking_uri": tracking_uri, "parent_run_id": parent.run_id, "experiment": first.name,
-                             "config_path": str(path), "arms": {}, "finished": [], "launcher": "ray"}
+                             "config_path": str(path), "arms": {}, "finished": [], "launcher": "ray", "seeds": seeds}
+    if seeds is not None:
+        state["runs"] = {}
     jobs: list[dict[str, Any]] = []
     threads = max(1, int(cpus_per_arm))
     try:
-        for arm, config in configs.items():
+        for unit in expand_units(configs, seeds):
+            config = unit.config
             if config.train.threads is None:  # torch would otherwise take every core of the node
                 config = config.model_copy(update={"train": config.train.model_copy(update={"threads": threads})})
-            arm_dir = folder / arm
-            logger = start_arm_run(tracker, parent.run_id, arm, config, arm_dir=arm_dir)
-            state["arms"][arm] = logger.run_id
-            jobs.append({"experiment": first.name, "arm": arm, "run_id": logger.run_id, "parent_run_id": parent.run_id,
-                         "tracking_uri": tracking_uri, "config_yaml": to_yaml(config), "arm_dir": str(arm_dir), "cwd": os.getcwd()})
+            arm_run_id = None
+            if seeds is not None:
+                if unit.arm not in state["arms"]:
+                    state["arms"][unit.arm] = start_seeded_arm_run(tracker, parent.run_id, unit.arm, configs[unit.arm], seeds,
+                                                                   folder, None, console.print).run_id
+                arm_run_id = state["arms"][unit.arm]
+            arm_dir = folder / unit.key
+            logger = start_arm_run(tracker, arm_run_id or parent.run_id, unit.arm, config, arm_dir=arm_dir, seed=unit.seed)
+            (state["arms"] if seeds is None else state["runs"])[unit.key] = logger.run_id
+            jobs.append({"experiment": first.name, "arm": unit.arm, "key": unit.key, "run_id": logger.run_id,
+                         "arm_run_id": arm_run_id, "parent_run_id": parent.run_id, "tracking_uri": tracking_uri,
+                         "config_yaml": to_yaml(config), "arm_dir": str(arm_dir), "cwd": os.getcwd()})
         write_state(state_path, state)
     except BaseException:
+        for arm_run_id in {job["arm_run_id"] for job in jobs if job["arm_run_id"]}:
+            _finish_if_running(parent.client, arm_run_id, "FAILED")
         parent.finish("FAILED")
         raise
 
-    result = ExperimentResult(first.name, tracking_uri, parent.run_id, dict(state["arms"]), experiment_dir=folder)
+    result = ExperimentResult(first.name, tracking_uri, parent.run_id, dict(state["arms"]), experiment_dir=folder, seeds=seeds,
+                              seed_run_ids=dict(state.get("runs", {})))
     try:
         task_options = {"num_cpus": cpus_per_arm, "num_gpus": gpus_per_arm, "runtime_env": {"env_vars": _worker_env()}}
         cluster_cpus = ray.cluster_resources().get("CPU", 0)
         console.print(f"[bold]polyrl[/] submit [cyan]{first.name}[/] · arms: {', '.join(configs)} · "
+                      + (f"seeds: {', '.join(map(str, seeds))} · " if seeds is not None else "") +
                       f"{'parallel' if parallel_arms else 'sequential'}, {cpus_per_arm:g} CPU each (cluster: {cluster_cpus:g} CPUs) · "
                       f"MLflow: {tracking_uri}")
-        console.print(f"parent run {parent.run_id} · " + " · ".join(f"{arm}: {run_id}" for arm, run_id in result.arm_run_ids.items()))
+        console.print(f"parent run {parent.run_id} · " + " · ".join(f"{key}: {job_id}" for key, job_id in
+                                                                   {job["key"]: job["run_id"] for job in jobs}.items()))
         if wait:
             results = _supervise(jobs, parallel=parallel_arms, task_options=task_options, tracking_uri=tracking_uri,
                                  parent_run_id=parent.run_id, state_path=str(state_path), echo=console.print)
-            result.final_metrics = {arm: results[arm]["final_metrics"] for arm in configs}
+            result.final_metrics = {job["key"]: results[job["key"]]["final_metrics"] for job in jobs}
         else:
             supervisor = ray.remote(_Supervisor).options(name=f"polyrl-supervisor-{parent.run_id}", namespace="polyrl", lifetime="detached", num_cpus=0,
                                                          runtime_env=task_options["runtime_env"]).remote()
@@ -367,6 +409,8 @@ def _submit_locked(path, configs, first, tracking_uri, folder, *, parallel_arms,
         if parent.client.get_run(parent.run_id).info.status == "RUNNING":  # failed before the arms were handed over
             for job in jobs:
                 _finish_if_running(parent.client, job["run_id"], "FAILED")
+                if job["arm_run_id"]:
+                    _finish_if_running(parent.client, job["arm_run_id"], "FAILED")
             parent.finish("FAILED")
         raise
     return result
@@ -385,16 +429,18 @@ def submit_command(
     cpus_per_arm: float = typer.Option(1.0, "--cpus-per-arm", help="Ray CPUs per arm (also the arm's torch threads unless train.threads is set)."),
     gpus_per_arm: float = typer.Option(0.0, "--gpus-per-arm", help="Ray GPUs per arm (0: the arm sees no GPU)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the arms (default) or return once submitted (needs --address)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Run every arm with these seeds, each arm × seed a Ray task: a count "
+                                                            "(--seeds 3 = 0,1,2) or a list (--seeds 0,1,2); overrides the YAML's seeds and seed."),
 ) -> None:
     """Run the arms of an experiment as Ray tasks (local Ray by default), logged to MLflow under one parent run."""
     from polyrl.launch.cli_errors import user_errors
 
     with user_errors():  # ArmFailedError exits 1, every other PolyrlError 2
         result = submit_experiment(config, set_options=set_, address=address, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
-                                   gpus_per_arm=gpus_per_arm, wait=wait, console=_console)
+                                   gpus_per_arm=gpus_per_arm, wait=wait, console=_console, seeds_option=seeds)
     for name, metrics in result.final_metrics.items():
         _console.print(
-            f"arm [cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
+            f"[cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
             f"accuracy {metrics.get('train/accuracy', float('nan')):.3f} · "
             f"length {metrics.get('rollout/response_length/mean', float('nan')):.1f}"
         )

@@ -292,7 +292,7 @@ def _check_seeds_on_resume(state: dict[str, Any], seeds: list[int] | None, name:
 
 def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_change, console, show_progress, stop: StopSignals,
                 where: dict[str, Any]) -> ExperimentResult:
-    from polyrl.launch.seeds import expand_units
+    from polyrl.launch.seeds import expand_units, start_seeded_arm_run
 
     state_path = folder / STATE_FILE
     state = read_state(state_path)
@@ -340,7 +340,7 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
                     _record_run_id(result, state, unit)
                     continue
                 if arm not in arm_loggers:
-                    arm_loggers[arm] = _start_seeded_arm_run(tracker, parent.run_id, arm, configs[arm], seeds, folder,
+                    arm_loggers[arm] = start_seeded_arm_run(tracker, parent.run_id, arm, configs[arm], seeds, folder,
                                                              state["arms"].get(arm), console.print)
                     state["arms"][arm] = arm_loggers[arm].run_id
                     write_state(state_path, state)
@@ -369,18 +369,6 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
         raise
     parent.finish()
     return result
-
-
-def _start_seeded_arm_run(tracker, parent_run_id, arm, config, seeds, folder, resume_run_id, echo) -> RunLogger:
-    """The arm's run over its seeds: the arm's params (``seeds`` in place of ``seed``), no training of its own."""
-    seeds_text = ",".join(map(str, seeds))
-    logger = tracker.start_arm(parent_run_id, arm, resume_run_id=resume_run_id, buffer_dir=folder, echo=echo,
-                               tags={"polyrl.seeds": seeds_text})
-    if not resume_run_id:
-        params = flatten(config.model_dump(mode="json"))
-        params.pop("seed", None)
-        logger.log_params(params | {"seeds": seeds_text})
-    return logger
 
 
 def _record_run_id(result: ExperimentResult, state: dict[str, Any], unit) -> None:

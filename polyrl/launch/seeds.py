@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polyrl.config.schema import ExperimentConfig, experiment_seeds, load_experiment, read_yaml
+from polyrl.config.schema import ExperimentConfig, experiment_seeds, flatten, load_experiment, read_yaml
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,19 @@ def load_plan(path: str | Path, *, set_options: list[str] | None = None, seeds_o
     """Each arm's resolved config and the experiment's seeds (None: one run per arm)."""
     configs = load_experiment(path, set_options=set_options)
     return configs, experiment_seeds(read_yaml(path), source=str(path), option=seeds_option)
+
+
+def start_seeded_arm_run(tracker, parent_run_id: str, arm: str, config: ExperimentConfig, seeds: list[int], folder: Path,
+                         resume_run_id: str | None, echo):
+    """The arm's run over its seeds: the arm's params (``seeds`` in place of ``seed``), no training of its own."""
+    seeds_text = ",".join(map(str, seeds))
+    logger = tracker.start_arm(parent_run_id, arm, resume_run_id=resume_run_id, buffer_dir=folder, echo=echo,
+                               tags={"polyrl.seeds": seeds_text})
+    if not resume_run_id:
+        params = flatten(config.model_dump(mode="json"))
+        params.pop("seed", None)
+        logger.log_params(params | {"seeds": seeds_text})
+    return logger
 
 
 def summary_keys() -> list[str]:
