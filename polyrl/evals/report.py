@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from polyrl.core.folders import replace_dir
+
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 SAMPLES_JSONL = "samples.jsonl"
@@ -54,15 +56,7 @@ def write_atomic_dir(out_dir: Path, files: dict[str, str]) -> Path:
     try:
         for name, text in files.items():
             (staging / name).write_text(text)
-        if out_dir.exists():
-            # Two renames, not an rmtree first: until the new folder is in place the old one
-            # exists under one of its two names.
-            retired = out_dir.with_name(f".{out_dir.name}.old-{token}")
-            out_dir.rename(retired)
-            staging.rename(out_dir)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            staging.rename(out_dir)
+        replace_dir(staging, out_dir)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from polyrl.core.folders import replace_dir
 from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine
 from polyrl.engines.hf_engine import HFRolloutEngine
@@ -369,14 +370,14 @@ def build_warm_policy(
         }
         (temporary / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         (temporary / COMPLETE_MARKER).write_text(final.name + "\n")
-        if final.exists() and (force or not _is_complete(final)):
-            shutil.rmtree(final, ignore_errors=True)
-        try:
-            os.rename(temporary, final)
-        except OSError:
-            if not _is_complete(final):  # someone else's half-written dir would be odd; retry once
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(temporary, final)
+        # A complete folder that appeared meanwhile is a concurrent build of the same key: the
+        # same weights, kept as it is.
+        if force or not _is_complete(final):
+            try:
+                replace_dir(temporary, final)
+            except OSError:
+                if not _is_complete(final):
+                    raise
     finally:
         torch.set_num_threads(previous_threads)
         if temporary.exists():
