@@ -10,6 +10,7 @@ from rich.table import Table
 from polyrl.algos.advantages import get_advantage, list_advantages
 from polyrl.algos.objectives import get_objective, list_objectives
 from polyrl.algos.params import Params, describe_param
+from polyrl.launch.cli_errors import fail
 
 app = typer.Typer(help="Policy objectives and advantage estimators registered in polyrl.", no_args_is_help=True)
 
@@ -53,8 +54,7 @@ def show_command(
     try:
         spec = get_advantage(name) if advantage else get_objective(name)
     except ValueError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
+        fail(str(error))
     console = Console()
     console.print(f"[bold]{escape(spec.name)}[/bold]: {escape(spec.description)}\n{escape(spec.paper)}")
     if getattr(spec, "deviations", ""):

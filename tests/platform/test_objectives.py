@@ -460,4 +460,6 @@ def test_objectives_show_lists_typed_params():
     result = CliRunner().invoke(app, ["show", "group_norm", "--advantage"], env={"COLUMNS": "250"})
     assert result.exit_code == 0 and "'group' or 'batch'" in result.output
     result = CliRunner().invoke(app, ["show", "trpo"])
-    assert result.exit_code == 2 and "registered objectives" in result.output
+    # Reported like every other command's user error: "error: ..." on stderr, exit 2, no traceback.
+    assert result.exit_code == 2 and "registered objectives" in result.output and "Traceback" not in result.output
+    assert result.output.startswith("error: unknown objective 'trpo'")
