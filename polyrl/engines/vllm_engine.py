@@ -46,6 +46,9 @@ def request_seed(seed: int | None, prompt_index: int, n: int) -> int | None:
 
 def _reload_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]], refresh_output_head: bool) -> int:
     """Runs inside the vLLM worker (in-process: a direct call). Returns the number of tensors."""
+    from polyrl.engines.vllm_quiet import install_weight_sync_filter
+
+    install_weight_sync_filter()  # in the worker's process: drops the rotary-cache warning, escalates real misses
     inner = getattr(worker, "worker", None) or worker
     runner = inner.model_runner
     runner.reload_weights(weights_iterator=iter(weights))

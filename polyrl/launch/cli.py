@@ -6,7 +6,10 @@ as one clear message and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import shlex
 import subprocess
 import sys
 import webbrowser
@@ -16,12 +19,12 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-# The CLI shows its own progress; the libraries' INFO logs and weight-loading bars would bury it.
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+from polyrl.launch.logs import LOG_FILE, command_logging, eval_log_path, experiment_log_path, quiet_library_environment
+
+# The CLI shows its own lines; the libraries' logs go to <run folder>/polyrl.log (launch/logs.py),
+# so they must not install their own terminal handlers when they are imported.
+quiet_library_environment()
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from polyrl.launch.cli_errors import user_errors
 from polyrl.launch.eval_cli import eval_command
@@ -36,10 +39,33 @@ app = typer.Typer(
 )
 app.add_typer(objectives_app, name="objectives")
 app.add_typer(rewards_app, name="rewards")
-app.command("submit", help="Run an experiment's arms as Ray tasks (local Ray by default, or --address).")(submit_command)
-app.command("eval", help="Evaluate one or more models (folders or MLflow runs) on an eval suite.")(eval_command)
-
 console = Console()
+
+VERBOSE_HELP = f"Also show vLLM's, transformers' and other libraries' logs here (always written to {LOG_FILE} in the run folder)."
+
+
+def with_verbose(command, log_path_of):
+    """``command`` with a ``--verbose`` option; the libraries' output goes to ``log_path_of(arguments)``."""
+    signature = inspect.signature(command)
+    verbose = inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                                default=typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP))
+
+    @functools.wraps(command)
+    def wrapper(*args, verbose: bool = False, **kwargs):
+        arguments = signature.bind(*args, **kwargs).arguments
+        with user_errors():
+            log_path = log_path_of(arguments)
+            with command_logging(log_path, verbose=verbose, command=shlex.join(sys.argv)):
+                return command(**arguments)
+
+    wrapper.__signature__ = signature.replace(parameters=[*signature.parameters.values(), verbose])
+    return wrapper
+
+
+app.command("submit", help="Run an experiment's arms as Ray tasks (local Ray by default, or --address).")(
+    with_verbose(submit_command, lambda a: experiment_log_path(a["config"], a.get("set_"))))
+app.command("eval", help="Evaluate one or more models (folders or MLflow runs) on an eval suite.")(
+    with_verbose(eval_command, lambda a: eval_log_path(a["suite"], a.get("out"))))
 
 
 @app.command()
@@ -75,6 +101,7 @@ def run(
                                                   "instead of refusing it; model, data, seed and tracking changes stay refused."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Run every arm with these seeds: a count (--seeds 3 = 0,1,2) or a list "
                                                             "(--seeds 0,1,2); overrides the YAML's seeds and seed."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Run every arm of an experiment and log it to MLflow."""
     from polyrl.launch.preflight import preflight_file
@@ -83,9 +110,13 @@ def run(
     with user_errors():
         # Rewards, model folder and data are checked before any MLflow run or model exists.
         preflight_file(config, set_options=set_, only_arms=arm)
-        result = run_experiment(config, set_options=set_, resume=resume, only_arms=arm or None, console=console,
-                                show_progress=False if no_progress else None, allow_config_change=allow_config_change,
-                                seeds_option=seeds)
+        log_path = experiment_log_path(config, set_)
+        if not verbose:
+            console.print(f"library logs: {log_path} (--verbose shows them here)", highlight=False)
+        with command_logging(log_path, verbose=verbose, command=shlex.join(sys.argv)):
+            result = run_experiment(config, set_options=set_, resume=resume, only_arms=arm or None, console=console,
+                                    show_progress=False if no_progress else None, allow_config_change=allow_config_change,
+                                    seeds_option=seeds)
     for name, metrics in result.final_metrics.items():
         console.print(
             f"[cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "

@@ -33,6 +33,7 @@ from polyrl.core.errors import PolyrlError
 from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint, read_checkpoint_info, remove_partial_checkpoints
 from polyrl.config.schema import ConfigError, ExperimentConfig, experiment_seeds, flatten, load_experiment, read_yaml, to_yaml
 from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
+from polyrl.launch.logs import LOG_FILE
 from polyrl.launch.resume_config import ConfigChange, check_resume_changes, config_snapshot, describe_changes, resume_changes
 from polyrl.launch.run_lock import LOCK_FILE, acquire_lock
 from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, TrackingUnavailableError, probe_tracking, resolve_tracking_uri
@@ -171,8 +172,9 @@ def resume_command(path: str | Path, set_options: list[str] | None, only_arms: l
 
 
 def archive_previous_run(folder: Path) -> Path | None:
-    """Move an earlier run's files aside (``<name>.previous-<time>``); the lock file stays."""
-    entries = [p for p in folder.iterdir() if p.name != LOCK_FILE] if folder.is_dir() else []
+    """Move an earlier run's files aside (``<name>.previous-<time>``); the lock file and the
+    library log (open for appending by this command, one header per command) stay."""
+    entries = [p for p in folder.iterdir() if p.name not in (LOCK_FILE, LOG_FILE)] if folder.is_dir() else []
     if not entries:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
