@@ -60,18 +60,16 @@ def load_samples(spec: DatasetSpec, *, base_dir: Path | None, limit: int | None)
         prompt_field=spec.prompt_field,
         answer_field=spec.answer_field,
         references_field=spec.references_field,
+        images_field=spec.image_field or "images",
         limit=cap,
     )
-    samples = rows_to_prompt_samples(
-        dataset, prompt_field=spec.prompt_field, answer_field=spec.answer_field, references_field=spec.references_field
+    if spec.image_field and spec.image_field not in dataset.column_names:
+        raise EvalError(f"datasets[{spec.label}].image_field: column {spec.image_field!r} not in {dataset.column_names}")
+    # The prompt loader opens the images (RGB PIL) into PromptSample.images (data/images.py).
+    return rows_to_prompt_samples(
+        dataset, prompt_field=spec.prompt_field, answer_field=spec.answer_field, references_field=spec.references_field,
+        images_field=spec.image_field or "images",
     )
-    if spec.image_field:
-        if spec.image_field not in dataset.column_names:
-            raise EvalError(f"datasets[{spec.label}].image_field: column {spec.image_field!r} not in {dataset.column_names}")
-        for sample in samples:
-            value = sample.fields.pop(spec.image_field, None)
-            sample.images = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
-    return samples
 
 
 class SuiteRunner:

@@ -88,12 +88,16 @@ def test_eval_unscored_samples_are_left_out_of_accuracy_and_pass_at_k(tmp_path, 
 
 
 def test_eval_limit_caps_the_suite_and_images_are_carried(tmp_path, jsonl, scripted_engine):
-    rows = [{"prompt": p, "answer": "2", "image": f"img{i}.png"} for i, p in enumerate(SCRIPT)]
+    from PIL import Image
+
+    for i in range(3):  # image paths are relative to the data file's folder
+        Image.new("RGB", (4, 4), (60 * i, 0, 0)).save(tmp_path / f"img{i}.png")
+    rows = [{"prompt": "<image>" + p, "answer": "2", "image": f"img{i}.png"} for i, p in enumerate(SCRIPT)]
     suite = parse_suite({"name": "i", "datasets": {"name": "i", "source": str(jsonl(tmp_path / "i.jsonl", rows)), "image_field": "image", "limit": 3}})
     runner = SuiteRunner(suite, limit=2)
-    assert [s.images for s in runner.datasets[0].samples] == [["img0.png"], ["img1.png"]]
+    assert [[image.getpixel((0, 0)) for image in s.images] for s in runner.datasets[0].samples] == [[(0, 0, 0)], [(60, 0, 0)]]
     assert "image" not in runner.datasets[0].samples[0].fields
-    result = runner.run(scripted_engine(SCRIPT))
+    result = runner.run(scripted_engine({"<image>" + p: texts for p, texts in SCRIPT.items()}))
     assert result.datasets["i"] == {"prompts": 2, "samples": 2}
 
 
