@@ -1,0 +1,96 @@
+"""The machine's measured fp32 matmul peak: ``torch.matmul`` at the learner's shapes and a large
+square, on 1 and 2 threads, in GFLOP/s (2·M·N·K per product).
+
+Run: ``python bench/bench_matmul.py`` (``--size 3m`` for the 3m policy's shapes; ``--threads 1 2 4``).
+``bench/bench_step.py`` imports :func:`measure_peak` to put the update's achieved FLOP/s against it.
+
+The learner's shapes are those of one micro-batch of the policy (``tokens`` rows = micro-batch
+size × padded length): forward ``X @ Wᵀ`` for the attention and MLP projections, and the two
+backward products (input grad ``dY @ W``, weight grad ``dYᵀ @ X``). On a loaded machine the
+figures move with the load: interleave runs you compare and report ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from polyrl.models.text import MODEL_SIZES  # noqa: E402
+
+
+def learner_shapes(size: str, tokens: int) -> list[tuple[str, int, int, int]]:
+    """(name, M, K, N) of the products one layer of the ``size`` policy runs per micro-batch."""
+    dims = MODEL_SIZES[size]
+    hidden, inter = dims["hidden_size"], dims["intermediate_size"]
+    kv = hidden * dims["num_key_value_heads"] // dims["num_attention_heads"]
+    return [
+        ("q/o proj fwd", tokens, hidden, hidden),
+        ("k/v proj fwd", tokens, hidden, kv),
+        ("gate/up fwd", tokens, hidden, inter),
+        ("down fwd", tokens, inter, hidden),
+        ("gate/up input grad", tokens, inter, hidden),
+        ("gate/up weight grad", inter, tokens, hidden),
+    ]
+
+
+def gflops(m: int, k: int, n: int, *, seconds: float = 0.25, repeats: int = 3) -> float:
+    """Median GFLOP/s of ``a @ b`` with ``a: m×k``, ``b: k×n``, each repeat timed over ~``seconds``."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    out = torch.empty(m, n)
+    torch.matmul(a, b, out=out)  # first call: allocation, kernel selection
+    start = time.perf_counter()
+    torch.matmul(a, b, out=out)
+    once = max(time.perf_counter() - start, 1e-6)
+    iterations = max(1, int(seconds / once))
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(iterations):
+            torch.matmul(a, b, out=out)
+        rates.append(2 * m * k * n * iterations / (time.perf_counter() - start) / 1e9)
+    return statistics.median(rates)
+
+
+def measure(size: str, tokens: int, threads: int, square: int = 2048) -> dict[str, float]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rows = {name: gflops(m, k, n) for name, m, k, n in learner_shapes(size, tokens)}
+        rows[f"square {square}"] = gflops(square, square, square, seconds=0.5)
+        return rows
+    finally:
+        torch.set_num_threads(previous)
+
+
+def measure_peak(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None) -> float:
+    """The best GFLOP/s of the learner's shapes and a large square at ``threads`` (default: torch's)."""
+    return max(measure(size, tokens, threads or torch.get_num_threads()).values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="30m", choices=sorted(MODEL_SIZES))
+    parser.add_argument("--tokens", type=int, default=16 * 53, help="Rows of a micro-batch (default 16 sequences × 53 positions).")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--square", type=int, default=2048)
+    args = parser.parse_args()
+    print(f"# fp32 matmul GFLOP/s, torch {torch.__version__}, {args.size} learner shapes at {args.tokens} rows, "
+          f"square {args.square}")
+    results = {t: measure(args.size, args.tokens, t, args.square) for t in args.threads}
+    names = list(next(iter(results.values())))
+    print("\n| product | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in args.threads) + " |")
+    print("|---|" + "---|" * len(args.threads))
+    for name in names:
+        print(f"| {name} | " + " | ".join(f"{results[t][name]:.1f}" for t in args.threads) + " |")
+    print("| **peak** | " + " | ".join(f"**{max(results[t].values()):.1f}**" for t in args.threads) + " |")
+
+
+if __name__ == "__main__":
+    main()
