@@ -19,6 +19,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from polyrl.core.errors import PolyrlError
 from polyrl.config.presets import PRESETS, PresetError, preset_overrides
+from polyrl.config.validation_errors import format_validation_error
 from polyrl.config.yaml_files import YAMLFileError, safe_load_unique
 from polyrl.rewards import RewardSpec
 
@@ -334,78 +335,6 @@ def parse_set_options(assignments: list[str]) -> dict[str, Any]:
     return expand_dotted(overrides)
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        else:
-            parts.append(("." if parts else "") + str(item))
-    return "".join(parts) or "(top level)"
-
-
-def _allowed_values(error: dict[str, Any]) -> str:
-    ctx = error.get("ctx") or {}
-    if ctx.get("allowed"):
-        return f"allowed: {ctx['allowed']}"
-    if "expected" in ctx:
-        return f"allowed: {ctx['expected']}"
-    for bound, word in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-        if bound in ctx:
-            return f"allowed: {word} {ctx[bound]}"
-    if error["type"] == "extra_forbidden":
-        return ""
-    return ""
-
-
-def format_validation_error(error: ValidationError, *, source: str, prefix: tuple[Any, ...] = (), model: type[BaseModel] | None = None,
-                            what: str = "experiment config") -> str:
-    """One line per problem: field path, message, the bad value and what is allowed (also used
-    for eval suites, ``what="eval suite"``)."""
-    lines = [f"{source}: invalid {what}"]
-    for item in error.errors():
-        loc = prefix + tuple(item["loc"])
-        path = _location(loc)
-        message = item["msg"]
-        if message.startswith("Value error, "):
-            message = message[len("Value error, ") :]
-        value = item.get("input")
-        detail = f"  - {path}: {message}"
-        if item["type"] == "extra_forbidden":
-            siblings = _sibling_fields(model, tuple(item["loc"])[:-1]) if model else []
-            detail = f"  - {path}: unknown field" + (f"; allowed: {', '.join(siblings)}" if siblings else "")
-        elif item["type"] != "missing" and not isinstance(value, (dict, list)):
-            detail += f" (got {value!r})"
-        allowed = _allowed_values(item)
-        if allowed and "allowed" not in detail:
-            detail += f"; {allowed}"
-        lines.append(detail)
-    return "\n".join(lines)
-
-
-def _sibling_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    current: Any = model
-    for part in loc:
-        if isinstance(part, int) or current is None:
-            continue
-        field = getattr(current, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        annotation = field.annotation
-        current = _model_in(annotation)
-    return sorted(getattr(current, "model_fields", {}).keys()) if current is not None else []
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
-
-
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
@@ -425,7 +354,7 @@ def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: di
     Order of precedence, lowest first: schema defaults, preset, base keys, arm keys, ``--set``.
     """
     raw = copy.deepcopy(raw)
-    raw.pop("seeds", None)  # the experiment's seed axis, not a run setting: experiment_seeds() reads it
+    raw.pop("seeds", None)  # the experiment's seed axis, not a run setting: config.seeds reads it
     arms_raw = raw.pop("arms", None) or {}
     if not isinstance(arms_raw, dict):
         raise ConfigError(f"{source}: invalid experiment config\n  - arms: expected a mapping of arm name to overrides (got {type(arms_raw).__name__})")
@@ -457,55 +386,6 @@ def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: di
             raise ConfigError(format_validation_error(error, source=source + (f" (arm {arm_name!r})" if arms_raw else ""), model=ExperimentConfig)) from None
         resolved[arm_name] = config
     return resolved
-
-
-SEEDS_ALLOWED = "a count (seeds: 3 means seeds 0, 1, 2) or a list of distinct non-negative integers (seeds: [0, 1, 2])"
-
-
-def normalise_seeds(value: Any, *, where: str) -> list[int]:
-    """``3`` → ``[0, 1, 2]``; ``[4, 7]`` → ``[4, 7]``; anything else is a ConfigError at ``where``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise ConfigError(f"{where}: a seed count must be >= 1 (got {value!r}); allowed: {SEEDS_ALLOWED}")
-        return list(range(value))
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        if len(set(value)) != len(value):
-            raise ConfigError(f"{where}: seeds repeat (got {value!r}); allowed: {SEEDS_ALLOWED}")
-        return list(value)
-    raise ConfigError(f"{where}: got {value!r}; allowed: {SEEDS_ALLOWED}")
-
-
-def parse_seeds_option(text: str) -> list[int]:
-    """``--seeds 3`` (a count) or ``--seeds 0,1,2`` (a list; ``--seeds 7,`` is the one seed 7)."""
-    raw = text.strip()
-    try:
-        if "," in raw:
-            value: Any = [int(part) for part in raw.split(",") if part.strip()]
-        else:
-            value = int(raw)
-    except ValueError:
-        raise ConfigError(f"--seeds {text!r}: allowed: {SEEDS_ALLOWED}, e.g. --seeds 3 or --seeds 0,1,2") from None
-    return normalise_seeds(value, where=f"--seeds {text!r}")
-
-
-def experiment_seeds(raw: dict[str, Any], *, source: str = "<config>", option: str | None = None) -> list[int] | None:
-    """The seeds every arm runs with, or None for one run per arm (the file's ``seed``).
-
-    ``--seeds`` wins over the file's ``seeds`` and ``seed``. In the file, ``seeds`` with a
-    ``seed`` (top level or in an arm) is refused: one of the two would be silently ignored.
-    """
-    if option is not None:
-        return parse_seeds_option(option)
-    if raw.get("seeds") is None:
-        return None
-    seeds = normalise_seeds(raw["seeds"], where=f"{source}: invalid experiment config\n  - seeds")
-    arms = raw.get("arms") if isinstance(raw.get("arms"), dict) else {}
-    clashes = ["seed"] if "seed" in raw else []
-    clashes += [f"arms.{arm}.seed" for arm, body in arms.items() if isinstance(body, dict) and "seed" in body]
-    if clashes:
-        raise ConfigError(f"{source}: invalid experiment config\n  - {clashes[0]}: set together with seeds; each run's seed comes "
-                          "from seeds, so remove it (or remove seeds for a single run)")
-    return seeds
 
 
 def load_experiment(path: str | Path, *, set_options: list[str] | None = None) -> dict[str, ExperimentConfig]:

@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from polyrl.core.errors import PolyrlError
-from polyrl.config.schema import check_safe_name, format_validation_error
+from polyrl.config.schema import check_safe_name
+from polyrl.config.validation_errors import format_validation_error
 from polyrl.config.yaml_files import YAMLFileError, safe_load_unique
 from polyrl.core.types import SamplingSettings
 from polyrl.rewards import RewardSpec

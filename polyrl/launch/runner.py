@@ -31,7 +31,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from polyrl.core.errors import PolyrlError
 from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint, read_checkpoint_info, remove_partial_checkpoints
-from polyrl.config.schema import ConfigError, ExperimentConfig, experiment_seeds, flatten, load_experiment, read_yaml, to_yaml
+from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml, to_yaml
+from polyrl.config.seeds import experiment_seeds
 from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
 from polyrl.launch.logs import LOG_FILE
 from polyrl.launch.resume_config import ConfigChange, check_resume_changes, config_snapshot, describe_changes, resume_changes

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from polyrl.config.schema import ExperimentConfig, experiment_seeds, flatten, load_experiment, read_yaml
+from polyrl.config.schema import ExperimentConfig, flatten, load_experiment, read_yaml
+from polyrl.config.seeds import experiment_seeds
 
 
 @dataclass(frozen=True)

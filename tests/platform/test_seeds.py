@@ -11,7 +11,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from polyrl.config.schema import ConfigError, experiment_seeds, parse_seeds_option
+from polyrl.config.schema import ConfigError
+from polyrl.config.seeds import experiment_seeds, parse_seeds_option
 from polyrl.launch.compare import compare_experiment, experiment_compare_url
 from polyrl.launch.runner import run_experiment
 from polyrl.tracking.mlflow_runs import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_TAG
