@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from polyrl.config.schema import resolve_arms
-from polyrl.roles.trainer import ArmTrainer
+from polyrl.roles.pipeline import BatchPipeline
+from polyrl.roles.setup import build_arm
 from polyrl.tasks import drawing
 
 
@@ -32,27 +33,28 @@ def drawing_ppo_config(tmp_path, policy_dir, **modalities) -> dict:
 @pytest.mark.slow
 def test_ppo_gae_gives_image_tokens_the_image_setting(tmp_path, drawing_policy_dir):
     config = resolve_arms(drawing_ppo_config(tmp_path, drawing_policy_dir))["main"]
-    trainer = ArmTrainer(config, arm="main", arm_dir=tmp_path / "runs" / "main")
-    trainer.setup()
+    arm = build_arm(config, arm="main", arm_dir=tmp_path / "runs" / "main")
     seen: list[dict] = []
     try:
-        assert trainer.estimator.name == "gae" and trainer.critic is not None
-        fn, compute = trainer.estimator.fn, trainer.compute_advantages
+        context = arm.pipeline.context
+        assert context.estimator.name == "gae" and arm.critic is not None
+        fn = context.estimator.fn
 
-        def spy(**kwargs):  # records what GAE receives, then runs the real estimator
-            seen[-1].update(gammas=kwargs["gammas"].clone(), lambdas=kwargs["lambdas"].clone(), mask=kwargs["mask"].clone())
-            return fn(**kwargs)
+        def spy(inputs, **params):  # records what GAE receives, then runs the real estimator
+            seen[-1].update(gammas=inputs.gammas.clone(), lambdas=inputs.lambdas.clone(), mask=inputs.mask.clone())
+            return fn(inputs, **params)
 
-        def recording_compute(rollout, scores):
-            seen.append({"modalities": [c.completion_token_modalities for c in rollout.completions]})
-            return compute(rollout, scores)
+        def record(batch, context):  # a first pipeline stage that records the rollout's token modalities
+            seen.append({"modalities": [c.completion_token_modalities for c in batch.rollout.completions]})
+            return batch
 
-        trainer.estimator = dataclasses.replace(trainer.estimator, fn=spy)
-        trainer.compute_advantages = recording_compute
-        policy_before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
-        history = trainer.run()
+        arm.pipeline = BatchPipeline(dataclasses.replace(context, estimator=dataclasses.replace(context.estimator, fn=spy)),
+                                     stages=(record, *arm.pipeline.stages))
+        policy = arm.learner.policy
+        policy_before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+        history = arm.loop().run()
     finally:
-        trainer.close()
+        arm.close()
 
     assert len(seen) == 2 and all("gammas" in s for s in seen)
     image_tokens = 0
@@ -66,4 +68,4 @@ def test_ppo_gae_gives_image_tokens_the_image_setting(tmp_path, drawing_policy_d
     # 32 completions, most of them a well-formed 9-cell grid
     assert image_tokens >= 9 * 16
     assert all(math.isfinite(h["actor/loss"]) and math.isfinite(h["value/loss"]) for h in history)
-    assert any(not torch.equal(policy_before[n], p) for n, p in trainer.policy.named_parameters())
+    assert any(not torch.equal(policy_before[n], p) for n, p in policy.named_parameters())
