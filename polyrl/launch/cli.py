@@ -124,7 +124,7 @@ def run(
             f"length {metrics.get('rollout/response_length/mean', float('nan')):.1f}"
         )
     console.print(f"MLflow: {result.tracking_uri} (parent run {result.parent_run_id})")
-    console.print(f"Compare the arms: polyrl compare {result.name}    ·    open the UI: polyrl ui")
+    console.print(f"Compare the arms: polyrl compare {result.name}    ·    in the MLflow UI: polyrl ui {result.name} --open")
 
 
 @app.command()

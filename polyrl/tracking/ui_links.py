@@ -13,12 +13,23 @@ def ui_base_url(tracking_uri: str, *, host: str = "127.0.0.1", port: int = 5000)
     return tracking_uri.rstrip("/") if is_server_uri(tracking_uri) else f"http://{host}:{port}"
 
 
+# MLflow 3's UI keeps a "GenAI | Model training" mode per browser (default GenAI, which hides
+# the runs behind a traces overview); the URL parameter sets it for the page it opens.
+MODEL_TRAINING_MODE = "workflowType=machine_learning"
+
+
 def compare_runs_url(base_url: str, experiment_id: str, run_ids: list[str]) -> str:
     """MLflow's compare-runs view with these runs selected (the route the UI's own Compare
-    button builds: ``#/compare-runs?runs=[...]&experiments=[...]``, JSON lists, URL-quoted)."""
+    button builds: ``#/compare-runs?runs=[...]&experiments=[...]``, JSON lists, URL-quoted),
+    opened in the UI's model-training mode."""
     runs = quote(json.dumps(list(run_ids)), safe="")
     experiments = quote(json.dumps([str(experiment_id)]), safe="")
-    return f"{base_url.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}"
+    return f"{base_url.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}&{MODEL_TRAINING_MODE}"
+
+
+def experiment_runs_url(base_url: str, experiment_id: str) -> str:
+    """The experiment's runs table in model-training mode (not the GenAI overview)."""
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{MODEL_TRAINING_MODE}"
 
 
 def run_ids_in_compare_url(url: str) -> list[str]:

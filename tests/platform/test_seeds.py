@@ -42,6 +42,16 @@ def test_bad_seeds_are_refused_with_the_field(raw, message):
         experiment_seeds(raw, source="exp.yaml")
 
 
+def test_compare_url_round_trip():
+    from polyrl.tracking.ui_links import compare_runs_url
+
+    url = compare_runs_url("http://127.0.0.1:5000/", "7", ["a1", "b2"])
+    # The UI's own Compare button route, JSON lists URL-quoted, in model-training mode.
+    assert url == ("http://127.0.0.1:5000/#/compare-runs?runs=%5B%22a1%22%2C%20%22b2%22%5D&experiments=%5B%227%22%5D"
+                   "&workflowType=machine_learning")
+    assert run_ids_in_compare_url(url) == ["a1", "b2"]
+
+
 def test_bad_seeds_option_is_refused():
     with pytest.raises(ConfigError, match="--seeds 'x'"):
         parse_seeds_option("x")
@@ -110,7 +120,7 @@ def test_two_seeds_two_arms_make_the_hierarchy_and_a_report_with_bands(tmp_path,
     # The compare-runs URL selects exactly the arm runs (not the seed runs, not the parent).
     assert sorted(run_ids_in_compare_url(comparison.compare_url)) == sorted(result.arm_run_ids.values())
     url = experiment_compare_url("seeded", tracking_uri=uri, base_url="http://127.0.0.1:5123")
-    assert url.startswith("http://127.0.0.1:5123/#/compare-runs?runs=")
+    assert url.startswith("http://127.0.0.1:5123/#/compare-runs?runs=") and url.endswith("&workflowType=machine_learning")
     assert sorted(run_ids_in_compare_url(url)) == sorted(result.arm_run_ids.values())
 
 
