@@ -6,6 +6,7 @@ import copy
 
 import torch
 
+from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.core.types import PromptSample, SamplingSettings
 
@@ -39,3 +40,15 @@ def perturbed(model, seed: int = 1, scale: float = 0.05):
         for parameter in new.parameters():
             parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
     return new
+
+
+def flat(groups):
+    return [c for group in groups for c in group]
+
+
+def gap_vs(model, completions, temperature: float, pad_id: int) -> float:
+    """The sampler/learner log-prob gap of ``completions`` scored by ``model``."""
+    batch = pack_completions(completions, pad_token_id=pad_id)
+    with torch.no_grad():
+        learner, _ = token_logprobs(model, batch, temperature=temperature)
+    return logprob_gap(batch.sampling_logprobs, learner, batch.response_mask)
