@@ -25,6 +25,11 @@ from polyrl.launch.logs import LOG_FILE, command_logging, eval_log_path, experim
 # so they must not install their own terminal handlers when they are imported.
 quiet_library_environment()
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# MLflow's usage telemetry runs a background client that sets and unsets an environment
+# variable while the main thread may be iterating os.environ (requests does on every call to a
+# tracking server): `polyrl run` against a `mlflow server` died with KeyError
+# '_MLFLOW_TELEMETRY_SESSION_ID'. Off by default (machines are often offline); the user's setting wins.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from polyrl.launch.cli_errors import user_errors
 from polyrl.launch.eval_cli import eval_command
