@@ -9,7 +9,6 @@ checks, only what is cheap is checked here; dataset names (the Hub) are left to 
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +39,13 @@ def reward_problems(specs: list[RewardSpec], *, model_path: str | None = None) -
             problems.append(f"rewards[{index}]: labelled {label!r} like rewards[{labels[label]}]; give one of them a distinct 'name'")
         labels.setdefault(label, index)
         params = dict(spec.params)
-        # The trainer gives a module that takes model_path the policy's folder (trainer.py);
-        # without a model.path that folder is only known once the built-in policy is built.
-        injected = _accepts(cls, "model_path") and "model_path" not in params
+        # A reward that declares policy_path_param gets the policy's folder there in training
+        # (roles/setup.py); without a model.path that folder is only known once the built-in
+        # policy is built.
+        param = getattr(cls, "policy_path_param", None)
+        injected = bool(param) and param not in params
         if injected:
-            params["model_path"] = model_path or "<built-in policy>"
+            params[param] = model_path or "<built-in policy>"
         try:
             bind_params(cls, params, ref=spec.module, label=label)
             if not injected or model_path:
@@ -69,13 +70,6 @@ def reward_labels(specs: list[RewardSpec]) -> list[str]:
         except RewardConfigError:
             continue
     return labels
-
-
-def _accepts(cls: type, name: str) -> bool:
-    try:
-        return name in inspect.signature(cls.__init__).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def arm_problems(config: ExperimentConfig) -> list[str]:

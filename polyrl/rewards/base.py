@@ -151,6 +151,9 @@ class RewardModule:
     """
 
     name: ClassVar[str] = ""
+    # The parameter that, when the YAML leaves it out, training fills with the policy's model
+    # folder (a reward that scores with the policy's own language model); None: no such parameter.
+    policy_path_param: ClassVar[str | None] = None
 
     def __init__(self, **params: Any) -> None:
         if params:

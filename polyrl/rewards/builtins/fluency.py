@@ -30,8 +30,8 @@ class PerplexityFluency(RewardModule):
     (``None``). Prompts are cut from the left to fit ``max_length``.
 
     Params:
-        model_path: local Hugging Face model directory of the scoring LM (the trainer passes the
-            reference policy's path by default).
+        model_path: local Hugging Face model directory of the scoring LM (default in training:
+            the policy's starting model, declared by ``policy_path_param``).
         tau: perplexity above which the penalty starts (default 50).
         scale: perplexity per unit of penalty (default 10).
         batch_size: sequences per forward pass (default 16).
@@ -40,6 +40,9 @@ class PerplexityFluency(RewardModule):
         device: "cpu", "cuda", "cuda:1", ... or "auto" (cuda when available; default "auto").
         dtype: "float32" (default), "bfloat16" or "float16".
     """
+
+    # Without params.model_path, training scores with the policy's starting model.
+    policy_path_param = "model_path"
 
     def __init__(
         self,
