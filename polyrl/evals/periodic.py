@@ -1,15 +1,16 @@
-"""Evaluation inside training: every ``eval.every`` steps the trainer calls the evaluator.
+"""Evaluation inside training: every ``eval.every`` steps the training loop calls the evaluator.
 
 ``make_periodic_evaluator(config)`` loads ``config.eval.suite`` (capped at ``config.eval.limit``
 prompts per dataset) and sets up its metric modules once, when the arm starts, so a bad suite
 fails before any training step. The returned callable runs the suite on the training run's own
-rollout engine (already synced to the current weights) and returns the suite's metrics; the
-trainer logs them as ``eval/<metric>``.
+rollout engine (already synced to the current weights) and returns a :class:`PeriodicResult`:
+the suite's metrics, which training logs as ``eval/<metric>``, and its per-sample rows.
 """
 
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,21 +19,27 @@ from polyrl.evals.harness import EvalResult, SuiteRunner
 from polyrl.evals.suite import EvalError
 
 
+@dataclass
+class PeriodicResult:
+    metrics: dict[str, float]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    result: EvalResult | None = None  # the suite's full result (datasets, per-dataset counts)
+
+
 class PeriodicEvaluator:
     def __init__(self, runner: SuiteRunner):
         self.runner = runner
-        self.last_result: EvalResult | None = None
 
-    def __call__(self, engine: Any, step: int) -> dict[str, float]:
+    def __call__(self, engine: Any, step: int) -> PeriodicResult:
         # The HF engine seeds torch's global generator for each generate call; forking keeps
         # an eval from moving the training run's random stream (resume equals uninterrupted).
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
             result = self.runner.run(engine)
-        self.last_result = result
         # NaN (e.g. accuracy with no gold answers) is logged as NaN, so the curve shows the
         # metric was computed and undefined rather than silently missing; non-numbers are dropped.
-        return {key: value for key, value in result.metrics.items() if isinstance(value, numbers.Real) and not isinstance(value, bool)}
+        metrics = {key: value for key, value in result.metrics.items() if isinstance(value, numbers.Real) and not isinstance(value, bool)}
+        return PeriodicResult(metrics, list(result.rows or []), result)
 
 
 def make_periodic_evaluator(config: Any) -> PeriodicEvaluator:

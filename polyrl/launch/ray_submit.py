@@ -4,7 +4,7 @@ The driver (the process that runs ``polyrl submit``) resolves the experiment, cr
 parent run and one child run per arm — params, resolved config and tags logged there, exactly as
 ``polyrl run`` does — and then hands each arm to a Ray task (``num_cpus=cpus_per_arm``). A task
 gets the arm's *resolved config as YAML text* (never a path: the worker may be on another
-machine), the tracking URI and its run id; it builds an :class:`ArmTrainer` with a
+machine), the tracking URI and its run id; it builds the arm's roles (``train_arm``) with a
 :class:`RunLogger` for that run, trains, and marks the run FINISHED (or FAILED). Arms run in
 parallel when the cluster has the CPUs (``--sequential`` runs one at a time).
 

@@ -123,25 +123,27 @@ def start_arm_run(tracker: ExperimentTracker, parent_run_id: str, arm: str, conf
 def train_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger: RunLogger, parent_run_id: str, tracking_uri: str,
               resume: bool = False, train: Callable[[Any], None] | None = None,
               on_resumed: Callable[[int], None] | None = None) -> list[dict[str, float]]:
-    """Build the arm's trainer, train it and close the MLflow run (FINISHED, FAILED or KILLED).
+    """Build the arm's roles, train them and close the MLflow run (FINISHED, FAILED or KILLED).
 
-    ``train(trainer)`` runs the loop (default ``trainer.run()``; ``polyrl run`` passes its
-    progress-bar loop). Returns the per-step metric history. A failure closes the run with the
-    error's message in the ``polyrl.error`` tag.
+    ``train(arm)`` runs the loop (default ``arm.loop().run()``; ``polyrl run`` passes its
+    progress-bar loop), where ``arm`` is the built :class:`polyrl.roles.setup.Arm`. Returns the
+    per-step metric history. A failure closes the run with the error's message in the
+    ``polyrl.error`` tag.
     """
-    from polyrl.roles.trainer import ArmTrainer  # torch, vLLM: only where an arm trains
+    from polyrl.roles.setup import build_arm  # torch, vLLM: only where an arm trains
 
     remove_partial_checkpoints(arm_dir)  # a write cut short by a kill; this process owns the folder now
-    trainer = ArmTrainer(config, arm=arm, arm_dir=Path(arm_dir), logger=logger, evaluator=periodic_evaluator(config))
     # Every checkpoint names the run it belongs to (polyrl eval run:<id> checks it) and the
     # config it was trained with (--resume compares it).
-    trainer.checkpoint_extra = {"mlflow_parent_run_id": parent_run_id, "mlflow_run_id": logger.run_id, "tracking_uri": tracking_uri,
-                                "config": config_snapshot(config)}
+    extra = {"mlflow_parent_run_id": parent_run_id, "mlflow_run_id": logger.run_id, "tracking_uri": tracking_uri,
+             "config": config_snapshot(config)}
+    built = None
     try:
-        start_state = trainer.setup(resume=resume)
-        if start_state and on_resumed is not None:
-            on_resumed(int(start_state["step"]))
-        (train or (lambda t: t.run()))(trainer)
+        built = build_arm(config, arm=arm, arm_dir=Path(arm_dir), logger=logger, evaluator=periodic_evaluator(config),
+                          checkpoint_extra=extra, resume=resume)
+        if built.start_state and on_resumed is not None:
+            on_resumed(built.start_step)
+        (train or (lambda a: a.loop().run()))(built)
     except PolyrlError as error:
         logger.finish_after_error("FAILED", str(error))
         raise
@@ -152,9 +154,10 @@ def train_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         logger.finish_after_error("FAILED", f"{type(error).__name__}: {error}")
         raise
     finally:
-        trainer.close()
+        if built is not None:
+            built.close()
     logger.finish()
-    return trainer.history
+    return built.history
 
 
 # --- polyrl run ---------------------------------------------------------------------------------
@@ -416,32 +419,30 @@ def _close_arm_run(arm: str, arm_logger: RunLogger, state: dict[str, Any], state
     write_state(state_path, state)
 
 
-def _stop_at_step_end(trainer: Any, stop: StopSignals, then: Callable[[int, dict[str, float]], None] | None):
-    """``on_step`` that honours a stop request: checkpoint this step (unless saved), then unwind."""
+def _stop_at_step_end(arm: Any, stop: StopSignals):
+    """A step callback that honours a stop request: checkpoint this step (unless saved), then unwind."""
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
-        if then is not None:
-            then(step, metrics)
-        if stop.requested is None or step >= trainer.config.train.steps:
+        if stop.requested is None or step >= arm.config.train.steps:
             return  # the arm's last step ends the arm normally; the next arm will not start
-        latest = latest_checkpoint(trainer.arm_dir)
-        path = latest if latest is not None and checkpoint_step(latest) == step else trainer.save(step)
+        latest = latest_checkpoint(arm.checkpointer.arm_dir)
+        path = latest if latest is not None and checkpoint_step(latest) == step else arm.checkpointer.save(step)
         raise StopNow(stop.requested, step=step, checkpoint=str(path))
 
     return on_step
 
 
-def _train_with_progress(trainer: Any, console: Console, show: bool, stop: StopSignals | None = None) -> None:
-    total = trainer.config.train.steps
+def _train_with_progress(arm: Any, console: Console, show: bool, stop: StopSignals | None = None) -> None:
+    """Run ``arm``'s loop (a :class:`polyrl.roles.setup.Arm`) with a progress bar and stop requests honoured."""
+    total = arm.config.train.steps
     stop = stop or StopSignals()
     stop.arm()
     try:
         if not show:
-            trainer.on_step = _stop_at_step_end(trainer, stop, None)
-            trainer.run()
+            arm.loop(callbacks=[_stop_at_step_end(arm, stop)]).run()
             return
         with _progress(console) as progress:
-            task = progress.add_task("train", total=total, completed=trainer.step_index, arm=trainer.arm, reward="-", accuracy="-",
+            task = progress.add_task("train", total=total, completed=arm.start_step, arm=arm.name, reward="-", accuracy="-",
                                      length="-")
 
             def show_step(step: int, metrics: dict[str, float]) -> None:
@@ -453,9 +454,7 @@ def _train_with_progress(trainer: Any, console: Console, show: bool, stop: StopS
                     length=f"{metrics.get('rollout/response_length/mean', float('nan')):.1f}",
                 )
 
-            trainer.on_step = _stop_at_step_end(trainer, stop, show_step)
-            trainer.health_printer = progress.console.print
-            trainer.run()
+            arm.loop(printer=progress.console.print, callbacks=[show_step, _stop_at_step_end(arm, stop)]).run()
     finally:
         stop.armed = False
 

@@ -5,13 +5,11 @@ Plain data (tensors and lists), so a phase can run in-process or behind a Ray ac
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from polyrl.algos.dapo_data import dapo_dynamic_sampling_keep
 from polyrl.algos.logprobs import PackedBatch
 from polyrl.core.types import Completion, PromptSample
 
@@ -69,13 +67,3 @@ class LearnerBatch:
     def __post_init__(self) -> None:
         if self.loss_mask is None:
             self.loss_mask = self.packed.response_mask.bool()
-
-
-def informative_groups(totals: list[float | None], group_ids: Tensor) -> list[int]:
-    """Group ids (ascending) whose scored rewards are not all equal: DAPO's dynamic-sampling
-    filter (:func:`dapo_dynamic_sampling_keep`) over scored samples only, so an unscored sample
-    neither makes nor breaks its group."""
-    rewards = torch.tensor([math.nan if t is None else float(t) for t in totals], dtype=torch.float64)
-    scored = ~torch.isnan(rewards)
-    keep = dapo_dynamic_sampling_keep(rewards[scored], group_ids[scored])
-    return sorted(set(group_ids[scored][keep].tolist()))

@@ -2,7 +2,7 @@
 and the guard that keeps non-finite updates away from the weights.
 
 Each check looks at one step's metrics and, the first time it trips, returns a warning of the
-form ``"name: what happened → what to try"``. The trainer prints it and records it as an
+form ``"name: what happened → what to try"``. The health hook prints it and records it as an
 MLflow tag; later trips of the same check are counted, not repeated, except for skipped
 non-finite optimizer steps, which are reported every time they happen.
 """
@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from polyrl.core.errors import PolyrlError
+from polyrl.roles.schedule import set_learning_rate
 
 
 class NonFiniteTrainingError(PolyrlError):
@@ -61,6 +62,33 @@ class NonFiniteGuard:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.consecutive = int(state.get("consecutive", 0))
+
+
+class NonFiniteStop(Exception):
+    """Raised by a role when its guard is exhausted; the loop saves the last good weights and
+    turns it into a :class:`NonFiniteTrainingError` that says where they are."""
+
+    def __init__(self, reason: str, consecutive: int):
+        super().__init__(f"{consecutive} non-finite {NONFINITE_REASONS[reason]} steps in a row")
+        self.reason = reason
+        self.consecutive = consecutive
+
+
+def guarded_step(optimizer: Any, guard: NonFiniteGuard, loss: float, grad_norm: float, skipped: dict[str, int],
+                 learning_rate: float | None = None) -> bool:
+    """Apply ``optimizer``'s step unless the loss or gradient norm is NaN/inf; else zero the
+    gradients, count the skip in ``skipped`` and raise :class:`NonFiniteStop` after too many in a row."""
+    reason = guard.check(loss, grad_norm)
+    if reason is None:
+        if learning_rate is not None:
+            set_learning_rate(optimizer, learning_rate)
+        optimizer.step()
+        return True
+    optimizer.zero_grad(set_to_none=True)
+    skipped[reason] = skipped.get(reason, 0) + 1
+    if guard.exhausted:
+        raise NonFiniteStop(reason, guard.consecutive)
+    return False
 
 
 class HealthMonitor:

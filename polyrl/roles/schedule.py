@@ -1,7 +1,7 @@
 """Learning-rate schedules, a pure function of the config and the optimizer-step counter.
 
 No scheduler object holds state: the learning rate of optimizer step ``s`` is computed from the
-config and ``s`` right before that step, and ``s`` (the trainer's optimizer-step counter) is
+config and ``s`` right before that step, and ``s`` (the learner's optimizer-step counter) is
 checkpointed. A resumed run therefore follows the schedule its config describes.
 
 Shapes, for ``s = 1..S`` (1-based optimizer steps), base rate ``lr``, ``W`` warm-up steps and

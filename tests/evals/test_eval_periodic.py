@@ -29,13 +29,14 @@ def test_eval_periodic_evaluator_uses_suite_limit_and_engine(periodic_suite, hf_
     config = ExperimentConfig(name="p", eval={"every": 2, "suite": str(periodic_suite), "limit": 3})
     evaluator = make_periodic_evaluator(config)
     rng = torch.get_rng_state()
-    metrics = evaluator(hf_engine, 4)
+    result = evaluator(hf_engine, 4)
+    metrics = result.metrics
     assert torch.equal(torch.get_rng_state(), rng)  # the training run's random stream is untouched
-    assert evaluator.last_result.datasets == {"p": {"prompts": 3, "samples": 3}}
+    assert result.result.datasets == {"p": {"prompts": 3, "samples": 3}}
     direct = SuiteRunner(periodic_suite, limit=3).run(hf_engine).metrics
     assert metrics == pytest.approx({k: v for k, v in direct.items() if math.isfinite(v)})
     assert {"p/accuracy", "p/length/mean", "p/reward/length/mean"} <= set(metrics)
-    rows = evaluator.last_result.rows
+    rows = result.rows
     assert metrics["p/length/mean"] == pytest.approx(sum(r["length"] for r in rows) / 3)
 
 

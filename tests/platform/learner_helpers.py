@@ -1,4 +1,4 @@
-"""Shared pieces of the learner-correctness tests: trainers on the tiny policy, snapshots, and a
+"""Shared pieces of the learner-correctness tests: arms built on the tiny policy, snapshots, and a
 scripted rollout engine for the logic around generation (dynamic sampling, masking)."""
 
 from __future__ import annotations
@@ -11,22 +11,24 @@ import torch
 
 from polyrl.config.schema import resolve_arms
 from polyrl.engines.base import RolloutEngine
-from polyrl.roles.trainer import ArmTrainer, PhaseTimer, Rollout
+from polyrl.roles.batches import Rollout
+from polyrl.roles.setup import Arm, build_arm
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 
 
-def make_trainer(tmp_path: Path, config_dict: dict, *, arm: str = "main", logger=None) -> ArmTrainer:
-    config = resolve_arms(config_dict)[arm]
-    return ArmTrainer(config, arm=arm, arm_dir=Path(tmp_path) / "runs" / arm, logger=logger)
+def make_config(config_dict: dict, *, arm: str = "main"):
+    return resolve_arms(config_dict)[arm]
 
 
 @contextlib.contextmanager
-def set_up(trainer: ArmTrainer, *, resume: bool = False) -> Iterator[ArmTrainer]:
-    trainer.setup(resume=resume)
+def built(tmp_path: Path, config_dict: dict, *, arm: str = "main", logger=None, resume: bool = False, engine=None) -> Iterator[Arm]:
+    """The arm's roles built from ``config_dict`` (the runner's set-up), closed afterwards."""
+    roles = build_arm(make_config(config_dict, arm=arm), arm=arm, arm_dir=Path(tmp_path) / "runs" / arm, logger=logger,
+                      resume=resume, engine=engine)
     try:
-        yield trainer
+        yield roles
     finally:
-        trainer.close()
+        roles.close()
 
 
 def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -38,9 +40,9 @@ def changed_fraction(before: dict[str, torch.Tensor], model: torch.nn.Module) ->
     return changed / sum(p.numel() for p in model.parameters())
 
 
-def first_batch(trainer: ArmTrainer):
-    rollout, scores = trainer.generate_and_score(1, PhaseTimer())
-    return rollout, scores, trainer.compute_advantages(rollout, scores)
+def first_batch(arm: Arm):
+    collected = arm.collector.collect(1)
+    return collected.rollout, collected.scores, arm.pipeline.run(collected.rollout, collected.scores)
 
 
 def completion(tokenizer, prompt: str, text: str, *, truncated: bool = False, modalities: tuple[str, ...] = ()) -> Completion:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from learner_helpers import changed_fraction, first_batch, make_trainer, set_up, snapshot
+from learner_helpers import built, changed_fraction, first_batch, snapshot
 from polyrl.core.errors import PolyrlError
 from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm, save_model_dir
 from polyrl.algos.aggregation import global_loss_normalizer
@@ -29,20 +29,20 @@ def test_bf16_compute_keeps_fp32_master_weights_so_lr_1e_6_moves_most_weights(tm
     # (bf16 spacing near 0.05 is 2^-12 ≈ 2.4e-4): under 2% of them moved. fp32 masters keep it.
     config = tiny_experiment(model={"dtype": "bfloat16"}, objective={"name": "ppo"},
                              train={"steps": 1, "learning_rate": 1e-6, "micro_batch_size": 16, "value": {"learning_rate": 1e-6}})
-    trainer = make_trainer(tmp_path, config)
-    with set_up(trainer):
+    with built(tmp_path, config) as arm:
+        policy, critic = arm.learner.policy, arm.critic.model
         compute = []
-        trainer.policy.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: compute.append(o.dtype))
-        trainer.critic.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: compute.append(o.dtype))
-        policy_before, critic_before = snapshot(trainer.policy), snapshot(trainer.critic)
-        metrics = trainer.step()
+        policy.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: compute.append(o.dtype))
+        critic.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: compute.append(o.dtype))
+        policy_before, critic_before = snapshot(policy), snapshot(critic)
+        metrics = arm.loop().step()
     assert math.isfinite(metrics["actor/loss"]) and metrics["value/updates"] == 1.0
     assert compute and set(compute) == {torch.bfloat16}
-    for model, optimizer in ((trainer.policy, trainer.optimizer), (trainer.critic, trainer.critic_optimizer)):
+    for model, optimizer in ((policy, arm.learner.optimizer), (critic, arm.critic.optimizer)):
         assert {p.dtype for p in model.parameters()} == {torch.float32}
         assert {s["exp_avg"].dtype for s in optimizer.state.values()} == {torch.float32}
-    assert changed_fraction(policy_before, trainer.policy) > 0.9
-    assert changed_fraction(critic_before, trainer.critic) > 0.9
+    assert changed_fraction(policy_before, policy) > 0.9
+    assert changed_fraction(critic_before, critic) > 0.9
 
 
 # --- dropout -----------------------------------------------------------------------------------
@@ -55,14 +55,13 @@ def test_dropout_is_off_in_logprob_passes_and_in_the_update(tmp_path, tiny_exper
     path = save_model_dir(model, tokenizer, tmp_path / "dropout_model")
     # Two passes per batch, so π_old comes from a separate no-grad pass.
     config = tiny_experiment(model={"path": str(path)}, train={"steps": 1, "updates_per_batch": 2})
-    trainer = make_trainer(tmp_path, config)
-    with set_up(trainer):
-        assert trainer.policy.config.attention_dropout == 0.1
-        rollout, scores, batch = first_batch(trainer)
-        again = trainer.compute_advantages(rollout, scores)
+    with built(tmp_path, config) as arm:
+        assert arm.learner.policy.config.attention_dropout == 0.1
+        rollout, scores, batch = first_batch(arm)
+        again = arm.pipeline.run(rollout, scores)
         rows = torch.arange(len(batch.packed))
-        normalizer = global_loss_normalizer(batch.loss_mask, mode=trainer.aggregation)
-        _, metrics, logprobs = trainer._policy_loss(batch, rows, normalizer)
+        normalizer = global_loss_normalizer(batch.loss_mask, mode=arm.learner.settings.aggregation)
+        _, metrics, logprobs = arm.learner.policy_loss(batch, rows, normalizer)
     assert torch.equal(batch.old_logprobs, again.old_logprobs)
     # The update's first forward is the same function of the weights as π_old's: ratio = 1.
     assert metrics["ratio_min"] == pytest.approx(1.0, abs=1e-6) and metrics["ratio_max"] == pytest.approx(1.0, abs=1e-6)
@@ -75,16 +74,15 @@ def test_dropout_is_off_in_logprob_passes_and_in_the_update(tmp_path, tiny_exper
 def test_entropy_takes_part_in_the_gradient_only_with_an_entropy_bonus(tmp_path, tiny_experiment):
     seen = {}
     for coef in (0.0, 0.01):
-        trainer = make_trainer(tmp_path, tiny_experiment(train={"steps": 1, "entropy_coef": coef}))
-        with set_up(trainer):
-            fn = trainer.objective.fn
+        with built(tmp_path, tiny_experiment(train={"steps": 1, "entropy_coef": coef})) as arm:
+            fn = arm.learner.objective.fn
 
             def spy(*args, entropy=None, _fn=fn, _coef=coef, **kwargs):
                 seen[_coef] = entropy.requires_grad
                 return _fn(*args, entropy=entropy, **kwargs)
 
-            trainer.objective = dataclasses.replace(trainer.objective, fn=spy)
-            metrics = trainer.step()
+            arm.learner.objective = dataclasses.replace(arm.learner.objective, fn=spy)
+            metrics = arm.loop().step()
         assert math.isfinite(metrics["actor/entropy"]) and metrics["actor/entropy"] > 0
     assert seen == {0.0: False, 0.01: True}
 
@@ -110,26 +108,26 @@ def test_token_entropy_is_finite_with_minus_inf_logits_and_matches_with_or_witho
 
 
 def test_a_nan_loss_or_grad_norm_skips_the_step_and_says_which(tmp_path, tiny_experiment):
-    trainer = make_trainer(tmp_path, tiny_experiment(train={"steps": 2}))
-    with set_up(trainer):
-        _, _, batch = first_batch(trainer)
-        before = snapshot(trainer.policy)
+    with built(tmp_path, tiny_experiment(train={"steps": 2})) as arm:
+        learner = arm.learner
+        _, _, batch = first_batch(arm)
+        before = snapshot(learner.policy)
         row, col = batch.loss_mask.nonzero()[0].tolist()
         nan_batch = dataclasses.replace(batch, advantages=batch.advantages.clone())
         nan_batch.advantages[row, col] = math.nan
-        by_loss = trainer.update(nan_batch)
-        hook = trainer.policy.model.norm.weight.register_hook(lambda grad: grad * math.inf)
-        by_grad = trainer.update(batch)
+        by_loss = learner.update(nan_batch)
+        hook = learner.policy.model.norm.weight.register_hook(lambda grad: grad * math.inf)
+        by_grad = learner.update(batch)
         hook.remove()
-        assert changed_fraction(before, trainer.policy) == 0.0 and not trainer.optimizer.state
-        assert trainer.optimizer_step == 0 and trainer.guard.consecutive == 2
-        good = trainer.update(batch)
-        warnings = trainer.health.check(1, {**by_loss}) + trainer.health.check(2, {**by_grad})
+        assert changed_fraction(before, learner.policy) == 0.0 and not learner.optimizer.state
+        assert learner.optimizer_step == 0 and learner.guard.consecutive == 2
+        good = learner.update(batch)
+        warnings = arm.health.check(1, {**by_loss}) + arm.health.check(2, {**by_grad})
     assert math.isnan(by_loss["actor/loss"])
     assert by_loss["health/nonfinite_steps"] == 1 and by_loss["health/nonfinite_loss_steps"] == 1
     assert math.isfinite(by_grad["actor/loss"]) and by_grad["health/nonfinite_grad_norm_steps"] == 1
-    assert good["health/nonfinite_steps"] == 0 and trainer.optimizer_step == 1 and trainer.guard.consecutive == 0
-    assert changed_fraction(before, trainer.policy) > 0.5
+    assert good["health/nonfinite_steps"] == 0 and learner.optimizer_step == 1 and learner.guard.consecutive == 0
+    assert changed_fraction(before, learner.policy) > 0.5
     warnings = [w for w in warnings if w.startswith("nonfinite")]
     assert [w.split(":")[0] for w in warnings] == ["nonfinite_loss", "nonfinite_grad_norm"]
     assert "policy loss was NaN/inf" in warnings[0] and "policy gradient norm was NaN/inf" in warnings[1]
@@ -137,16 +135,15 @@ def test_a_nan_loss_or_grad_norm_skips_the_step_and_says_which(tmp_path, tiny_ex
 
 def test_consecutive_nonfinite_steps_stop_the_run_with_a_checkpoint_of_the_last_good_weights(tmp_path, tiny_experiment):
     config = tiny_experiment(train={"steps": 4, "max_consecutive_nonfinite": 2}, checkpoint={"every": 10})
-    trainer = make_trainer(tmp_path, config)
     printed: list[str] = []
-    trainer.health_printer = printed.append
-    with set_up(trainer):
-        trainer.step()
-        good = snapshot(trainer.policy)
-        trainer.policy.lm_head.register_forward_hook(lambda m, i, out: out * math.nan)
-        trainer.step()  # skipped, the run goes on
+    with built(tmp_path, config) as arm:
+        loop = arm.loop(printer=printed.append)
+        loop.step()
+        good = snapshot(arm.learner.policy)
+        arm.learner.policy.lm_head.register_forward_hook(lambda m, i, out: out * math.nan)
+        loop.step()  # skipped, the run goes on
         with pytest.raises(NonFiniteTrainingError) as caught:
-            trainer.step()
+            loop.step()
     assert isinstance(caught.value, PolyrlError)
     message = str(caught.value)
     assert "2 optimizer steps in a row" in message and "policy loss" in message and "train.max_consecutive_nonfinite" in message
@@ -177,22 +174,23 @@ def test_lr_factor_by_hand():
 
 def test_the_schedule_runs_per_optimizer_step_is_logged_and_survives_a_resume_with_the_config_as_truth(tmp_path, tiny_experiment):
     schedule = {"learning_rate": 1e-3, "lr_schedule": "linear", "warmup_steps": 1, "steps": 4}
-    trainer = make_trainer(tmp_path, tiny_experiment(train=schedule, checkpoint={"every": 2}))
-    with set_up(trainer):
-        history = [trainer.step() for _ in range(2)]
-        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # the rate step 2 used
+    with built(tmp_path, tiny_experiment(train=schedule, checkpoint={"every": 2})) as arm:
+        loop = arm.loop()
+        history = [loop.step() for _ in range(2)]
+        assert arm.learner.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # the rate step 2 used
     assert [h["actor/learning_rate"] for h in history] == pytest.approx([5e-4, 1e-3], rel=1e-12)
 
     # The resumed config changes the rate, betas and weight decay: all of them apply.
     changed = {**schedule, "learning_rate": 2e-3, "betas": [0.8, 0.95], "weight_decay": 0.1}
-    resumed = make_trainer(tmp_path, tiny_experiment(train=changed, checkpoint={"every": 2}))
-    with set_up(resumed, resume=True):
-        assert resumed.step_index == 2 and resumed.optimizer_step == 2
-        group = resumed.optimizer.param_groups[0]
+    with built(tmp_path, tiny_experiment(train=changed, checkpoint={"every": 2}), resume=True) as resumed:
+        loop = resumed.loop()
+        assert loop.step_index == 2 and resumed.learner.optimizer_step == 2
+        optimizer = resumed.learner.optimizer
+        group = optimizer.param_groups[0]
         assert group["betas"] == (0.8, 0.95) and group["weight_decay"] == 0.1
-        assert all("exp_avg" in state for state in resumed.optimizer.state.values())  # Adam moments restored
-        later = [resumed.step() for _ in range(2)]
-        assert float(next(iter(resumed.optimizer.state.values()))["step"]) == 4.0
+        assert all("exp_avg" in state for state in optimizer.state.values())  # Adam moments restored
+        later = [loop.step() for _ in range(2)]
+        assert float(next(iter(optimizer.state.values()))["step"]) == 4.0
     # steps 3 and 4: 2e-3 × (2/3, 1/3)
     assert [h["actor/learning_rate"] for h in later] == pytest.approx([2e-3 * 2 / 3, 2e-3 / 3], rel=1e-12)
 
@@ -210,26 +208,26 @@ def test_one_sgd_update_is_the_same_for_any_micro_batch_size(tmp_path, tiny_expe
     """
     config = tiny_experiment(objective={"name": objective}, rollout={"prompts_per_step": 2},
                              train={"steps": 1, "learning_rate": 1e-2, "micro_batch_size": 16, "kl_coef": 0.01, "entropy_coef": 0.01})
-    trainer = make_trainer(tmp_path, config)
-    with set_up(trainer):
-        trainer.policy.double()
-        trainer.reference.double()
-        _, _, batch = first_batch(trainer)
+    with built(tmp_path, config) as arm:
+        learner = arm.learner
+        learner.policy.double()
+        arm.reference.double()
+        _, _, batch = first_batch(arm)
         with torch.no_grad():
-            current, _ = token_logprobs(trainer.policy, batch.packed)
+            current, _ = token_logprobs(learner.policy, batch.packed)
         noise = torch.randn(current.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.3
         noise[::2] = 0.0
         batch = dataclasses.replace(batch, old_logprobs=torch.where(batch.loss_mask, current + noise, current),
                                     advantages=batch.advantages.double())
-        start = snapshot(trainer.policy)
+        start = snapshot(learner.policy)
         deltas = []
         for micro in (16, 1):
-            trainer.policy.load_state_dict(start, strict=False)
-            trainer.optimizer = torch.optim.SGD(trainer.policy.parameters(), lr=1e-2)
-            trainer.config.train.micro_batch_size = micro
-            metrics = trainer.update(batch)
+            learner.policy.load_state_dict(start, strict=False)
+            learner.optimizer = torch.optim.SGD(learner.policy.parameters(), lr=1e-2)
+            learner.settings = dataclasses.replace(learner.settings, micro_batch_size=micro)
+            metrics = learner.update(batch)
             assert metrics["health/nonfinite_steps"] == 0
-            deltas.append(torch.cat([(p.detach() - start[n]).flatten() for n, p in trainer.policy.named_parameters()]))
+            deltas.append(torch.cat([(p.detach() - start[n]).flatten() for n, p in learner.policy.named_parameters()]))
     full, single = deltas
     assert float(full.norm()) > 0
     assert float((full - single).norm() / full.norm()) < 1e-6

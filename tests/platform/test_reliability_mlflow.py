@@ -21,11 +21,11 @@ from polyrl.tracking.mlflow_runs import STEP_MARKER
 CHILD = """
 import sys, time
 from pathlib import Path
-from polyrl.roles import trainer
+from polyrl.roles import loop
 from polyrl.launch.cli import app
 
 HOLD = {int(s) for s in sys.argv[1].split(",")}
-original_step = trainer.ArmTrainer.step
+original_step = loop.TrainingLoop.step
 def step(self):
     metrics = original_step(self)
     if self.step_index in HOLD:
@@ -34,7 +34,7 @@ def step(self):
         while time.time() < deadline and not Path(f"go_{self.step_index}").exists():
             time.sleep(0.05)
     return metrics
-trainer.ArmTrainer.step = step
+loop.TrainingLoop.step = step
 sys.argv = ["polyrl", "run", *sys.argv[2:]]
 app()
 """

@@ -22,18 +22,18 @@ CHILD = """
 import os, signal, sys, time
 from pathlib import Path
 from polyrl.roles import checkpoint
-from polyrl.roles import trainer
+from polyrl.roles import hooks, loop
 from polyrl.launch.cli import app
 
 ACTION, AT = sys.argv[1], int(sys.argv[2])
 if ACTION == "kill_after_save":  # SIGKILL right after step AT's checkpoint is complete
-    original_save = trainer.ArmTrainer.save
+    original_save = hooks.Checkpointer.save
     def save(self, step, extra=None):
         path = original_save(self, step, extra)
         if step == AT:
             os.kill(os.getpid(), signal.SIGKILL)
         return path
-    trainer.ArmTrainer.save = save
+    hooks.Checkpointer.save = save
 elif ACTION == "kill_before_rename":  # SIGKILL after step AT's files and marker, before the rename
     original_write = checkpoint._write_checkpoint_files
     def write(staging, *, step, **kwargs):
@@ -42,7 +42,7 @@ elif ACTION == "kill_before_rename":  # SIGKILL after step AT's files and marker
             os.kill(os.getpid(), signal.SIGKILL)
     checkpoint._write_checkpoint_files = write
 elif ACTION in ("pause_after_step", "hold_after_step"):  # tell the test, then pause (or wait for 'go')
-    original_step = trainer.ArmTrainer.step
+    original_step = loop.TrainingLoop.step
     def step(self):
         metrics = original_step(self)
         if self.step_index == AT:
@@ -51,7 +51,7 @@ elif ACTION in ("pause_after_step", "hold_after_step"):  # tell the test, then p
             while time.time() < deadline and not Path("go").exists():
                 time.sleep(0.05)
         return metrics
-    trainer.ArmTrainer.step = step
+    loop.TrainingLoop.step = step
 sys.argv = ["polyrl", "run", *sys.argv[3:]]
 app()
 """

@@ -16,10 +16,10 @@ from polyrl.tracking.mlflow_runs import STEP_MARKER
 
 KILL_AFTER_STEP_5 = """
 import os, signal, sys
-from polyrl.roles import trainer
+from polyrl.roles import loop
 from polyrl.launch.cli import app
 
-original_step = trainer.ArmTrainer.step
+original_step = loop.TrainingLoop.step
 
 def step_then_die(self):
     metrics = original_step(self)
@@ -27,7 +27,7 @@ def step_then_die(self):
         os.kill(os.getpid(), signal.SIGKILL)
     return metrics
 
-trainer.ArmTrainer.step = step_then_die
+loop.TrainingLoop.step = step_then_die
 sys.argv = ["polyrl", "run", sys.argv[1], "--no-progress"]
 app()
 """

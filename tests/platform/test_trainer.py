@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.config.schema import resolve_arms
 from polyrl.tracking.mlflow_runs import ARM_TAG, ExperimentTracker
-from polyrl.roles.trainer import ArmTrainer
+from polyrl.roles.setup import build_arm
 
 REQUIRED_METRICS = [
     "reward/mean",
@@ -32,9 +32,9 @@ REQUIRED_METRICS = [
 ]
 
 
-def _trainer(tmp_path, config_dict, arm="main", logger=None):
+def _arm(tmp_path, config_dict, arm="main", logger=None):
     config = resolve_arms(config_dict)[arm]
-    return ArmTrainer(config, arm=arm, arm_dir=tmp_path / "runs" / arm, logger=logger)
+    return build_arm(config, arm=arm, arm_dir=tmp_path / "runs" / arm, logger=logger)
 
 
 def _snapshot(model):
@@ -45,14 +45,13 @@ def _changed(before, model):
     return sum(not torch.equal(before[name], p.detach()) for name, p in model.named_parameters())
 
 
-def _run(trainer):
-    trainer.setup()
+def _run(arm):
     try:
-        before = _snapshot(trainer.policy)
-        history = trainer.run()
+        before = _snapshot(arm.learner.policy)
+        history = arm.loop().run()
         return before, history
     finally:
-        trainer.close()
+        arm.close()
 
 
 def test_grpo_on_hf_engine_learns_longer_answers_and_logs_every_metric(tmp_path, tiny_experiment):
@@ -60,12 +59,12 @@ def test_grpo_on_hf_engine_learns_longer_answers_and_logs_every_metric(tmp_path,
     tracker = ExperimentTracker(config["tracking"]["uri"], "tiny")
     parent = tracker.start_parent("tiny")
     logger = tracker.start_arm(parent.run_id, "main")
-    trainer = _trainer(tmp_path, config, logger=logger)
-    before, history = _run(trainer)
+    arm = _arm(tmp_path, config, logger=logger)
+    before, history = _run(arm)
 
     assert len(history) == 6
     assert all(math.isfinite(h["actor/loss"]) for h in history)
-    assert _changed(before, trainer.policy) > 0
+    assert _changed(before, arm.learner.policy) > 0
     first, last = history[0], history[-1]
     # len/100 reward: the policy must learn to write more before it stops.
     assert last["reward/mean"] > first["reward/mean"] + 0.02, (first["reward/mean"], last["reward/mean"])
@@ -89,9 +88,9 @@ def test_vllm_engine_stays_in_sync_with_the_learner_every_step(tmp_path, tiny_ex
         rollout={"engine": "vllm", "max_tokens": 24},
         train={"steps": 4, "learning_rate": 1e-2, "micro_batch_size": 16},
     )
-    trainer = _trainer(tmp_path, config)
-    before, history = _run(trainer)
-    assert _changed(before, trainer.policy) > 0
+    arm = _arm(tmp_path, config)
+    before, history = _run(arm)
+    assert _changed(before, arm.learner.policy) > 0
     # Weights move a lot at lr 1e-2; a stale engine would show a gap of nats after step 1.
     gaps = [h["rollout/logprob_gap"] for h in history]
     assert max(gaps) < 1e-3, gaps
@@ -104,15 +103,14 @@ def test_ppo_with_gae_trains_a_critic_with_delayed_updates(tmp_path, tiny_experi
         train={"steps": 4, "learning_rate": 1e-3, "updates_per_batch": 2, "mini_batches": 2,
                "value": {"learning_rate": 1e-3, "update_every": 2}},
     )
-    trainer = _trainer(tmp_path, config)
-    trainer.setup()
+    arm = _arm(tmp_path, config)
     try:
-        assert trainer.critic is not None and trainer.estimator.name == "gae"
-        critic_before = _snapshot(trainer.critic)
-        history = trainer.run()
+        assert arm.critic is not None and arm.pipeline.context.estimator.name == "gae"
+        critic_before = _snapshot(arm.critic.model)
+        history = arm.loop().run()
     finally:
-        trainer.close()
-    assert _changed(critic_before, trainer.critic) > 0
+        arm.close()
+    assert _changed(critic_before, arm.critic.model) > 0
     assert all(math.isfinite(h["value/loss"]) for h in history)
     # 2 passes × 2 mini-batches = 4 policy updates per step, a critic update every 2nd.
     assert [h["value/updates"] for h in history] == [2.0, 2.0, 2.0, 2.0]
@@ -126,9 +124,9 @@ def test_dapo_with_dynamic_sampling_overlong_penalty_and_kl(tmp_path, tiny_exper
         train={"steps": 2, "learning_rate": 1e-3, "kl_coef": 0.05},
         rewards=[{"module": "length", "params": {"unit": "chars", "target": 10}}],
     )
-    trainer = _trainer(tmp_path, config)
-    before, history = _run(trainer)
-    assert _changed(before, trainer.policy) > 0
+    arm = _arm(tmp_path, config)
+    before, history = _run(arm)
+    assert _changed(before, arm.learner.policy) > 0
     for h in history:
         assert math.isfinite(h["actor/loss"])
         assert h["rollout/dynamic_sampling_rounds"] >= 1
@@ -140,13 +138,13 @@ def test_unscored_samples_get_zero_advantage_and_are_counted(tmp_path, tiny_expe
     # `accuracy` returns None for rows without an answer: every sample is unscored here.
     config = tiny_experiment(data={"source": str(_no_answer_data(tmp_path))}, rewards=[{"module": "accuracy", "allow_unscored": True}],
                              train={"steps": 1})
-    trainer = _trainer(tmp_path, config)
-    trainer.setup()
+    arm = _arm(tmp_path, config)
     try:
-        rollout, scores = trainer.generate_and_score(1, __import__("polyrl.roles.trainer", fromlist=["PhaseTimer"]).PhaseTimer())
-        batch = trainer.compute_advantages(rollout, scores)
+        collected = arm.collector.collect(1)
+        rollout, scores = collected.rollout, collected.scores
+        batch = arm.pipeline.run(rollout, scores)
     finally:
-        trainer.close()
+        arm.close()
     assert all(t is None for t in scores.totals)
     assert batch.metrics["reward/unscored_samples"] == len(rollout)
     assert torch.count_nonzero(batch.advantages) == 0

@@ -1,0 +1,160 @@
+"""The rollout collector: generation, scoring and DAPO dynamic-sampling refills.
+
+In: a prompt source and the sampling settings; out: :class:`Collected`, plain data (the
+rollout, its scores and the wall time of each part), so the collector can run in-process or
+behind a Ray actor unchanged. It knows nothing of the learner.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from polyrl.algos.dapo_data import dapo_dynamic_sampling_keep
+from polyrl.core.types import PromptSample, SamplingSettings
+from polyrl.rewards import RewardBatch, RewardResult
+from polyrl.rewards.summary import accuracy_share
+from polyrl.roles.batches import Rollout, Scores
+
+__all__ = ["CollectSettings", "Collected", "RolloutCollector", "informative_groups"]
+
+
+@dataclass(frozen=True)
+class CollectSettings:
+    prompts_per_step: int
+    samples_per_prompt: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    seed: int = 0
+    dynamic_sampling: bool = False
+    max_rounds: int = 1
+    # The reward label whose scores define train/accuracy; None: no accuracy metric.
+    accuracy_label: str | None = None
+
+
+@dataclass
+class Collected:
+    rollout: Rollout
+    scores: Scores
+    seconds: dict[str, float] = field(default_factory=dict)  # "generate" and "score" wall time
+
+
+def informative_groups(totals: list[float | None], group_ids: Tensor) -> list[int]:
+    """Group ids (ascending) whose scored rewards are not all equal: DAPO's dynamic-sampling
+    filter (:func:`dapo_dynamic_sampling_keep`) over scored samples only, so an unscored sample
+    neither makes nor breaks its group."""
+    rewards = torch.tensor([math.nan if t is None else float(t) for t in totals], dtype=torch.float64)
+    scored = ~torch.isnan(rewards)
+    keep = dapo_dynamic_sampling_keep(rewards[scored], group_ids[scored])
+    return sorted(set(group_ids[scored][keep].tolist()))
+
+
+class RolloutCollector:
+    """Draws prompts, generates G completions each on ``engine`` and scores them with ``rewards``
+    (a :class:`~polyrl.rewards.CompositeReward`, set up by the caller)."""
+
+    def __init__(self, engine: Any, rewards: Any, prompts: Callable[[int], list[PromptSample]], settings: CollectSettings):
+        self.engine = engine
+        self.rewards = rewards
+        self.prompts = prompts
+        self.settings = settings
+
+    def sync_weights(self, named_tensors: Any) -> None:
+        """The learner's new weights, for the next generation."""
+        self.engine.sync_weights(named_tensors)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def sampling_settings(self, step: int, round_index: int = 0) -> SamplingSettings:
+        s = self.settings
+        # A distinct, reproducible seed per (run seed, step, refill round).
+        return SamplingSettings(n=s.samples_per_prompt, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
+                                seed=s.seed * 1_000_003 + step * 101 + round_index)
+
+    def generate(self, step: int, round_index: int = 0, group_offset: int = 0) -> Rollout:
+        prompts = self.prompts(self.settings.prompts_per_step)
+        grouped = self.engine.generate(prompts, self.sampling_settings(step, round_index))
+        flat_prompts, flat_completions, group_ids = [], [], []
+        for index, (prompt, completions) in enumerate(zip(prompts, grouped)):
+            for completion in completions:
+                flat_prompts.append(prompt)
+                flat_completions.append(completion)
+                group_ids.append(group_offset + index)
+        return Rollout(flat_prompts, flat_completions, torch.tensor(group_ids, dtype=torch.long))
+
+    def score(self, rollout: Rollout) -> Scores:
+        batch = RewardBatch(
+            prompts=[p.prompt for p in rollout.prompts],
+            completions=[c.text for c in rollout.completions],
+            references=[list(p.references) for p in rollout.prompts],
+            images=[list(p.images) for p in rollout.prompts],
+            fields=[dict(p.fields) for p in rollout.prompts],
+        )
+        result = self.rewards.score(batch)
+        return Scores(list(result.totals), self.reward_metrics(result.totals, result.per_module), dict(result.per_module))
+
+    def reward_metrics(self, totals: list[float | None], per_module: dict[str, list[float | None]]) -> dict[str, float]:
+        metrics = RewardResult(totals=list(totals), per_module=per_module).metrics()
+        if self.settings.accuracy_label is not None:
+            metrics["train/accuracy"] = accuracy_share(per_module[self.settings.accuracy_label])
+        return metrics
+
+    def collect(self, step: int) -> Collected:
+        """Generate and score; with dynamic sampling, refill until the batch is full.
+
+        Dynamic sampling (Yu et al., arXiv 2503.14476, §3.2): each round's informative groups
+        (scored rewards not all equal) enter the batch, uninformative ones never do, and the
+        batch is cut to exactly ``prompts_per_step`` whole groups (as DAPO and verl's
+        ``filter_groups`` do). After ``max_rounds`` the batch keeps what was informative, even
+        if short or empty, and ``rollout/dynamic_sampling_missing_groups`` says by how much.
+        Reward metrics (``reward/*``, ``train/accuracy``) cover every generated sample of every
+        round: they describe the policy, not the filtered batch.
+        """
+        seconds = {"generate": 0.0, "score": 0.0}
+
+        def timed(phase: str, fn: Callable[[], Any]) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn()
+            finally:
+                seconds[phase] += time.perf_counter() - start
+
+        s = self.settings
+        if not s.dynamic_sampling:
+            rollout = timed("generate", lambda: self.generate(step))
+            return Collected(rollout, timed("score", lambda: self.score(rollout)), seconds)
+        wanted = s.prompts_per_step
+        kept: list[tuple[Rollout, Scores]] = []
+        generated: list[Scores] = []
+        kept_groups = dropped_groups = surplus_groups = rounds = 0
+        while rounds < s.max_rounds and kept_groups < wanted:
+            rollout = timed("generate", lambda: self.generate(step, rounds, group_offset=rounds * wanted))
+            scores = timed("score", lambda: self.score(rollout))
+            rounds += 1
+            generated.append(scores)
+            informative = informative_groups(scores.totals, rollout.group_ids)
+            taken = set(informative[: wanted - kept_groups])
+            dropped_groups += len(torch.unique(rollout.group_ids)) - len(informative)
+            surplus_groups += len(informative) - len(taken)
+            rows = [i for i, group in enumerate(rollout.group_ids.tolist()) if group in taken]
+            kept.append((rollout.select(rows), scores.select(rows)))
+            kept_groups += len(taken)
+        merged = Rollout.concat([r for r, _ in kept])
+        totals = [t for s_ in generated for t in s_.totals]
+        per_module = {label: [v for s_ in generated for v in s_.per_module[label]] for label in generated[0].per_module}
+        metrics = self.reward_metrics(totals, per_module)
+        metrics.update({
+            "rollout/dynamic_sampling_rounds": float(rounds),
+            "rollout/dynamic_sampling_dropped_groups": float(dropped_groups),
+            "rollout/dynamic_sampling_kept_groups": float(kept_groups),
+            "rollout/dynamic_sampling_surplus_groups": float(surplus_groups),
+            "rollout/dynamic_sampling_missing_groups": float(wanted - kept_groups),
+        })  # fmt: skip
+        return Collected(merged, Scores([t for _, sc in kept for t in sc.totals], metrics), seconds)

@@ -1,0 +1,96 @@
+"""The critic: a value model, its own optimizer and its cadence in policy optimizer steps.
+
+Its inputs and outputs are plain data: packed batches in, values and metrics out. The learner
+calls :meth:`Critic.after_policy_step` after each applied policy step; the critic decides from
+its cadence whether it updates (seed 000 §3.3, delayed critic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+import torch
+from torch import Tensor
+from transformers import AutoModelForTokenClassification
+
+from polyrl.algos.aggregation import global_loss_normalizer
+from polyrl.algos.logprobs import PackedBatch
+from polyrl.algos.losses import clipped_value_loss
+from polyrl.roles.batches import LearnerBatch
+from polyrl.roles.health import NonFiniteGuard, guarded_step
+from polyrl.roles.precision import autocast
+from polyrl.roles.schedule import apply_optimizer_settings
+
+__all__ = ["Critic", "CriticSettings", "ValueModel"]
+
+
+class ValueModel(torch.nn.Module):
+    """A critic: the policy's backbone with a scalar head (transformers' token-classification head)."""
+
+    def __init__(self, path: str | Path, dtype: torch.dtype):
+        super().__init__()
+        self.model = AutoModelForTokenClassification.from_pretrained(str(path), num_labels=1, dtype=dtype)
+
+    def forward(self, batch: PackedBatch) -> Tensor:
+        device = next(self.parameters()).device
+        batch = batch.to(device)
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[..., 0]  # [B, S]
+        # V(s_t) is read where the policy's logits for completion token t are read.
+        values = torch.gather(logits, 1, batch.response_index).float()
+        return torch.where(batch.response_mask.bool(), values, torch.zeros_like(values))
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    learning_rate: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    clip_range: float | None = 0.2
+    max_grad_norm: float = 1.0
+    update_every: int = 1  # in policy optimizer steps
+    micro_batch_size: int = 8
+    max_consecutive_nonfinite: int = 3
+    compute_dtype: torch.dtype = torch.float32
+
+
+class Critic:
+    def __init__(self, model: torch.nn.Module, settings: CriticSettings):
+        # Dropout off, as for the policy: V_old and V_θ are the same function of the weights.
+        self.model = model.eval()
+        self.settings = settings
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, betas=settings.betas,
+                                           weight_decay=settings.weight_decay)
+        self.guard = NonFiniteGuard(settings.max_consecutive_nonfinite, prefix="critic_")
+
+    def apply_optimizer_settings(self) -> None:
+        """The settings' hyper-parameters, also over those a checkpoint restored."""
+        s = self.settings
+        apply_optimizer_settings(self.optimizer, lr=s.learning_rate, betas=s.betas, weight_decay=s.weight_decay)
+
+    @torch.no_grad()
+    def values(self, packed: PackedBatch) -> Tensor:
+        size = self.settings.micro_batch_size
+        with autocast(self.model, self.settings.compute_dtype):
+            return torch.cat([self.model(packed.select(slice(i, i + size))) for i in range(0, len(packed), size)])
+
+    def after_policy_step(self, batch: LearnerBatch, rows: Tensor, optimizer_step: int, skipped: dict[str, int]) -> dict[str, float] | None:
+        """Update on ``rows`` if policy optimizer step ``optimizer_step`` (1-based) is on the cadence."""
+        if (optimizer_step - 1) % self.settings.update_every != 0:
+            return None
+        return self.update(batch, rows, skipped)
+
+    def update(self, batch: LearnerBatch, rows: Tensor, skipped: dict[str, int]) -> dict[str, float]:
+        s = self.settings
+        normalizer = global_loss_normalizer(batch.loss_mask[rows], mode="token_mean")
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for micro in torch.split(rows, s.micro_batch_size):
+            with autocast(self.model, s.compute_dtype):
+                values = self.model(batch.packed.select(micro))
+            loss, _ = clipped_value_loss(values, batch.old_values[micro], batch.returns[micro], batch.loss_mask[micro],
+                                         clip_range=s.clip_range, loss_normalizer=normalizer, aggregation="token_mean")
+            loss.backward()
+            total += float(loss.detach())
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm))
+        guarded_step(self.optimizer, self.guard, total, grad_norm, skipped)
+        return {"value/loss": total, "value/grad_norm": grad_norm}

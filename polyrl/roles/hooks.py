@@ -1,0 +1,150 @@
+"""Hooks the training loop calls after each step: health, sample tables, periodic evaluation,
+metric logging, checkpointing and user callbacks.
+
+Each hook gets a :class:`StepReport` (plain data: the step, its metrics, the rollout's sample
+rows) and whatever it needs in its constructor; none reaches into the loop. ``observe`` runs
+inside the step's "log" phase and may add metrics; ``publish`` runs once the metrics are final
+(timings included), in list order: log, then checkpoint, then callbacks (a kill in between
+then repeats the step on resume, and the logger skips what it already has, instead of losing it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from polyrl.roles.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from polyrl.roles.health import HealthMonitor
+
+__all__ = ["Callback", "Checkpointer", "HealthHook", "Hook", "MetricLogger", "PeriodicEvalHook", "SampleTableHook", "StepReport"]
+
+
+@dataclass
+class StepReport:
+    step: int
+    metrics: dict[str, float]  # observe hooks may add to it
+    samples: list[dict[str, Any]] = field(default_factory=list)  # prompt, completion, reward, length, finish_reason
+
+
+class Hook:
+    def start(self, step: int) -> None:
+        """The loop starts after ``step`` completed steps (0: a fresh run)."""
+
+    def observe(self, report: StepReport) -> None:
+        """In the step's log phase; may add metrics."""
+
+    def publish(self, report: StepReport) -> None:
+        """After the metrics are final."""
+
+
+def _replayed(logger: Any, step: int) -> bool:
+    """A step the logger already has (recomputed after a resume): MLflow tables append, so
+    tables and evaluations of it are not written again."""
+    return logger is not None and step in logger.logged_steps()
+
+
+class HealthHook(Hook):
+    def __init__(self, monitor: HealthMonitor, *, arm: str, printer: Callable[[str], None] = print, logger: Any | None = None):
+        self.monitor, self.arm, self.printer, self.logger = monitor, arm, printer, logger
+
+    def observe(self, report: StepReport) -> None:
+        warnings = self.monitor.check(report.step, report.metrics)
+        for warning in warnings:
+            self.printer(f"[{self.arm}] health warning at step {report.step}: {warning}")
+        report.metrics["health/warnings"] = float(len(warnings))
+        if self.logger is not None:
+            for warning in warnings:
+                self.logger.set_tags({f"health.{warning.split(':', 1)[0]}": f"step {report.step}: {warning.split(':', 1)[-1].strip()}"})
+
+
+class SampleTableHook(Hook):
+    def __init__(self, logger: Any, *, every: int, rows: int):
+        self.logger, self.every, self.rows = logger, every, rows
+
+    def observe(self, report: StepReport) -> None:
+        step = report.step
+        if _replayed(self.logger, step) or not (step % self.every == 0 or step == 1):
+            return
+        rows = [{"step": step, **sample} for sample in report.samples[: self.rows]]
+        if rows:
+            self.logger.log_table(rows, f"samples/step_{step:05d}.json")
+
+
+class PeriodicEvalHook(Hook):
+    """``evaluator(engine, step)`` every ``every`` steps and at the start of a fresh run (step 0,
+    so every eval curve begins at the model the arm started from). The evaluator returns an
+    object with ``metrics`` and ``rows`` (:class:`polyrl.evals.periodic.PeriodicResult`)."""
+
+    def __init__(self, evaluator: Callable[[Any, int], Any], engine: Any, *, every: int, logger: Any | None = None):
+        self.evaluator, self.engine, self.every, self.logger = evaluator, engine, every, logger
+        self.start_metrics: dict[str, float] = {}
+
+    def start(self, step: int) -> None:
+        if step != 0 or not self.every:
+            return
+        self.start_metrics = {f"eval/{k}": v for k, v in self.evaluator(self.engine, 0).metrics.items()}
+        if self.logger is not None:
+            self.logger.log_metrics(0, self.start_metrics)
+
+    def observe(self, report: StepReport) -> None:
+        step = report.step
+        if not self.every or step % self.every or _replayed(self.logger, step):
+            return
+        result = self.evaluator(self.engine, step)
+        report.metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
+        if self.logger is not None and result.rows:
+            self.logger.log_table([{"step": step, **row} for row in result.rows], f"eval_samples/step_{step:05d}.json")
+
+
+class MetricLogger(Hook):
+    def __init__(self, logger: Any):
+        self.logger = logger
+
+    def publish(self, report: StepReport) -> None:
+        self.logger.log_step(report.step, report.metrics)
+
+
+class Callback(Hook):
+    """``fn(step, metrics)`` after each step (a progress bar, a stop request)."""
+
+    def __init__(self, fn: Callable[[int, dict[str, float]], None]):
+        self.fn = fn
+
+    def publish(self, report: StepReport) -> None:
+        self.fn(report.step, report.metrics)
+
+
+class Checkpointer(Hook):
+    """Saves every ``every`` steps and after ``last_step``; keeps the newest ``keep``.
+
+    ``models`` and ``optimizers`` are saved by name; ``state()`` gives the JSON bookkeeping of
+    the roles (sampler position, health, optimizer steps), ``extra`` what the caller wants in
+    every checkpoint (e.g. MLflow run ids, the config).
+    """
+
+    def __init__(self, arm_dir: str | Path, *, every: int, keep: int, last_step: int, models: dict[str, Any],
+                 optimizers: dict[str, Any], state: Callable[[], dict[str, Any]], extra: dict[str, Any] | None = None,
+                 logger: Any | None = None):  # fmt: skip
+        self.arm_dir = Path(arm_dir)
+        self.every, self.keep, self.last_step = every, keep, last_step
+        self.models, self.optimizers, self.state, self.extra, self.logger = models, optimizers, state, dict(extra or {}), logger
+
+    def publish(self, report: StepReport) -> None:
+        if report.step % self.every == 0 or report.step == self.last_step:
+            self.save(report.step)
+
+    def save(self, step: int, extra: dict[str, Any] | None = None) -> Path:
+        path = save_checkpoint(self.arm_dir / f"step_{step:06d}", step=step, models=self.models, optimizers=self.optimizers,
+                               state={**self.state(), **self.extra, **(extra or {})})
+        prune_checkpoints(self.arm_dir, self.keep)
+        if self.logger is not None:
+            self.logger.set_tags({"polyrl.latest_checkpoint": str(path.resolve()), "polyrl.latest_checkpoint_step": step})
+        return path
+
+    def restore_latest(self) -> dict[str, Any] | None:
+        """Load the latest checkpoint into the models and optimizers; its bookkeeping, or None."""
+        checkpoint = latest_checkpoint(self.arm_dir)
+        if checkpoint is None:
+            return None
+        return load_checkpoint(checkpoint, models=self.models, optimizers=self.optimizers)

@@ -1,0 +1,209 @@
+"""The policy learner: optimizer and LR schedule, the mini/micro-batch loop with its normaliser,
+gradient clipping, the non-finite guard, the objective's ``prepare`` hook and mixed precision.
+
+In: a :class:`~polyrl.roles.batches.LearnerBatch` (plain data); out: a dict of metrics. Master
+weights and optimizer state are fp32 whatever the compute dtype (:mod:`polyrl.roles.precision`);
+dropout is off in every pass; an optimizer step whose loss or gradient norm is NaN/inf is
+skipped, and too many in a row raise :class:`~polyrl.roles.health.NonFiniteStop`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from polyrl.algos.aggregation import global_loss_normalizer
+from polyrl.algos.logprobs import token_logprobs
+from polyrl.roles.batches import LearnerBatch
+from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, guarded_step
+from polyrl.roles.precision import autocast
+from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
+
+__all__ = ["LearnerSettings", "PolicyLearner"]
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    aggregation: str
+    objective_params: dict[str, Any] = field(default_factory=dict)
+    learning_rate: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    total_steps: int = 1  # training steps; the schedule runs over their optimizer steps
+    updates_per_batch: int = 1
+    mini_batches: int = 1
+    micro_batch_size: int = 16
+    max_grad_norm: float = 1.0
+    max_consecutive_nonfinite: int = 3
+    temperature: float = 1.0
+    max_tokens: int = 64  # the longest response (seq_mean_token_sum_norm's normaliser)
+    kl_coef: float = 0.0  # in the loss; 0 when the KL is folded into the rewards
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    seed: int = 0
+    compute_dtype: torch.dtype = torch.float32
+
+
+class PolicyLearner:
+    """Updates ``policy`` (fp32, dropout off) with ``objective`` (an :class:`ObjectiveSpec`);
+    ``critic`` (optional) gets each applied policy step and keeps its own cadence."""
+
+    def __init__(self, policy: torch.nn.Module, objective: Any, settings: LearnerSettings, critic: Any | None = None):
+        # Dropout off in every pass, the update included, so that π_old and π_θ are the same
+        # function of the weights (TRL's disable_dropout default; verl does the same).
+        self.policy = policy.eval()
+        self.objective = objective
+        self.settings = settings
+        self.critic = critic
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=settings.learning_rate, betas=settings.betas,
+                                           weight_decay=settings.weight_decay)
+        self.guard = NonFiniteGuard(settings.max_consecutive_nonfinite)
+        self.optimizer_step = 0  # applied policy optimizer steps: the schedule's and the critic cadence's clock
+
+    # --- schedule and state ----------------------------------------------------------------------
+
+    def optimizer_steps_per_step(self) -> int:
+        return self.settings.updates_per_batch * self.settings.mini_batches
+
+    def learning_rate(self, optimizer_step: int) -> float:
+        """The policy's learning rate at (1-based) optimizer step ``optimizer_step``."""
+        s = self.settings
+        return s.learning_rate * lr_factor(optimizer_step, schedule=s.lr_schedule, warmup_steps=s.warmup_steps,
+                                           total_steps=s.total_steps * self.optimizer_steps_per_step(), min_lr_ratio=s.min_lr_ratio)
+
+    def apply_optimizer_settings(self) -> None:
+        """The settings' hyper-parameters, also over those a checkpoint restored."""
+        s = self.settings
+        apply_optimizer_settings(self.optimizer, lr=self.learning_rate(self.optimizer_step + 1), betas=s.betas, weight_decay=s.weight_decay)
+        if self.critic is not None:
+            self.critic.apply_optimizer_settings()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer_step": self.optimizer_step, "nonfinite": self.guard.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer_step = int(state["optimizer_step"])
+        self.guard.load_state_dict(state.get("nonfinite", {}))
+
+    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, Tensor]]:
+        """The policy's weights in ``dtype`` (the rollout engine's), for a weight sync."""
+        return ((name, tensor.detach().to(dtype)) for name, tensor in self.policy.state_dict().items())
+
+    # --- the update ---------------------------------------------------------------------------------
+
+    def update(self, batch: LearnerBatch, step_index: int = 0) -> dict[str, float]:
+        """Several optimizer passes over the rollout batch, each split into mini-batches (one
+        optimizer step each) whose gradients accumulate over micro-batches.
+
+        The loss normaliser spans each mini-batch (all its micro-batches), not the whole rollout
+        batch: a mini-batch's loss, hence its optimizer step, does not depend on how it is cut
+        into micro-batches. An objective's ``prepare`` runs once per mini-batch for the same reason.
+        ``step_index`` (training steps done) seeds the shuffle.
+        """
+        s = self.settings
+        size = len(batch.packed)
+        generator = torch.Generator().manual_seed(s.seed * 7919 + step_index)
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        grad_norms, losses = [], []
+        skipped: dict[str, int] = defaultdict(int)
+        critic_updates = 0
+        sampler_gap_sum = 0.0
+        learning_rate = self.learning_rate(self.optimizer_step + 1)
+        shuffle = s.updates_per_batch > 1 or s.mini_batches > 1
+        for _ in range(s.updates_per_batch):
+            order = torch.randperm(size, generator=generator) if shuffle else torch.arange(size)
+            for mini in torch.tensor_split(order, s.mini_batches):
+                if not batch.loss_mask[mini].any():
+                    continue  # nothing trains here; momentum and weight decay alone must not move the weights
+                normalizer = global_loss_normalizer(batch.loss_mask[mini], mode=s.aggregation, max_response_length=s.max_tokens)
+                prepared = self.prepare_objective(batch, mini)
+                self.optimizer.zero_grad(set_to_none=True)
+                mini_loss = 0.0
+                for micro in torch.split(mini, s.micro_batch_size):
+                    loss, metrics, logprobs = self.policy_loss(batch, micro, normalizer, prepared)
+                    if batch.old_logprobs is None:
+                        sampler_gap_sum += float((logprobs.detach() - batch.packed.sampling_logprobs[micro]).abs()
+                                                 .mul(batch.packed.response_mask[micro]).sum())
+                    loss.backward()
+                    mini_loss += float(loss.detach())
+                    tokens = float(batch.loss_mask[micro].sum())
+                    for key, value in metrics.items():
+                        sums[key] += value * tokens
+                        weights[key] += tokens
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), s.max_grad_norm))
+                learning_rate = self.learning_rate(self.optimizer_step + 1)
+                applied = guarded_step(self.optimizer, self.guard, mini_loss, grad_norm, skipped, learning_rate)
+                self.optimizer_step += int(applied)
+                grad_norms.append(grad_norm)
+                losses.append(mini_loss)
+                value_metrics = self.critic.after_policy_step(batch, mini, self.optimizer_step, skipped) if self.critic is not None and applied else None
+                if value_metrics is not None:
+                    critic_updates += 1
+                    for key, value in value_metrics.items():
+                        sums[key] += value
+                        weights[key] += 1
+        out = {f"actor/{k}" if not k.startswith(("bapo/", "quadrant/", "value/")) else k: sums[k] / max(weights[k], 1e-12) for k in sums}
+        if batch.old_logprobs is None:
+            out["rollout/logprob_gap"] = sampler_gap_sum / max(float(batch.packed.response_mask.sum()), 1.0)
+        out["actor/loss"] = float(np.mean(losses)) if losses else 0.0
+        out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+        out["actor/grad_norm_max"] = float(np.max(grad_norms)) if grad_norms else 0.0
+        out["actor/learning_rate"] = learning_rate  # the rate of this step's last optimizer step
+        out["actor/optimizer_steps"] = float(self.optimizer_step)
+        out["health/nonfinite_steps"] = float(sum(skipped.values()))
+        for reason in NONFINITE_REASONS:
+            out[f"health/nonfinite_{reason}_steps"] = float(skipped.get(reason, 0))
+        if self.critic is not None:
+            out["value/updates"] = float(critic_updates)
+        return out
+
+    def _objective_params(self, batch: LearnerBatch, rows: Tensor) -> dict[str, Any]:
+        s = self.settings
+        params = {**s.objective_params, "kl_coef": s.kl_coef, "kl_estimator": s.kl_estimator, "entropy_coef": s.entropy_coef}
+        if batch.ref_logprobs is not None:
+            params["ref_logprobs"] = batch.ref_logprobs[rows]
+        return params
+
+    @torch.no_grad()
+    def prepare_objective(self, batch: LearnerBatch, mini: Tensor) -> dict[str, Any]:
+        """The objective's once-per-mini-batch preparation (e.g. BAPO's clip-bound search) on
+        the current policy's log-probs over the whole mini-batch, so that its result does not
+        depend on the micro-batch size; ``{}`` for objectives without one."""
+        prepare = getattr(self.objective, "prepare", None)
+        if prepare is None:
+            return {}
+        s = self.settings
+        packed = batch.packed.select(mini)
+        parts = []
+        with autocast(self.policy, s.compute_dtype):
+            for start in range(0, len(packed), s.micro_batch_size):
+                part = packed.select(slice(start, start + s.micro_batch_size))
+                parts.append(token_logprobs(self.policy, part, temperature=s.temperature, compute_entropy=True))
+        logprobs = torch.cat([lp for lp, _ in parts])
+        entropy = torch.cat([h for _, h in parts])
+        old_logprobs = logprobs if batch.old_logprobs is None else batch.old_logprobs[mini]
+        return dict(prepare(logprobs, old_logprobs, batch.advantages[mini], batch.loss_mask[mini], entropy=entropy,
+                            **self._objective_params(batch, mini)))
+
+    def policy_loss(self, batch: LearnerBatch, rows: Tensor, normalizer: float,
+                    prepared: dict[str, Any] | None = None) -> tuple[Tensor, dict[str, float], Tensor]:  # fmt: skip
+        s = self.settings
+        packed = batch.packed.select(rows)
+        # The entropy takes part in the gradient only through an entropy bonus; else it is a metric.
+        with autocast(self.policy, s.compute_dtype):
+            logprobs, entropy = token_logprobs(self.policy, packed, temperature=s.temperature, compute_entropy=True,
+                                               entropy_grad=s.entropy_coef != 0)
+        params = {**self._objective_params(batch, rows), **(prepared or {})}
+        old_logprobs = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[rows]
+        loss, metrics = self.objective.fn(logprobs, old_logprobs, batch.advantages[rows], batch.loss_mask[rows],
+                                          loss_normalizer=normalizer, aggregation=s.aggregation, entropy=entropy, **params)
+        return loss, metrics, logprobs

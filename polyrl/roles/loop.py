@@ -1,0 +1,129 @@
+"""The training loop of one arm: collect → pipeline → learn → sync → hooks, each phase timed.
+
+The roles it drives take and return plain data (:mod:`polyrl.roles.batches`), and it gets them
+all in its constructor (:func:`polyrl.roles.setup.build_arm` builds them from a config).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from polyrl.roles.batches import Rollout, Scores
+from polyrl.roles.health import NONFINITE_REASONS, NonFiniteStop, NonFiniteTrainingError
+from polyrl.roles.hooks import Checkpointer, Hook, StepReport
+
+__all__ = ["PHASES", "PhaseTimer", "TrainingLoop", "rollout_metrics", "sample_rows"]
+
+PHASES = ("generate", "score", "advantage", "update", "sync", "log")
+
+
+class PhaseTimer:
+    """Accumulates wall time per named phase within one step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"perf/{phase}_s": self.seconds.get(phase, 0.0) for phase in PHASES}
+        out["perf/step_s"] = sum(self.seconds.values())
+        return out
+
+
+def rollout_metrics(rollout: Rollout) -> dict[str, float]:
+    if not len(rollout):
+        return {"rollout/samples": 0.0}
+    lengths = np.array([len(c.completion_ids) for c in rollout.completions], dtype=np.float64)
+    return {
+        "rollout/response_length/mean": float(lengths.mean()),
+        "rollout/response_length/min": float(lengths.min()),
+        "rollout/response_length/max": float(lengths.max()),
+        "rollout/response_length/clipped_ratio": float(np.mean([c.truncated for c in rollout.completions])),
+        "rollout/samples": float(len(rollout)),
+    }
+
+
+def sample_rows(rollout: Rollout, scores: Scores) -> list[dict[str, Any]]:
+    return [{"prompt": p.prompt, "completion": c.text, "reward": s, "length": len(c.completion_ids), "finish_reason": c.finish_reason}
+            for p, c, s in zip(rollout.prompts, rollout.completions, scores.totals)]
+
+
+class TrainingLoop:
+    def __init__(self, *, arm: str, steps: int, sampler: Any, collector: Any, pipeline: Any, learner: Any, engine_dtype: Any,
+                 checkpointer: Checkpointer, hooks: Sequence[Hook] = (), start_step: int = 0,
+                 history: list[dict[str, float]] | None = None):  # fmt: skip
+        self.arm, self.steps = arm, steps
+        self.sampler, self.collector, self.pipeline, self.learner = sampler, collector, pipeline, learner
+        self.engine_dtype = engine_dtype
+        self.checkpointer = checkpointer
+        self.hooks = list(hooks)
+        self.step_index = start_step  # completed steps
+        self.history: list[dict[str, float]] = [] if history is None else history
+
+    def run(self) -> list[dict[str, float]]:
+        for hook in self.hooks:
+            hook.start(self.step_index)
+        while self.step_index < self.steps:
+            self.step()
+        return self.history
+
+    def step(self) -> dict[str, float]:
+        step, timer = self.step_index + 1, PhaseTimer()
+        step_start_sampler = self.sampler.state_dict()  # where a non-finite stop resumes from
+        collected = self.collector.collect(step)
+        for phase, seconds in collected.seconds.items():
+            timer.seconds[phase] += seconds
+        rollout, metrics = collected.rollout, dict(collected.scores.metrics)
+        if len(rollout):  # dynamic sampling may find no informative group: nothing to learn from
+            with timer("advantage"):
+                batch = self.pipeline.run(rollout, collected.scores)
+            with timer("update"):
+                learned = self.learn(batch, step_start_sampler)
+            with timer("sync"):
+                self.sync()
+            metrics.update({**batch.metrics, **learned})
+        metrics.update(rollout_metrics(rollout))
+        self.step_index = step
+        report = StepReport(step, metrics, sample_rows(rollout, collected.scores))
+        with timer("log"):
+            metrics["train/samples_per_s"] = len(rollout) / max(sum(timer.seconds.values()), 1e-9)
+            for hook in self.hooks:
+                hook.observe(report)
+        metrics.update(timer.metrics())  # perf/log_s: everything in "log" but the final write
+        for hook in self.hooks:
+            hook.publish(report)
+        self.history.append(metrics)
+        return metrics
+
+    def learn(self, batch: Any, step_start_sampler: dict[str, Any]) -> dict[str, float]:
+        try:
+            return self.learner.update(batch, self.step_index)
+        except NonFiniteStop as stop:
+            # No non-finite step was applied, so the weights are the last good ones; the data
+            # position is that of the start of the failing step, which a resume then repeats.
+            # A resume after the user's fix starts a fresh count of consecutive skips.
+            what = NONFINITE_REASONS[stop.reason]
+            path = self.checkpointer.save(self.step_index, extra={"stopped": f"non-finite {what}", "nonfinite": {"consecutive": 0},
+                                                                  "sampler": step_start_sampler})
+            raise NonFiniteTrainingError(
+                f"arm {self.arm!r}: training stopped in step {self.step_index + 1}: {stop.consecutive} optimizer steps in a row had "
+                f"a non-finite (NaN/inf) {what} and were skipped (train.max_consecutive_nonfinite = "
+                f"{self.learner.settings.max_consecutive_nonfinite}). The last good weights are saved in {path}. Check the "
+                "rewards and advantages for NaN/inf, lower train.learning_rate, then resume with --resume."
+            ) from None
+
+    def sync(self) -> None:
+        """Push the policy's weights to the rollout engine, in the engine's dtype (model.dtype)."""
+        self.collector.sync_weights(self.learner.weights(self.engine_dtype))

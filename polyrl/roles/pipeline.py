@@ -1,0 +1,229 @@
+"""The batch pipeline: what happens between a scored rollout and the loss, as an ordered list of
+small stages, each ``stage(batch, context) -> batch``.
+
+Adding a step is adding a function to :data:`STAGES` (or to the list a caller passes to
+:func:`run_pipeline`), not editing a method. A stage returns a new :class:`PipelineBatch`
+(``dataclasses.replace``) with the fields it fills and its metrics added; the context holds
+the settings and the models the stages read. The pipeline's input (rollout, scores) and
+output (:class:`~polyrl.roles.batches.LearnerBatch`) are plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from polyrl.algos.advantages import AdvantageInputs
+from polyrl.algos.dapo_data import dapo_overlong_penalty
+from polyrl.algos.logprobs import PackedBatch, logprob_gap, pack_completions, token_logprobs
+from polyrl.algos.losses import kl_in_reward, kl_penalty, masked_mean, masked_mean_std
+from polyrl.roles.batches import LearnerBatch, Rollout, Scores
+from polyrl.roles.precision import autocast
+
+__all__ = ["BatchPipeline", "PipelineBatch", "PipelineContext", "STAGES", "run_pipeline", "token_discounts"]
+
+
+@dataclass(frozen=True)
+class PipelineContext:
+    """What the stages read: settings, and the models whose log-probs or values they need."""
+
+    estimator: Any  # polyrl.algos.advantages.AdvantageSpec
+    estimator_params: dict[str, Any]
+    pad_token_id: int
+    policy: torch.nn.Module | None = None
+    reference: torch.nn.Module | None = None
+    values: Callable[[PackedBatch], Tensor] | None = None  # the critic's V(s_t), no grad
+    compute_dtype: torch.dtype = torch.float32
+    micro_batch_size: int = 8
+    temperature: float = 1.0
+    max_tokens: int = 64
+    # π_old is read off the update's own first forward pass (one on-policy step per batch).
+    reuse_old_logprobs: bool = True
+    overlong: Any = None  # polyrl.config.schema overlong settings: mode, max_length, cache_length, penalty_weight
+    kl_coef: float = 0.0
+    kl_estimator: str = "k1"
+    kl_in_reward: bool = False
+    tis_cap: float | None = None  # truncated importance sampling's C; None: off
+    modalities: Any = None  # per-modality GAE settings (config.modalities)
+
+
+@dataclass
+class PipelineBatch:
+    rollout: Rollout
+    scores: Scores
+    packed: PackedBatch | None = None
+    rewards: Tensor | None = None  # [N] sequence rewards; NaN = unscored
+    token_rewards: Tensor | None = None  # [N, T] when the KL penalty is folded into the rewards
+    excluded: Tensor | None = None  # [N] rows that must not train
+    loss_mask: Tensor | None = None
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    values: Tensor | None = None
+    gammas: Tensor | None = None
+    lambdas: Tensor | None = None
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def with_metrics(self, metrics: dict[str, float], **fields: Any) -> "PipelineBatch":
+        return replace(self, metrics={**self.metrics, **metrics}, **fields)
+
+
+@torch.no_grad()
+def _batched(fn: Callable[[PackedBatch], Tensor], packed: PackedBatch, model: torch.nn.Module, ctx: PipelineContext) -> Tensor:
+    size = ctx.micro_batch_size
+    with autocast(model, ctx.compute_dtype):
+        return torch.cat([fn(packed.select(slice(i, i + size))) for i in range(0, len(packed), size)])
+
+
+def _logprobs(model: torch.nn.Module, packed: PackedBatch, ctx: PipelineContext) -> Tensor:
+    return _batched(lambda b: token_logprobs(model, b, temperature=ctx.temperature)[0], packed, model, ctx)
+
+
+# --- the stages, in order ------------------------------------------------------------------------
+
+
+def pack(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    return replace(b, packed=pack_completions(b.rollout.completions, pad_token_id=ctx.pad_token_id))
+
+
+def old_logprobs(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    if ctx.reuse_old_logprobs:
+        return b
+    old = _logprobs(ctx.policy, b.packed, ctx)
+    return b.with_metrics({"rollout/logprob_gap": logprob_gap(b.packed.sampling_logprobs, old, b.packed.response_mask.bool())},
+                          old_logprobs=old)
+
+
+def sequence_rewards(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    # Unscored rewards reach the estimator as NaN: it leaves them out of group statistics and
+    # gives them no advantage; their rows then leave the loss (loss_mask).
+    rewards = torch.tensor([math.nan if t is None else float(t) for t in b.scores.totals], dtype=torch.float32)
+    unscored = torch.isnan(rewards)
+    return b.with_metrics({"reward/unscored_samples": float(unscored.sum())}, rewards=rewards, excluded=unscored.clone())
+
+
+def overlong_penalty(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    overlong = ctx.overlong
+    if overlong is None or overlong.mode != "soft_punishment":
+        return b
+    lengths = b.packed.response_mask.bool().sum(-1)
+    penalty = dapo_overlong_penalty(lengths, max_length=overlong.max_length or ctx.max_tokens, cache_length=overlong.cache_length)
+    return b.with_metrics({"reward/overlong_penalty_mean": float(penalty.mean())},
+                          rewards=b.rewards + overlong.penalty_weight * penalty.to(b.rewards.dtype))
+
+
+def loss_mask(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    excluded, metrics = b.excluded, {}
+    if ctx.overlong is not None and ctx.overlong.mode == "mask_truncated":
+        # DAPO's overlong filtering (arXiv 2503.14476, §3.4): truncated samples keep their
+        # place in group statistics but their tokens leave the loss entirely.
+        truncated = torch.tensor([c.truncated for c in b.rollout.completions], dtype=torch.bool)
+        excluded = excluded | truncated
+        metrics["rollout/masked_truncated"] = float(truncated.sum())
+    return b.with_metrics(metrics, excluded=excluded, loss_mask=b.packed.response_mask.bool() & ~excluded[:, None])
+
+
+def ref_logprobs(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    if ctx.reference is None:
+        return b
+    ref = _logprobs(ctx.reference, b.packed, ctx)
+    # Sampler log-probs stand in for π_old when the update supplies it (equal to ~1e-6).
+    current = b.old_logprobs if b.old_logprobs is not None else b.packed.sampling_logprobs
+    ref_kl = float(masked_mean(kl_penalty(current, ref, estimator=ctx.kl_estimator), b.loss_mask))
+    return b.with_metrics({"actor/ref_kl": ref_kl}, ref_logprobs=ref)
+
+
+def fold_kl_into_rewards(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    """KL in the reward (InstructGPT placement): the sequence reward on its last token, minus
+    ``kl_coef`` × KL(π_old ‖ π_ref) on every token."""
+    if not ctx.kl_in_reward or b.ref_logprobs is None:
+        return b
+    mask = b.packed.response_mask.bool()
+    last = (mask.sum(-1) - 1).clamp(min=0)
+    placed = torch.zeros(mask.shape, dtype=b.rewards.dtype)
+    placed[torch.arange(len(b.rewards)), last] = b.rewards
+    shaped, metrics = kl_in_reward(placed, b.old_logprobs, b.ref_logprobs, mask, kl_coef=ctx.kl_coef, estimator=ctx.kl_estimator)
+    return b.with_metrics(metrics, token_rewards=shaped)
+
+
+def values(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    return b if ctx.values is None else replace(b, values=ctx.values(b.packed))
+
+
+def token_discounts(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    """Per-token γ and λ from each completion token's modality (seed 003 §7), read from
+    ``Completion.completion_token_modalities`` ("text" unless an engine marks otherwise)."""
+    settings = ctx.modalities
+    shape = b.packed.response_mask.shape
+    gammas = torch.full(shape, settings.text.gamma)
+    lambdas = torch.full(shape, settings.text.lam)
+    for row, completion in enumerate(b.rollout.completions):
+        for t, modality in enumerate(completion.completion_token_modalities):
+            if modality == "text":
+                continue
+            setting = getattr(settings, modality, None)
+            if not hasattr(setting, "gamma"):
+                raise ValueError(f"completion token modality {modality!r} has no GAE setting; modalities: {', '.join(type(settings).model_fields)}")
+            gammas[row, t], lambdas[row, t] = setting.gamma, setting.lam
+    return replace(b, gammas=gammas, lambdas=lambdas)
+
+
+def advantages(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    estimator = ctx.estimator
+    inputs = AdvantageInputs(rewards=b.token_rewards if b.token_rewards is not None else b.rewards, mask=b.packed.response_mask,
+                             group_ids=b.rollout.group_ids, values=b.values, gammas=b.gammas, lambdas=b.lambdas)
+    adv, adv_metrics = estimator.fn(inputs, **ctx.estimator_params)
+    returns = None
+    if estimator.value_targets is not None:
+        returns, _ = estimator.value_targets(inputs, **{k: v for k, v in ctx.estimator_params.items() if k == "whiten"})
+        returns = torch.where(b.loss_mask, returns, torch.zeros_like(returns))
+    metrics = {k if k.startswith("advantage/") else f"advantage/{k.split('/', 1)[-1]}": v for k, v in adv_metrics.items()}
+    return b.with_metrics(metrics, advantages=torch.where(b.loss_mask, adv, torch.zeros_like(adv)), returns=returns)
+
+
+def truncated_importance_sampling(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    """Truncated importance sampling (Yao et al. 2025): weight each token by
+    min(π_learner/π_sampler, C), folded into the (detached) advantage."""
+    if ctx.tis_cap is None:
+        return b
+    weight = torch.exp(b.old_logprobs - b.packed.sampling_logprobs).clamp(max=ctx.tis_cap)
+    return b.with_metrics({"rollout/tis_weight_mean": float(masked_mean(weight, b.loss_mask))},
+                          advantages=torch.where(b.loss_mask, b.advantages * weight, b.advantages))
+
+
+def advantage_stats(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    mean, std = (float(v) for v in masked_mean_std(b.advantages, b.loss_mask))
+    picked = b.advantages[b.loss_mask]
+    max_abs_z = float(((picked - mean).abs() / (std + 1e-8)).max()) if picked.numel() else 0.0
+    return b.with_metrics({"advantage/mean": mean, "advantage/std": std, "advantage/max_abs_z": max_abs_z})
+
+
+Stage = Callable[[PipelineBatch, PipelineContext], PipelineBatch]
+
+STAGES: tuple[Stage, ...] = (pack, old_logprobs, sequence_rewards, overlong_penalty, loss_mask, ref_logprobs, fold_kl_into_rewards,
+                             values, token_discounts, advantages, truncated_importance_sampling, advantage_stats)
+
+
+class BatchPipeline:
+    """:data:`STAGES` (or ``stages``) over ``context``: a scored rollout in, a learner batch out."""
+
+    def __init__(self, context: PipelineContext, stages: Sequence[Stage] = STAGES):
+        self.context = context
+        self.stages = tuple(stages)
+
+    def run(self, rollout: Rollout, scores: Scores) -> LearnerBatch:
+        return run_pipeline(rollout, scores, self.context, self.stages)
+
+
+def run_pipeline(rollout: Rollout, scores: Scores, ctx: PipelineContext, stages: Sequence[Stage] = STAGES) -> LearnerBatch:
+    batch = PipelineBatch(rollout, scores)
+    for stage in stages:
+        batch = stage(batch, ctx)
+    return LearnerBatch(packed=batch.packed, old_logprobs=batch.old_logprobs, advantages=batch.advantages.detach(),
+                        ref_logprobs=batch.ref_logprobs, old_values=batch.values, returns=batch.returns, metrics=batch.metrics,
+                        loss_mask=batch.loss_mask)

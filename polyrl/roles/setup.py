@@ -1,0 +1,212 @@
+"""Set-up of one arm from its config: builds each role explicitly, restores a checkpoint, and
+assembles the loop with its hooks. Every decision that reads the config lives here, so the
+roles themselves only see their own settings.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer
+
+from polyrl.algos.advantages import get_advantage
+from polyrl.algos.objectives import get_objective
+from polyrl.config.schema import ConfigError, ExperimentConfig
+from polyrl.data.images import check_model_takes_images
+from polyrl.data.prompts import PromptSampler, load_prompt_dataset
+from polyrl.engines.base import RolloutEngine, build_rollout_engine
+from polyrl.engines.images import auto_model_class
+from polyrl.models.paths import resolve_policy_path
+from polyrl.rewards import CompositeReward, load_reward_class
+from polyrl.roles.collector import CollectSettings, RolloutCollector
+from polyrl.roles.critic import Critic, CriticSettings, ValueModel
+from polyrl.roles.health import HealthMonitor
+from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
+from polyrl.roles.learner import LearnerSettings, PolicyLearner
+from polyrl.roles.loop import TrainingLoop
+from polyrl.roles.pipeline import BatchPipeline, PipelineContext
+from polyrl.roles.precision import compute_dtype
+
+__all__ = ["Arm", "accuracy_label", "build_arm", "reward_specs", "seed_everything"]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def reward_specs(config: ExperimentConfig, policy_path: str | Path) -> list[Any]:
+    """The reward specs, with the policy's folder for a reward that declares it scores with it
+    (``policy_path_param`` on its class, e.g. ``ppl_fluency``'s ``model_path``) and was given none."""
+    specs = []
+    for spec in config.rewards:
+        param = getattr(load_reward_class(spec.module), "policy_path_param", None)
+        if param and param not in spec.params:
+            spec = spec.model_copy(update={"params": {**spec.params, param: str(policy_path)}})
+        specs.append(spec)
+    return specs
+
+
+def accuracy_label(config: ExperimentConfig, labels: list[str]) -> str | None:
+    """The reward that defines ``train/accuracy``: ``tracking.accuracy_reward``, else the one
+    labelled ``accuracy`` (the field's documented default), else none (no accuracy metric)."""
+    wanted = config.tracking.accuracy_reward
+    if wanted is None:
+        return "accuracy" if "accuracy" in labels else None
+    if wanted not in labels:
+        raise ConfigError(f"tracking.accuracy_reward: no reward is labelled {wanted!r}; reward labels: {', '.join(labels)}")
+    return wanted
+
+
+def _learner_settings(cfg: ExperimentConfig, objective: Any) -> LearnerSettings:
+    t = cfg.train
+    return LearnerSettings(
+        aggregation=cfg.objective.aggregation or objective.default_aggregation,
+        objective_params={**objective.default_params, **cfg.objective.params}, learning_rate=t.learning_rate, betas=tuple(t.betas),
+        weight_decay=t.weight_decay, lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
+        total_steps=t.steps, updates_per_batch=t.updates_per_batch, mini_batches=t.mini_batches, micro_batch_size=t.micro_batch_size,
+        max_grad_norm=t.max_grad_norm, max_consecutive_nonfinite=t.max_consecutive_nonfinite, temperature=cfg.rollout.temperature,
+        max_tokens=cfg.rollout.max_tokens, kl_coef=0.0 if t.kl_in_reward else t.kl_coef, kl_estimator=t.kl_estimator,
+        entropy_coef=t.entropy_coef, seed=cfg.seed, compute_dtype=compute_dtype(cfg.model.dtype),
+    )  # fmt: skip
+
+
+def _critic_settings(cfg: ExperimentConfig) -> CriticSettings:
+    v = cfg.train.value
+    return CriticSettings(learning_rate=v.learning_rate, betas=tuple(v.betas), weight_decay=v.weight_decay, clip_range=v.clip_range,
+                          max_grad_norm=v.max_grad_norm, update_every=v.update_every, micro_batch_size=cfg.train.micro_batch_size,
+                          max_consecutive_nonfinite=cfg.train.max_consecutive_nonfinite, compute_dtype=compute_dtype(cfg.model.dtype))
+
+
+def reuses_old_logprobs(cfg: ExperimentConfig) -> bool:
+    """With one on-policy optimizer step per rollout batch, π_old is the policy of the update's
+    own forward pass, so a separate no-grad pass over the batch would compute the same numbers
+    again; the update reads them off its first pass instead."""
+    return (cfg.train.updates_per_batch == 1 and cfg.train.mini_batches == 1
+            and not cfg.rollout.truncated_importance_sampling.enabled and not cfg.train.kl_in_reward)
+
+
+@dataclass
+class Arm:
+    """One arm's roles, checkpointer and start state; :meth:`loop` assembles the loop."""
+
+    config: ExperimentConfig
+    name: str
+    policy_path: Path
+    tokenizer: Any
+    sampler: PromptSampler
+    health: HealthMonitor
+    collector: RolloutCollector
+    pipeline: BatchPipeline
+    learner: PolicyLearner
+    critic: Critic | None
+    reference: torch.nn.Module | None
+    checkpointer: Checkpointer
+    logger: Any | None = None
+    evaluator: Callable[[Any, int], Any] | None = None
+    start_step: int = 0
+    start_state: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def hooks(self, *, printer: Callable[[str], None] = print, callbacks: Sequence[Callable[[int, dict[str, float]], None]] = ()) -> list[Hook]:
+        cfg, logger = self.config, self.logger
+        hooks: list[Hook] = [HealthHook(self.health, arm=self.name, printer=printer, logger=logger)]
+        if logger is not None:
+            hooks.append(SampleTableHook(logger, every=cfg.tracking.sample_table_every, rows=cfg.tracking.sample_table_rows))
+        if self.evaluator is not None and cfg.eval.every:
+            hooks.append(PeriodicEvalHook(self.evaluator, self.collector.engine, every=cfg.eval.every, logger=logger))
+        if logger is not None:
+            hooks.append(MetricLogger(logger))
+        hooks.append(self.checkpointer)
+        return hooks + [Callback(fn) for fn in callbacks]
+
+    def loop(self, *, printer: Callable[[str], None] = print, callbacks: Sequence[Callable[[int, dict[str, float]], None]] = ()) -> TrainingLoop:
+        return TrainingLoop(arm=self.name, steps=self.config.train.steps, sampler=self.sampler, collector=self.collector,
+                            pipeline=self.pipeline, learner=self.learner, engine_dtype=compute_dtype(self.config.model.dtype),
+                            checkpointer=self.checkpointer, hooks=self.hooks(printer=printer, callbacks=callbacks),
+                            start_step=self.start_step, history=self.history)
+
+    def close(self) -> None:
+        self.collector.close()
+
+
+def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger: Any | None = None, evaluator: Any | None = None,
+              checkpoint_extra: dict[str, Any] | None = None, resume: bool = False, engine: RolloutEngine | None = None) -> Arm:
+    """Build models, engine, data and rewards into roles; restore the latest checkpoint if ``resume``.
+
+    ``engine`` replaces the configured rollout engine (its caller closes nothing: :meth:`Arm.close` does).
+    """
+    cfg = config
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    seed_everything(cfg.seed)
+    policy_path = resolve_policy_path(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(str(policy_path))
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    dtype = compute_dtype(cfg.model.dtype)
+    # fp32 master weights and optimizer state; model.dtype is the compute dtype (precision.py).
+    # Image-text models load whole (AutoModelForImageTextToText): the learner's forward needs the vision tower.
+    policy = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32)
+    reference = None
+    if cfg.train.kl_coef > 0:
+        # Same storage dtype and autocast as the policy: KL is exactly 0 before the first update.
+        reference = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32).eval()
+        reference.requires_grad_(False)
+    objective = get_objective(cfg.objective.name)
+    estimator = get_advantage(cfg.advantage.estimator or objective.default_advantage)
+    critic = Critic(ValueModel(policy_path, torch.float32), _critic_settings(cfg)) if "values" in estimator.requires else None
+    learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective), critic=critic)
+    data = cfg.data
+    dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
+                                  references_field=data.references_field, limit=data.limit)
+    sampler = PromptSampler(dataset, seed=cfg.seed, prompt_field=data.prompt_field, answer_field=data.answer_field,
+                            references_field=data.references_field)
+    check_model_takes_images(policy_path, sampler.samples)
+    rewards = CompositeReward(reward_specs(cfg, policy_path))
+    rewards.setup()
+    label = accuracy_label(cfg, rewards.labels)
+    if engine is None:
+        engine = build_rollout_engine(cfg.rollout.engine, str(policy_path), seed=cfg.seed, dtype=cfg.model.dtype,
+                                      max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb)
+    # vLLM drops torch to one thread "for serving"; the learner shares this process and
+    # wants every core back for its forward/backward passes.
+    torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
+    r, dynamic = cfg.rollout, cfg.advantage.dynamic_sampling
+    collector = RolloutCollector(engine, rewards, sampler.next_batch, CollectSettings(
+        prompts_per_step=r.prompts_per_step, samples_per_prompt=r.samples_per_prompt, temperature=r.temperature, top_p=r.top_p,
+        max_tokens=r.max_tokens, seed=cfg.seed, dynamic_sampling=dynamic.enabled, max_rounds=dynamic.max_rounds, accuracy_label=label))
+    pipeline = BatchPipeline(PipelineContext(
+        estimator=estimator, estimator_params={**estimator.default_params, **cfg.advantage.params}, pad_token_id=pad_token_id,
+        policy=policy, reference=reference, values=critic.values if critic is not None else None, compute_dtype=dtype,
+        micro_batch_size=cfg.train.micro_batch_size, temperature=r.temperature, max_tokens=r.max_tokens,
+        reuse_old_logprobs=reuses_old_logprobs(cfg), overlong=cfg.advantage.overlong, kl_coef=cfg.train.kl_coef,
+        kl_estimator=cfg.train.kl_estimator, kl_in_reward=cfg.train.kl_in_reward,
+        tis_cap=r.truncated_importance_sampling.cap if r.truncated_importance_sampling.enabled else None, modalities=cfg.modalities))
+    health = HealthMonitor(cfg.health, check_logprob_gap=r.top_p == 1.0)
+    models: dict[str, torch.nn.Module] = {"policy": policy, **({"critic": critic.model} if critic is not None else {})}
+    optimizers = {"policy": learner.optimizer, **({"critic": critic.optimizer} if critic is not None else {})}
+    checkpointer = Checkpointer(
+        arm_dir, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep, last_step=cfg.train.steps, models=models, optimizers=optimizers,
+        state=lambda: {"sampler": sampler.state_dict(), "health": health.state_dict(), **learner.state_dict(), "arm": arm,
+                       "policy_path": str(policy_path)},
+        extra=checkpoint_extra, logger=logger)  # fmt: skip
+    built = Arm(config=cfg, name=arm, policy_path=Path(policy_path), tokenizer=tokenizer, sampler=sampler, health=health,
+                collector=collector, pipeline=pipeline, learner=learner, critic=critic, reference=reference, checkpointer=checkpointer,
+                logger=logger, evaluator=evaluator)
+    state = checkpointer.restore_latest() if resume else None
+    if state is not None:
+        sampler.load_state_dict(state["sampler"])
+        built.start_step, built.start_state = int(state["step"]), state
+        learner.load_state_dict({"optimizer_step": state.get("optimizer_step", built.start_step * learner.optimizer_steps_per_step()),
+                                 "nonfinite": state.get("nonfinite", {})})
+        health.load_state_dict(state.get("health", {}))
+        collector.sync_weights(learner.weights(dtype))  # the engine was built from the base weights
+    learner.apply_optimizer_settings()
+    return built

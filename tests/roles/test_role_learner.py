@@ -1,0 +1,78 @@
+"""The policy learner alone: a tiny causal LM, a registered objective and a hand-made learner
+batch. No engine, no rewards, no config file."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from polyrl.algos.logprobs import pack_completions
+from polyrl.algos.objectives import get_objective
+from polyrl.core.types import Completion
+from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm
+from polyrl.roles.batches import LearnerBatch
+from polyrl.roles.health import NonFiniteStop
+from polyrl.roles.learner import LearnerSettings, PolicyLearner
+
+
+def _batch() -> LearnerBatch:
+    rows = [([5, 6], [7, 8, 9]), ([5, 6], [10, 11]), ([12], [7]), ([12], [8, 9, 10])]
+    completions = [Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[-3.0] * len(c), finish_reason="stop")
+                   for p, c in rows]
+    packed = pack_completions(completions, pad_token_id=0)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * packed.response_mask
+    return LearnerBatch(packed=packed, old_logprobs=None, advantages=advantages)
+
+
+def _learner(**settings) -> PolicyLearner:
+    policy = build_tiny_causal_lm(build_char_tokenizer(), "0.3m", seed=0)
+    objective = get_objective("grpo")
+    defaults = dict(aggregation=objective.default_aggregation, objective_params=dict(objective.default_params), learning_rate=1e-2,
+                    micro_batch_size=2, total_steps=2)
+    return PolicyLearner(policy, objective, LearnerSettings(**{**defaults, **settings}))
+
+
+def test_an_update_steps_once_per_mini_batch_on_the_schedule_and_moves_the_policy():
+    learner = _learner(lr_schedule="linear", warmup_steps=1, mini_batches=2)
+    before = {n: p.detach().clone() for n, p in learner.policy.named_parameters()}
+    metrics = learner.update(_batch())
+    # 2 mini-batches → 2 optimizer steps of 4 in all (2 training steps); warm-up W = 1:
+    # step 1: 1/2 × 1e-2, step 2: p = 0 → 1e-2 (the rate logged is the last step's).
+    assert learner.optimizer_step == 2 and metrics["actor/optimizer_steps"] == 2.0
+    assert learner.learning_rate(1) == pytest.approx(5e-3) and metrics["actor/learning_rate"] == pytest.approx(1e-2)
+    assert math.isfinite(metrics["actor/loss"]) and metrics["health/nonfinite_steps"] == 0
+    assert "rollout/logprob_gap" in metrics  # π_old read off the update's own forward pass
+    assert any(not torch.equal(before[n], p) for n, p in learner.policy.named_parameters())
+    assert {p.dtype for p in learner.policy.parameters()} == {torch.float32} and not learner.policy.training
+    assert learner.state_dict() == {"optimizer_step": 2, "nonfinite": {"consecutive": 0}}
+
+
+def test_non_finite_steps_are_skipped_counted_and_stop_after_too_many_in_a_row():
+    learner = _learner(max_consecutive_nonfinite=2)
+    batch = _batch()
+    nan_batch = dataclasses.replace(batch, advantages=batch.advantages.clone())
+    nan_batch.advantages[0, 0] = math.nan
+    before = {n: p.detach().clone() for n, p in learner.policy.named_parameters()}
+    first = learner.update(nan_batch)
+    assert first["health/nonfinite_loss_steps"] == 1 and learner.optimizer_step == 0
+    with pytest.raises(NonFiniteStop) as stop:
+        learner.update(nan_batch)
+    assert (stop.value.reason, stop.value.consecutive) == ("loss", 2)
+    assert all(torch.equal(before[n], p) for n, p in learner.policy.named_parameters()) and not learner.optimizer.state
+
+
+def test_a_restored_state_resumes_the_schedule_and_the_guard():
+    learner = _learner(lr_schedule="linear", total_steps=4)
+    learner.load_state_dict({"optimizer_step": 2, "nonfinite": {"consecutive": 1}})
+    learner.apply_optimizer_settings()
+    # linear over 4 optimizer steps, no warm-up: step 3 → 1 - 2/4 = 0.5
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(5e-3) and learner.guard.consecutive == 1
+
+
+def test_weights_for_a_sync_come_in_the_engine_dtype():
+    learner = _learner()
+    weights = dict(learner.weights(torch.bfloat16))
+    assert set(weights) == set(learner.policy.state_dict()) and {w.dtype for w in weights.values()} == {torch.bfloat16}
