@@ -163,24 +163,8 @@ def rollout_engine_class(engine: str) -> type[RolloutEngine]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def build_rollout_engine(
-    engine: Literal["vllm", "hf"],
-    model_path: str,
-    *,
-    seed: int = 0,
-    dtype: str = "float32",
-    max_model_len: int = 512,
-    kv_cache_gb: float = 1.0,
-    enforce_eager: bool = True,
-    **kwargs: Any,
-) -> RolloutEngine:
-    """Build a rollout engine by registered name (``"vllm"`` or ``"hf"``)."""
-    return rollout_engine_class(engine)(
-        str(model_path),
-        seed=seed,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        kv_cache_gb=kv_cache_gb,
-        enforce_eager=enforce_eager,
-        **kwargs,
-    )
+def build_rollout_engine(engine: Literal["vllm", "hf"], model_path: str, **options: Any) -> RolloutEngine:
+    """Build a rollout engine by registered name (``"vllm"`` or ``"hf"``); ``options`` are its
+    constructor's keywords (both take ``seed``, ``dtype``, ``max_model_len``, ``kv_cache_gb``,
+    ``enforce_eager``, with the defaults the constructors give)."""
+    return rollout_engine_class(engine)(str(model_path), **options)
