@@ -1,18 +1,22 @@
-"""Time per phase of a whole RL step, samples/s, orchestration overhead, and the rollout phase
-against bare vLLM generation of the same batch — measured side by side in one run.
+"""Where an RL step's time goes, and how close the update is to the machine's matmul peak.
 
-Run: ``python bench/bench_step.py`` (``--quick`` for fewer steps).
+Run: ``python bench/bench_step.py`` (``--size 3m`` for a smaller policy, ``--quick`` for fewer
+steps, ``--demo`` to add the demo config's warm policy).
 
-Part 1, the demo config (``experiments/grpo_vs_drgrpo.yaml``, grpo arm, its warm policy):
-mean seconds per phase (generate, score, advantage, update, sync, log) over ``--steps`` steps
-after one warm-up step, samples/s of the whole step, and the share of step time spent outside
-generate/score/update (orchestration overhead: advantage, sync, log; goal < 5 %).
+For a policy of ``--size`` (random weights, so nearly every sample runs to the token limit),
+``--prompts`` × ``--samples`` × ``--max-tokens`` per step, Dr.GRPO, vLLM engine, fp32, it prints:
 
-Part 2, the throughput target: a ~30M-parameter policy (random weights, so nearly every sample
-runs to the token limit), 8 prompts × 8 samples × 64 new tokens per step, GRPO, vLLM engine.
-Same per-phase table, then, in the same process and on the same engine, bare ``llm.generate``
-of the same prompts with the same seeds and sampling settings (no log-probs, no post-processing)
-so "rollout phase / bare vLLM" compares equal work.
+* per phase (generate, score, advantage, update, sync, log): mean seconds and share of the step,
+  samples/s, and orchestration overhead (time outside generate/score/update; goal < 5 %);
+* for the update: the useful work, 6 × parameters × real (unpadded) tokens forwarded, its achieved
+  GFLOP/s against the machine's fp32 matmul peak measured in the same process at the same thread
+  count (``bench/bench_matmul.py``, measured before and after the steps and averaged), the share
+  of computed token positions that are padding, and the optimizer's share of the update;
+* the rollout phase against bare ``llm.generate`` of the same prompts, seeds and settings.
+
+Counting is done by a forward pre-hook on the policy, so it measures whatever the learner does
+(one forward per micro-batch, padding trimmed or not). On a loaded machine every figure moves
+with the load: compare ratios of runs interleaved with each other.
 """
 
 from __future__ import annotations
@@ -23,25 +27,88 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM's INFO lines would bury the tables
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch  # noqa: E402
+
+from bench_matmul import measure_peak  # noqa: E402
 from polyrl.config.schema import load_experiment, resolve_arms  # noqa: E402
-from polyrl.roles.trainer import PHASES, ArmTrainer  # noqa: E402
+from polyrl.roles.loop import PHASES  # noqa: E402
+from polyrl.roles.setup import build_arm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_steps(trainer: ArmTrainer, steps: int) -> list[dict[str, float]]:
-    trainer.step()  # warm-up: first-call costs (allocator, kernels) are not steady state
-    return [trainer.step() for _ in range(steps)]
+@dataclass
+class UpdateCounter:
+    """Token positions the policy computes during the update, and the optimizer's time."""
+
+    active: bool = False
+    computed: int = 0  # rows × columns of every forward
+    real: int = 0  # attention-mask ones of every forward
+    forwards: int = 0
+    optimizer_s: float = 0.0
+
+    def reset(self) -> None:
+        self.computed = self.real = self.forwards = 0
+        self.optimizer_s = 0.0
+
+
+def instrument(arm) -> UpdateCounter:
+    counter = UpdateCounter()
+    policy, learner = arm.learner.policy, arm.learner
+
+    def count(_module, args, kwargs):
+        if counter.active:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            mask = kwargs.get("attention_mask")
+            counter.computed += int(ids.numel())
+            counter.real += int(mask.sum()) if mask is not None else int(ids.numel())
+            counter.forwards += 1
+
+    decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else policy
+    decoder.register_forward_pre_hook(count, with_kwargs=True)
+    update, optimizer_step = learner.update, learner.optimizer.step
+
+    def counted_update(*args, **kwargs):
+        counter.active = True
+        try:
+            return update(*args, **kwargs)
+        finally:
+            counter.active = False
+
+    def timed_step(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return optimizer_step(*args, **kwargs)
+        finally:
+            counter.optimizer_s += time.perf_counter() - start
+
+    learner.update = counted_update
+    learner.optimizer.step = timed_step
+    return counter
+
+
+def run_steps(loop, counter: UpdateCounter, steps: int) -> list[dict[str, float]]:
+    loop.step()  # warm-up: first-call costs (allocator, kernels) are not steady state
+    history = []
+    for _ in range(steps):
+        counter.reset()
+        metrics = loop.step()
+        history.append({**metrics, "bench/computed": counter.computed, "bench/real": counter.real,
+                        "bench/forwards": counter.forwards, "bench/optimizer_s": counter.optimizer_s})
+    return history
 
 
 def phase_table(title: str, history: list[dict[str, float]]) -> dict[str, float]:
     means = {phase: statistics.mean(h[f"perf/{phase}_s"] for h in history) for phase in PHASES}
-    step = statistics.mean(h["perf/step_s"] for h in history)
+    step = statistics.mean(sum(h[f"perf/{phase}_s"] for phase in PHASES) for h in history)
     samples = statistics.mean(h["rollout/samples"] for h in history)
     overhead = step - means["generate"] - means["score"] - means["update"]
     print(f"\n## {title}\n")
@@ -55,81 +122,120 @@ def phase_table(title: str, history: list[dict[str, float]]) -> dict[str, float]
     return {"step_s": step, "samples_per_s": samples / step, "overhead_share": overhead / step, **means}
 
 
-def bench_demo(steps: int) -> dict[str, float]:
-    config = load_experiment(ROOT / "experiments" / "grpo_vs_drgrpo.yaml",
-                             set_options=["tracking.progress=false", f"checkpoint.dir={tempfile.mkdtemp()}",
-                                          "checkpoint.every=100000"])["grpo"]
-    trainer = ArmTrainer(config, arm="grpo", arm_dir=Path(tempfile.mkdtemp()) / "grpo")
-    trainer.setup()
-    try:
-        r = config.rollout
-        title = (f"Demo config (grpo arm, {config.model.builtin.size} warm policy, "
-                 f"{r.prompts_per_step} prompts × {r.samples_per_prompt} samples, max {r.max_tokens} tokens)")
-        return phase_table(title, run_steps(trainer, steps))
-    finally:
-        trainer.close()
+def update_report(history: list[dict[str, float]], parameters: int, peak_gflops: float) -> dict[str, float]:
+    update_s = statistics.mean(h["perf/update_s"] for h in history)
+    real = statistics.mean(h["bench/real"] for h in history)
+    computed = statistics.mean(h["bench/computed"] for h in history)
+    useful_gflop = 6 * parameters * real / 1e9
+    achieved = useful_gflop / update_s
+    optimizer = statistics.mean(h["bench/optimizer_s"] for h in history)
+    print(f"\nupdate: {update_s:.3f} s for {useful_gflop:.1f} GFLOP of useful work (6 × {parameters / 1e6:.2f}M params × "
+          f"{real:.0f} real tokens) = **{achieved:.1f} GFLOP/s**, {achieved / peak_gflops:.0%} of the measured fp32 matmul peak "
+          f"{peak_gflops:.1f} GFLOP/s at {torch.get_num_threads()} threads (target ≥ 75%)")
+    print(f"padding: {1 - real / computed:.1%} of the {computed:.0f} token positions computed "
+          f"({statistics.mean(h['bench/forwards'] for h in history):.0f} forwards) · optimizer {optimizer / update_s:.1%} of the update")
+    return {"update_s": update_s, "useful_gflops": achieved, "peak_share": achieved / peak_gflops, "padding_share": 1 - real / computed}
 
 
-def bench_30m(steps: int, repeats: int) -> None:
+def bare_generate_ratio(arm, repeats: int) -> None:
+    """The rollout engine against bare ``llm.generate`` on the same prompts, seeds and settings."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine, collector = arm.collector.engine, arm.collector
+    rollout_rates, bare_rates = [], []
+    for _ in range(repeats):
+        prompts = arm.sampler.next_batch(collector.settings.prompts_per_step)
+        settings = collector.sampling_settings(999, 0)
+        start = time.perf_counter()
+        groups = engine.generate(prompts, settings)
+        wrapped = time.perf_counter() - start
+        tokens = sum(len(c.completion_ids) for g in groups for c in g)
+        requests = engine.build_requests(prompts, settings)
+        bare_params = [SamplingParams(n=p.n, temperature=p.temperature, top_p=p.top_p, top_k=0, max_tokens=p.max_tokens, seed=p.seed)
+                       for p in requests[1]]
+        start = time.perf_counter()
+        outputs = engine.llm.generate([TokensPrompt(prompt_token_ids=list(r["prompt_token_ids"])) for r in requests[0]],
+                                      bare_params, use_tqdm=False)
+        bare = time.perf_counter() - start
+        rollout_rates.append(tokens / wrapped)
+        bare_rates.append(sum(len(o.token_ids) for out in outputs for o in out.outputs) / bare)
+    rollout, bare = statistics.median(rollout_rates), statistics.median(bare_rates)
+    print(f"\nrollout engine {rollout:.0f} tok/s vs bare llm.generate {bare:.0f} tok/s on the same batch: {rollout / bare:.1%} (target ≥ 90%)")
+
+
+def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micro_batch: int, steps: int, repeats: int,
+                 threads: int | None) -> dict[str, float]:
     from polyrl.models.text import build_random_text_model_dir
 
-    model_dir = build_random_text_model_dir(Path(tempfile.mkdtemp()) / "m30", "30m", seed=0)
+    model_dir = build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"m{size}", size, seed=0)
+    train = {"steps": 10_000, "learning_rate": 1e-6, "micro_batch_size": micro_batch}
+    if threads:
+        train["threads"] = threads
     config = resolve_arms({
-        "name": "bench30m",
+        "name": f"bench{size}",
         "model": {"path": str(model_dir)},
-        "rollout": {"engine": "vllm", "prompts_per_step": 8, "samples_per_prompt": 8, "max_tokens": 64, "kv_cache_gb": 1.0},
-        "rewards": [{"module": "accuracy"}],
-        "train": {"steps": 10_000, "learning_rate": 1e-6, "micro_batch_size": 16},
+        "objective": {"name": "dr_grpo"},
+        "rollout": {"engine": "vllm", "prompts_per_step": prompts, "samples_per_prompt": samples, "max_tokens": max_tokens,
+                    "kv_cache_gb": 1.0},
+        "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
+        "train": train,
         "tracking": {"progress": False},
         "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
     })["main"]
-    trainer = ArmTrainer(config, arm="main", arm_dir=Path(tempfile.mkdtemp()) / "main")
-    trainer.setup()
+    arm = build_arm(config, arm="main", arm_dir=Path(tempfile.mkdtemp()) / "main")
     try:
-        history = run_steps(trainer, steps)
-        result = phase_table("~30M policy, 8 prompts × 8 samples × 64 new tokens, GRPO, vLLM", history)
-        # Same work through bare vLLM: same prompts and seeds → the same tokens are sampled.
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        rollout_rates, bare_rates = [], []
-        for _ in range(repeats):
-            prompts = trainer.sampler.next_batch(8)
-            settings = trainer.sampling_settings(step=999)
-            start = time.perf_counter()
-            groups = trainer.engine.generate(prompts, settings)
-            wrapped = time.perf_counter() - start
-            tokens = sum(len(c.completion_ids) for g in groups for c in g)
-            requests = trainer.engine.build_requests(prompts, settings)
-            bare_params = [SamplingParams(n=p.n, temperature=p.temperature, top_p=p.top_p, top_k=0, max_tokens=p.max_tokens, seed=p.seed)
-                           for p in requests[1]]
-            start = time.perf_counter()
-            outputs = trainer.engine.llm.generate([TokensPrompt(prompt_token_ids=list(r["prompt_token_ids"])) for r in requests[0]],
-                                                  bare_params, use_tqdm=False)
-            bare = time.perf_counter() - start
-            bare_tokens = sum(len(o.token_ids) for out in outputs for o in out.outputs)
-            rollout_rates.append(tokens / wrapped)
-            bare_rates.append(bare_tokens / bare)
-        rollout, bare = statistics.median(rollout_rates), statistics.median(bare_rates)
-        print(f"\nrollout engine {rollout:.0f} tok/s vs bare llm.generate {bare:.0f} tok/s on the same batch: "
-              f"{rollout / bare:.1%} (target ≥ 90%)")
-        print(f"whole RL step: {result['samples_per_s']:.2f} samples/s (target ≥ 10)")
+        counter = instrument(arm)
+        loop = arm.loop(printer=lambda _line: None)
+        parameters = sum(p.numel() for p in arm.learner.policy.parameters())
+        rows = micro_batch * 53
+        peak_before = measure_peak(size, tokens=rows, threads=torch.get_num_threads())
+        history = run_steps(loop, counter, steps)
+        peak_after = measure_peak(size, tokens=rows, threads=torch.get_num_threads())
+        title = f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, Dr.GRPO, vLLM"
+        result = phase_table(title, history)
+        print(f"\nmatmul peak (bench_matmul) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s")
+        result.update(update_report(history, parameters, (peak_before + peak_after) / 2))
+        bare_generate_ratio(arm, repeats)
+        return result
     finally:
-        trainer.close()
+        arm.close()
+
+
+def bench_demo(steps: int) -> dict[str, float]:
+    config = load_experiment(ROOT / "experiments" / "grpo_vs_drgrpo.yaml",
+                             set_options=["tracking.progress=false", f"checkpoint.dir={tempfile.mkdtemp()}",
+                                          "checkpoint.every=100000", "eval.every=0"])["grpo"]
+    arm = build_arm(config, arm="grpo", arm_dir=Path(tempfile.mkdtemp()) / "grpo")
+    try:
+        counter = instrument(arm)
+        r = config.rollout
+        title = (f"Demo config (grpo arm, {config.model.builtin.size} warm policy, "
+                 f"{r.prompts_per_step} prompts × {r.samples_per_prompt} samples, max {r.max_tokens} tokens)")
+        return phase_table(title, run_steps(arm.loop(printer=lambda _line: None), counter, steps))
+    finally:
+        arm.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="30m")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None, help="train.threads (default: the learner's own choice)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument("--demo", action="store_true", help="Also time the demo config (builds its warm policy once).")
     args = parser.parse_args()
     steps = 2 if args.quick else args.steps
-    print(f"# RL step benchmark ({os.cpu_count()} cores)")
-    if not args.skip_demo:
+    print(f"# RL step benchmark ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})")
+    if args.demo:
         bench_demo(steps)
-    bench_30m(steps, 1 if args.quick else args.repeats)
+    bench_policy(args.size, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens, micro_batch=args.micro_batch,
+                 steps=steps, repeats=1 if args.quick else args.repeats, threads=args.threads)
 
 
 if __name__ == "__main__":

