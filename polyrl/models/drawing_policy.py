@@ -32,7 +32,9 @@ from tokenizers import AddedToken
 from polyrl.engines.modality_marks import write_modality_rule
 from polyrl.models import text as text_models
 from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm, count_parameters, save_model_dir
-from polyrl.models.warmup import COMPLETE_MARKER, INFO_FILE, _is_complete, default_cache_dir, supervised_finetune
+from polyrl.models.cache import COMPLETE_MARKER, INFO_FILE, default_cache_dir
+from polyrl.models.cache import is_complete as _is_complete
+from polyrl.models.warmup import supervised_finetune
 from polyrl.rewards import RewardBatch
 from polyrl.rewards.builtins.drawing import IMAGE_CLOSE, IMAGE_OPEN, PALETTE_TOKENS, Drawing
 from polyrl.tasks import drawing

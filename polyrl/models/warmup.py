@@ -24,22 +24,26 @@ import hashlib
 import inspect
 import json
 import math
-import os
 import random
-import shutil
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from polyrl.core.folders import replace_dir
 from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine
 from polyrl.engines.hf_engine import HFRolloutEngine
 from polyrl.models import text as text_models
+from polyrl.models.cache import (  # noqa: F401 - COMPLETE_MARKER: importers of this module
+    COMPLETE_MARKER,
+    INFO_FILE,
+    build_cached,
+    default_cache_dir,
+    is_complete,
+    torch_threads,
+)
 from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm, count_parameters, save_model_dir
 from polyrl.rewards.base import RewardBatch
 from polyrl.rewards.builtins.accuracy import Accuracy
@@ -48,19 +52,11 @@ from polyrl.tasks import arithmetic
 
 # Bump when a change here alters the weights or the recorded info of a build.
 WARMUP_CODE_VERSION = "2"
-INFO_FILE = "polyrl_warmup.json"
-COMPLETE_MARKER = ".polyrl_complete"
 
 DEFAULT_SIZE = "0.3m"
 DEFAULT_STEPS = 400
 DEFAULT_LR = 5e-3
 DEFAULT_BATCH_SIZE = 32
-
-
-def default_cache_dir() -> Path:
-    """``$POLYRL_CACHE`` if set, else ``~/.cache/polyrl/models``."""
-    env = os.environ.get("POLYRL_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "polyrl" / "models"
 
 
 def _read_rows(split: str) -> list[dict[str, Any]]:
@@ -90,15 +86,6 @@ def model_fingerprint(size: str) -> str:
 def warm_policy_key(settings: dict[str, Any]) -> str:
     payload = json.dumps(settings, sort_keys=True)
     return f"arith-{settings['size']}-s{settings['seed']}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
-
-
-def _is_complete(directory: Path) -> bool:
-    return (
-        (directory / COMPLETE_MARKER).is_file()
-        and (directory / INFO_FILE).is_file()
-        and (directory / "config.json").is_file()
-        and any(directory.glob("*.safetensors"))
-    )
 
 
 def _lr_at(step: int, *, steps: int, lr: float, warmup_steps: int, min_lr_ratio: float) -> float:
@@ -311,15 +298,10 @@ def build_warm_policy(
         "code_version": WARMUP_CODE_VERSION,
     }
     final = cache_dir / warm_policy_key(settings)
-    if not force and _is_complete(final):
+    if not force and is_complete(final):
         return final
 
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    temporary = cache_dir / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    previous_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
+    def write(folder: Path) -> dict[str, Any]:
         started = time.perf_counter()
         tokenizer = build_char_tokenizer()
         model = build_tiny_causal_lm(tokenizer, size, seed=seed)
@@ -336,13 +318,13 @@ def build_warm_policy(
         )
         train_seconds = time.perf_counter() - started
         test_rows = _read_rows("test")[:eval_prompts]
-        save_model_dir(model, tokenizer, temporary)
+        save_model_dir(model, tokenizer, folder)
         # The engine samples from the model in memory; the directory gives it the model's own
         # declarations (modality rule, processor), as for any policy directory.
-        with HFRolloutEngine(str(temporary), model=model, tokenizer=tokenizer, seed=seed, device="cpu", batch_size=128) as engine:
+        with HFRolloutEngine(str(folder), model=model, tokenizer=tokenizer, seed=seed, device="cpu", batch_size=128) as engine:
             greedy = evaluate_arithmetic(engine, test_rows, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
             sampled = evaluate_arithmetic(engine, test_rows, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)
-        info = {
+        return {
             **settings,
             "key": final.name,
             "params": count_parameters(model),
@@ -368,21 +350,9 @@ def build_warm_policy(
                 for row, g, s in list(zip(test_rows, greedy["completions"], sampled["completions"]))[:8]
             ],
         }
-        (temporary / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        (temporary / COMPLETE_MARKER).write_text(final.name + "\n")
-        # A complete folder that appeared meanwhile is a concurrent build of the same key: the
-        # same weights, kept as it is.
-        if force or not _is_complete(final):
-            try:
-                replace_dir(temporary, final)
-            except OSError:
-                if not _is_complete(final):
-                    raise
-    finally:
-        torch.set_num_threads(previous_threads)
-        if temporary.exists():
-            shutil.rmtree(temporary, ignore_errors=True)
-    return final
+
+    with torch_threads(num_threads):
+        return build_cached(final, write, force=force)
 
 
 def warm_policy_info(path: str | Path) -> dict[str, Any]:

@@ -1,0 +1,75 @@
+"""Model folders built once per key and cached: a build writes into a temporary sibling folder,
+which is marked complete and only then published under its key, so a crashed or concurrent
+build never leaves a half-written model that a later call would return."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polyrl.core.folders import replace_dir
+
+INFO_FILE = "polyrl_warmup.json"  # the build record beside the weights
+COMPLETE_MARKER = ".polyrl_complete"
+
+
+def default_cache_dir() -> Path:
+    """``$POLYRL_CACHE`` if set, else ``~/.cache/polyrl/models``."""
+    env = os.environ.get("POLYRL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "polyrl" / "models"
+
+
+def is_complete(directory: Path) -> bool:
+    """A published build: marker, build record, config and weights."""
+    return (
+        (directory / COMPLETE_MARKER).is_file()
+        and (directory / INFO_FILE).is_file()
+        and (directory / "config.json").is_file()
+        and any(directory.glob("*.safetensors"))
+    )
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Cap torch's CPU threads inside the block (``None``: leave them), restored after."""
+    previous = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def build_cached(final: Path, write: Callable[[Path], dict[str, Any]], *, force: bool = False) -> Path:
+    """Publish ``write``'s build at ``final``: ``write(folder)`` writes the model files into a
+    fresh temporary folder and returns the build record (saved as :data:`INFO_FILE`).
+
+    A complete folder already at ``final`` is replaced only with ``force``; one that appears
+    meanwhile is a concurrent build of the same key (the same result) and is kept.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        temporary.mkdir()
+        info = write(temporary)
+        (temporary / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        (temporary / COMPLETE_MARKER).write_text(final.name + "\n")
+        if force or not is_complete(final):
+            try:
+                replace_dir(temporary, final)
+            except OSError:
+                if not is_complete(final):
+                    raise
+    finally:
+        if temporary.exists():
+            shutil.rmtree(temporary, ignore_errors=True)
+    return final
