@@ -185,19 +185,7 @@ def bapo_prepare(
     mask: Tensor,
     *,
     entropy: Tensor | None = None,
-    c_low_start: float = 0.6,
-    c_low_max: float = 0.9,
-    c_high_start: float = 1.2,
-    c_high_max: float = 3.0,
-    c_low_step: float = 0.05,
-    c_high_step: float = 0.1,
-    target_positive_share: float = 0.5,
-    bound_search: bool = True,
-    entropy_adaptive_clip: bool = False,
-    clip_eps_base: float = 0.2,
-    entropy_clip_alpha: float = 0.2,
-    entropy_target: float = 1.5,
-    **_other_params: Any,
+    **params: Any,
 ) -> dict[str, Any]:
     """BAPO's batch-level choices over a whole mini-batch [B, T] (no gradient).
 
@@ -206,29 +194,33 @@ def bapo_prepare(
     mini-batch's mean entropy, the search (or the fixed start bounds) the mini-batch's ratios,
     and ``positive_share`` (at the chosen bounds) feeds the sigmoid positive weight. Pass the
     dict as extra keywords to :func:`bapo_loss` on each micro-batch of that mini-batch.
+    ``params`` are the objective's (:class:`BAPOParams`, whose defaults fill the missing ones);
+    other keywords (the ``train.*`` settings the learner passes to every hook) are ignored.
     """
+    p = BAPOParams.model_construct(**{name: value for name, value in params.items() if name in BAPOParams.model_fields})
     logprobs, old_logprobs, advantages, mask, entropy = zero_masked_inputs(
         logprobs.detach(), old_logprobs, advantages, mask, entropy
     )
     ratio = token_ratio(logprobs, old_logprobs)
     state: dict[str, Any] = {}
-    if entropy_adaptive_clip:
+    c_low_start, c_high_start = p.c_low_start, p.c_high_start
+    if p.entropy_adaptive_clip:
         if entropy is None:
             raise ValueError("entropy_adaptive_clip needs the per-token entropy tensor")
         epsilon = entropy_adaptive_epsilon(
             float(masked_mean(entropy.detach(), mask)),
-            epsilon_base=clip_eps_base, alpha=entropy_clip_alpha, entropy_target=entropy_target,
+            epsilon_base=p.clip_eps_base, alpha=p.entropy_clip_alpha, entropy_target=p.entropy_target,
         )  # fmt: skip
         c_low_start, c_high_start = 1.0 - epsilon, 1.0 + epsilon
         state["clip_eps"] = epsilon
-    if bound_search:
+    if p.bound_search:
         c_low, c_high, positive_share = bapo_search_clip_bounds(
             ratio, advantages, mask,
-            c_low_start=c_low_start, c_low_max=c_low_max, c_high_start=c_high_start, c_high_max=c_high_max,
-            c_low_step=c_low_step, c_high_step=c_high_step, target_positive_share=target_positive_share,
+            c_low_start=c_low_start, c_low_max=p.c_low_max, c_high_start=c_high_start, c_high_max=p.c_high_max,
+            c_low_step=p.c_low_step, c_high_step=p.c_high_step, target_positive_share=p.target_positive_share,
         )  # fmt: skip
         steps = bapo_search_steps(c_low, c_high, c_low_start=c_low_start, c_high_start=c_high_start,
-                                  c_low_step=c_low_step, c_high_step=c_high_step)  # fmt: skip
+                                  c_low_step=p.c_low_step, c_high_step=p.c_high_step)  # fmt: skip
     else:
         c_low, c_high, steps = c_low_start, c_high_start, 0
         positive_share = bapo_positive_share(ratio, advantages, mask, c_low=c_low, c_high=c_high)
@@ -303,13 +295,9 @@ def bapo_loss(
       balance both weights are 0.5, halving the loss scale, as in the seed's code.
     """
     if clip_bounds is None:
-        state = bapo_prepare(
-            logprobs, old_logprobs, advantages, mask, entropy=entropy,
-            c_low_start=c_low_start, c_low_max=c_low_max, c_high_start=c_high_start, c_high_max=c_high_max,
-            c_low_step=c_low_step, c_high_step=c_high_step, target_positive_share=target_positive_share,
-            bound_search=bound_search, entropy_adaptive_clip=entropy_adaptive_clip, clip_eps_base=clip_eps_base,
-            entropy_clip_alpha=entropy_clip_alpha, entropy_target=entropy_target,
-        )  # fmt: skip
+        # Every BAPO param is a named argument here (the registry checks it): pass them all on.
+        own_params = {name: value for name, value in locals().items() if name in BAPOParams.model_fields}
+        state = bapo_prepare(logprobs, old_logprobs, advantages, mask, entropy=entropy, **own_params)
         clip_bounds, positive_share = state["clip_bounds"], state["positive_share"]
         search_steps, clip_eps = state["search_steps"], state.get("clip_eps")
     x = ObjectiveInputs.zero_masked(logprobs, old_logprobs, advantages, mask, entropy=entropy,
