@@ -146,6 +146,19 @@ def safe_file_stem(key: str) -> str:
     return stem or "metric"
 
 
+def save_curve_plot(figure, axis, out: Path, key: str, *, legend_fontsize: float | None = None) -> Path:
+    """Finish a per-step curve plot of metric ``key`` (axis label, grid, legend) and write it as
+    ``<out>/<key>.png``; the figure is closed."""
+    axis.set_xlabel("step")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=legend_fontsize)
+    figure.tight_layout()
+    path = out / (safe_file_stem(key) + ".png")
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def _arm_runs(client: MlflowClient, experiment: str, tracking_uri: str):
     parent = find_parent_run(client, experiment)
     if parent is None:
@@ -180,14 +193,7 @@ def plot_curves(histories: dict[str, dict[str, list[tuple[int, float]]]], keys: 
             plt.close(figure)
             continue
         axis.set_title(f"{experiment}: {titles[key]}")
-        axis.set_xlabel("step")
-        axis.grid(alpha=0.3)
-        axis.legend()
-        figure.tight_layout()
-        path = out / (safe_file_stem(key) + ".png")
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        plot_paths.append(path)
+        plot_paths.append(save_curve_plot(figure, axis, out, key))
     return plot_paths
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from mlflow.tracking import MlflowClient
 
-from polyrl.launch.compare import CURVES, TABLE_METRICS, _eval_keys, _histories, safe_file_stem
+from polyrl.launch.compare import CURVES, TABLE_METRICS, _eval_keys, _histories, save_curve_plot
 from polyrl.launch.stats import CONFIDENCE, Interval, curve_band, interquartile_mean, mean_interval, verdict, welch_difference
 
 # Metrics whose difference between arms gets a verdict (plus each eval accuracy).
@@ -85,14 +85,7 @@ def plot_bands(histories: SeedHistories, keys: list[str], titles: dict[str, str]
             plt.close(figure)
             continue
         axis.set_title(f"{experiment}: {titles[key]}\nmean over seeds, shaded: {CONFIDENCE:.0%} CI", fontsize=9)
-        axis.set_xlabel("step")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-        figure.tight_layout()
-        path = out / (safe_file_stem(key) + ".png")
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        paths.append(path)
+        paths.append(save_curve_plot(figure, axis, out, key, legend_fontsize=8))
     return paths
 
 
