@@ -13,6 +13,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from polyrl.engines.modality_marks import modality_string
 from polyrl.roles.batches import Rollout, Scores
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteStop, NonFiniteTrainingError
 from polyrl.roles.hooks import Checkpointer, Hook, StepReport
@@ -56,7 +57,9 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
 
 
 def sample_rows(rollout: Rollout, scores: Scores) -> list[dict[str, Any]]:
-    return [{"prompt": p.prompt, "completion": c.text, "reward": s, "length": len(c.completion_ids), "finish_reason": c.finish_reason}
+    # "modalities": one letter per completion token (T text, I image), the GAE setting each got.
+    return [{"prompt": p.prompt, "completion": c.text, "reward": s, "length": len(c.completion_ids), "finish_reason": c.finish_reason,
+             "modalities": modality_string(c.completion_token_modalities)}
             for p, c, s in zip(rollout.prompts, rollout.completions, scores.totals)]
 
 

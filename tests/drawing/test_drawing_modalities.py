@@ -74,3 +74,18 @@ def test_bad_rule_files_name_the_file_and_field(tmp_path, payload, message):
         load_modality_rule(tmp_path, build_drawing_tokenizer())
     assert MODALITY_FILE in str(caught.value)
     assert isinstance(caught.value, PolyrlError)
+
+
+def test_sample_tables_show_each_tokens_modality():
+    import torch
+
+    from polyrl.core.types import Completion, PromptSample
+    from polyrl.roles.batches import Rollout, Scores
+    from polyrl.roles.loop import sample_rows
+
+    drawn = Completion(prompt_ids=[1], completion_ids=[10, 11, 12, 13, 2], text="<img><red><blue></img>", sampling_logprobs=[0.0] * 5,
+                       finish_reason="stop", completion_token_modalities=("text", "image", "image", "text", "text"))
+    plain = Completion(prompt_ids=[1], completion_ids=[5, 6], text="ab", sampling_logprobs=[0.0, 0.0], finish_reason="length")
+    rollout = Rollout([PromptSample(prompt="draw:")] * 2, [drawn, plain], torch.tensor([0, 0]))
+    rows = sample_rows(rollout, Scores([1.0, 0.0], {}))
+    assert [row["modalities"] for row in rows] == ["TIITT", "TT"]
