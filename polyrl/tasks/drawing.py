@@ -8,9 +8,11 @@ Prompt and answer (a 3×3 grid, row-major; every cell is one palette token)::
     draw a green column at left on white and caption it:
     <img><green><white><white><green><white><white><green><white><white></img> a green column at left on white
 
-Every cell carries information (foreground or the prompt's background colour), so the share
-of correct cells — the ``drawing`` reward — is a graded signal: an all-black grid scores 0,
-a right shape in the wrong colour scores the background share, and so on.
+Every cell must be the prompt's foreground or background colour, so the share of correct
+cells — the ``drawing`` reward — is graded: a grid in a colour the prompt does not name scores
+0, the background alone scores the background's share (8/9 for a dot, 4/9 for a cross), and
+only the right shape scores 1. Held-out per-cell accuracy therefore starts well above 0 and
+the shape is what is left to learn.
 
 Shapes: ``dot`` at any of 9 cells (``top|middle|bottom`` × ``left|center|right``), ``row`` at
 ``top|middle|bottom``, ``column`` at ``left|center|right``, 2×2 ``square`` at the four corners,
