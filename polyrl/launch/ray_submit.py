@@ -48,8 +48,8 @@ from polyrl.core.errors import PolyrlError
 from polyrl.config.schema import ConfigError, ExperimentConfig, to_yaml
 from polyrl.launch.run_lock import acquire_lock
 from polyrl.launch.seeds import expand_units, load_plan, start_seeded_arm_run
-from polyrl.launch.runner import (STATE_FILE, ExperimentResult, archive_previous_run, experiment_dir, read_state, start_arm_run,
-                                    start_experiment_run, train_arm, write_state, yaml_text)
+from polyrl.launch.experiment_folder import STATE_FILE, archive_previous_run, experiment_dir, read_state, write_state
+from polyrl.launch.runner import ExperimentResult, start_arm_run, start_experiment_run, train_arm, yaml_text
 from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, make_client, probe_tracking, resolve_tracking_uri
 
 # Environment variables a worker needs to behave like the driver (offline hubs, vLLM mode,

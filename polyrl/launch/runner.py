@@ -2,7 +2,7 @@
 
 The experiment's folder (``<checkpoint.dir>/<name>/``) holds ``experiment.json`` — the MLflow
 run ids, which arms finished and each arm's resolved config — the run lock, and one checkpoint
-folder per arm. ``resume=True`` picks up the same MLflow runs and each unfinished arm's latest
+folder per arm (:mod:`polyrl.launch.experiment_folder`). ``resume=True`` picks up the same MLflow runs and each unfinished arm's latest
 checkpoint, after checking the config still matches the one the run was trained with
 (:mod:`polyrl.launch.resume_config`).
 
@@ -16,12 +16,8 @@ when resuming can fix it, says how to resume.
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
-import shutil
 import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -30,17 +26,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from polyrl.core.errors import PolyrlError
-from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint, read_checkpoint_info, remove_partial_checkpoints
+from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint, remove_partial_checkpoints
 from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml, to_yaml
 from polyrl.config.seeds import experiment_seeds
+from polyrl.launch.experiment_folder import (STATE_FILE, archive_previous_run, check_seeds_on_resume, experiment_dir, read_state,
+                                             repoint_archived_runs, resume_plan, write_state)
 from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
-from polyrl.launch.logs import LOG_FILE
-from polyrl.launch.resume_config import ConfigChange, check_resume_changes, config_snapshot, describe_changes, resume_changes
-from polyrl.launch.run_lock import LOCK_FILE, acquire_lock
+from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes
+from polyrl.launch.run_lock import acquire_lock
 from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, TrackingUnavailableError, probe_tracking, resolve_tracking_uri
-
-STATE_FILE = "experiment.json"
-
 
 @dataclass
 class ExperimentResult:
@@ -52,21 +46,6 @@ class ExperimentResult:
     experiment_dir: Path | None = None
     seeds: list[int] | None = None
     seed_run_ids: dict[str, str] = field(default_factory=dict)  # arm/seed_<s> -> run id
-
-
-def experiment_dir(config: ExperimentConfig) -> Path:
-    return Path(config.checkpoint.dir) / config.name
-
-
-def read_state(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def write_state(path: Path, state: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".json.partial")
-    staging.write_text(json.dumps(state, indent=2))
-    os.replace(staging, path)
 
 
 def _progress(console: Console) -> Progress:
@@ -175,57 +154,6 @@ def resume_command(path: str | Path, set_options: list[str] | None, only_arms: l
     return shlex.join(words)
 
 
-def archive_previous_run(folder: Path) -> Path | None:
-    """Move an earlier run's files aside (``<name>.previous-<time>``); the lock file and the
-    library log (open for appending by this command, one header per command) stay."""
-    entries = [p for p in folder.iterdir() if p.name not in (LOCK_FILE, LOG_FILE)] if folder.is_dir() else []
-    if not entries:
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = folder.with_name(f"{folder.name}.previous-{stamp}")
-    count = 1
-    while target.exists():
-        count += 1
-        target = folder.with_name(f"{folder.name}.previous-{stamp}-{count}")
-    target.mkdir()
-    for entry in entries:
-        shutil.move(str(entry), str(target / entry.name))
-    return target
-
-
-def _repoint_archived_runs(tracker: ExperimentTracker, old_state: dict[str, Any], archived: Path, echo: Callable[[str], None]) -> None:
-    """The earlier run's arm runs now find their checkpoints in the archive folder."""
-    if old_state.get("tracking_uri") != tracker.tracking_uri:
-        return
-    for key, run_id in (old_state.get("runs") or old_state.get("arms", {})).items():
-        try:
-            tracker.client.set_tag(run_id, "polyrl.checkpoint_dir", str((archived / key).resolve()))
-        except Exception as error:  # noqa: BLE001 - a stale tag only costs polyrl eval a search
-            echo(f"warning: could not re-point MLflow run {run_id} at its moved checkpoints ({type(error).__name__})")
-
-
-def _resume_plan(configs: dict[str, ExperimentConfig], folder: Path, state: dict[str, Any], *, allow: bool,
-                 echo: Callable[[str], None]) -> tuple[dict[str, list[ConfigChange]], dict[str, int]]:
-    """Each run's config changes since it was last trained, and the step it resumes after
-    (keyed by run key: the arm, or ``arm/seed_<s>``)."""
-    changes: dict[str, list[ConfigChange]] = {}
-    steps: dict[str, int] = {}
-    started = state.get("runs") if state.get("seeds") is not None else state.get("arms", {})
-    for arm, config in configs.items():
-        if arm not in (started or {}):
-            continue  # never started: nothing to compare with
-        latest = latest_checkpoint(folder / arm)
-        steps[arm] = checkpoint_step(latest) if latest is not None else 0
-        baseline = read_checkpoint_info(latest).get("config") if latest is not None else None
-        baseline = baseline or state.get("arm_configs", {}).get(arm)
-        if baseline is None:
-            echo(f"warning: arm {arm!r}: this run predates stored configs; the config cannot be checked against it")
-            continue
-        changes[arm] = resume_changes(arm, baseline, config_snapshot(config))
-    check_resume_changes(changes, finished=set(state.get("finished", [])), allow=allow, resume_steps=steps)
-    return changes, steps
-
-
 def run_experiment(
     path: str | Path,
     *,
@@ -286,16 +214,6 @@ def _interrupted(error: KeyboardInterrupt, folder: Path, where: dict[str, Any], 
     return RunInterrupted(f"stopped by {name} {kept}; the MLflow runs are marked KILLED. Continue with: {hint}", signum)
 
 
-def _check_seeds_on_resume(state: dict[str, Any], seeds: list[int] | None, name: str) -> None:
-    """A resumed run keeps its seeds: a changed set would mix runs of two different plans."""
-    if state.get("seeds") != seeds:
-        def said(value):
-            return "no seeds (one run per arm)" if value is None else f"seeds {value}"
-
-        raise ConfigError(f"--resume: the run of {name!r} used {said(state.get('seeds'))}; the config and --seeds now give "
-                          f"{said(seeds)}. Seeds cannot change on resume: resume with the same seeds, or run without --resume")
-
-
 def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_change, console, show_progress, stop: StopSignals,
                 where: dict[str, Any]) -> ExperimentResult:
     from polyrl.launch.seeds import expand_units, start_seeded_arm_run
@@ -310,8 +228,8 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
     resume_steps: dict[str, int] = {}
     archived, old_state = None, state
     if resume:
-        _check_seeds_on_resume(state, seeds, first.name)
-        changes, resume_steps = _resume_plan(unit_configs, folder, state, allow=allow_config_change, echo=console.print)
+        check_seeds_on_resume(state, seeds, first.name)
+        changes, resume_steps = resume_plan(unit_configs, folder, state, allow=allow_config_change, echo=console.print)
     else:
         # A new run never overwrites an earlier one's checkpoints: keep them beside it.
         archived = archive_previous_run(folder)
@@ -319,7 +237,7 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
     tracking_uri = state.get("tracking_uri") or resolve_tracking_uri(first.tracking.uri)
     tracker = ExperimentTracker(tracking_uri, first.tracking.experiment or first.name)
     if archived is not None:
-        _repoint_archived_runs(tracker, old_state, archived, console.print)
+        repoint_archived_runs(tracker, old_state, archived, console.print)
     parent = start_experiment_run(tracker, first.name, arms=list(configs), yaml_text=yaml_text(path), config_path=path,
                                   resume_run_id=state.get("parent_run_id"), buffer_dir=folder, echo=console.print,
                                   tags=None if seeds is None else {"polyrl.seeds": ",".join(map(str, seeds))})
