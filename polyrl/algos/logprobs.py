@@ -11,7 +11,7 @@ hidden states at those positions *before* the output head, so the ``[B, S, V]`` 
 of the full sequence is never built: only ``[B, T, V]`` for the ``T`` response positions.
 
 The sampler/learner parity contract: rollout engines report, for every sampled token, its
-log-probability under ``log_softmax(logits / temperature)`` (see ``rollout.py``), which is
+log-probability under ``log_softmax(logits / temperature)`` (see :mod:`polyrl.engines.base`), which is
 exactly what :func:`token_logprobs` computes with the same ``temperature``.
 
 Image batches: a row whose prompt had images carries the processor's image tensors
