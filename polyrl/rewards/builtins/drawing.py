@@ -98,7 +98,7 @@ def caption_f1(predicted: str, reference: str) -> float:
 class DrawingScore:
     score: float | None
     grid: float | None  # share of correct cells (0.0 when malformed, None when unscored)
-    text: float | None
+    text: float | None  # caption F1 (reported; it does not count when the grid is malformed)
     reason: str | None  # why the grid scored 0 (malformed), or why the sample is unscored
 
 
@@ -109,13 +109,16 @@ class Drawing(RewardModule):
     ``score = (1 - text_weight) * grid + text_weight * text`` where
 
     - ``grid`` is the share of the reference's cells the completion got right (same position,
-      same palette token). A malformed completion grid (no leading ``<img>``, no ``</img>``,
-      more than one pair, a non-palette token inside, or a cell count other than the
-      reference's) scores ``grid = 0`` — it is a wrong drawing, not an unscorable one, so RL
-      still learns the format; :meth:`details` gives the reason.
+      same palette token).
     - ``text`` is the bag-of-words F1 between the text after ``</img>`` in the completion and in
       the reference. When the prompt asked for no caption the reference text is empty: an
       empty completion text scores 1, any extra words 0.
+
+    A malformed completion grid (no leading ``<img>``, no ``</img>``, more than one pair, a
+    non-palette token inside, or a cell count other than the reference's) scores 0 in all —
+    a wrong answer, not an unscorable one, so RL still learns the format (an unclosed grid
+    followed by nothing must not earn the "no caption asked" text credit); :meth:`details`
+    gives the reason.
 
     The reference is the best-scoring of the sample's references (each a full answer). A
     sample with no reference is unscored (``None``); a reference that is not itself a
@@ -154,13 +157,11 @@ class Drawing(RewardModule):
             raise RewardModuleError(f"drawing: the reference of {batch.sample(index)} is not a drawing: {target.reason}", index=index)
         drawn = self.parse(completion)
         text = caption_f1(drawn.text, target.text)
-        if drawn.cells is None:
-            grid, reason = 0.0, drawn.reason
-        elif len(drawn.cells) != len(target.cells):
-            grid, reason = 0.0, f"grid has {len(drawn.cells)} cells, expected {len(target.cells)}"
-        else:
-            grid, reason = sum(a == b for a, b in zip(drawn.cells, target.cells)) / len(target.cells), None
-        return DrawingScore((1 - self.text_weight) * grid + self.text_weight * text, grid, text, reason)
+        if drawn.cells is None or len(drawn.cells) != len(target.cells):
+            reason = drawn.reason or f"grid has {len(drawn.cells)} cells, expected {len(target.cells)}"
+            return DrawingScore(0.0, 0.0, text, reason)
+        grid = sum(a == b for a, b in zip(drawn.cells, target.cells)) / len(target.cells)
+        return DrawingScore((1 - self.text_weight) * grid + self.text_weight * text, grid, text, None)
 
     def details(self, batch: RewardBatch) -> list[DrawingScore]:
         """Per sample: the score, its grid and text parts, and why a grid scored 0 (or why unscored)."""
