@@ -40,7 +40,7 @@ from polyrl.rewards.builtins.drawing import IMAGE_CLOSE, IMAGE_OPEN, PALETTE_TOK
 from polyrl.tasks import drawing
 
 # Bump when a change here alters the weights or the recorded info of a build.
-DRAWING_CODE_VERSION = "1"
+DRAWING_CODE_VERSION = "2"
 DRAWING_TOKENS = (IMAGE_OPEN, IMAGE_CLOSE, *PALETTE_TOKENS)
 
 DEFAULT_SIZE = "0.3m"
