@@ -1,5 +1,5 @@
 """The loop alone, over recording stand-ins for the roles (a unit test of the order of phases and
-of what the hooks receive; the real roles train together in tests/platform/test_trainer.py)."""
+of what the hooks receive; the real roles train together in tests/roles/test_trainer.py)."""
 
 from __future__ import annotations
 
