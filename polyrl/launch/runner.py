@@ -16,6 +16,7 @@ when resuming can fix it, says how to resume.
 
 from __future__ import annotations
 
+import functools
 import shlex
 import signal
 from dataclasses import dataclass, field
@@ -46,6 +47,11 @@ class ExperimentResult:
     experiment_dir: Path | None = None
     seeds: list[int] | None = None
     seed_run_ids: dict[str, str] = field(default_factory=dict)  # arm/seed_<s> -> run id
+
+
+def plain_printer(console: Console):
+    """Print lines as they are: health lines start with '[arm]', which rich reads as markup and drops."""
+    return functools.partial(console.print, markup=False, highlight=False)
 
 
 def _progress(console: Console) -> Progress:
@@ -372,7 +378,7 @@ def _train_with_progress(arm: Any, console: Console, show: bool, stop: StopSigna
                     length=f"{metrics.get('rollout/response_length/mean', float('nan')):.1f}",
                 )
 
-            arm.loop(printer=progress.console.print, callbacks=[show_step, _stop_at_step_end(arm, stop)]).run()
+            arm.loop(printer=plain_printer(progress.console), callbacks=[show_step, _stop_at_step_end(arm, stop)]).run()
     finally:
         stop.armed = False
 
