@@ -31,14 +31,13 @@ with ``python -m polyrl.tasks.arithmetic``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import re
 from pathlib import Path
 from typing import Any
 
-SPLITS = ("train", "test")
+from polyrl.tasks.common import SPLITS, check_split, data_version, hashed_split, read_jsonl, split_path, write_splits
+from polyrl.tasks.common import rows_to_jsonl  # noqa: F401  (re-exported: callers write rows through the task)
 SHIPPED_SEED = 1234
 # Near the number of distinct problems per split (about 1,750 train / 240 test).
 SHIPPED_SIZES = {"train": 1500, "test": 200}
@@ -145,8 +144,7 @@ def worked_solution(a: int, op: str, b: int, style: str = "long") -> str:
 
 def problem_split(prompt: str) -> str:
     """The split a problem belongs to, fixed by a hash of its prompt (seed-independent)."""
-    bucket = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big") % TEST_BUCKETS
-    return "test" if bucket == 0 else "train"
+    return hashed_split(prompt, TEST_BUCKETS)
 
 
 def _operands(rng: random.Random) -> tuple[int, int]:
@@ -165,8 +163,7 @@ def make_arithmetic_rows(
 
     Each row: ``{"prompt", "answer", "references": [answer], "solution", "id", "split"}``.
     """
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; allowed: {list(SPLITS)}")
+    check_split(split)
     if not 0.0 <= long_fraction <= 1.0:
         raise ValueError(f"long_fraction must be in [0, 1], got {long_fraction}")
     rng = random.Random(f"polyrl-arithmetic-{seed}-{split}")
@@ -201,33 +198,21 @@ def make_arithmetic_rows(
 
 
 def shipped_path(split: str) -> Path:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; allowed: {list(SPLITS)}")
-    return DATA_DIR / f"{split}.jsonl"
+    return split_path(DATA_DIR, split)
 
 
-def rows_to_jsonl(rows: list[dict[str, Any]]) -> str:
-    return "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+def read_rows(split: str) -> list[dict[str, Any]]:
+    return read_jsonl(shipped_path(split))
 
 
 def write_shipped_data(directory: str | Path = DATA_DIR) -> dict[str, Path]:
     """Regenerate the shipped jsonl splits from ``SHIPPED_SEED`` / ``SHIPPED_SIZES``."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split, size in SHIPPED_SIZES.items():
-        path = directory / f"{split}.jsonl"
-        path.write_text(rows_to_jsonl(make_arithmetic_rows(size, seed=SHIPPED_SEED, split=split)))
-        paths[split] = path
-    return paths
+    return write_splits(directory, SHIPPED_SIZES, SHIPPED_SEED, make_arithmetic_rows)
 
 
 def shipped_data_version() -> str:
     """A short hash of the shipped files, part of the warm-up cache key."""
-    digest = hashlib.sha256()
-    for split in SPLITS:
-        digest.update(shipped_path(split).read_bytes())
-    return digest.hexdigest()[:16]
+    return data_version(DATA_DIR)
 
 
 if __name__ == "__main__":

@@ -28,16 +28,13 @@ with ``python -m polyrl.tasks.drawing``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from polyrl.rewards.builtins.drawing import IMAGE_CLOSE, IMAGE_OPEN, PALETTE_COLOURS, PALETTE_TOKENS, palette_token
-
-SPLITS = ("train", "test")
+from polyrl.tasks.common import SPLITS, check_split, data_version, hashed_split, read_jsonl, split_path, write_splits
 SHIPPED_SEED = 1234
 SHIPPED_SIZES = {"train": 1200, "test": 200}
 DATA_DIR = Path(__file__).parent / "data" / "drawing"
@@ -110,8 +107,7 @@ def format_answer(colours: list[str], caption: str = "") -> str:
 def problem_split(geometry: Geometry, foreground: str, background: str) -> str:
     """The split of a (geometry, colours) combination, fixed by a hash (seed-independent)."""
     key = f"{geometry.description}|{foreground}|{background}"
-    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % TEST_BUCKETS
-    return "test" if bucket == 0 else "train"
+    return hashed_split(key, TEST_BUCKETS)
 
 
 def _combinations(split: str) -> list[tuple[Geometry, str, str]]:
@@ -131,8 +127,7 @@ def make_drawing_rows(n: int, *, seed: int, split: str, caption_fraction: float 
     "position", "foreground", "background", "id", "split"}``; ``grid`` holds the cells'
     colour names, ``caption`` is ``""`` when none was asked.
     """
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; allowed: {list(SPLITS)}")
+    check_split(split)
     if not 0.0 <= caption_fraction <= 1.0:
         raise ValueError(f"caption_fraction must be in [0, 1], got {caption_fraction}")
     rng = random.Random(f"polyrl-drawing-{seed}-{split}")
@@ -168,38 +163,21 @@ def make_drawing_rows(n: int, *, seed: int, split: str, caption_fraction: float 
 
 
 def shipped_path(split: str) -> Path:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; allowed: {list(SPLITS)}")
-    return DATA_DIR / f"{split}.jsonl"
+    return split_path(DATA_DIR, split)
 
 
 def read_rows(split: str) -> list[dict[str, Any]]:
-    with shipped_path(split).open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-def rows_to_jsonl(rows: list[dict[str, Any]]) -> str:
-    return "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+    return read_jsonl(shipped_path(split))
 
 
 def write_shipped_data(directory: str | Path = DATA_DIR) -> dict[str, Path]:
     """Regenerate the shipped jsonl splits from ``SHIPPED_SEED`` / ``SHIPPED_SIZES``."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split, size in SHIPPED_SIZES.items():
-        path = directory / f"{split}.jsonl"
-        path.write_text(rows_to_jsonl(make_drawing_rows(size, seed=SHIPPED_SEED, split=split)), encoding="utf-8")
-        paths[split] = path
-    return paths
+    return write_splits(directory, SHIPPED_SIZES, SHIPPED_SEED, make_drawing_rows)
 
 
 def shipped_data_version() -> str:
     """A short hash of the shipped files, part of the warm-up cache key."""
-    digest = hashlib.sha256()
-    for split in SPLITS:
-        digest.update(shipped_path(split).read_bytes())
-    return digest.hexdigest()[:16]
+    return data_version(DATA_DIR)
 
 
 if __name__ == "__main__":
