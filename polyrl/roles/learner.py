@@ -19,6 +19,7 @@ from torch import Tensor
 
 from polyrl.algos.aggregation import global_loss_normalizer
 from polyrl.algos.logprobs import token_logprobs
+from polyrl.algos.microbatches import length_sorted_micro_batches, trim_columns, trim_padding
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, guarded_step
 from polyrl.roles.precision import autocast
@@ -63,8 +64,10 @@ class PolicyLearner:
         self.objective = objective
         self.settings = settings
         self.critic = critic
+        # One fused kernel over all parameters instead of a Python loop per tensor (TRL's default
+        # optimizer, adamw_torch_fused); same update, same state dict.
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=settings.learning_rate, betas=settings.betas,
-                                           weight_decay=settings.weight_decay)
+                                           weight_decay=settings.weight_decay, fused=True)
         self.guard = NonFiniteGuard(settings.max_consecutive_nonfinite)
         self.optimizer_step = 0  # applied policy optimizer steps: the schedule's and the critic cadence's clock
 
@@ -119,6 +122,7 @@ class PolicyLearner:
         sampler_gap_sum = 0.0
         learning_rate = self.learning_rate(self.optimizer_step + 1)
         shuffle = s.updates_per_batch > 1 or s.mini_batches > 1
+        lengths = batch.packed.attention_mask.sum(dim=1)
         for _ in range(s.updates_per_batch):
             order = torch.randperm(size, generator=generator) if shuffle else torch.arange(size)
             for mini in torch.tensor_split(order, s.mini_batches):
@@ -128,11 +132,13 @@ class PolicyLearner:
                 prepared = self.prepare_objective(batch, mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
-                for micro in torch.split(mini, s.micro_batch_size):
+                # Rows of similar length share a micro-batch, which then drops its padding columns (exact).
+                for micro in length_sorted_micro_batches(mini, lengths, s.micro_batch_size):
                     loss, metrics, logprobs = self.policy_loss(batch, micro, normalizer, prepared)
                     if batch.old_logprobs is None:
-                        sampler_gap_sum += float((logprobs.detach() - batch.packed.sampling_logprobs[micro]).abs()
-                                                 .mul(batch.packed.response_mask[micro]).sum())
+                        width = logprobs.shape[1]
+                        sampler_gap_sum += float((logprobs.detach() - batch.packed.sampling_logprobs[micro][:, :width]).abs()
+                                                 .mul(batch.packed.response_mask[micro][:, :width]).sum())
                     loss.backward()
                     mini_loss += float(loss.detach())
                     tokens = float(batch.loss_mask[micro].sum())
@@ -197,13 +203,19 @@ class PolicyLearner:
     def policy_loss(self, batch: LearnerBatch, rows: Tensor, normalizer: float,
                     prepared: dict[str, Any] | None = None) -> tuple[Tensor, dict[str, float], Tensor]:  # fmt: skip
         s = self.settings
-        packed = batch.packed.select(rows)
+        packed = trim_padding(batch.packed.select(rows))
+        width = packed.response_mask.shape[1]
         # The entropy takes part in the gradient only through an entropy bonus; else it is a metric.
         with autocast(self.policy, s.compute_dtype):
             logprobs, entropy = token_logprobs(self.policy, packed, temperature=s.temperature, compute_entropy=True,
                                                entropy_grad=s.entropy_coef != 0)
-        params = {**self._objective_params(batch, rows), **(prepared or {})}
-        old_logprobs = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[rows]
-        loss, metrics = self.objective.fn(logprobs, old_logprobs, batch.advantages[rows], batch.loss_mask[rows],
+        params = self._objective_params(batch, rows)
+        if "ref_logprobs" in params:
+            params["ref_logprobs"] = params["ref_logprobs"][:, :width]
+        params.update(prepared or {})  # mini-batch-level values (e.g. BAPO's clip bounds), not per token
+        advantages, loss_mask, old = trim_columns(width, [batch.advantages[rows], batch.loss_mask[rows],
+                                                          None if batch.old_logprobs is None else batch.old_logprobs[rows]])
+        old_logprobs = logprobs.detach() if old is None else old
+        loss, metrics = self.objective.fn(logprobs, old_logprobs, advantages, loss_mask,
                                           loss_normalizer=normalizer, aggregation=s.aggregation, entropy=entropy, **params)
         return loss, metrics, logprobs
