@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,31 @@ def data_version(data_dir: Path) -> str:
     for split in SPLITS:
         digest.update(split_path(data_dir, split).read_bytes())
     return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ShippedSplits:
+    """A task's shipped jsonl splits: exactly ``make_rows(sizes[split], seed=seed, split=split)``."""
+
+    data_dir: Path
+    sizes: dict[str, int]
+    seed: int
+    make_rows: Callable[..., list[dict[str, Any]]]
+
+    def path(self, split: str) -> Path:
+        return split_path(self.data_dir, split)
+
+    def read(self, split: str) -> list[dict[str, Any]]:
+        return read_jsonl(self.path(split))
+
+    def write(self, directory: str | Path | None = None) -> dict[str, Path]:
+        """Regenerate the splits (into ``directory``, default the shipped folder)."""
+        return write_splits(self.data_dir if directory is None else directory, self.sizes, self.seed, self.make_rows)
+
+    def version(self) -> str:
+        return data_version(self.data_dir)
+
+    def regenerate(self) -> None:
+        """``python -m polyrl.tasks.<task>``: rewrite the shipped files and print where."""
+        for split, path in self.write().items():
+            print(f"{split}: {path}")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.rewards.builtins.drawing import IMAGE_CLOSE, IMAGE_OPEN, PALETTE_COLOURS, PALETTE_TOKENS, palette_token
-from polyrl.tasks.common import SPLITS, check_split, data_version, hashed_split, read_jsonl, split_path, write_splits
+from polyrl.tasks.common import SPLITS, ShippedSplits, check_split, hashed_split
 SHIPPED_SEED = 1234
 SHIPPED_SIZES = {"train": 1200, "test": 200}
 DATA_DIR = Path(__file__).parent / "data" / "drawing"
@@ -162,24 +162,11 @@ def make_drawing_rows(n: int, *, seed: int, split: str, caption_fraction: float 
     return rows
 
 
-def shipped_path(split: str) -> Path:
-    return split_path(DATA_DIR, split)
-
-
-def read_rows(split: str) -> list[dict[str, Any]]:
-    return read_jsonl(shipped_path(split))
-
-
-def write_shipped_data(directory: str | Path = DATA_DIR) -> dict[str, Path]:
-    """Regenerate the shipped jsonl splits from ``SHIPPED_SEED`` / ``SHIPPED_SIZES``."""
-    return write_splits(directory, SHIPPED_SIZES, SHIPPED_SEED, make_drawing_rows)
-
-
-def shipped_data_version() -> str:
-    """A short hash of the shipped files, part of the warm-up cache key."""
-    return data_version(DATA_DIR)
-
+SHIPPED = ShippedSplits(DATA_DIR, SHIPPED_SIZES, SHIPPED_SEED, make_drawing_rows)
+shipped_path = SHIPPED.path
+read_rows = SHIPPED.read
+write_shipped_data = SHIPPED.write  # regenerates the shipped splits (or into another folder)
+shipped_data_version = SHIPPED.version  # a short hash of the shipped files, part of warm-up cache keys
 
 if __name__ == "__main__":
-    for split, path in write_shipped_data().items():
-        print(f"{split}: {path}")
+    SHIPPED.regenerate()
