@@ -4,9 +4,11 @@ build never leaves a half-written model that a later call would return."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +27,36 @@ def default_cache_dir() -> Path:
     """``$POLYRL_CACHE`` if set, else ``~/.cache/polyrl/models``."""
     env = os.environ.get("POLYRL_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "polyrl" / "models"
+
+
+def resolve_cache_dir(cache_dir: str | Path | None) -> Path:
+    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+
+def cache_key(prefix: str, settings: dict[str, Any]) -> str:
+    """``<prefix>-<size>-s<seed>-<hash of all settings>``: one folder per build recipe."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{prefix}-{settings['size']}-s{settings['seed']}-{digest}"
+
+
+def build_record(settings: dict[str, Any], *, key: str, params: int, started: float, train_seconds: float) -> dict[str, Any]:
+    """The fields every build record starts with: the recipe, the key, the size and the timings
+    (``started``: the build's ``time.perf_counter()`` start)."""
+    return {
+        **settings,
+        "key": key,
+        "params": params,
+        "train_seconds": round(train_seconds, 2),
+        "total_seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def held_out_examples(rows: list[dict[str, Any]], greedy: list[str], sampled: list[str], count: int = 8) -> list[dict[str, Any]]:
+    """The first ``count`` held-out rows with the greedy and the sampled completion, for the record."""
+    return [
+        {"prompt": row["prompt"], "answer": row["answer"], "greedy": g, "sampled": s}
+        for row, g, s in list(zip(rows, greedy, sampled))[:count]
+    ]
 
 
 def is_complete(directory: Path) -> bool:

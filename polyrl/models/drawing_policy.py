@@ -15,13 +15,8 @@ accuracy, well-formed share, exact-grid share and caption F1.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
-import os
-import shutil
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,11 +25,18 @@ import torch
 from tokenizers import AddedToken
 
 from polyrl.engines.modality_marks import write_modality_rule
-from polyrl.models import text as text_models
 from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm, count_parameters, save_model_dir
-from polyrl.models.cache import COMPLETE_MARKER, INFO_FILE, default_cache_dir
-from polyrl.models.cache import is_complete as _is_complete
-from polyrl.models.warmup import supervised_finetune
+from polyrl.models.cache import (
+    INFO_FILE,
+    build_cached,
+    build_record,
+    cache_key,
+    held_out_examples,
+    is_complete,
+    resolve_cache_dir,
+    torch_threads,
+)
+from polyrl.models.warmup import model_fingerprint, supervised_finetune
 from polyrl.rewards import RewardBatch
 from polyrl.rewards.builtins.drawing import IMAGE_CLOSE, IMAGE_OPEN, PALETTE_TOKENS, Drawing
 from polyrl.tasks import drawing
@@ -61,17 +63,7 @@ def build_drawing_tokenizer(model_max_length: int = 512):
 
 def drawing_fingerprint(size: str) -> str:
     """A hash of what defines the untrained model: size entry, vocabulary and builder code."""
-    if size not in text_models.MODEL_SIZES:
-        raise ValueError(f"unknown model size {size!r}; allowed: {sorted(text_models.MODEL_SIZES)}")
-    payload = json.dumps(
-        {
-            "size": text_models.MODEL_SIZES[size],
-            "vocab": text_models.SPECIAL_TOKENS + text_models.CHARACTERS + list(DRAWING_TOKENS),
-            "builder": inspect.getsource(build_tiny_causal_lm),
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return model_fingerprint(size, DRAWING_TOKENS)
 
 
 @torch.no_grad()
@@ -118,28 +110,6 @@ def evaluate_drawing(
     }
 
 
-def _save_atomically(model, tokenizer, info: dict[str, Any], final: Path, *, force: bool) -> None:
-    """Write to a temporary folder and rename it into place: no half-written cached model."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    temporary = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        save_model_dir(model, tokenizer, temporary)
-        write_modality_rule(temporary, open_marker=IMAGE_OPEN, close_marker=IMAGE_CLOSE, image_tokens=PALETTE_TOKENS)
-        (temporary / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        (temporary / COMPLETE_MARKER).write_text(final.name + "\n")
-        if final.exists() and (force or not _is_complete(final)):
-            shutil.rmtree(final, ignore_errors=True)
-        try:
-            os.rename(temporary, final)
-        except OSError:
-            if not _is_complete(final):
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(temporary, final)
-    finally:
-        if temporary.exists():
-            shutil.rmtree(temporary, ignore_errors=True)
-
-
 def build_drawing_policy(
     cache_dir: str | Path | None = None,
     *,
@@ -156,7 +126,7 @@ def build_drawing_policy(
 
     Same cache and thread conventions as :func:`polyrl.models.warmup.build_warm_policy`.
     """
-    cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    cache_dir = resolve_cache_dir(cache_dir)
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
     settings = {
@@ -164,15 +134,11 @@ def build_drawing_policy(
         "eval_prompts": eval_prompts, "max_new_tokens": MAX_NEW_TOKENS, "data_version": drawing.shipped_data_version(),
         "model_fingerprint": drawing_fingerprint(size), "code_version": DRAWING_CODE_VERSION,
     }
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    final = cache_dir / f"draw-{size}-s{seed}-{digest}"
-    if not force and _is_complete(final):
+    final = cache_dir / cache_key("draw", settings)
+    if not force and is_complete(final):
         return final
 
-    previous_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
+    def write(folder: Path) -> dict[str, Any]:
         started = time.perf_counter()
         tokenizer = build_drawing_tokenizer()
         model = build_tiny_causal_lm(tokenizer, size, seed=seed)
@@ -184,26 +150,20 @@ def build_drawing_policy(
         test_rows = drawing.read_rows("test")[:eval_prompts]
         greedy = evaluate_drawing(model, tokenizer, test_rows, temperature=0.0, seed=seed)
         sampled = evaluate_drawing(model, tokenizer, test_rows, temperature=1.0, seed=seed)
-        info = {
-            **settings,
-            "key": final.name,
-            "params": count_parameters(model),
-            "train_seconds": round(train_seconds, 2),
-            "total_seconds": round(time.perf_counter() - started, 2),
+        save_model_dir(model, tokenizer, folder)
+        write_modality_rule(folder, open_marker=IMAGE_OPEN, close_marker=IMAGE_CLOSE, image_tokens=PALETTE_TOKENS)
+        return {
+            **build_record(settings, key=final.name, params=count_parameters(model), started=started, train_seconds=train_seconds),
             "losses": [round(value, 5) for value in losses],
             "eval_num_prompts": len(test_rows),
             **{f"greedy_{k}": v for k, v in greedy.items() if k != "completions"},
             "sampled_temperature": 1.0,
             **{f"sampled_{k}": v for k, v in sampled.items() if k != "completions"},
-            "examples": [
-                {"prompt": row["prompt"], "answer": row["answer"], "greedy": g, "sampled": s}
-                for row, g, s in list(zip(test_rows, greedy["completions"], sampled["completions"]))[:8]
-            ],
+            "examples": held_out_examples(test_rows, greedy["completions"], sampled["completions"]),
         }
-    finally:
-        torch.set_num_threads(previous_threads)
-    _save_atomically(model, tokenizer, info, final, force=force)
-    return final
+
+    with torch_threads(num_threads):
+        return build_cached(final, write, force=force)
 
 
 if __name__ == "__main__":

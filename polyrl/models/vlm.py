@@ -20,17 +20,15 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import os
 import random
-import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from polyrl.engines.images import banned_token_ids
+from polyrl.models.cache import INFO_FILE, build_cached, build_record, cache_key, is_complete, resolve_cache_dir, torch_threads
 from polyrl.tasks import scenes
 
 IMAGE_TOKEN = "<image>"
@@ -55,8 +53,6 @@ WARMUP_CODE_VERSION = "1"
 # the full supervised run reaches 99% (DESIGN.md), so RL has room above this start.
 DEFAULT_WARMUP_STEPS = 200
 DEFAULT_WARMUP_LR = 1e-3
-INFO_FILE = "polyrl_warmup.json"
-COMPLETE_MARKER = ".polyrl_complete"
 
 
 def image_seq_len(size: str = "0.7m") -> int:
@@ -224,24 +220,20 @@ def warm_vlm_policy(
     ``polyrl_warmup.json``: held-out greedy accuracy, seconds, losses). lr 1e-3 as measured in
     DESIGN.md (2e-3 did not learn).
     """
-    from polyrl.models.warmup import default_cache_dir
-
     if size not in VLM_SIZES:
         raise ValueError(f"unknown VLM size {size!r}; allowed: {sorted(VLM_SIZES)}")
-    cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    cache_dir = resolve_cache_dir(cache_dir)
     settings = {
         "task": "scenes-vqa", "size": size, "seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size,
         "eval_prompts": eval_prompts, "data_version": scenes.shipped_data_version(),
         "model_fingerprint": vlm_fingerprint(size), "code_version": WARMUP_CODE_VERSION,
     }
-    key = f"vlm-{size}-s{seed}-{hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]}"
+    key = cache_key("vlm", settings)
     final = cache_dir / key
-    if not force and (final / COMPLETE_MARKER).is_file():
+    if not force and is_complete(final):
         return final
-    previous_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
+
+    def write(folder: Path) -> dict[str, Any]:
         started = time.perf_counter()
         processor = build_vlm_processor(size)
         model = build_tiny_vlm(processor.tokenizer, size, seed=seed)
@@ -266,24 +258,13 @@ def warm_vlm_policy(
         train_seconds = time.perf_counter() - started
         test_rows = _read_split("test")[:eval_prompts]
         result = evaluate_vqa(model, processor, test_rows)
-        info = {
-            **settings, "key": key, "params": sum(p.numel() for p in model.parameters()),
-            "train_seconds": round(train_seconds, 2), "total_seconds": round(time.perf_counter() - started, 2),
+        save_vlm_dir(model, processor, folder)
+        return {
+            **build_record(settings, key=key, params=sum(p.numel() for p in model.parameters()), started=started,
+                           train_seconds=train_seconds),
             "losses": losses, "greedy_accuracy": result["accuracy"], "eval_num_prompts": len(test_rows),
             "examples": [{"prompt": r["prompt"], "answer": r["answer"], "greedy": c} for r, c in zip(test_rows, result["completions"][:8])],
         }
-    finally:
-        torch.set_num_threads(previous_threads)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    temporary = cache_dir / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        save_vlm_dir(model, processor, temporary)
-        (temporary / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        (temporary / COMPLETE_MARKER).write_text(key + "\n")
-        if final.exists():
-            shutil.rmtree(final, ignore_errors=True)
-        os.rename(temporary, final)
-    finally:
-        if temporary.exists():
-            shutil.rmtree(temporary, ignore_errors=True)
-    return final
+
+    with torch_threads(num_threads):
+        return build_cached(final, write, force=force)

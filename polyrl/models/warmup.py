@@ -40,8 +40,12 @@ from polyrl.models.cache import (  # noqa: F401 - COMPLETE_MARKER: importers of 
     COMPLETE_MARKER,
     INFO_FILE,
     build_cached,
+    build_record,
+    cache_key,
     default_cache_dir,
+    held_out_examples,
     is_complete,
+    resolve_cache_dir,
     torch_threads,
 )
 from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm, count_parameters, save_model_dir
@@ -59,13 +63,12 @@ DEFAULT_LR = 5e-3
 DEFAULT_BATCH_SIZE = 32
 
 
-def _read_rows(split: str) -> list[dict[str, Any]]:
-    with arithmetic.shipped_path(split).open() as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+_read_rows = arithmetic.read_rows
 
 
-def model_fingerprint(size: str) -> str:
-    """A hash of what defines the untrained model: its size entry, vocabulary and builder code.
+def model_fingerprint(size: str, extra_tokens: Sequence[str] = ()) -> str:
+    """A hash of what defines the untrained model: its size entry, vocabulary (the character
+    tokenizer's, plus ``extra_tokens``) and builder code.
 
     Part of the cache key, so a change of architecture or tokenizer in ``text_models`` (e.g.
     Qwen2 -> Qwen3) can never return a stale cached policy.
@@ -75,7 +78,7 @@ def model_fingerprint(size: str) -> str:
     payload = json.dumps(
         {
             "size": text_models.MODEL_SIZES[size],
-            "vocab": text_models.SPECIAL_TOKENS + text_models.CHARACTERS,
+            "vocab": text_models.SPECIAL_TOKENS + text_models.CHARACTERS + list(extra_tokens),
             "builder": inspect.getsource(build_tiny_causal_lm),
         },
         sort_keys=True,
@@ -84,8 +87,7 @@ def model_fingerprint(size: str) -> str:
 
 
 def warm_policy_key(settings: dict[str, Any]) -> str:
-    payload = json.dumps(settings, sort_keys=True)
-    return f"arith-{settings['size']}-s{settings['seed']}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
+    return cache_key("arith", settings)
 
 
 def _lr_at(step: int, *, steps: int, lr: float, warmup_steps: int, min_lr_ratio: float) -> float:
@@ -280,7 +282,7 @@ def build_warm_policy(
     saves, and collapses when another process holds a core. ``force`` rebuilds even when a
     complete directory exists. Deterministic for given inputs.
     """
-    cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    cache_dir = resolve_cache_dir(cache_dir)
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
     settings = {
@@ -325,11 +327,7 @@ def build_warm_policy(
             greedy = evaluate_arithmetic(engine, test_rows, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
             sampled = evaluate_arithmetic(engine, test_rows, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)
         return {
-            **settings,
-            "key": final.name,
-            "params": count_parameters(model),
-            "train_seconds": round(train_seconds, 2),
-            "total_seconds": round(time.perf_counter() - started, 2),
+            **build_record(settings, key=final.name, params=count_parameters(model), started=started, train_seconds=train_seconds),
             "num_threads": torch.get_num_threads(),
             "torch_version": torch.__version__,
             "losses": [round(value, 5) for value in losses],
@@ -345,10 +343,7 @@ def build_warm_policy(
             "sampled_mean_length": sampled["mean_length"],
             "sampled_long_fraction": sampled["long_fraction"],
             "sampled_truncated_fraction": sampled["truncated_fraction"],
-            "examples": [
-                {"prompt": row["prompt"], "answer": row["answer"], "greedy": g, "sampled": s}
-                for row, g, s in list(zip(test_rows, greedy["completions"], sampled["completions"]))[:8]
-            ],
+            "examples": held_out_examples(test_rows, greedy["completions"], sampled["completions"]),
         }
 
     with torch_threads(num_threads):
