@@ -36,6 +36,20 @@ from polyrl.roles.precision import compute_dtype
 __all__ = ["Arm", "accuracy_label", "build_arm", "reward_specs", "seed_everything"]
 
 
+def set_torch_threads(count: int) -> int:
+    """Set torch's intra-op thread count and check it took.
+
+    vLLM's CPU worker replaces ``torch.set_num_threads`` with a function that only logs a
+    warning once it has bound its threads, so in a process with an in-process vLLM engine
+    ``train.threads`` would be ignored without a word. ``torch._C.set_num_threads`` is the
+    setter itself, which vLLM leaves alone.
+    """
+    torch._C.set_num_threads(count)
+    if torch.get_num_threads() != count:
+        raise ConfigError(f"train.threads: torch kept {torch.get_num_threads()} threads when asked for {count}")
+    return count
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
@@ -145,7 +159,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     """
     cfg = config
     if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+        set_torch_threads(cfg.train.threads)
     seed_everything(cfg.seed)
     policy_path = resolve_policy_path(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_path))
@@ -176,8 +190,10 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         engine = build_rollout_engine(cfg.rollout.engine, str(policy_path), seed=cfg.seed, dtype=cfg.model.dtype,
                                       max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb)
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
-    # wants every core back for its forward/backward passes.
-    torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
+    # wants every core back for its forward/backward passes (or train.threads).
+    threads = set_torch_threads(cfg.train.threads or os.cpu_count() or 1)
+    if logger is not None:
+        logger.log_params({"runtime.torch_threads": threads})
     r, dynamic = cfg.rollout, cfg.advantage.dynamic_sampling
     collector = RolloutCollector(engine, rewards, sampler.next_batch, CollectSettings(
         prompts_per_step=r.prompts_per_step, samples_per_prompt=r.samples_per_prompt, temperature=r.temperature, top_p=r.top_p,

@@ -1,0 +1,35 @@
+"""train.threads takes effect even after vLLM's CPU worker has replaced torch.set_num_threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polyrl.roles.setup import set_torch_threads
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch._C.set_num_threads(before)
+
+
+def test_threads_are_set_when_torch_set_num_threads_is_a_no_op(monkeypatch, restore_threads):
+    # What vLLM's CPU worker does once it has bound its threads (vllm/v1/worker/cpu_worker.py).
+    monkeypatch.setattr(torch, "set_num_threads", lambda count: None)
+    assert set_torch_threads(1) == 1
+    assert torch.get_num_threads() == 1
+
+
+@pytest.mark.slow
+def test_threads_are_set_after_a_real_vllm_engine_starts(random_policy_dir, restore_threads):
+    from polyrl.engines.base import build_rollout_engine
+
+    engine = build_rollout_engine("vllm", str(random_policy_dir), seed=0, kv_cache_gb=0.25, max_model_len=128)
+    try:
+        torch.set_num_threads(1)  # the public setter: a no-op once vLLM is up
+        assert set_torch_threads(1) == 1 and torch.get_num_threads() == 1
+        assert set_torch_threads(2) == 2 and torch.get_num_threads() == 2
+    finally:
+        engine.close()
