@@ -4,7 +4,6 @@ message, no traceback) and what is left behind (checkpoints, MLflow runs, metric
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,77 +15,29 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from polyrl.tracking.mlflow_runs import STEP_MARKER
-
-# A child process runs the real CLI with one function wrapped, to act at an exact point.
-CHILD = """
-import os, signal, sys, time
-from pathlib import Path
-from polyrl.roles import checkpoint
-from polyrl.roles import hooks, loop
-from polyrl.launch.cli import app
-
-ACTION, AT = sys.argv[1], int(sys.argv[2])
-if ACTION == "kill_after_save":  # SIGKILL right after step AT's checkpoint is complete
-    original_save = hooks.Checkpointer.save
-    def save(self, step, extra=None):
-        path = original_save(self, step, extra)
-        if step == AT:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return path
-    hooks.Checkpointer.save = save
-elif ACTION == "kill_before_rename":  # SIGKILL after step AT's files and marker, before the rename
-    original_write = checkpoint._write_checkpoint_files
-    def write(staging, *, step, **kwargs):
-        original_write(staging, step=step, **kwargs)
-        if step == AT:
-            os.kill(os.getpid(), signal.SIGKILL)
-    checkpoint._write_checkpoint_files = write
-elif ACTION in ("pause_after_step", "hold_after_step"):  # tell the test, then pause (or wait for 'go')
-    original_step = loop.TrainingLoop.step
-    def step(self):
-        metrics = original_step(self)
-        if self.step_index == AT:
-            Path(f"at_step_{AT}").touch()
-            deadline = time.time() + (3 if ACTION == "pause_after_step" else 300)
-            while time.time() < deadline and not Path("go").exists():
-                time.sleep(0.05)
-        return metrics
-    loop.TrainingLoop.step = step
-sys.argv = ["polyrl", "run", *sys.argv[3:]]
-app()
-"""
+from run_control import child_env, run_child, start_child, wait_for
 
 COMPARED = ["reward/mean", "actor/loss", "rollout/response_length/mean"]
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("RAY_ADDRESS", None)
-    return env
-
-
 def _polyrl(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polyrl.launch.cli", *args], cwd=folder, env=_env(), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "polyrl.launch.cli", *args], cwd=folder, env=child_env(), capture_output=True,
                           text=True, timeout=timeout)
 
 
 def _child(folder: Path, action: str, at: int, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CHILD, action, str(at), *args], cwd=folder, env=_env(), capture_output=True,
-                          text=True, timeout=600)
+    return run_child(folder, child_env(), action, at, *args)
+
+
+def _killed_by(folder: Path, action: str, at: int, path: Path) -> Path:
+    """Run ``path`` until ``action`` SIGKILLs it at step ``at``; the arm's checkpoint folder."""
+    killed = _child(folder, action, at, str(path), "--no-progress")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    return folder / "runs" / "rel" / "main"
 
 
 def _child_popen(folder: Path, action: str, at: int, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CHILD, action, str(at), *args], cwd=folder, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.time() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
+    return start_child(folder, child_env(), action, at, *args)
 
 
 def _experiment(tiny_experiment, write_experiment, folder: Path, name: str = "rel", **overrides) -> Path:
@@ -145,9 +96,7 @@ def _assert_all_steps_once(client: MlflowClient, run_id: str, steps: int) -> Non
 @pytest.mark.slow
 def test_sigkill_right_after_a_checkpoint_then_resume_logs_every_step_once(tmp_path, tiny_experiment, write_experiment):
     path = _experiment(tiny_experiment, write_experiment, tmp_path)
-    killed = _child(tmp_path, "kill_after_save", 4, str(path), "--no-progress")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    arm_dir = tmp_path / "runs" / "rel" / "main"
+    arm_dir = _killed_by(tmp_path, "kill_after_save", 4, path)
     assert _checkpoints(arm_dir) == ["step_000002", "step_000004"]
     client = _client(tmp_path)
     # Step 4's metrics reached MLflow before its checkpoint was written.
@@ -170,9 +119,7 @@ def test_killed_between_marker_and_rename_resume_and_eval_ignore_the_partial(tmp
     from polyrl.evals.models import resolve_model
 
     path = _experiment(tiny_experiment, write_experiment, tmp_path)
-    killed = _child(tmp_path, "kill_before_rename", 4, str(path), "--no-progress")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    arm_dir = tmp_path / "runs" / "rel" / "main"
+    arm_dir = _killed_by(tmp_path, "kill_before_rename", 4, path)
     assert _checkpoints(arm_dir) == ["step_000002", "step_000004.partial"]
     assert (arm_dir / "step_000004.partial" / "checkpoint.json").is_file()  # complete but for the rename
 
@@ -306,7 +253,7 @@ def test_a_second_run_in_the_same_folder_is_refused_while_the_first_runs(tmp_pat
     path = _experiment(tiny_experiment, write_experiment, tmp_path, train={"steps": 4})
     first = _child_popen(tmp_path, "hold_after_step", 1, str(path), "--no-progress")
     try:
-        _wait_for(tmp_path / "at_step_1", first)
+        wait_for(tmp_path / "at_step_1", first)
         for extra in ([], ["--resume"]):
             second = _polyrl(tmp_path, "run", str(path), "--no-progress", *extra, timeout=120)
             _clean_error(second, 2, "experiment 'rel' is already running", f"pid {first.pid} on host")
@@ -330,7 +277,7 @@ def test_sigterm_checkpoints_the_step_marks_runs_killed_and_resumes(tmp_path, ti
     path = _experiment(tiny_experiment, write_experiment, tmp_path, train={"steps": 6}, checkpoint={"every": 100})
     process = _child_popen(tmp_path, "pause_after_step", 2, str(path), "--no-progress")
     try:
-        _wait_for(tmp_path / "at_step_2", process)
+        wait_for(tmp_path / "at_step_2", process)
         process.send_signal(signal.SIGTERM)  # during step 2's pause: honoured when step 3 ends
         out, err = process.communicate(timeout=600)
     finally:

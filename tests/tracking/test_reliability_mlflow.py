@@ -16,28 +16,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from polyrl.tracking.mlflow_runs import STEP_MARKER
+from run_control import child_env, start_child, wait_for
 
-# The real CLI; after each step listed in argv[1] it tells the test and waits for 'go_<step>'.
-CHILD = """
-import sys, time
-from pathlib import Path
-from polyrl.roles import loop
-from polyrl.launch.cli import app
-
-HOLD = {int(s) for s in sys.argv[1].split(",")}
-original_step = loop.TrainingLoop.step
-def step(self):
-    metrics = original_step(self)
-    if self.step_index in HOLD:
-        Path(f"at_step_{self.step_index}").touch()
-        deadline = time.time() + 300
-        while time.time() < deadline and not Path(f"go_{self.step_index}").exists():
-            time.sleep(0.05)
-    return metrics
-loop.TrainingLoop.step = step
-sys.argv = ["polyrl", "run", *sys.argv[2:]]
-app()
-"""
 COMPARED = ["reward/mean", "actor/loss", "rollout/response_length/mean"]
 
 
@@ -89,9 +69,7 @@ def server(tmp_path):
 
 
 def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", "POLYRL_MLFLOW_RETRY_S": "0"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
+    return child_env(POLYRL_MLFLOW_RETRY_S="0")
 
 
 def _experiment(tiny_experiment, write_experiment, folder: Path, uri: str, steps: int) -> Path:
@@ -102,16 +80,15 @@ def _experiment(tiny_experiment, write_experiment, folder: Path, uri: str, steps
 
 
 def _start(folder: Path, hold: str, path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CHILD, hold, str(path), "--no-progress"], cwd=folder, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """The run, held after each step in ``hold`` (comma-separated) until 'go_<step>' appears."""
+    return start_child(folder, _env(), "hold_after_step", hold, str(path), "--no-progress")
 
 
-def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.time() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
+def _stop_server_after(step: int, server: MlflowServer, child: subprocess.Popen, folder: Path) -> None:
+    """Once the held child has finished ``step``, kill the server and let the child go on."""
+    wait_for(folder / f"at_step_{step}", child)
+    server.stop()
+    (folder / f"go_{step}").touch()
 
 
 def _arm_run(client: MlflowClient):
@@ -131,10 +108,8 @@ def test_server_killed_and_restarted_mid_run_loses_no_step(tmp_path, server, tin
     path = _experiment(tiny_experiment, write_experiment, tmp_path, server.url, steps=8)
     child = _start(tmp_path, "2,5", path)
     try:
-        _wait_for(tmp_path / "at_step_2", child)
-        server.stop()  # dies after step 2: steps 3-5 (and step 5's sample table) happen without it
-        (tmp_path / "go_2").touch()
-        _wait_for(tmp_path / "at_step_5", child)
+        _stop_server_after(2, server, child, tmp_path)  # steps 3-5 (and step 5's sample table) happen without it
+        wait_for(tmp_path / "at_step_5", child)
         server.start()
         (tmp_path / "go_5").touch()
         out, err = child.communicate(timeout=600)
@@ -163,9 +138,7 @@ def test_server_still_down_at_the_end_stops_with_checkpoints_and_resume_uploads_
     path = _experiment(tiny_experiment, write_experiment, tmp_path, server.url, steps=4)
     child = _start(tmp_path, "1", path)
     try:
-        _wait_for(tmp_path / "at_step_1", child)
-        server.stop()
-        (tmp_path / "go_1").touch()
+        _stop_server_after(1, server, child, tmp_path)
         out, err = child.communicate(timeout=600)
     finally:
         child.kill()
