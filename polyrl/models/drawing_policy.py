@@ -131,7 +131,7 @@ def build_drawing_policy(
         raise ValueError(f"steps must be >= 0, got {steps}")
     settings = {
         "task": "drawing", "size": size, "seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size,
-        "eval_prompts": eval_prompts, "max_new_tokens": MAX_NEW_TOKENS, "data_version": drawing.shipped_data_version(),
+        "eval_prompts": eval_prompts, "max_new_tokens": MAX_NEW_TOKENS, "data_version": drawing.SHIPPED.version(),
         "model_fingerprint": drawing_fingerprint(size), "code_version": DRAWING_CODE_VERSION,
     }
     final = cache_dir / cache_key("draw", settings)

@@ -295,7 +295,7 @@ def build_warm_policy(
         "warmup_steps": warmup_steps,
         "eval_prompts": eval_prompts,
         "max_new_tokens": max_new_tokens,
-        "data_version": arithmetic.shipped_data_version(),
+        "data_version": arithmetic.SHIPPED.version(),
         "model_fingerprint": model_fingerprint(size),
         "code_version": WARMUP_CODE_VERSION,
     }

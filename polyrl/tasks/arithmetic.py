@@ -38,6 +38,7 @@ from typing import Any
 
 from polyrl.tasks.common import SPLITS, ShippedSplits, check_split, hashed_split
 from polyrl.tasks.common import rows_to_jsonl  # noqa: F401  (re-exported: callers write rows through the task)
+
 SHIPPED_SEED = 1234
 # Near the number of distinct problems per split (about 1,750 train / 240 test).
 SHIPPED_SIZES = {"train": 1500, "test": 200}
@@ -200,8 +201,6 @@ def make_arithmetic_rows(
 SHIPPED = ShippedSplits(DATA_DIR, SHIPPED_SIZES, SHIPPED_SEED, make_arithmetic_rows)
 shipped_path = SHIPPED.path
 read_rows = SHIPPED.read
-write_shipped_data = SHIPPED.write  # regenerates the shipped splits (or into another folder)
-shipped_data_version = SHIPPED.version  # a short hash of the shipped files, part of warm-up cache keys
 
 if __name__ == "__main__":
     SHIPPED.regenerate()

@@ -35,6 +35,7 @@ from typing import Any
 
 from polyrl.rewards.builtins.drawing import IMAGE_CLOSE, IMAGE_OPEN, PALETTE_COLOURS, PALETTE_TOKENS, palette_token
 from polyrl.tasks.common import SPLITS, ShippedSplits, check_split, hashed_split
+
 SHIPPED_SEED = 1234
 SHIPPED_SIZES = {"train": 1200, "test": 200}
 DATA_DIR = Path(__file__).parent / "data" / "drawing"
@@ -51,7 +52,7 @@ CORNERS = ("top left", "top right", "bottom left", "bottom right")
 __all__ = [
     "GRID_SIZE", "IMAGE_CLOSE", "IMAGE_OPEN", "PALETTE_COLOURS", "PALETTE_TOKENS", "SPLITS",
     "Geometry", "all_geometries", "format_answer", "format_prompt", "make_drawing_rows", "problem_split",
-    "render", "shipped_path", "write_shipped_data",
+    "render", "SHIPPED", "read_rows", "shipped_path",
 ]
 
 
@@ -165,8 +166,6 @@ def make_drawing_rows(n: int, *, seed: int, split: str, caption_fraction: float 
 SHIPPED = ShippedSplits(DATA_DIR, SHIPPED_SIZES, SHIPPED_SEED, make_drawing_rows)
 shipped_path = SHIPPED.path
 read_rows = SHIPPED.read
-write_shipped_data = SHIPPED.write  # regenerates the shipped splits (or into another folder)
-shipped_data_version = SHIPPED.version  # a short hash of the shipped files, part of warm-up cache keys
 
 if __name__ == "__main__":
     SHIPPED.regenerate()
