@@ -142,8 +142,13 @@ def command_logging(log_path: str | Path, *, verbose: bool, command: str = "poly
     quiet_library_environment()
     install_weight_sync_filter()
     log_path = Path(log_path)
+    created = [folder for folder in (log_path.parent, *log_path.parent.parents) if not folder.exists()]
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    new_file = not log_path.exists()
     with ExitStack() as stack:
+        # A command refused before anything was logged (an unreachable MLflow, a bad name)
+        # leaves no log file and no folder behind.
+        stack.callback(_remove_if_only_header, log_path, new_file, created)
         log_file = stack.enter_context(open(log_path, "a", buffering=1, encoding="utf-8"))
         log_file.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {command} =====\n")
         root = logging.getLogger()
@@ -182,6 +187,17 @@ def command_logging(log_path: str | Path, *, verbose: bool, command: str = "poly
                 root.removeHandler(handler)
                 handler.flush()
             root.setLevel(old_level)
+
+
+def _remove_if_only_header(log_path: Path, new_file: bool, created: list[Path]) -> None:
+    try:
+        if not new_file or len(log_path.read_text(encoding="utf-8").strip().splitlines()) > 1:
+            return
+        log_path.unlink()
+        for folder in created:  # innermost first
+            folder.rmdir()
+    except OSError:
+        pass  # a folder the command filled, or a file already gone: leave it
 
 
 def experiment_log_path(config_path: str | Path, set_options: list[str] | None = None) -> Path:

@@ -292,7 +292,7 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
         raise  # the parent run cannot be reached to be closed; a resume closes it
     except BaseException as error:
         killed = isinstance(error, KeyboardInterrupt)
-        message = f"{where['arm']!r}: {error}" if where["arm"] and isinstance(error, PolyrlError) else None
+        message = f"arm {where['arm']!r}: {error}" if where["arm"] and isinstance(error, PolyrlError) else None
         for arm_logger in arm_loggers.values():
             arm_logger.finish_after_error("KILLED" if killed else "FAILED", message)
         parent.finish_after_error("KILLED" if killed else "FAILED", message)

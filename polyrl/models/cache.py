@@ -69,16 +69,30 @@ def is_complete(directory: Path) -> bool:
     )
 
 
+def set_torch_threads(count: int) -> int:
+    """Set torch's intra-op thread count and check it took.
+
+    vLLM's CPU worker replaces ``torch.set_num_threads`` with a function that only logs a
+    warning once it has bound its threads, so in a process with an in-process vLLM engine
+    ``train.threads`` would be ignored without a word. ``torch._C.set_num_threads`` is the
+    setter itself, which vLLM leaves alone.
+    """
+    torch._C.set_num_threads(count)
+    if torch.get_num_threads() != count:
+        raise RuntimeError(f"torch kept {torch.get_num_threads()} threads when asked for {count}")
+    return count
+
+
 @contextmanager
 def torch_threads(count: int | None) -> Iterator[None]:
     """Cap torch's CPU threads inside the block (``None``: leave them), restored after."""
     previous = torch.get_num_threads()
     if count is not None:
-        torch.set_num_threads(count)
+        set_torch_threads(count)
     try:
         yield
     finally:
-        torch.set_num_threads(previous)
+        set_torch_threads(previous)
 
 
 def build_cached(final: Path, write: Callable[[Path], dict[str, Any]], *, force: bool = False) -> Path:

@@ -22,6 +22,7 @@ from polyrl.data.images import check_model_takes_images
 from polyrl.data.prompts import PromptSampler, load_prompt_dataset
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.engines.images import auto_model_class
+from polyrl.models.cache import set_torch_threads
 from polyrl.models.paths import resolve_policy_path
 from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
@@ -34,20 +35,6 @@ from polyrl.roles.pipeline import BatchPipeline, PipelineContext
 from polyrl.roles.precision import compute_dtype
 
 __all__ = ["Arm", "accuracy_label", "build_arm", "reward_specs", "seed_everything"]
-
-
-def set_torch_threads(count: int) -> int:
-    """Set torch's intra-op thread count and check it took.
-
-    vLLM's CPU worker replaces ``torch.set_num_threads`` with a function that only logs a
-    warning once it has bound its threads, so in a process with an in-process vLLM engine
-    ``train.threads`` would be ignored without a word. ``torch._C.set_num_threads`` is the
-    setter itself, which vLLM leaves alone.
-    """
-    torch._C.set_num_threads(count)
-    if torch.get_num_threads() != count:
-        raise ConfigError(f"train.threads: torch kept {torch.get_num_threads()} threads when asked for {count}")
-    return count
 
 
 def seed_everything(seed: int) -> None:

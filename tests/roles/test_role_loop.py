@@ -83,7 +83,7 @@ def test_a_step_runs_collect_pipeline_learn_sync_then_the_hooks_with_plain_data(
     assert roles.calls == ["collect", "pipeline", "learn", "sync:[torch.bfloat16]", "observe", "publish"] * 2
     assert len(history) == 2 and loop.step_index == 2
     report = recorder.reports[0]
-    assert report.step == 1 and report.samples == [{"prompt": "q", "completion": "ab", "reward": 0.5, "length": 2, "finish_reason": "stop"}]
+    assert report.step == 1 and report.samples == [{"prompt": "q", "completion": "ab", "reward": 0.5, "length": 2, "finish_reason": "stop", "modalities": "TT"}]
     m = history[0]
     assert m["hook/seen"] == 1.0 and m["actor/loss"] == 1.0 and m["rollout/samples"] == 1.0
     assert (m["perf/generate_s"], m["perf/score_s"]) == (0.25, 0.5) and m["perf/step_s"] >= 0.75

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polyrl.roles.setup import set_torch_threads
+from polyrl.models.cache import set_torch_threads, torch_threads
 
 
 @pytest.fixture
@@ -19,6 +19,9 @@ def test_threads_are_set_when_torch_set_num_threads_is_a_no_op(monkeypatch, rest
     # What vLLM's CPU worker does once it has bound its threads (vllm/v1/worker/cpu_worker.py).
     monkeypatch.setattr(torch, "set_num_threads", lambda count: None)
     assert set_torch_threads(1) == 1
+    assert torch.get_num_threads() == 1
+    with torch_threads(2):  # the warm-ups' thread cap uses the same setter
+        assert torch.get_num_threads() == 2
     assert torch.get_num_threads() == 1
 
 
