@@ -2,7 +2,8 @@
 
 Its inputs and outputs are plain data: packed batches in, values and metrics out. The learner
 calls :meth:`Critic.after_policy_step` after each applied policy step; the critic decides from
-its cadence whether it updates (seed 000 §3.3, delayed critic).
+its cadence whether it updates (seed 000 §3.3, delayed critic). The value model has the
+policy's architecture (:func:`build_value_model`): an image-text policy's critic sees the images.
 """
 
 from __future__ import annotations
@@ -11,21 +12,23 @@ from dataclasses import dataclass
 from pathlib import Path
 import torch
 from torch import Tensor
-from transformers import AutoModelForTokenClassification
+from transformers import AutoModelForImageTextToText, AutoModelForTokenClassification
 
 from polyrl.algos.aggregation import global_loss_normalizer
-from polyrl.algos.logprobs import PackedBatch
+from polyrl.algos.logprobs import PackedBatch, collate_image_inputs
 from polyrl.algos.losses import clipped_value_loss
+from polyrl.engines.images import model_takes_images
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NonFiniteGuard, guarded_step
 from polyrl.roles.precision import autocast
 from polyrl.roles.schedule import apply_optimizer_settings
 
-__all__ = ["Critic", "CriticSettings", "ValueModel"]
+__all__ = ["Critic", "CriticSettings", "ImageTextValueModel", "ValueModel", "build_value_model"]
 
 
 class ValueModel(torch.nn.Module):
-    """A critic: the policy's backbone with a scalar head (transformers' token-classification head)."""
+    """A text policy's critic: its backbone with a scalar head (transformers' token-classification
+    head, as verl's critic)."""
 
     def __init__(self, path: str | Path, dtype: torch.dtype):
         super().__init__()
@@ -38,6 +41,52 @@ class ValueModel(torch.nn.Module):
         # V(s_t) is read where the policy's logits for completion token t are read.
         values = torch.gather(logits, 1, batch.response_index).float()
         return torch.where(batch.response_mask.bool(), values, torch.zeros_like(values))
+
+
+class ImageTextValueModel(torch.nn.Module):
+    """A critic with the image-text policy's architecture: its multimodal base model (vision tower,
+    connector, text decoder; the LM head dropped) and a scalar linear value head.
+
+    Peers build critics the same way: verl and OpenRLHF put a linear value head on the policy's
+    backbone (verl loads image-text critics as the full VLM wrapped in TRL's
+    ``AutoModelForCausalLMWithValueHead``), TRL's value head is ``Linear(hidden, 1)`` on the last
+    hidden state. A text-only backbone would give V(s_t) that cannot see the image the answer is
+    about, so every image prompt would share one baseline.
+    """
+
+    def __init__(self, path: str | Path, dtype: torch.dtype):
+        super().__init__()
+        full = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype)
+        base = getattr(full, "base_model", None)
+        if base is None or base is full:
+            raise ValueError(f"{path}: {type(full).__name__} has no separate multimodal base model to put a value head on")
+        self.backbone = base
+        hidden = full.config.get_text_config().hidden_size
+        # OpenRLHF's critic head (init_value_head): no bias, weights ~ N(0, 1/(hidden+1)), so the
+        # first values are near 0 (about ±0.1 on the tiny VLM) beside returns of order 1.
+        self.value_head = torch.nn.Linear(hidden, 1, bias=False, dtype=dtype)
+        torch.nn.init.normal_(self.value_head.weight, mean=0.0, std=1.0 / (hidden + 1))
+
+    def forward(self, batch: PackedBatch) -> Tensor:
+        device = next(self.parameters()).device
+        batch = batch.to(device)
+        # The learner's collation: a text-only row in a mixed batch gets all-zero images, which
+        # Idefics3 drops, so it is valued as when run alone.
+        images = {key: value.to(device) for key, value in collate_image_inputs(batch.image_inputs or []).items()}
+        if "pixel_values" in images:
+            images["pixel_values"] = images["pixel_values"].to(next(self.backbone.parameters()).dtype)
+        hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                               **images).last_hidden_state
+        # V(s_t) is read where the policy's logits for completion token t are read.
+        picked = torch.gather(hidden, 1, batch.response_index[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
+        values = self.value_head(picked)[..., 0].float()
+        return torch.where(batch.response_mask.bool(), values, torch.zeros_like(values))
+
+
+def build_value_model(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
+    """The critic for the policy at ``path``: image-text policies get :class:`ImageTextValueModel`,
+    text policies :class:`ValueModel`."""
+    return ImageTextValueModel(path, dtype) if model_takes_images(path) else ValueModel(path, dtype)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from polyrl.models.cache import set_torch_threads
 from polyrl.models.paths import resolve_policy_path
 from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
-from polyrl.roles.critic import Critic, CriticSettings, ValueModel
+from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
@@ -43,14 +43,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def reward_specs(config: ExperimentConfig, policy_path: str | Path) -> list[Any]:
+def reward_specs(config: ExperimentConfig, policy_path: str | Path, training_references: list[list[str]] | None = None) -> list[Any]:
     """The reward specs, with the policy's folder for a reward that declares it scores with it
-    (``policy_path_param`` on its class, e.g. ``ppl_fluency``'s ``model_path``) and was given none."""
+    (``policy_path_param`` on its class, e.g. ``ppl_fluency``'s ``model_path``) and was given none,
+    and the training prompts' references for one that declares a corpus parameter
+    (``training_references_param``, e.g. ``cider``'s ``corpus_references``) and was given none."""
     specs = []
     for spec in config.rewards:
-        param = getattr(load_reward_class(spec.module), "policy_path_param", None)
+        cls = load_reward_class(spec.module)
+        param = getattr(cls, "policy_path_param", None)
         if param and param not in spec.params:
             spec = spec.model_copy(update={"params": {**spec.params, param: str(policy_path)}})
+        corpus = getattr(cls, "training_references_param", None)
+        if corpus and corpus not in spec.params and training_references:
+            spec = spec.model_copy(update={"params": {**spec.params, corpus: [list(refs) for refs in training_references if refs]}})
         specs.append(spec)
     return specs
 
@@ -162,7 +168,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         reference.requires_grad_(False)
     objective = get_objective(cfg.objective.name)
     estimator = get_advantage(cfg.advantage.estimator or objective.default_advantage)
-    critic = Critic(ValueModel(policy_path, torch.float32), _critic_settings(cfg)) if "values" in estimator.requires else None
+    critic = Critic(build_value_model(policy_path, torch.float32), _critic_settings(cfg)) if "values" in estimator.requires else None
     learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective), critic=critic)
     data = cfg.data
     dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
@@ -170,7 +176,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     sampler = PromptSampler(dataset, seed=cfg.seed, prompt_field=data.prompt_field, answer_field=data.answer_field,
                             references_field=data.references_field)
     check_model_takes_images(policy_path, sampler.samples)
-    rewards = CompositeReward(reward_specs(cfg, policy_path))
+    rewards = CompositeReward(reward_specs(cfg, policy_path, [sample.references for sample in sampler.samples]))
     rewards.setup()
     label = accuracy_label(cfg, rewards.labels)
     if engine is None:
