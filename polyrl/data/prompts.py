@@ -4,6 +4,8 @@
 
 * ``"arithmetic"`` — the synthetic task shipped with polyrl (``polyrl/tasks/data/arithmetic``);
 * ``"drawing"`` — the shipped drawing task (``polyrl/tasks/data/drawing``);
+* ``"scenes"`` / ``"scenes_captions"`` — the shipped image tasks, VQA and captioning
+  (``polyrl/tasks/scenes.py``);
 * a local ``.jsonl`` / ``.json`` / ``.parquet`` file (the whole file is the split), or a
   directory holding ``{split}.jsonl``, ``{split}.json`` or ``{split}.parquet``;
 * any other string is taken as a dataset name for ``datasets.load_dataset(name, split=split)``
@@ -28,9 +30,9 @@ from polyrl.data import images as image_rows
 from polyrl.tasks import arithmetic, drawing, scenes
 from polyrl.core.types import PromptSample
 
-BUILTIN_SOURCES = ("arithmetic", "drawing", "scenes")
+BUILTIN_SOURCES = ("arithmetic", "drawing", "scenes", "scenes_captions")
 # The module of each built-in source: its SPLITS and shipped_path(split).
-_BUILTIN_MODULES = {"arithmetic": arithmetic, "drawing": drawing, "scenes": scenes}
+_BUILTIN_MODULES = {"arithmetic": arithmetic, "drawing": drawing, "scenes": scenes, "scenes_captions": scenes.CAPTIONS}
 _FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 

@@ -10,7 +10,7 @@ From a scene come
   (no "What color is the circle?" with two circles).
 
 Everything is a pure function of an integer seed (``random.Random``), so the shipped data can be
-regenerated bit for bit (``python -m polyrl.tasks.scenes --write``) and a test checks the
+regenerated bit for bit (``python -m polyrl.tasks.scenes --write``, VQA and caption files) and a test checks the
 shipped files against the generator.
 
 Storage: ``polyrl/tasks/data/scenes/{train,test}.parquet``, one VQA row per question with the
@@ -18,6 +18,15 @@ columns ``prompt`` (``"<image>Q: ...\\nA:"``), ``answer``, ``kind``, ``scene_id`
 ``references`` (the scene's captions) and ``images`` (a list of one image, a ``datasets``
 ``Image`` feature stored as PNG bytes). ``datasets.load_dataset("parquet", ...)`` decodes it to
 PIL images; 32×32 PNGs are ~100 bytes each, so the files stay a few hundred KB.
+
+Captioning is a second built-in source over the same scenes, ``scenes_captions``: one row per
+scene (not per question), so a scene is not weighted by how many questions it has and the
+CIDEr document frequencies count each image once. Its files are
+``polyrl/tasks/data/scenes/captions_{train,test}.parquet`` (same scene seeds per split as the
+VQA files) with the columns ``prompt`` (``"<image>Caption:"``), ``scene_id``, ``references``
+(the scene's four captions) and ``images``; ``--write`` regenerates them too, and
+``CAPTIONS`` gives the prompt loader their splits and paths. A separate source rather than a
+selector on ``scenes`` keeps ``data.source`` the one setting that names a task's rows.
 """
 
 from __future__ import annotations
@@ -202,6 +211,74 @@ def write_split(split: str, directory: Path | None = None) -> Path:
     return path
 
 
+# -- captioning ------------------------------------------------------------------------------
+
+CAPTION_PROMPT = f"{IMAGE_PLACEHOLDER}Caption:"
+
+
+def caption_rows(split: str) -> list[dict[str, Any]]:
+    """The captioning rows of ``split``: one per scene, its captions as ``references``."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown scenes split {split!r}; allowed: {list(SPLITS)}")
+    start, stop = SPLIT_SCENES[split]
+    rows = []
+    for seed in range(start, stop):
+        scene = make_scene(seed)
+        rows.append(
+            {
+                "prompt": CAPTION_PROMPT,
+                "scene_id": seed,
+                "references": captions(scene),
+                "images": [{"bytes": png_bytes(render(scene)), "path": None}],
+            }
+        )
+    return rows
+
+
+def caption_path(split: str) -> Path:
+    if split not in SPLITS:
+        raise ValueError(f"unknown scenes split {split!r}; allowed: {list(SPLITS)}")
+    return data_dir() / f"captions_{split}.parquet"
+
+
+def caption_data_version() -> str:
+    """A hash of the shipped caption files (part of the caption warm-up cache key)."""
+    digest = hashlib.sha256()
+    for split in SPLITS:
+        digest.update(caption_path(split).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def write_caption_split(split: str, directory: Path | None = None) -> Path:
+    import datasets
+
+    features = datasets.Features(
+        {
+            "prompt": datasets.Value("string"),
+            "scene_id": datasets.Value("int64"),
+            "references": datasets.List(datasets.Value("string")),
+            "images": datasets.List(datasets.Image()),
+        }
+    )
+    path = (directory or data_dir()) / f"captions_{split}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    datasets.Dataset.from_list(caption_rows(split), features=features).to_parquet(str(path))
+    return path
+
+
+class _CaptionFiles:
+    """The ``scenes_captions`` source as the prompt loader sees a task module."""
+
+    SPLITS = SPLITS
+
+    @staticmethod
+    def shipped_path(split: str) -> Path:
+        return caption_path(split)
+
+
+CAPTIONS = _CaptionFiles()
+
+
 def answer_matches(completion: str, answer: str) -> bool:
     """The VQA check: the completion's first line, trimmed and lower-cased, equals the answer."""
     lines = completion.strip().splitlines()
@@ -217,3 +294,4 @@ if __name__ == "__main__":
     if args.write:
         for name in SPLITS:
             print(write_split(name))
+            print(write_caption_split(name))
