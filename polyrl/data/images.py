@@ -126,13 +126,14 @@ def model_takes_images(model_dir: str | Path) -> bool:
     return isinstance(parsed, dict) and parsed.get("vision_config") is not None
 
 
-def check_model_takes_images(model_dir: str | Path, samples: Iterable[Any], *, field: str = "model") -> None:
-    """A text-only model given image prompts is refused, naming the first such row."""
+def check_model_takes_images(model_dir: str | Path, samples: Iterable[Any], *, field: str = "model", images_field: str = "images") -> None:
+    """A text-only model given image prompts is refused, naming the first such row and its image field."""
     for index, sample in enumerate(samples):
         if getattr(sample, "images", None):
             if not model_takes_images(model_dir):
                 raise _error(
                     f"row {index} has image(s) but {field} {str(model_dir)!r} is a text-only model (its config.json "
-                    f"has no vision_config); use an image-text model (e.g. model.builtin.kind: vlm) or text-only data"
+                    f"has no vision_config), so it cannot read field {images_field!r}; use an image-text model "
+                    "(e.g. model.builtin.task: vqa) or text-only data"
                 )
             return

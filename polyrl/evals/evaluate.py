@@ -18,12 +18,15 @@ import yaml
 from polyrl.evals.harness import EvalResult, SuiteRunner
 from polyrl.evals.models import ResolvedModel, resolve_model
 from polyrl.evals.report import report_files, write_atomic_dir, write_comparison
+from polyrl.tracking.sample_html import has_images, samples_html
 
 DEFAULT_EXPERIMENT = "polyrl-eval"
 EVALUATES_RUN_TAG = "polyrl.evaluates_run"
 MODEL_TAG = "polyrl.model"
 SUITE_TAG = "polyrl.suite"
 ROLE_TAG = "polyrl.role"
+# Image suites: the per-sample table with the prompt images (MLflow artifact and report file).
+SAMPLES_HTML = "samples.html"
 
 
 @dataclass
@@ -82,6 +85,8 @@ def evaluate_models(
     models = [resolve_model(ref, tracking_uri=uri, cache_dir=cache_dir) for ref in model_refs]
     _unique_slugs(models)
     runner = SuiteRunner(suite, limit=limit)
+    for model in models:
+        runner.check_model(model.path, field="--model" if model.ref == str(model.path) else f"--model {model.ref!r}, exported to")
     base = Path(out) if out is not None else default_out_dir(runner.suite.name)
     client = make_client(uri)
     experiment_id = ensure_experiment(client, experiment)
@@ -129,6 +134,10 @@ def _evaluate_one(model: ResolvedModel, runner: SuiteRunner, options: EngineOpti
         logger.log_table(result.rows, "samples.json")
         for name, text in files.items():
             logger.log_text(text, f"report/{name}")
+        if len(result.row_images) == len(result.rows) and has_images(result.row_images):
+            # Beside samples.json, where the MLflow artifact viewer shows it next to the text table.
+            files[SAMPLES_HTML] = samples_html(result.rows, result.row_images, title=f"{suite.name}: {model.ref}")
+            logger.log_text(files[SAMPLES_HTML], SAMPLES_HTML)
         # Last: the report folder changes only once everything above succeeded.
         write_atomic_dir(folder, files)
     except BaseException as error:

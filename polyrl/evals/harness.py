@@ -21,7 +21,7 @@ Metric names (every one prefixed with the dataset's name, ``<dataset>/``):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,9 @@ class EvalResult:
     rows: list[dict[str, Any]]  # the per-sample table
     datasets: dict[str, dict[str, int]]  # name -> {"prompts", "samples"}
     seconds: float = 0.0
+    # The prompt images (PIL) of each row of ``rows``, for the HTML sample table; empty lists
+    # for text prompts. Kept out of ``rows``, which go to JSON.
+    row_images: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -117,14 +120,26 @@ class SuiteRunner:
         started = time.perf_counter()
         metrics: dict[str, float] = {}
         rows: list[dict[str, Any]] = []
+        images: list[list[Any]] = []
         counts: dict[str, dict[str, int]] = {}
         for data in self.datasets:
             groups = self._generate(engine, data)
             dataset_metrics, dataset_rows = self._score(data, groups)
             metrics.update({f"{data.spec.label}/{k}": v for k, v in dataset_metrics.items()})
             rows.extend(dataset_rows)
+            images.extend(list(data.samples[row["prompt_index"]].images) for row in dataset_rows)
             counts[data.spec.label] = {"prompts": len(data.samples), "samples": len(dataset_rows)}
-        return EvalResult(self.suite.name, metrics, rows, counts, time.perf_counter() - started)
+        return EvalResult(self.suite.name, metrics, rows, counts, time.perf_counter() - started, row_images=images)
+
+    def check_model(self, model_dir: str | Path, *, field: str = "--model") -> None:
+        """Refuse a text-only model for a suite with image prompts (names the dataset and row)."""
+        from polyrl.data.images import check_model_takes_images
+
+        for data in self.datasets:
+            try:
+                check_model_takes_images(model_dir, data.samples, field=field, images_field=data.spec.image_field or "images")
+            except ValueError as error:
+                raise EvalError(f"dataset {data.spec.label!r}: {error}") from None
 
     def _generate(self, engine: Any, data: _Dataset) -> list[list[Completion]]:
         groups = engine.generate(data.samples, self.settings)

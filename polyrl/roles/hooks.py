@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from polyrl.roles.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from polyrl.roles.health import HealthMonitor
+from polyrl.tracking.sample_html import has_images, samples_html
 
 __all__ = ["Callback", "Checkpointer", "HealthHook", "Hook", "MetricLogger", "PeriodicEvalHook", "SampleTableHook", "StepReport"]
 
@@ -25,6 +26,10 @@ class StepReport:
     step: int
     metrics: dict[str, float]  # observe hooks may add to it
     samples: list[dict[str, Any]] = field(default_factory=list)  # prompt, completion, reward, length, finish_reason
+    # The PromptSample of each row of ``samples`` (its images and references) and each reward
+    # module's score per row: the image sample table is drawn from them.
+    prompts: list[Any] = field(default_factory=list)
+    reward_parts: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 class Hook:
@@ -59,6 +64,10 @@ class HealthHook(Hook):
 
 
 class SampleTableHook(Hook):
+    """The first ``rows`` samples of every ``every``-th step (and step 1) as an MLflow table;
+    when any of them has prompt images, also as ``samples/step_<n>.html`` with the images
+    (:mod:`polyrl.tracking.sample_html`)."""
+
     def __init__(self, logger: Any, *, every: int, rows: int):
         self.logger, self.every, self.rows = logger, every, rows
 
@@ -67,8 +76,16 @@ class SampleTableHook(Hook):
         if _replayed(self.logger, step) or not (step % self.every == 0 or step == 1):
             return
         rows = [{"step": step, **sample} for sample in report.samples[: self.rows]]
-        if rows:
-            self.logger.log_table(rows, f"samples/step_{step:05d}.json")
+        if not rows:
+            return
+        self.logger.log_table(rows, f"samples/step_{step:05d}.json")
+        prompts = report.prompts[: len(rows)]
+        images = [list(getattr(p, "images", None) or []) for p in prompts]
+        if len(prompts) == len(rows) and has_images(images):
+            rich = [{**row, "references": list(p.references), "answer": p.fields.get("answer"),
+                     **{f"reward/{label}": values[i] for label, values in report.reward_parts.items() if i < len(values)}}
+                    for i, (row, p) in enumerate(zip(rows, prompts))]
+            self.logger.log_text(samples_html(rich, images, title=f"samples at step {step}"), f"samples/step_{step:05d}.html")
 
 
 class PeriodicEvalHook(Hook):
@@ -94,7 +111,11 @@ class PeriodicEvalHook(Hook):
         result = self.evaluator(self.engine, step)
         report.metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
         if self.logger is not None and result.rows:
-            self.logger.log_table([{"step": step, **row} for row in result.rows], f"eval_samples/step_{step:05d}.json")
+            rows = [{"step": step, **row} for row in result.rows]
+            self.logger.log_table(rows, f"eval_samples/step_{step:05d}.json")
+            images = getattr(getattr(result, "result", None), "row_images", None) or []
+            if len(images) == len(rows) and has_images(images):
+                self.logger.log_text(samples_html(rows, images, title=f"eval samples at step {step}"), f"eval_samples/step_{step:05d}.html")
 
 
 class MetricLogger(Hook):

@@ -99,7 +99,8 @@ class TrainingLoop:
             metrics.update({**batch.metrics, **learned})
         metrics.update(rollout_metrics(rollout))
         self.step_index = step
-        report = StepReport(step, metrics, sample_rows(rollout, collected.scores))
+        report = StepReport(step, metrics, sample_rows(rollout, collected.scores), prompts=list(rollout.prompts),
+                            reward_parts=dict(collected.scores.per_module))
         with timer("log"):
             metrics["train/samples_per_s"] = len(rollout) / max(sum(timer.seconds.values()), 1e-9)
             for hook in self.hooks:
