@@ -62,10 +62,10 @@ def resolve_policy_path(model: ModelConfig) -> Path:
 
         return build_drawing_policy(model.cache_dir, size=model.builtin.size, seed=model.builtin.seed,
                                     steps=model.builtin.warmup_steps, lr=model.builtin.warmup_learning_rate)
-    if model.builtin.task == "vqa":
+    if model.builtin.task in ("vqa", "caption"):
         from polyrl.models.vlm import warm_vlm_policy
 
-        return warm_vlm_policy(model.cache_dir, size=model.builtin.size, seed=model.builtin.seed,
+        return warm_vlm_policy(model.cache_dir, task=model.builtin.task, size=model.builtin.size, seed=model.builtin.seed,
                                steps=model.builtin.warmup_steps, lr=model.builtin.warmup_learning_rate)
     from polyrl.models.warmup import build_warm_policy
 

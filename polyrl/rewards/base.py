@@ -154,6 +154,9 @@ class RewardModule:
     # The parameter that, when the YAML leaves it out, training fills with the policy's model
     # folder (a reward that scores with the policy's own language model); None: no such parameter.
     policy_path_param: ClassVar[str | None] = None
+    # The parameter that, when the YAML leaves it out, training fills with the training prompts'
+    # reference lists, one per prompt (a corpus statistic such as CIDEr's document frequencies).
+    training_references_param: ClassVar[str | None] = None
 
     def __init__(self, **params: Any) -> None:
         if params:

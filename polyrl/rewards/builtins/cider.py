@@ -53,7 +53,8 @@ class Cider(RewardModule):
     document frequencies (and log corpus size) come once from the whole training reference
     corpus, so a sample's reward does not depend on what else is in its batch. Pass the corpus
     as ``corpus_references`` (one list of reference captions per image/prompt) or call
-    ``fit_corpus(references)``; if neither happened, the first scored batch's distinct
+    ``fit_corpus(references)``; training passes its training prompts' references when the
+    experiment gives none (``training_references_param``). If none of these happened, the first scored batch's distinct
     reference sets are used and a warning says so.
 
     Scoring reuses pycocoevalcap's ``CiderScorer`` (``precook``, tf-idf vectors, clipped
@@ -74,6 +75,9 @@ class Cider(RewardModule):
         sigma: standard deviation of the length penalty (default 6.0).
         tokenize: normalise and tokenise as described above (default True).
     """
+
+    # Training passes its prompts' references here when the YAML gives none (roles/setup.py).
+    training_references_param = "corpus_references"
 
     def __init__(
         self,
