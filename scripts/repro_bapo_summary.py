@@ -1,0 +1,160 @@
+"""Per-seed summaries for the BAPO reproduction (seed 000 §4), with intervals over seeds.
+
+Also usable on the other clip reproductions (the bapo/* rows and plots are then left out).
+
+``polyrl compare`` tabulates each metric's last logged value; the BAPO claim is about the
+course of a run (does entropy stay higher, is the positive share held near its target), so
+this script summarises each seed run's whole history, then gives per arm the mean over seeds
+with a 95% t-interval and, for the first two arms, the Welch difference. It also draws the
+positive share and the clip bounds per step (mean and 95% band over seeds). Usage::
+
+    .venv/bin/python scripts/repro_bapo_summary.py repro_bapo_vs_fixed_clip \\
+        --tracking-uri sqlite:///mlflow.db --target 0.5 --out reports/bapo_extra
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from polyrl.launch.stats import curve_band, mean_interval, verdict, welch_difference  # noqa: E402
+from polyrl.tracking.mlflow_runs import (ARM_TAG, SEED_TAG, find_arm_runs, find_parent_run,  # noqa: E402
+                                         find_seed_runs, make_client)
+
+COLLAPSE_NATS = 0.1  # the health check's entropy_collapse threshold (polyrl/roles/health.py)
+SEED_WINDOW = 0.03  # seed 000 §4: the positive share fluctuates within ±0.03 of its target
+LAST_STEPS = 10  # train accuracy of one 64-sample step is noisy: average the last few
+
+KEYS = ("actor/entropy", "bapo/positive_share", "actor/pos_loss_share", "bapo/c_low", "bapo/c_high",
+        "actor/clip_frac_low", "actor/clip_frac_high", "quadrant/low_prob_pos_adv", "train/accuracy",
+        "eval/arithmetic/accuracy")
+
+
+def history(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def values(points: list[tuple[int, float]]) -> np.ndarray:
+    return np.asarray([v for _, v in points], dtype=np.float64)
+
+
+def first_step_below(points: list[tuple[int, float]], threshold: float) -> float:
+    """First step whose value is below ``threshold``; one past the last step if none is."""
+    for step, value in points:
+        if value < threshold:
+            return float(step)
+    return float(points[-1][0] + 1) if points else math.nan
+
+
+def summarise(h: dict[str, list[tuple[int, float]]], target: float) -> dict[str, float]:
+    """One seed run's summaries; quantities whose metric the run did not log (an objective
+    other than bapo has no ``bapo/*``) are left out."""
+    def has(key: str) -> bool:
+        return bool(h.get(key))
+
+    out: dict[str, float] = {}
+    if has("actor/entropy"):
+        entropy = values(h["actor/entropy"])
+        out["entropy, first step"] = entropy[0]
+        out["entropy, mean over steps"] = entropy.mean()
+        out[f"entropy, mean of last {LAST_STEPS} steps"] = entropy[-LAST_STEPS:].mean()
+        out[f"first step with entropy < {COLLAPSE_NATS}"] = first_step_below(h["actor/entropy"], COLLAPSE_NATS)
+    if has("bapo/positive_share"):
+        share = values(h["bapo/positive_share"])
+        out["bapo/positive_share, mean"] = share.mean()
+        out["bapo/positive_share, mean abs(share − target)"] = np.abs(share - target).mean()
+        out[f"steps with positive share within ±{SEED_WINDOW} of target (share)"] = (np.abs(share - target) <= SEED_WINDOW).mean()
+        out["steps with positive share below target (share)"] = (share < target).mean()
+    for key, name in (("actor/pos_loss_share", "actor/pos_loss_share, mean"), ("bapo/c_low", "bapo/c_low, mean"),
+                      ("bapo/c_high", "bapo/c_high, mean"), ("actor/clip_frac_low", "clip_frac_low, mean"),
+                      ("actor/clip_frac_high", "clip_frac_high, mean"),
+                      ("quadrant/low_prob_pos_adv", "low-prob/positive-adv token share, mean")):
+        if has(key):
+            out[name] = values(h[key]).mean()
+    if has("train/accuracy"):
+        out[f"train accuracy, mean of last {LAST_STEPS} steps"] = values(h["train/accuracy"])[-LAST_STEPS:].mean()
+        out["train accuracy, last step"] = values(h["train/accuracy"])[-1]
+    if has("eval/arithmetic/accuracy"):
+        evals = h["eval/arithmetic/accuracy"]
+        out["held-out accuracy, first eval"] = evals[0][1]
+        out["held-out accuracy, last eval"] = evals[-1][1]
+    return out
+
+
+def band_plot(per_arm: dict[str, list[dict[str, list[tuple[int, float]]]]], keys: list[str], title: str,
+              path: Path, *, target: float | None = None) -> None:
+    figure, axis = plt.subplots(figsize=(6, 3.6))
+    for arm, seeds in per_arm.items():
+        for key in keys:
+            steps, mean, low, high = curve_band([h[key] for h in seeds])
+            label = arm if len(keys) == 1 else f"{arm}: {key.split('/')[-1]}"
+            line, = axis.plot(steps, mean, marker="o", markersize=2, label=label)
+            axis.fill_between(steps, low, high, alpha=0.2, color=line.get_color())
+    if target is not None:
+        axis.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target}")
+    axis.set_title(title)
+    axis.set_xlabel("step")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiment")
+    parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
+    parser.add_argument("--target", type=float, default=0.5, help="the bapo arm's target_positive_share")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the two plots")
+    args = parser.parse_args()
+    client = make_client(args.tracking_uri)
+    parent = find_parent_run(client, args.experiment)
+    if parent is None:
+        raise SystemExit(f"no experiment {args.experiment!r} in {args.tracking_uri}")
+    histories: dict[str, list[dict[str, list[tuple[int, float]]]]] = {}
+    summaries: dict[str, list[dict[str, float]]] = {}
+    for arm_run in find_arm_runs(client, parent.info.experiment_id, parent.info.run_id):
+        arm = arm_run.data.tags[ARM_TAG]
+        for seed_run in find_seed_runs(client, parent.info.experiment_id, arm_run.info.run_id):
+            h = {key: history(client, seed_run.info.run_id, key) for key in KEYS}
+            histories.setdefault(arm, []).append(h)
+            summary = summarise(h, args.target)
+            summaries.setdefault(arm, []).append(summary)
+            print(f"{arm} seed {seed_run.data.tags.get(SEED_TAG)}: steps {len(h['actor/entropy'])}, "
+                  + ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
+    arms = list(summaries)
+    names = list(summaries[arms[0]][0])
+    print(f"\n| quantity | {' | '.join(f'{a} ({len(summaries[a])} seeds)' for a in arms)} |"
+          + (f" {arms[0]} − {arms[1]} (Welch 95%) |" if len(arms) == 2 else ""))
+    print("|---|" + "---|" * (len(arms) + (len(arms) == 2)))
+    for name in names:
+        cells = [mean_interval([s[name] for s in summaries[a]]).format() for a in arms]
+        if len(arms) == 2:
+            d = welch_difference([s[name] for s in summaries[arms[0]]], [s[name] for s in summaries[arms[1]]])
+            cells.append(f"{d.estimate:+.3g} [{d.low:.3g}, {d.high:.3g}]"
+                         + ("" if math.isnan(d.low) or d.contains(0.0) else " *"))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if len(arms) == 2:
+        print("\n* the interval excludes 0")
+        for name in names:
+            d = welch_difference([s[name] for s in summaries[arms[0]]], [s[name] for s in summaries[arms[1]]])
+            print(f"{name}: {verdict(d, names=(arms[0], arms[1]))}")
+    if args.out is not None and any(h["bapo/positive_share"] for seeds in histories.values() for h in seeds):
+        args.out.mkdir(parents=True, exist_ok=True)
+        band_plot(histories, ["bapo/positive_share"], f"{args.experiment}: positive share (bapo/positive_share)",
+                  args.out / "bapo_positive_share.png", target=args.target)
+        band_plot(histories, ["bapo/c_low", "bapo/c_high"], f"{args.experiment}: clip bounds",
+                  args.out / "bapo_clip_bounds.png")
+        print(f"\nplots: {args.out}/bapo_positive_share.png, {args.out}/bapo_clip_bounds.png")
+
+
+if __name__ == "__main__":
+    main()

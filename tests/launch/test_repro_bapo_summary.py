@@ -1,0 +1,47 @@
+"""scripts/repro_bapo_summary.py: whole-run summaries of one seed run's metric histories."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "repro_bapo_summary.py"
+
+
+@pytest.fixture(scope="module")
+def summary_module():
+    spec = importlib.util.spec_from_file_location("repro_bapo_summary", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summarise_bapo_history_by_hand(summary_module):
+    history = {
+        "actor/entropy": [(1, 0.15), (2, 0.12), (3, 0.09), (4, 0.08)],
+        "bapo/positive_share": [(1, 0.52), (2, 0.46), (3, 0.50), (4, 0.60)],
+        "train/accuracy": [(1, 0.25), (2, 0.50), (3, 0.75), (4, 1.0)],
+        "eval/arithmetic/accuracy": [(0, 0.35), (4, 0.40)],
+    }
+    out = summary_module.summarise(history, target=0.5)
+    # entropy mean (0.15 + 0.12 + 0.09 + 0.08) / 4 = 0.44 / 4 = 0.11; first value < 0.1 at step 3
+    assert out["entropy, mean over steps"] == pytest.approx(0.11, abs=1e-12)
+    assert out["first step with entropy < 0.1"] == 3.0
+    # share mean 2.08 / 4 = 0.52; |share - 0.5| = 0.02, 0.04, 0, 0.10 -> mean 0.16 / 4 = 0.04
+    assert out["bapo/positive_share, mean"] == pytest.approx(0.52, abs=1e-12)
+    assert out["bapo/positive_share, mean abs(share − target)"] == pytest.approx(0.04, abs=1e-12)
+    # within 0.5 ± 0.03: 0.52 and 0.50 -> 2 of 4; below 0.5: only 0.46 -> 1 of 4
+    assert out["steps with positive share within ±0.03 of target (share)"] == 0.5
+    assert out["steps with positive share below target (share)"] == 0.25
+    # fewer than 10 steps: the "last 10" mean is over all 4: 2.5 / 4 = 0.625
+    assert out["train accuracy, mean of last 10 steps"] == pytest.approx(0.625, abs=1e-12)
+    assert (out["held-out accuracy, first eval"], out["held-out accuracy, last eval"]) == (0.35, 0.40)
+
+
+def test_summarise_leaves_out_what_a_run_did_not_log(summary_module):
+    out = summary_module.summarise({"actor/entropy": [(1, 0.2), (2, 0.19)], "bapo/positive_share": []}, target=0.5)
+    assert not any(name.startswith(("bapo/", "steps with positive share")) for name in out)
+    # entropy never falls below 0.1: reported as one past the last step
+    assert out["first step with entropy < 0.1"] == 3.0
