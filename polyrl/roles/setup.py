@@ -6,6 +6,7 @@ roles themselves only see their own settings.
 from __future__ import annotations
 
 import os
+import time
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,6 +152,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     ``engine`` replaces the configured rollout engine (its caller closes nothing: :meth:`Arm.close` does).
     """
     cfg = config
+    build_started = time.perf_counter()
     if cfg.train.threads:
         set_torch_threads(cfg.train.threads)
     seed_everything(cfg.seed)
@@ -179,14 +181,18 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     rewards = CompositeReward(reward_specs(cfg, policy_path, [sample.references for sample in sampler.samples]))
     rewards.setup()
     label = accuracy_label(cfg, rewards.labels)
+    engine_started = time.perf_counter()
     if engine is None:
         engine = build_rollout_engine(cfg.rollout.engine, str(policy_path), seed=cfg.seed, dtype=cfg.model.dtype,
                                       max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb)
+    engine_startup_s = time.perf_counter() - engine_started
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
     # wants every core back for its forward/backward passes (or train.threads).
     threads = set_torch_threads(cfg.train.threads or os.cpu_count() or 1)
     if logger is not None:
-        logger.log_params({"runtime.torch_threads": threads})
+        # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
+        logger.log_params({"runtime.torch_threads": threads, "runtime.engine_startup_s": round(engine_startup_s, 2),
+                           "runtime.build_s": round(time.perf_counter() - build_started, 2)})
     r, dynamic = cfg.rollout, cfg.advantage.dynamic_sampling
     collector = RolloutCollector(engine, rewards, sampler.next_batch, CollectSettings(
         prompts_per_step=r.prompts_per_step, samples_per_prompt=r.samples_per_prompt, temperature=r.temperature, top_p=r.top_p,
