@@ -95,6 +95,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", default=None, help="A subset of: default tcmalloc iomp tcmalloc+iomp.")
     parser.add_argument("--child", nargs=2, metavar=("POLICY", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -106,7 +107,7 @@ def main() -> None:
     from polyrl.models.text import build_random_text_model_dir
 
     policy = str(build_random_text_model_dir(Path(tempfile.mkdtemp()) / "policy", size=args.size))
-    found = variants()
+    found = {name: libs for name, libs in variants().items() if not args.variants or name in args.variants}
     results: dict[str, list[dict]] = {name: [] for name in found}
     for round_index in range(args.rounds):
         for name, libraries in found.items():

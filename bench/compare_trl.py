@@ -123,15 +123,16 @@ def polyrl_worker(policy: str, regime: dict, steps: int) -> dict:
     loop = arm.loop(printer=lambda _line: None)
     try:
         loop.step()  # warm-up
-        seconds, lengths = [], []
+        seconds, lengths, generate = [], [], []
         for _ in range(steps):
             start = time.perf_counter()
             metrics = loop.step()
             seconds.append(time.perf_counter() - start)
             lengths.append(metrics["rollout/response_length/mean"])
+            generate.append(metrics["perf/generate_s"])
     finally:
         arm.close()
-    return {"startup_s": startup, "step_s": seconds, "mean_length": lengths, "samples": PROMPTS * SAMPLES}
+    return {"startup_s": startup, "step_s": seconds, "mean_length": lengths, "samples": PROMPTS * SAMPLES, "generate_s": generate}
 
 
 def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
@@ -171,9 +172,24 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
     clock = StepClock()
     trainer = GRPOTrainer(model=policy, reward_funcs=[accuracy], args=args, train_dataset=dataset,
                           processing_class=AutoTokenizer.from_pretrained(policy), callbacks=[clock])
+    # Generation's share of TRL's step: its HF path calls the (unwrapped, on CPU the same) model's generate.
+    generate_seconds: list[float] = []
+    model_generate = trainer.model.generate
+
+    def timed_generate(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return model_generate(*args, **kwargs)
+        finally:
+            generate_seconds.append(time.perf_counter() - start)
+
+    if not use_vllm:
+        trainer.model.generate = timed_generate
     startup = time.perf_counter() - PROCESS_START
     trainer.train()
+    per_step_generate = generate_seconds[-len(clock.seconds[1:]):] if generate_seconds and len(generate_seconds) == len(clock.seconds) else []
     return {"startup_s": startup, "step_s": clock.seconds[1:], "mean_length": clock.lengths[1:], "samples": PROMPTS * SAMPLES,
+            "generate_s": per_step_generate,
             "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__}
 
 
@@ -202,7 +218,9 @@ def summarize(results: list[dict]) -> dict | None:
     return {"samples_per_s": statistics.median(per_round), "rounds": per_round,
             "tokens_per_s": statistics.median(tokens) if tokens else float("nan"),
             "mean_length": statistics.mean(statistics.mean(r["mean_length"]) for r in good if r["mean_length"]),
-            "startup_s": statistics.median(r["startup_s"] for r in good)}
+            "startup_s": statistics.median(r["startup_s"] for r in good),
+            "generate_s": statistics.median(x for r in good for x in r.get("generate_s") or [float("nan")]),
+            "step_s": statistics.median(x for r in good for x in r["step_s"])}
 
 
 def main() -> None:
@@ -255,14 +273,14 @@ def main() -> None:
                 if "error" in result:
                     print(f"[{regime}] {system} round {round_index}: {result['error']}")
         print(f"\n## {regime} (max {REGIMES[regime]['max_tokens']} new tokens{', long-writer policy' if REGIMES[regime]['long_writer'] else ''})\n")
-        print("| system | samples/s (per round) | generated tok/s | mean completion length | start-up s |\n|---|---|---|---|---|")
+        print("| system | samples/s (per round) | generated tok/s | mean completion length | start-up s | step s | of which generate s |\n|---|---|---|---|---|---|---|")
         summaries = {system: summarize(runs) for system, runs in results.items()}
         for system, s in summaries.items():
             if s is None:
-                print(f"| {system} | did not run | | | |")
+                print(f"| {system} | did not run | | | | | |")
                 continue
             rounds = ", ".join(f"{x:.2f}" for x in s["rounds"])
-            print(f"| {system} | {s['samples_per_s']:.2f} ({rounds}) | {s['tokens_per_s']:.0f} | {s['mean_length']:.1f} | {s['startup_s']:.1f} |")
+            print(f"| {system} | {s['samples_per_s']:.2f} ({rounds}) | {s['tokens_per_s']:.0f} | {s['mean_length']:.1f} | {s['startup_s']:.1f} | {s['step_s']:.2f} | {s['generate_s']:.2f} |")
         ours = summaries.get("polyrl")
         for system in ("trl-hf", "trl-vllm-colocate"):
             theirs = summaries.get(system)
