@@ -95,8 +95,9 @@ def instrument(arm) -> UpdateCounter:
     return counter
 
 
-def run_steps(loop, counter: UpdateCounter, steps: int) -> list[dict[str, float]]:
-    loop.step()  # warm-up: first-call costs (allocator, kernels) are not steady state
+def run_steps(loop, counter: UpdateCounter, steps: int, warmup: int = 1) -> list[dict[str, float]]:
+    for _ in range(warmup):  # first-call costs (allocator, kernels, torch.compile) are not steady state
+        loop.step()
     history = []
     for _ in range(steps):
         counter.reset()
@@ -165,13 +166,15 @@ def bare_generate_ratio(arm, repeats: int) -> None:
 
 
 def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micro_batch: int, steps: int, repeats: int,
-                 threads: int | None) -> dict[str, float]:
+                 threads: int | None, compile: bool = False) -> dict[str, float]:
     from polyrl.models.text import build_random_text_model_dir
 
     model_dir = build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"m{size}", size, seed=0)
     train = {"steps": 10_000, "learning_rate": 1e-6, "micro_batch_size": micro_batch}
     if threads:
         train["threads"] = threads
+    if compile:
+        train["compile"] = True
     config = resolve_arms({
         "name": f"bench{size}",
         "model": {"path": str(model_dir)},
@@ -190,9 +193,10 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         parameters = sum(p.numel() for p in arm.learner.policy.parameters())
         rows = micro_batch * 53
         peak_before = measure_peak(size, tokens=rows, threads=torch.get_num_threads())
-        history = run_steps(loop, counter, steps)
+        history = run_steps(loop, counter, steps, warmup=3 if compile else 1)
         peak_after = measure_peak(size, tokens=rows, threads=torch.get_num_threads())
-        title = f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, Dr.GRPO, vLLM"
+        title = (f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, "
+                 f"Dr.GRPO, vLLM{', train.compile' if compile else ''}")
         result = phase_table(title, history)
         print(f"\nmatmul peak (bench_matmul) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s")
         result.update(update_report(history, parameters, (peak_before + peak_after) / 2))
@@ -225,6 +229,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None, help="train.threads (default: the learner's own choice)")
+    parser.add_argument("--compile", action="store_true", help="train.compile: torch.compile the policy's decoder (3 warm-up steps)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
@@ -235,7 +240,7 @@ def main() -> None:
     if args.demo:
         bench_demo(steps)
     bench_policy(args.size, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens, micro_batch=args.micro_batch,
-                 steps=steps, repeats=1 if args.quick else args.repeats, threads=args.threads)
+                 steps=steps, repeats=1 if args.quick else args.repeats, threads=args.threads, compile=args.compile)
 
 
 if __name__ == "__main__":

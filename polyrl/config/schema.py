@@ -223,6 +223,9 @@ class TrainConfig(StrictModel):
     )
     value: ValueConfig = ValueConfig()
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
+    compile: bool = Field(
+        False, description="torch.compile the policy's decoder (text policies; dynamic shapes). ×1.10 on the 30m update here "
+        "after a ~60 s one-off compile: worth it for long runs only.")
 
 
 class TrackingConfig(StrictModel):

@@ -22,11 +22,12 @@ from polyrl.config.schema import ConfigError, ExperimentConfig
 from polyrl.data.images import check_model_takes_images
 from polyrl.data.prompts import PromptSampler, load_prompt_dataset
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
-from polyrl.engines.images import auto_model_class
+from polyrl.engines.images import auto_model_class, model_takes_images
 from polyrl.models.cache import set_torch_threads
 from polyrl.models.paths import resolve_policy_path
 from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
+from polyrl.roles.compiled import compile_decoder
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
@@ -163,6 +164,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     # fp32 master weights and optimizer state; model.dtype is the compute dtype (precision.py).
     # Image-text models load whole (AutoModelForImageTextToText): the learner's forward needs the vision tower.
     policy = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32)
+    if cfg.train.compile:
+        compile_decoder(policy, takes_images=model_takes_images(policy_path))
     reference = None
     if cfg.train.kl_coef > 0:
         # Same storage dtype and autocast as the policy: KL is exactly 0 before the first update.
