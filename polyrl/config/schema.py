@@ -112,6 +112,10 @@ class RolloutConfig(StrictModel):
     max_tokens: int = Field(64, ge=1)
     max_model_len: int = Field(512, ge=16)
     kv_cache_gb: float = Field(1.0, gt=0)
+    threads: int | None = Field(
+        None, ge=1, description="torch threads while generating; default: 1 for policies under "
+        "10M parameters (generation of tiny models is overhead-bound: 1 thread was faster on 2 cores, "
+        "bench/bench_runtime_env.py), else the learner's count (train.threads).")
     truncated_importance_sampling: TruncatedImportanceSamplingConfig = TruncatedImportanceSamplingConfig()
 
 

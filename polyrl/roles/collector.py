@@ -17,6 +17,7 @@ from torch import Tensor
 
 from polyrl.algos.dapo_data import dapo_dynamic_sampling_keep
 from polyrl.core.types import PromptSample, SamplingSettings
+from polyrl.models.cache import torch_threads
 from polyrl.rewards import RewardBatch, RewardResult
 from polyrl.rewards.summary import accuracy_share
 from polyrl.roles.batches import Rollout, Scores
@@ -36,6 +37,8 @@ class CollectSettings:
     max_rounds: int = 1
     # The reward label whose scores define train/accuracy; None: no accuracy metric.
     accuracy_label: str | None = None
+    # torch threads while the engine generates (None: leave the learner's); restored after.
+    threads: int | None = None
 
 
 @dataclass
@@ -80,7 +83,8 @@ class RolloutCollector:
 
     def generate(self, step: int, round_index: int = 0, group_offset: int = 0) -> Rollout:
         prompts = self.prompts(self.settings.prompts_per_step)
-        grouped = self.engine.generate(prompts, self.sampling_settings(step, round_index))
+        with torch_threads(self.settings.threads):
+            grouped = self.engine.generate(prompts, self.sampling_settings(step, round_index))
         flat_prompts, flat_completions, group_ids = [], [], []
         for index, (prompt, completions) in enumerate(zip(prompts, grouped)):
             for completion in completions:

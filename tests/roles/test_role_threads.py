@@ -36,3 +36,31 @@ def test_threads_are_set_after_a_real_vllm_engine_starts(random_policy_dir, rest
         assert set_torch_threads(2) == 2 and torch.get_num_threads() == 2
     finally:
         engine.close()
+
+
+def test_rollout_threads_default_by_policy_size_and_config_wins():
+    from polyrl.roles.setup import rollout_threads
+
+    assert rollout_threads(None, policy_parameters=300_000, learner_threads=2) == 1  # tiny: overhead-bound generation
+    assert rollout_threads(None, policy_parameters=28_000_000, learner_threads=2) == 2  # 30m: the learner's count
+    assert rollout_threads(3, policy_parameters=300_000, learner_threads=2) == 3  # rollout.threads is taken as given
+
+
+def test_generation_runs_at_rollout_threads_and_the_learner_gets_its_own_back(tmp_path, tiny_experiment, restore_threads):
+    """A real arm (HF engine, tiny policy): the engine sees rollout.threads while it generates;
+    afterwards the learner's count is back, and both are logged as the run's params."""
+    from tests.roles.learner_helpers import built
+
+    config = tiny_experiment(train={"steps": 1, "threads": 2}, rollout={"threads": 1})
+    with built(tmp_path, config) as arm:
+        engine = arm.collector.engine
+        seen: list[int] = []
+        generate = engine.generate
+
+        def recording_generate(prompts, settings):
+            seen.append(torch.get_num_threads())
+            return generate(prompts, settings)
+
+        engine.generate = recording_generate
+        arm.collector.collect(1)
+        assert seen == [1] and torch.get_num_threads() == 2
