@@ -68,8 +68,8 @@ class SampleTableHook(Hook):
     when any of them has prompt images, also as ``samples/step_<n>.html`` with the images
     (:mod:`polyrl.tracking.sample_html`)."""
 
-    def __init__(self, logger: Any, *, every: int, rows: int):
-        self.logger, self.every, self.rows = logger, every, rows
+    def __init__(self, logger: Any, *, every: int, rows: int, answer_field: str = "answer"):
+        self.logger, self.every, self.rows, self.answer_field = logger, every, rows, answer_field
 
     def observe(self, report: StepReport) -> None:
         step = report.step
@@ -82,7 +82,7 @@ class SampleTableHook(Hook):
         prompts = report.prompts[: len(rows)]
         images = [list(getattr(p, "images", None) or []) for p in prompts]
         if len(prompts) == len(rows) and has_images(images):
-            rich = [{**row, "references": list(p.references), "answer": p.fields.get("answer"),
+            rich = [{**row, "references": list(p.references), "answer": p.fields.get(self.answer_field),
                      **{f"reward/{label}": values[i] for label, values in report.reward_parts.items() if i < len(values)}}
                     for i, (row, p) in enumerate(zip(rows, prompts))]
             self.logger.log_text(samples_html(rich, images, title=f"samples at step {step}"), f"samples/step_{step:05d}.html")

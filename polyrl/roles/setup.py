@@ -128,7 +128,8 @@ class Arm:
         cfg, logger = self.config, self.logger
         hooks: list[Hook] = [HealthHook(self.health, arm=self.name, printer=printer, logger=logger)]
         if logger is not None:
-            hooks.append(SampleTableHook(logger, every=cfg.tracking.sample_table_every, rows=cfg.tracking.sample_table_rows))
+            hooks.append(SampleTableHook(logger, every=cfg.tracking.sample_table_every, rows=cfg.tracking.sample_table_rows,
+                                         answer_field=cfg.data.answer_field))
         if self.evaluator is not None and cfg.eval.every:
             hooks.append(PeriodicEvalHook(self.evaluator, self.collector.engine, every=cfg.eval.every, logger=logger))
         if logger is not None:

@@ -172,3 +172,13 @@ def test_large_images_are_shrunk_and_sizes_stay_honest():
     assert image.size == (MAX_EMBEDDED_SIDE, MAX_EMBEDDED_SIDE // 2)
     with pytest.raises(ValueError, match="2 rows but 1 image lists"):
         samples_html([{}, {}], [[]], title="t")
+
+
+def test_the_answer_shown_comes_from_the_configured_answer_field(logger, tmp_path):
+    """data.answer_field: solution — the table shows the row's solution, not a missing 'answer'."""
+    prompts = scene_samples(1)
+    prompts[0].fields = {"solution": "blue"}
+    samples = [{"prompt": prompts[0].prompt, "completion": " blue", "reward": 1.0}]
+    SampleTableHook(logger, every=1, rows=1, answer_field="solution").observe(StepReport(1, {}, samples, prompts=prompts))
+    references = parse(download(logger, "samples/step_00001.html", tmp_path)).rows[0]["text"][4]
+    assert "answer: blue" in references
