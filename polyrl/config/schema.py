@@ -93,6 +93,8 @@ class DataConfig(StrictModel):
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     references_field: str = "references"
+    images_field: str = Field("images", description="The column of each row's images (paths, or an Image feature); "
+                              "rows without it are text-only. One <image> in the prompt per image.")
     limit: int | None = Field(None, ge=1)
 
 

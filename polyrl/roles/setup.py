@@ -191,10 +191,10 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective), critic=critic)
     data = cfg.data
     dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
-                                  references_field=data.references_field, limit=data.limit)
+                                  references_field=data.references_field, images_field=data.images_field, limit=data.limit)
     sampler = PromptSampler(dataset, seed=cfg.seed, prompt_field=data.prompt_field, answer_field=data.answer_field,
-                            references_field=data.references_field)
-    check_model_takes_images(policy_path, sampler.samples)
+                            references_field=data.references_field, images_field=data.images_field)
+    check_model_takes_images(policy_path, sampler.samples, images_field=data.images_field)
     rewards = CompositeReward(reward_specs(cfg, policy_path, [sample.references for sample in sampler.samples]))
     rewards.setup()
     label = accuracy_label(cfg, rewards.labels)
