@@ -2,70 +2,157 @@
 
 The Dr.GRPO claim (seed 003 §4.3) is about the length of *wrong* answers, which no training
 metric isolates; each seed run's sample tables (``samples/step_*.json``: reward and length of
-every logged sample) do. For the first and last logged table of each seed, the mean length of
-wrong (reward <= 0) and right answers; per arm the mean over seeds with a 95% t-interval, and
-the change first → last. Usage::
+every logged sample) do. Per seed and logged step: the mean length of wrong (reward <= 0) and
+right answers, and the share of answers in the long worked form (the arithmetic task's
+completions start with ``work:`` or ``####``, so the long/short choice is one token). Per arm:
+the first table against the mean of the last ``--last`` tables (one table is 64 samples, the
+mean of several steadies it), the mean over seeds with a 95% t-interval, the change, and the
+Welch difference of the changes between two arms. ``--plot-dir`` draws the per-step curves
+(mean over seeds, shaded 95% band). Usage::
 
-    .venv/bin/python scripts/repro_length_by_correctness.py repro_drgrpo_vs_grpo --tracking-uri sqlite:///mlflow.db
+    .venv/bin/python scripts/repro_length_by_correctness.py repro_drgrpo_vs_grpo \\
+        --tracking-uri sqlite:///mlflow.db --last 4 --plot-dir docs/reproductions/drgrpo_vs_grpo
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from polyrl.launch.stats import mean_interval, verdict, welch_difference
+from polyrl.launch.stats import curve_band, mean_interval, verdict, welch_difference
 from polyrl.tracking.mlflow_runs import ARM_TAG, find_arm_runs, find_parent_run, find_seed_runs, make_client
 
+# One progress bar per downloaded table would bury the output.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-def table_lengths(client, run_id: str, path: str) -> tuple[float, float]:
+LONG_MARKER = "work:"
+QUANTITIES = ("wrong length", "right length", "long share", "wrong long share")
+
+
+def table_summary(columns: list[str], data: list[list]) -> dict[str, float]:
+    """Mean length of wrong and right answers, and the long-form share (all, and of wrong ones)."""
+    rows = [dict(zip(columns, row)) for row in data]
+    scored = [r for r in rows if r.get("reward") is not None]
+    wrong = [r for r in scored if r["reward"] <= 0]
+    right = [r for r in scored if r["reward"] > 0]
+
+    def mean(values: list[float]) -> float:
+        return float(np.mean(values)) if values else math.nan
+
+    def is_long(row: dict) -> float:
+        return float(str(row.get("completion", "")).lstrip().startswith(LONG_MARKER))
+
+    return {
+        "wrong length": mean([r["length"] for r in wrong]),
+        "right length": mean([r["length"] for r in right]),
+        "long share": mean([is_long(r) for r in scored]),
+        "wrong long share": mean([is_long(r) for r in wrong]),
+    }
+
+
+def first_and_late(per_step: dict[int, dict[str, float]], last: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The first logged step's summary and the nan-aware mean of the last ``last`` steps' summaries."""
+    steps = sorted(per_step)
+    late_steps = steps[-last:]
+    late = {}
+    for key in QUANTITIES:
+        values = [per_step[s][key] for s in late_steps if not math.isnan(per_step[s][key])]
+        late[key] = float(np.mean(values)) if values else math.nan
+    return per_step[steps[0]], late
+
+
+def read_table(client, run_id: str, path: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
-        local = client.download_artifacts(run_id, path, folder)
-        data = json.loads(Path(local).read_text())
-    rows = [dict(zip(data["columns"], row)) for row in data["data"]]
-    wrong = [r["length"] for r in rows if r["reward"] is not None and r["reward"] <= 0]
-    right = [r["length"] for r in rows if r["reward"] is not None and r["reward"] > 0]
-    return (float(np.mean(wrong)) if wrong else float("nan"), float(np.mean(right)) if right else float("nan"))
+        data = json.loads(Path(client.download_artifacts(run_id, path, folder)).read_text())
+    return table_summary(data["columns"], data["data"])
+
+
+def step_of(path: str) -> int:
+    return int(Path(path).stem.split("_")[-1])
+
+
+def band_plot(per_arm_steps: dict[str, list[dict[int, dict[str, float]]]], key: str, ylabel: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.4, 3.8))
+    for arm, seeds in per_arm_steps.items():
+        histories = [[(s, v[key]) for s, v in sorted(seed.items()) if not math.isnan(v[key])] for seed in seeds]
+        steps, mean, low, high = curve_band(histories)
+        (line,) = axis.plot(steps, mean, label=f"{arm} ({len(seeds)} seeds)")
+        axis.fill_between(steps, low, high, alpha=0.2, color=line.get_color())
+    axis.set_xlabel("step")
+    axis.set_ylabel(ylabel)
+    axis.set_title(f"{ylabel}: mean over seeds, 95% band")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("experiment")
     parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
+    parser.add_argument("--last", type=int, default=1, help="average the last N sample tables (default 1)")
+    parser.add_argument("--plot-dir", type=Path, default=None)
     args = parser.parse_args()
     client = make_client(args.tracking_uri)
     parent = find_parent_run(client, args.experiment)
+    per_arm_steps: dict[str, list[dict[int, dict[str, float]]]] = {}
     per_arm: dict[str, dict[str, list[float]]] = {}
+    late_by_seed: dict[str, dict[str, dict[str, float]]] = {}
     for arm_run in find_arm_runs(client, parent.info.experiment_id, parent.info.run_id):
         arm = arm_run.data.tags[ARM_TAG]
-        values = per_arm.setdefault(arm, {"wrong_first": [], "wrong_last": [], "right_first": [], "right_last": []})
+        values = per_arm.setdefault(arm, {})
         for seed_run in find_seed_runs(client, parent.info.experiment_id, arm_run.info.run_id):
-            tables = sorted(a.path for a in client.list_artifacts(seed_run.info.run_id, "samples"))
-            (wrong_first, right_first), (wrong_last, right_last) = (table_lengths(client, seed_run.info.run_id, tables[0]),
-                                                                    table_lengths(client, seed_run.info.run_id, tables[-1]))
-            for key, value in (("wrong_first", wrong_first), ("wrong_last", wrong_last), ("right_first", right_first),
-                               ("right_last", right_last)):
-                values[key].append(value)
-            print(f"{arm} seed {seed_run.data.tags['polyrl.seed']}: {tables[0]} -> {tables[-1]}: wrong {wrong_first:.1f} -> "
-                  f"{wrong_last:.1f}, right {right_first:.1f} -> {right_last:.1f}")
-    print("\n| arm | wrong answers: length first → last table (mean ± 95% CI) | change | right answers: first → last |")
-    print("|---|---|---|---|")
-    changes = {}
+            run_id = seed_run.info.run_id
+            tables = [a.path for a in client.list_artifacts(run_id, "samples") if a.path.endswith(".json")]
+            per_step = {step_of(path): read_table(client, run_id, path) for path in tables}
+            per_arm_steps.setdefault(arm, []).append(per_step)
+            first, late = first_and_late(per_step, args.last)
+            for key in QUANTITIES:
+                values.setdefault(f"{key} first", []).append(first[key])
+                values.setdefault(f"{key} late", []).append(late[key])
+                values.setdefault(f"{key} change", []).append(late[key] - first[key])
+            late_by_seed.setdefault(arm, {})[seed_run.data.tags.get("polyrl.seed", run_id)] = late
+            steps = sorted(per_step)
+            print(f"{arm} seed {seed_run.data.tags.get('polyrl.seed')}: step {steps[0]} -> last {args.last} of "
+                  f"{steps[-args.last:]}: " + ", ".join(f"{k} {first[k]:.3g} -> {late[k]:.3g}" for k in QUANTITIES))
+    late_label = "last table" if args.last == 1 else f"mean of last {args.last} tables"
+    print(f"\n| arm | quantity | first table | {late_label} | change |")
+    print("|---|---|---|---|---|")
     for arm, values in per_arm.items():
-        change = [last - first for first, last in zip(values["wrong_first"], values["wrong_last"])]
-        changes[arm] = change
-        print(f"| {arm} | {mean_interval(values['wrong_first']).format()} → {mean_interval(values['wrong_last']).format()} | "
-              f"{mean_interval(change).format()} | {mean_interval(values['right_first']).format()} → "
-              f"{mean_interval(values['right_last']).format()} |")
-    arms = list(changes)
+        for key in QUANTITIES:
+            print(f"| {arm} | {key} | {mean_interval(values[f'{key} first']).format()} | "
+                  f"{mean_interval(values[f'{key} late']).format()} | {mean_interval(values[f'{key} change']).format()} |")
+    arms = list(per_arm)
     if len(arms) == 2:
-        difference = welch_difference(changes[arms[0]], changes[arms[1]])
-        print(f"\nchange in wrong-answer length, {arms[0]} − {arms[1]}: {difference.format()} "
-              f"[{difference.low:.3g}, {difference.high:.3g}] · {verdict(difference, names=tuple(arms))}")
+        for key in QUANTITIES:
+            for part in ("late", "change"):
+                difference = welch_difference(per_arm[arms[0]][f"{key} {part}"], per_arm[arms[1]][f"{key} {part}"])
+                print(f"{key} {part}, {arms[0]} − {arms[1]}: {difference.format()} "
+                      f"[{difference.low:.3g}, {difference.high:.3g}] · {verdict(difference, names=tuple(arms))}")
+        # The same seed draws the same prompts and the same first rollout in both arms, so the
+        # per-seed difference (a paired t-interval) removes the prompt mix from the noise.
+        seeds = sorted(set(late_by_seed[arms[0]]) & set(late_by_seed[arms[1]]))
+        for key in QUANTITIES:
+            paired = mean_interval([late_by_seed[arms[0]][s][key] - late_by_seed[arms[1]][s][key] for s in seeds])
+            print(f"{key} late, {arms[0]} − {arms[1]}, paired by seed: {paired.format()} "
+                  f"[{paired.low:.3g}, {paired.high:.3g}] (n={paired.n})")
+    if args.plot_dir is not None:
+        args.plot_dir.mkdir(parents=True, exist_ok=True)
+        band_plot(per_arm_steps, "wrong length", "length of wrong answers (tokens)", args.plot_dir / "wrong_answer_length.png")
+        band_plot(per_arm_steps, "long share", "share of answers in the long worked form", args.plot_dir / "long_form_share.png")
+        print(f"plots in {args.plot_dir}")
 
 
 if __name__ == "__main__":
