@@ -142,6 +142,22 @@ def check_prompt_source(source: str, split: str, *, prompt_field: str = "prompt"
         )
 
 
+IMAGE_SOURCES = ("scenes", "scenes_captions")
+
+
+def source_has_images(source: str, split: str, *, images_field: str = "images") -> bool:
+    """Whether a source's rows carry images, from what is cheap to read: a built-in image task,
+    or the first row of a local file (a parquet file: whether the column exists). Dataset names
+    (the Hub) are not looked at: ``False``."""
+    if source in BUILTIN_SOURCES:
+        return source in IMAGE_SOURCES
+    path = _resolve_local(source, split)
+    row = _first_row(path, source) if path is not None else None
+    if row is None or images_field not in row:
+        return False
+    return path.suffix.lower() == ".parquet" or bool(row[images_field])
+
+
 def _resolve_local(source: str, split: str) -> Path | None:
     """The file to load for a local source, ``None`` when ``source`` is not a local path."""
     path = Path(source).expanduser()

@@ -12,13 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from polyrl.data.prompts import DataConfigError, check_prompt_source
+from polyrl.data.prompts import BUILTIN_SOURCES, DataConfigError, check_prompt_source, source_has_images
+from polyrl.engines.images import model_takes_images
 from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment
 from polyrl.models.paths import check_model_dir
 from polyrl.rewards import RewardConfigError, RewardSpec
 from polyrl.rewards.base import module_label
 from polyrl.rewards.registry import bind_params, build_reward
 
+# Built-in policies that read images (config.schema.BuiltinModelConfig.task).
+IMAGE_TASKS = ("vqa", "caption")
 EMPTY_REWARDS = "rewards: the list is empty; an experiment needs at least one reward module, e.g. rewards: [{module: accuracy}]"
 
 
@@ -82,9 +85,29 @@ def arm_problems(config: ExperimentConfig) -> list[str]:
             problems.append(str(error))
     try:
         check_prompt_source(config.data.source, config.data.train_split, prompt_field=config.data.prompt_field)
+        problems += image_problems(config)
     except DataConfigError as error:
         problems.append(f"data.source: {error}")
     return problems
+
+
+def image_problems(config: ExperimentConfig) -> list[str]:
+    """Image data for a text-only policy, found before any model loads (the full per-row check
+    runs when the data loads)."""
+    data, model = config.data, config.model
+    if not source_has_images(data.source, data.train_split, images_field=data.images_field):
+        return []
+    if model.path:
+        if not Path(model.path, "config.json").is_file() or model_takes_images(model.path):
+            return []
+        policy = f"model.path {model.path!r} is a text-only model (its config.json has no vision_config)"
+    elif model.builtin.task in IMAGE_TASKS:
+        return []
+    else:
+        policy = f"model.builtin.task {model.builtin.task!r} is a text-only policy"
+    rows = "its rows have" if data.source in BUILTIN_SOURCES else "row 0 has"
+    return [f"data.source {data.source!r}: {rows} image(s) (field {data.images_field!r}) but {policy}; use an image-text model "
+            f"(model.builtin.task: {' or '.join(IMAGE_TASKS)}, or an image-text model.path) or text-only data"]
 
 
 def preflight(configs: dict[str, ExperimentConfig], *, source: str) -> None:

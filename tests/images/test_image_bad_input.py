@@ -78,7 +78,8 @@ def test_run_with_a_missing_image_file_exits_2_naming_the_row_and_field(tmp_path
 def test_run_of_a_text_only_model_on_image_prompts_exits_2_naming_the_row_and_field(tmp_path, random_policy_dir, write_experiment):
     data = image_data(tmp_path, [["img/red.png"]])
     done = run(experiment(tmp_path, random_policy_dir, data, write_experiment), tmp_path)
-    assert_refused(done, "row 0 has image(s) but model", "is a text-only model", "cannot read field 'images'")
+    # Refused by the preflight (from the config and the first row, before any model loads).
+    assert_refused(done, "row 0 has image(s) (field 'images') but model.path", "is a text-only model")
     assert_nothing_trained(tmp_path)
 
 

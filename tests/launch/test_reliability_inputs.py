@@ -161,12 +161,23 @@ def test_the_trainer_resolves_the_model_folder_with_the_same_check(tmp_path, ran
         ({"rewards": [{"module": "length", "params": {"scael": 3}}]}, ["rewards[0]", "bad params {'scael': 3}", "accepted: unit, tokenizer_path, scale"]),
         ({"tracking": {"accuracy_reward": "acc"}}, ["tracking.accuracy_reward", "no reward is labelled 'acc'", "reward labels: accuracy"]),
         ({"rewards": [{"module": "length", "weight": float("inf")}]}, ["rewards[0].weight", "finite number"]),
+        # Image data for a text-only policy: found from the config and the first row, before any model loads.
+        ({"data": {"source": "scenes"}}, ["data.source 'scenes': its rows have image(s) (field 'images')",
+                                          "model.builtin.task 'arithmetic' is a text-only policy", "vqa or caption"]),
+        ({"data": {"source": "photos.jsonl", "images_field": "photo"}, "model": {"path": "text_model"}},
+         ["data.source 'photos.jsonl': row 0 has image(s) (field 'photo')", "model.path 'text_model' is a text-only model"]),
     ],
-    ids=["missing-data", "no-prompt-field", "empty-data", "no-rewards", "params-do-not-bind", "unknown-accuracy-reward", "infinite-weight"],
+    ids=["missing-data", "no-prompt-field", "empty-data", "no-rewards", "params-do-not-bind", "unknown-accuracy-reward", "infinite-weight",
+         "builtin-text-policy-on-scenes", "text-model-on-image-rows"],
 )
 def test_validate_checks_data_rewards_and_params_without_training(tmp_path, monkeypatch, overrides, fragments):
     write_rows(tmp_path / "rows.jsonl", ROWS)
     (tmp_path / "empty.jsonl").write_text("")
+    write_rows(tmp_path / "photos.jsonl", [{"prompt": "<image>What color?", "answer": "red", "photo": ["red.png"]}])
+    text_model = tmp_path / "text_model"  # a text-only model folder: config.json without vision_config, a tokenizer
+    text_model.mkdir()
+    (text_model / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}))
+    (text_model / "tokenizer.json").write_text("{}")
     config = write_yaml(tmp_path / "exp.yaml", experiment(tmp_path, **overrides))
     code, output = invoke(["validate", config], tmp_path, monkeypatch)
     assert_one_message(code, output, "exp.yaml: invalid experiment config", *fragments)
