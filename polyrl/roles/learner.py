@@ -45,7 +45,7 @@ class LearnerSettings:
     max_grad_norm: float = 1.0
     max_consecutive_nonfinite: int = 3
     temperature: float = 1.0
-    max_tokens: int = 64  # the longest response (seq_mean_token_sum_norm's normaliser)
+    max_tokens: int = 64  # the longest response (seq_sum_constant_norm's normaliser)
     kl_coef: float = 0.0  # in the loss; 0 when the KL is folded into the rewards
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
