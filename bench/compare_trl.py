@@ -102,7 +102,7 @@ def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
 # --- workers (each in its own process) ---------------------------------------------------------
 
 
-def polyrl_worker(policy: str, regime: dict, steps: int) -> dict:
+def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False) -> dict:
     from polyrl.config.schema import resolve_arms
     from polyrl.roles.setup import build_arm
 
@@ -114,7 +114,8 @@ def polyrl_worker(policy: str, regime: dict, steps: int) -> dict:
         "rollout": {"engine": "vllm", "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_tokens": regime["max_tokens"],
                     "temperature": 1.0, "kv_cache_gb": 1.0},
         "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
-        "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": MICRO_BATCH, "max_grad_norm": 1.0},
+        "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": MICRO_BATCH, "max_grad_norm": 1.0,
+                  "compile": compile},
         "tracking": {"progress": False},
         "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
     })["main"]
@@ -122,7 +123,10 @@ def polyrl_worker(policy: str, regime: dict, steps: int) -> dict:
     startup = time.perf_counter() - PROCESS_START
     loop = arm.loop(printer=lambda _line: None)
     try:
-        loop.step()  # warm-up
+        warmup_started = time.perf_counter()
+        for _ in range(3 if compile else 1):  # warm-up (with train.compile: the one-off compilations too)
+            loop.step()
+        warmup_s = time.perf_counter() - warmup_started
         seconds, lengths, generate = [], [], []
         for _ in range(steps):
             start = time.perf_counter()
@@ -132,7 +136,8 @@ def polyrl_worker(policy: str, regime: dict, steps: int) -> dict:
             generate.append(metrics["perf/generate_s"])
     finally:
         arm.close()
-    return {"startup_s": startup, "step_s": seconds, "mean_length": lengths, "samples": PROMPTS * SAMPLES, "generate_s": generate}
+    return {"startup_s": startup, "step_s": seconds, "mean_length": lengths, "samples": PROMPTS * SAMPLES, "generate_s": generate,
+            "warmup_s": warmup_s}
 
 
 def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
@@ -196,8 +201,10 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
 # --- the driver --------------------------------------------------------------------------------
 
 
-def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int) -> dict:
+def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int, polyrl_compile: bool = False) -> dict:
     command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps)]
+    if polyrl_compile and system == "polyrl":
+        command.append("--polyrl-compile")
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp())
     except subprocess.TimeoutExpired:
@@ -232,6 +239,8 @@ def main() -> None:
     parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
     parser.add_argument("--trl-modes", nargs="+", default=["hf", "vllm-colocate"], choices=["hf", "vllm-colocate"])
     parser.add_argument("--timeout", type=int, default=1800, help="Seconds per worker process.")
+    parser.add_argument("--polyrl-compile", action="store_true",
+                        help="polyrl with train.compile (3 warm-up steps; their seconds are printed as its one-off cost)")
     parser.add_argument("--worker", choices=["polyrl", "trl-hf", "trl-vllm-colocate"], help=argparse.SUPPRESS)
     parser.add_argument("--regime", choices=list(REGIMES), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -239,7 +248,7 @@ def main() -> None:
     if args.worker:
         regime = REGIMES[args.regime]
         if args.worker == "polyrl":
-            result = polyrl_worker(args.policy, regime, args.steps)
+            result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile)
         else:
             result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate")
         print(RESULT_MARK + json.dumps(result), flush=True)
@@ -268,7 +277,7 @@ def main() -> None:
             for system in order:
                 if system == "trl-hf" and "hf" not in args.trl_modes:
                     continue
-                result = run_worker(system, policy_dir, regime, args.steps, args.timeout)
+                result = run_worker(system, policy_dir, regime, args.steps, args.timeout, args.polyrl_compile)
                 results[system].append(result)
                 if "error" in result:
                     print(f"[{regime}] {system} round {round_index}: {result['error']}")
@@ -282,6 +291,10 @@ def main() -> None:
             rounds = ", ".join(f"{x:.2f}" for x in s["rounds"])
             print(f"| {system} | {s['samples_per_s']:.2f} ({rounds}) | {s['tokens_per_s']:.0f} | {s['mean_length']:.1f} | {s['startup_s']:.1f} | {s['step_s']:.2f} | {s['generate_s']:.2f} |")
         ours = summaries.get("polyrl")
+        warmups = [r["warmup_s"] for r in results["polyrl"] if "warmup_s" in r]
+        if warmups:
+            print(f"\npolyrl warm-up steps (excluded from the rates{'; with train.compile: 3 steps incl. compilation' if args.polyrl_compile else ''}): "
+                  f"{statistics.median(warmups):.1f} s")
         for system in ("trl-hf", "trl-vllm-colocate"):
             theirs = summaries.get(system)
             if ours and theirs:
