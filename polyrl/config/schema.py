@@ -116,8 +116,8 @@ class RolloutConfig(StrictModel):
     kv_cache_gb: float = Field(1.0, gt=0)
     threads: int | None = Field(
         None, ge=1, description="torch threads while generating; default: 1 for policies under "
-        "10M parameters (generation of tiny models is overhead-bound: 1 thread was faster on 2 cores, "
-        "bench/bench_runtime_env.py), else the learner's count (train.threads).")
+        "1M parameters (generation of tiny models is overhead-bound: 1 thread was faster on 2 cores at 0.3M, "
+        "2 at 3M and 30M; bench/bench_runtime_env.py), else the learner's count (train.threads).")
     truncated_importance_sampling: TruncatedImportanceSamplingConfig = TruncatedImportanceSamplingConfig()
 
 

@@ -147,10 +147,10 @@ class Arm:
         self.collector.close()
 
 
-# Below this size generation is overhead-bound (Python scheduling, small kernels): on 2 cores
-# one thread generated 22.6k tok/s against 18.5k on two (0.3M policy), while at 30M two threads
-# were ×1.05 faster (bench/bench_runtime_env.py). The update wants every core at all sizes.
-SMALL_POLICY_PARAMETERS = 10_000_000
+# Below this size generation is overhead-bound (Python scheduling, small kernels). Measured on
+# 2 cores, 64 sequences (bench/bench_runtime_env.py): 0.3M policy 22.6k tok/s on one thread vs
+# 18.5k on two; 3M 8.1k vs 9.1k; 30M 2.09k vs 2.18k. The update wants every core at all three.
+SMALL_POLICY_PARAMETERS = 1_000_000
 
 
 def rollout_threads(configured: int | None, *, policy_parameters: int, learner_threads: int) -> int:

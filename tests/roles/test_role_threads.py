@@ -42,7 +42,8 @@ def test_rollout_threads_default_by_policy_size_and_config_wins():
     from polyrl.roles.setup import rollout_threads
 
     assert rollout_threads(None, policy_parameters=300_000, learner_threads=2) == 1  # tiny: overhead-bound generation
-    assert rollout_threads(None, policy_parameters=28_000_000, learner_threads=2) == 2  # 30m: the learner's count
+    assert rollout_threads(None, policy_parameters=3_400_000, learner_threads=2) == 2  # 3m: the learner's count
+    assert rollout_threads(None, policy_parameters=28_000_000, learner_threads=2) == 2
     assert rollout_threads(3, policy_parameters=300_000, learner_threads=2) == 3  # rollout.threads is taken as given
 
 
