@@ -170,7 +170,7 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
         output_dir=tempfile.mkdtemp(), max_steps=steps + 1, per_device_train_batch_size=MICRO_BATCH,
         gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH, num_generations=SAMPLES,
         max_completion_length=regime["max_tokens"], temperature=1.0, top_p=1.0, learning_rate=LEARNING_RATE, max_grad_norm=1.0,
-        beta=0.0, loss_type="dr_grpo", scale_rewards="none", num_iterations=1, use_cpu=not torch.cuda.is_available(),, bf16=False, fp16=False,
+        beta=0.0, loss_type="dr_grpo", scale_rewards="none", num_iterations=1, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
         logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_dropout=True, lr_scheduler_type="constant",
         warmup_steps=0, use_vllm=use_vllm,
         **({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3, "vllm_max_model_length": 512} if use_vllm else {}),
