@@ -21,7 +21,7 @@ from torch import Tensor
 
 from polyrl.algos.logprobs import PackedBatch
 
-__all__ = ["length_sorted_micro_batches", "trim_padding", "trim_columns"]
+__all__ = ["length_sorted_micro_batches", "token_budget_micro_batches", "trim_padding", "trim_columns"]
 
 SEQUENCE_FIELDS = ("input_ids", "attention_mask")
 RESPONSE_FIELDS = ("response_mask", "response_index", "completion_ids", "sampling_logprobs")
@@ -34,6 +34,28 @@ def length_sorted_micro_batches(rows: Tensor, lengths: Tensor, size: int) -> lis
     """
     order = torch.argsort(lengths[rows], descending=True, stable=True)
     return list(torch.split(rows[order], size))
+
+
+def token_budget_micro_batches(rows: Tensor, lengths: Tensor, max_rows: int, max_tokens: int) -> list[Tensor]:
+    """``rows`` longest first, in micro-batches of at most ``max_rows`` rows whose computed
+    positions (rows × the micro-batch's longest row, padding included) stay within ``max_tokens``.
+
+    Short rows then share one larger forward instead of several small ones, whose matmuls run
+    further from the machine's peak; long rows get fewer per micro-batch, which bounds memory.
+    verl's ``use_dynamic_bsz`` (``ppo_max_token_len_per_gpu``) batches by tokens the same way.
+    A row longer than the budget goes alone. Exact, like the count-based split: the loss
+    normaliser spans the mini-batch.
+    """
+    order = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
+    batches: list[list[int]] = []
+    width = 0
+    for row in order.tolist():
+        if batches and len(batches[-1]) < max_rows and (len(batches[-1]) + 1) * width <= max_tokens:
+            batches[-1].append(row)
+        else:
+            batches.append([row])
+            width = int(lengths[row])  # longest first: the first row sets the micro-batch's width
+    return [torch.as_tensor(batch, dtype=rows.dtype) for batch in batches]
 
 
 def trim_padding(packed: PackedBatch) -> PackedBatch:

@@ -213,6 +213,9 @@ class TrainConfig(StrictModel):
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(16, ge=1)
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, description="Cut the update's micro-batches by token positions (rows × longest row) instead of a row "
+        "count, at most micro_batch_size rows each (verl's use_dynamic_bsz); exact, the loss normaliser spans the mini-batch.")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer updates per rollout batch (off-policy reuse).")
     mini_batches: int = Field(1, ge=1, description="Split each rollout batch into this many optimizer steps per update pass.")
     kl_coef: float = Field(0.0, ge=0)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from polyrl.algos.aggregation import global_loss_normalizer
 from polyrl.algos.logprobs import token_logprobs
-from polyrl.algos.microbatches import length_sorted_micro_batches, trim_columns, trim_padding
+from polyrl.algos.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, guarded_step
 from polyrl.roles.precision import autocast
@@ -42,6 +42,7 @@ class LearnerSettings:
     updates_per_batch: int = 1
     mini_batches: int = 1
     micro_batch_size: int = 16
+    micro_batch_tokens: int | None = None  # with it, micro-batches are cut by computed positions, at most micro_batch_size rows
     max_grad_norm: float = 1.0
     max_consecutive_nonfinite: int = 3
     temperature: float = 1.0
@@ -133,7 +134,9 @@ class PolicyLearner:
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
                 # Rows of similar length share a micro-batch, which then drops its padding columns (exact).
-                for micro in length_sorted_micro_batches(mini, lengths, s.micro_batch_size):
+                micro_batches = (token_budget_micro_batches(mini, lengths, s.micro_batch_size, s.micro_batch_tokens) if s.micro_batch_tokens
+                                 else length_sorted_micro_batches(mini, lengths, s.micro_batch_size))
+                for micro in micro_batches:
                     loss, metrics, logprobs = self.policy_loss(batch, micro, normalizer, prepared)
                     if batch.old_logprobs is None:
                         width = logprobs.shape[1]

@@ -81,6 +81,7 @@ def _learner_settings(cfg: ExperimentConfig, objective: Any) -> LearnerSettings:
         objective_params={**objective.default_params, **cfg.objective.params}, learning_rate=t.learning_rate, betas=tuple(t.betas),
         weight_decay=t.weight_decay, lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
         total_steps=t.steps, updates_per_batch=t.updates_per_batch, mini_batches=t.mini_batches, micro_batch_size=t.micro_batch_size,
+        micro_batch_tokens=t.micro_batch_tokens,
         max_grad_norm=t.max_grad_norm, max_consecutive_nonfinite=t.max_consecutive_nonfinite, temperature=cfg.rollout.temperature,
         max_tokens=cfg.rollout.max_tokens, kl_coef=0.0 if t.kl_in_reward else t.kl_coef, kl_estimator=t.kl_estimator,
         entropy_coef=t.entropy_coef, seed=cfg.seed, compute_dtype=compute_dtype(cfg.model.dtype),

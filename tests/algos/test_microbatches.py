@@ -6,7 +6,7 @@ import torch
 
 from polyrl.algos.aggregation import aggregate, global_loss_normalizer
 from polyrl.algos.logprobs import pack_completions, token_logprobs
-from polyrl.algos.microbatches import length_sorted_micro_batches, trim_columns, trim_padding
+from polyrl.algos.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
 from polyrl.core.types import Completion
 
 
@@ -85,3 +85,20 @@ def test_sorted_trimmed_micro_batches_give_the_same_loss_and_gradients(random_po
     trimmed_positions = sum(trim_padding(packed.select(p)).input_ids.numel()
                             for p in length_sorted_micro_batches(rows, lengths, 2))
     assert packed.input_ids.shape[1] == 14 and trimmed_positions == 58
+
+
+def test_token_budget_micro_batches_by_hand():
+    lengths = torch.tensor([10, 30, 20, 5, 25])
+    rows = torch.arange(5)
+    # Longest first: 30 (row 1), 25 (4), 20 (2), 10 (0), 5 (3). Budget 60, at most 3 rows:
+    # [1] width 30; + row 4: 2×30 = 60 ≤ 60; + row 2: 3×30 = 90 > 60 → new micro-batch, width 20;
+    # + row 0: 2×20 = 40; + row 3: 3×20 = 60 ≤ 60 → [2, 0, 3].
+    got = [b.tolist() for b in token_budget_micro_batches(rows, lengths, max_rows=3, max_tokens=60)]
+    assert got == [[1, 4], [2, 0, 3]]
+    # The row cap binds before the budget: 1-token rows, at most 2 per micro-batch.
+    assert [b.tolist() for b in token_budget_micro_batches(torch.arange(4), torch.ones(4, dtype=torch.long), 2, 100)] == [[0, 1], [2, 3]]
+    # A row longer than the budget goes alone; the rest still share.
+    assert [b.tolist() for b in token_budget_micro_batches(torch.tensor([0, 1, 2]), torch.tensor([100, 5, 5]), 8, 50)] == [[0], [1, 2]]
+    # Only the given rows (a mini-batch), each exactly once.
+    picked = torch.tensor([4, 0, 3])
+    assert sorted(sum((b.tolist() for b in token_budget_micro_batches(picked, lengths, 2, 30)), [])) == [0, 3, 4]

@@ -221,13 +221,16 @@ def test_one_sgd_update_is_the_same_for_any_micro_batch_size(tmp_path, tiny_expe
                                     advantages=batch.advantages.double())
         start = snapshot(learner.policy)
         deltas = []
-        for micro in (16, 1):
+        # A row count of 16 and of 1, and a token budget that cuts the batch unevenly by length.
+        budget = int(batch.packed.attention_mask.sum(dim=1).max()) * 3
+        for micro, tokens in ((16, None), (1, None), (16, budget)):
             learner.policy.load_state_dict(start, strict=False)
             learner.optimizer = torch.optim.SGD(learner.policy.parameters(), lr=1e-2)
-            learner.settings = dataclasses.replace(learner.settings, micro_batch_size=micro)
+            learner.settings = dataclasses.replace(learner.settings, micro_batch_size=micro, micro_batch_tokens=tokens)
             metrics = learner.update(batch)
             assert metrics["health/nonfinite_steps"] == 0
             deltas.append(torch.cat([(p.detach() - start[n]).flatten() for n, p in learner.policy.named_parameters()]))
-    full, single = deltas
+    full, single, by_tokens = deltas
     assert float(full.norm()) > 0
     assert float((full - single).norm() / full.norm()) < 1e-6
+    assert float((full - by_tokens).norm() / full.norm()) < 1e-6
