@@ -166,7 +166,7 @@ def bare_generate_ratio(arm, repeats: int) -> None:
 
 
 def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micro_batch: int, steps: int, repeats: int,
-                 threads: int | None, compile: bool = False) -> dict[str, float]:
+                 threads: int | None, compile: bool = False, micro_batch_tokens: int | None = None) -> dict[str, float]:
     from polyrl.models.text import build_random_text_model_dir
 
     model_dir = build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"m{size}", size, seed=0)
@@ -175,6 +175,8 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         train["threads"] = threads
     if compile:
         train["compile"] = True
+    if micro_batch_tokens:
+        train["micro_batch_tokens"] = micro_batch_tokens
     config = resolve_arms({
         "name": f"bench{size}",
         "model": {"path": str(model_dir)},
@@ -196,7 +198,8 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         history = run_steps(loop, counter, steps, warmup=3 if compile else 1)
         peak_after = measure_peak(size, tokens=rows, threads=torch.get_num_threads())
         title = (f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, "
-                 f"Dr.GRPO, vLLM{', train.compile' if compile else ''}")
+                 f"Dr.GRPO, vLLM{', train.compile' if compile else ''}"
+                 f"{f', micro_batch_tokens {micro_batch_tokens}' if micro_batch_tokens else ''}")
         result = phase_table(title, history)
         print(f"\nmatmul peak (bench_matmul) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s")
         result.update(update_report(history, parameters, (peak_before + peak_after) / 2))
@@ -230,6 +233,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None, help="train.threads (default: the learner's own choice)")
     parser.add_argument("--compile", action="store_true", help="train.compile: torch.compile the policy's decoder (3 warm-up steps)")
+    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (rows stay ≤ --micro-batch)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
@@ -240,7 +244,8 @@ def main() -> None:
     if args.demo:
         bench_demo(steps)
     bench_policy(args.size, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens, micro_batch=args.micro_batch,
-                 steps=steps, repeats=1 if args.quick else args.repeats, threads=args.threads, compile=args.compile)
+                 steps=steps, repeats=1 if args.quick else args.repeats, threads=args.threads, compile=args.compile,
+                 micro_batch_tokens=args.micro_batch_tokens)
 
 
 if __name__ == "__main__":

@@ -102,7 +102,8 @@ def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
 # --- workers (each in its own process) ---------------------------------------------------------
 
 
-def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False) -> dict:
+def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
+                  micro_batch: int | None = None) -> dict:
     from polyrl.config.schema import resolve_arms
     from polyrl.roles.setup import build_arm
 
@@ -114,8 +115,8 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False) 
         "rollout": {"engine": "vllm", "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_tokens": regime["max_tokens"],
                     "temperature": 1.0, "kv_cache_gb": 1.0},
         "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
-        "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": MICRO_BATCH, "max_grad_norm": 1.0,
-                  "compile": compile},
+        "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": micro_batch or MICRO_BATCH, "max_grad_norm": 1.0,
+                  "compile": compile, "micro_batch_tokens": micro_batch_tokens},
         "tracking": {"progress": False},
         "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
     })["main"]
@@ -202,10 +203,15 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
 # --- the driver --------------------------------------------------------------------------------
 
 
-def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int, polyrl_compile: bool = False) -> dict:
+def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int, polyrl_compile: bool = False,
+               polyrl_micro_batch_tokens: int | None = None, polyrl_micro_batch: int | None = None) -> dict:
     command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps)]
     if polyrl_compile and system == "polyrl":
         command.append("--polyrl-compile")
+    if polyrl_micro_batch_tokens and system == "polyrl":
+        command += ["--polyrl-micro-batch-tokens", str(polyrl_micro_batch_tokens)]
+    if polyrl_micro_batch and system == "polyrl":
+        command += ["--polyrl-micro-batch", str(polyrl_micro_batch)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp())
     except subprocess.TimeoutExpired:
@@ -240,6 +246,9 @@ def main() -> None:
     parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
     parser.add_argument("--trl-modes", nargs="+", default=["hf", "vllm-colocate"], choices=["hf", "vllm-colocate"])
     parser.add_argument("--timeout", type=int, default=1800, help="Seconds per worker process.")
+    parser.add_argument("--polyrl-micro-batch-tokens", type=int, default=None,
+                        help="polyrl with train.micro_batch_tokens (micro-batches by token positions, still ≤ 16 rows unless raised)")
+    parser.add_argument("--polyrl-micro-batch", type=int, default=None, help="polyrl's train.micro_batch_size (default: TRL's, 16)")
     parser.add_argument("--polyrl-compile", action="store_true",
                         help="polyrl with train.compile (3 warm-up steps; their seconds are printed as its one-off cost)")
     parser.add_argument("--worker", choices=["polyrl", "trl-hf", "trl-vllm-colocate"], help=argparse.SUPPRESS)
@@ -249,7 +258,8 @@ def main() -> None:
     if args.worker:
         regime = REGIMES[args.regime]
         if args.worker == "polyrl":
-            result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile)
+            result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile,
+                                   micro_batch_tokens=args.polyrl_micro_batch_tokens, micro_batch=args.polyrl_micro_batch)
         else:
             result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate")
         print(RESULT_MARK + json.dumps(result), flush=True)
@@ -278,7 +288,8 @@ def main() -> None:
             for system in order:
                 if system == "trl-hf" and "hf" not in args.trl_modes:
                     continue
-                result = run_worker(system, policy_dir, regime, args.steps, args.timeout, args.polyrl_compile)
+                result = run_worker(system, policy_dir, regime, args.steps, args.timeout, args.polyrl_compile,
+                                    args.polyrl_micro_batch_tokens, args.polyrl_micro_batch)
                 results[system].append(result)
                 if "error" in result:
                     print(f"[{regime}] {system} round {round_index}: {result['error']}")
