@@ -183,32 +183,37 @@ def shipped_path(split: str) -> Path:
     return data_dir() / f"{split}.parquet"
 
 
-def shipped_data_version() -> str:
-    """A hash of the shipped files (part of the VLM warm-up cache key)."""
+def _files_version(paths: list[Path]) -> str:
     digest = hashlib.sha256()
-    for split in SPLITS:
-        digest.update(shipped_path(split).read_bytes())
+    for path in paths:
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def write_split(split: str, directory: Path | None = None) -> Path:
-    """Write ``split`` as parquet with an ``images`` column of ``Sequence(Image())``."""
+def shipped_data_version() -> str:
+    """A hash of the shipped files (part of the VLM warm-up cache key)."""
+    return _files_version([shipped_path(split) for split in SPLITS])
+
+
+def _write_parquet(rows: list[dict[str, Any]], text_columns: tuple[str, ...], path: Path) -> Path:
+    """``rows`` as parquet: string ``text_columns``, then ``scene_id``, ``references`` and an
+    ``images`` column of ``List(Image())``."""
     import datasets
 
-    features = datasets.Features(
-        {
-            "prompt": datasets.Value("string"),
-            "answer": datasets.Value("string"),
-            "kind": datasets.Value("string"),
-            "scene_id": datasets.Value("int64"),
-            "references": datasets.List(datasets.Value("string")),
-            "images": datasets.List(datasets.Image()),
-        }
-    )
-    path = (directory or data_dir()) / f"{split}.parquet"
+    features = datasets.Features({
+        **{name: datasets.Value("string") for name in text_columns},
+        "scene_id": datasets.Value("int64"),
+        "references": datasets.List(datasets.Value("string")),
+        "images": datasets.List(datasets.Image()),
+    })
     path.parent.mkdir(parents=True, exist_ok=True)
-    datasets.Dataset.from_list(split_rows(split), features=features).to_parquet(str(path))
+    datasets.Dataset.from_list(rows, features=features).to_parquet(str(path))
     return path
+
+
+def write_split(split: str, directory: Path | None = None) -> Path:
+    """Write ``split``'s VQA rows as parquet."""
+    return _write_parquet(split_rows(split), ("prompt", "answer", "kind"), (directory or data_dir()) / f"{split}.parquet")
 
 
 # -- captioning ------------------------------------------------------------------------------
@@ -243,27 +248,12 @@ def caption_path(split: str) -> Path:
 
 def caption_data_version() -> str:
     """A hash of the shipped caption files (part of the caption warm-up cache key)."""
-    digest = hashlib.sha256()
-    for split in SPLITS:
-        digest.update(caption_path(split).read_bytes())
-    return digest.hexdigest()[:16]
+    return _files_version([caption_path(split) for split in SPLITS])
 
 
 def write_caption_split(split: str, directory: Path | None = None) -> Path:
-    import datasets
-
-    features = datasets.Features(
-        {
-            "prompt": datasets.Value("string"),
-            "scene_id": datasets.Value("int64"),
-            "references": datasets.List(datasets.Value("string")),
-            "images": datasets.List(datasets.Image()),
-        }
-    )
-    path = (directory or data_dir()) / f"captions_{split}.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    datasets.Dataset.from_list(caption_rows(split), features=features).to_parquet(str(path))
-    return path
+    """Write ``split``'s caption rows as parquet."""
+    return _write_parquet(caption_rows(split), ("prompt",), (directory or data_dir()) / f"captions_{split}.parquet")
 
 
 class _CaptionFiles:
