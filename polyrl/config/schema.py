@@ -115,9 +115,8 @@ class RolloutConfig(StrictModel):
     max_model_len: int = Field(512, ge=16)
     kv_cache_gb: float = Field(1.0, gt=0)
     threads: int | None = Field(
-        None, ge=1, description="torch threads while generating; default: 1 for policies under "
-        "1M parameters (generation of tiny models is overhead-bound: 1 thread was faster on 2 cores at 0.3M, "
-        "2 at 3M and 30M; bench/bench_runtime_env.py), else the learner's count (train.threads).")
+        None, ge=1, description="torch threads while generating (restored for the learner after); default: the learner's count. "
+        "Measure before changing it: bench/bench_runtime_env.py, and the run's own perf/generate_s.")
     truncated_importance_sampling: TruncatedImportanceSamplingConfig = TruncatedImportanceSamplingConfig()
 
 

@@ -148,17 +148,15 @@ class Arm:
         self.collector.close()
 
 
-# Below this size generation is overhead-bound (Python scheduling, small kernels). Measured on
-# 2 cores, 64 sequences (bench/bench_runtime_env.py): 0.3M policy 22.6k tok/s on one thread vs
-# 18.5k on two; 3M 8.1k vs 9.1k; 30M 2.09k vs 2.18k. The update wants every core at all three.
-SMALL_POLICY_PARAMETERS = 1_000_000
+def rollout_threads(configured: int | None, *, learner_threads: int) -> int:
+    """torch threads while generating: ``rollout.threads``, else the learner's.
 
-
-def rollout_threads(configured: int | None, *, policy_parameters: int, learner_threads: int) -> int:
-    """torch threads while generating: ``rollout.threads``, else 1 for small policies, else the learner's."""
-    if configured is not None:
-        return configured
-    return 1 if policy_parameters < SMALL_POLICY_PARAMETERS else learner_threads
+    One thread looked better for tiny policies in isolation (0.3M: 22.6k tok/s vs 18.5k on two
+    cores, bench/bench_runtime_env.py), but inside the demo's loop it was not: 66.4 s vs 62.3 s
+    for both arms (two runs each, interleaved). So no size rule; the setting stays for users
+    who measure their own case.
+    """
+    return configured if configured is not None else learner_threads
 
 
 def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger: Any | None = None, evaluator: Any | None = None,
@@ -207,8 +205,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
     # wants every core back for its forward/backward passes (or train.threads).
     threads = set_torch_threads(cfg.train.threads or os.cpu_count() or 1)
-    generate_threads = rollout_threads(cfg.rollout.threads, policy_parameters=sum(p.numel() for p in policy.parameters()),
-                                       learner_threads=threads)
+    generate_threads = rollout_threads(cfg.rollout.threads, learner_threads=threads)
     if logger is not None:
         # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
         logger.log_params({"runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads,

@@ -38,13 +38,11 @@ def test_threads_are_set_after_a_real_vllm_engine_starts(random_policy_dir, rest
         engine.close()
 
 
-def test_rollout_threads_default_by_policy_size_and_config_wins():
+def test_rollout_threads_default_to_the_learners_and_config_wins():
     from polyrl.roles.setup import rollout_threads
 
-    assert rollout_threads(None, policy_parameters=300_000, learner_threads=2) == 1  # tiny: overhead-bound generation
-    assert rollout_threads(None, policy_parameters=3_400_000, learner_threads=2) == 2  # 3m: the learner's count
-    assert rollout_threads(None, policy_parameters=28_000_000, learner_threads=2) == 2
-    assert rollout_threads(3, policy_parameters=300_000, learner_threads=2) == 3  # rollout.threads is taken as given
+    assert rollout_threads(None, learner_threads=2) == 2
+    assert rollout_threads(1, learner_threads=2) == 1  # rollout.threads is taken as given
 
 
 def test_generation_runs_at_rollout_threads_and_the_learner_gets_its_own_back(tmp_path, tiny_experiment, restore_threads):
