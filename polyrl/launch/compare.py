@@ -72,16 +72,24 @@ def _histories(client: MlflowClient, run_id: str, keys: list[str]) -> dict[str, 
     return out
 
 
-# Eval metrics worth a curve and a column; the rest stay in MLflow.
+# Eval metrics worth a curve and a column; the rest stay in MLflow. Besides these, each reward
+# module's own held-out mean (eval/<suite>/reward/<label>/mean): an experiment's headline is
+# often one named reward (the drawing task's per-cell score), not the weighted total.
 EVAL_HEADLINE_SUFFIXES = ("/accuracy", "/length/mean", "/reward/mean", "/coco/CIDEr", "/cider_fast")
+EVAL_REWARD_MEAN = re.compile(r"^eval/[^/]+/reward/[^/]+/mean$")
 
 
 def _eval_keys(client: MlflowClient, run_ids: list[str]) -> list[str]:
     keys: set[str] = set()
     for run_id in run_ids:
         keys.update(k for k in client.get_run(run_id).data.metrics
-                    if k.startswith("eval/") and (k.endswith(EVAL_HEADLINE_SUFFIXES) or "/pass_at_" in k))
+                    if k.startswith("eval/") and (k.endswith(EVAL_HEADLINE_SUFFIXES) or "/pass_at_" in k or EVAL_REWARD_MEAN.match(k)))
     return sorted(keys)
+
+
+def is_eval_score(key: str) -> bool:
+    """Eval metrics compared between arms (differences with intervals): the scores, not lengths."""
+    return key.startswith("eval/") and not key.endswith("/length/mean")
 
 
 def _format(value: float | None) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from mlflow.tracking import MlflowClient
 
-from polyrl.launch.compare import CURVES, TABLE_METRICS, _eval_keys, _histories, save_curve_plot
+from polyrl.launch.compare import CURVES, TABLE_METRICS, _eval_keys, _histories, is_eval_score, save_curve_plot
 from polyrl.launch.stats import CONFIDENCE, Interval, curve_band, interquartile_mean, mean_interval, verdict, welch_difference
 
 # Metrics whose difference between arms gets a verdict (plus each eval accuracy).
@@ -105,7 +105,7 @@ def seeded_report(client: MlflowClient, experiment: str, parent_run_id: str, tra
     columns = [key for key in TABLE_METRICS + tuple(eval_keys) if any(any(h) for h in (by_key.get(key, []) for by_key in histories.values()))]
     counts = {arm: len(by_seed) for arm, by_seed in seed_runs.items()}
     table = final_table(histories, columns, counts)
-    pair_keys = [key for key in (*PAIRWISE_METRICS, *[k for k in eval_keys if k.endswith("/accuracy")]) if key in columns]
+    pair_keys = [key for key in (*PAIRWISE_METRICS, *[k for k in eval_keys if is_eval_score(k)]) if key in columns]
     rows = pairwise_rows(histories, pair_keys)
     seeds_line = " · ".join(f"{arm}: seeds {', '.join(map(str, sorted(by_seed)))}" for arm, by_seed in seed_runs.items())
     report = "\n".join([
