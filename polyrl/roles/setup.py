@@ -215,7 +215,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     collector = RolloutCollector(engine, rewards, sampler.next_batch, CollectSettings(
         prompts_per_step=r.prompts_per_step, samples_per_prompt=r.samples_per_prompt, temperature=r.temperature, top_p=r.top_p,
         max_tokens=r.max_tokens, seed=cfg.seed, dynamic_sampling=dynamic.enabled, max_rounds=dynamic.max_rounds, accuracy_label=label,
-        threads=generate_threads))
+        threads=cfg.rollout.threads))  # None: generation keeps the learner's count, nothing to switch per call
     pipeline = BatchPipeline(PipelineContext(
         estimator=estimator, estimator_params={**estimator.default_params, **cfg.advantage.params}, pad_token_id=pad_token_id,
         policy=policy, reference=reference, values=critic.values if critic is not None else None, compute_dtype=dtype,
