@@ -184,14 +184,21 @@ def collate_image_inputs(rows: Sequence[dict[str, torch.Tensor] | None]) -> dict
     return out
 
 
+def image_forward_inputs(model: torch.nn.Module, batch: PackedBatch) -> dict[str, Tensor]:
+    """The batch's collated image tensors on its device, pixel values in ``model``'s dtype: the
+    keyword arguments a multimodal forward takes beside the ids (empty for a text-only batch)."""
+    device = batch.input_ids.device
+    images = {key: value.to(device) for key, value in collate_image_inputs(batch.image_inputs or []).items()}
+    if "pixel_values" in images:
+        images["pixel_values"] = images["pixel_values"].to(next(model.parameters()).dtype)
+    return images
+
+
 def _image_response_logits(model: torch.nn.Module, batch: PackedBatch, head: torch.nn.Module | None) -> Tensor:
     """Response logits of a batch with images: the multimodal base model (vision tower, image
     features placed at the image tokens, text decoder), then the head at the response positions
     only. Models without a separate base model take the full forward, then slice."""
-    device = batch.input_ids.device
-    images = {key: value.to(device) for key, value in collate_image_inputs(batch.image_inputs).items()}
-    if "pixel_values" in images:
-        images["pixel_values"] = images["pixel_values"].to(next(model.parameters()).dtype)
+    images = image_forward_inputs(model, batch)
     index = batch.response_index
     base = getattr(model, "base_model", None)
     if head is not None and base is not None and base is not model:

@@ -15,7 +15,7 @@ from torch import Tensor
 from transformers import AutoModelForImageTextToText, AutoModelForTokenClassification
 
 from polyrl.algos.aggregation import global_loss_normalizer
-from polyrl.algos.logprobs import PackedBatch, collate_image_inputs
+from polyrl.algos.logprobs import PackedBatch, image_forward_inputs
 from polyrl.algos.losses import clipped_value_loss
 from polyrl.engines.images import model_takes_images
 from polyrl.roles.batches import LearnerBatch
@@ -38,9 +38,7 @@ class ValueModel(torch.nn.Module):
         device = next(self.parameters()).device
         batch = batch.to(device)
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[..., 0]  # [B, S]
-        # V(s_t) is read where the policy's logits for completion token t are read.
-        values = torch.gather(logits, 1, batch.response_index).float()
-        return torch.where(batch.response_mask.bool(), values, torch.zeros_like(values))
+        return _response_values(logits[..., None], batch)
 
 
 class ImageTextValueModel(torch.nn.Module):
@@ -72,15 +70,18 @@ class ImageTextValueModel(torch.nn.Module):
         batch = batch.to(device)
         # The learner's collation: a text-only row in a mixed batch gets all-zero images, which
         # Idefics3 drops, so it is valued as when run alone.
-        images = {key: value.to(device) for key, value in collate_image_inputs(batch.image_inputs or []).items()}
-        if "pixel_values" in images:
-            images["pixel_values"] = images["pixel_values"].to(next(self.backbone.parameters()).dtype)
         hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
-                               **images).last_hidden_state
-        # V(s_t) is read where the policy's logits for completion token t are read.
-        picked = torch.gather(hidden, 1, batch.response_index[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
-        values = self.value_head(picked)[..., 0].float()
-        return torch.where(batch.response_mask.bool(), values, torch.zeros_like(values))
+                               **image_forward_inputs(self.backbone, batch)).last_hidden_state
+        return _response_values(hidden, batch, head=self.value_head)
+
+
+def _response_values(states: Tensor, batch: PackedBatch, head: torch.nn.Module | None = None) -> Tensor:
+    """``[B, T]`` values from per-position ``states [B, S, H]``: read where the policy's logits for
+    completion token t are read (``response_index``), through ``head`` if given (else ``H == 1``),
+    0 off the response."""
+    picked = torch.gather(states, 1, batch.response_index[..., None].expand(-1, -1, states.shape[-1]))  # [B, T, H]
+    values = (head(picked) if head is not None else picked)[..., 0].float()
+    return torch.where(batch.response_mask.bool(), values, torch.zeros_like(values))
 
 
 def build_value_model(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:

@@ -149,29 +149,24 @@ def png_bytes(image: Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-def split_rows(split: str) -> list[dict[str, Any]]:
-    """The VQA rows of ``split`` (one per question), images as ``{"bytes", "path"}`` dicts."""
+def _split_scenes(split: str) -> list[Scene]:
+    """The scenes of ``split``, each made from its seed (``scene_id``)."""
     if split not in SPLITS:
         raise ValueError(f"unknown scenes split {split!r}; allowed: {list(SPLITS)}")
-    start, stop = SPLIT_SCENES[split]
+    return [make_scene(seed) for seed in range(*SPLIT_SCENES[split])]
+
+
+def split_rows(split: str) -> list[dict[str, Any]]:
+    """The VQA rows of ``split`` (one per question), images as ``{"bytes", "path"}`` dicts."""
     rows = []
-    for seed in range(start, stop):
-        scene = make_scene(seed)
-        image = {"bytes": png_bytes(render(scene)), "path": None}
-        refs = captions(scene)
-        for q in questions(scene):
-            rows.append(
-                {
-                    "prompt": vqa_prompt(q["question"]),
-                    "answer": q["answer"],
-                    "kind": q["kind"],
-                    "scene_id": seed,
-                    "references": refs,
-                    "images": [image],
-                }
-            )
+    for scene in _split_scenes(split):
+        shared = {"scene_id": scene.seed, "references": captions(scene), "images": [_image_cell(scene)]}
+        rows += [{"prompt": vqa_prompt(q["question"]), "answer": q["answer"], "kind": q["kind"], **shared} for q in questions(scene)]
     return rows
 
+
+def _image_cell(scene: Scene) -> dict[str, Any]:
+    return {"bytes": png_bytes(render(scene)), "path": None}
 
 def data_dir() -> Path:
     return Path(__file__).resolve().parent / "data" / "scenes"
@@ -223,22 +218,8 @@ CAPTION_PROMPT = f"{IMAGE_PLACEHOLDER}Caption:"
 
 def caption_rows(split: str) -> list[dict[str, Any]]:
     """The captioning rows of ``split``: one per scene, its captions as ``references``."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown scenes split {split!r}; allowed: {list(SPLITS)}")
-    start, stop = SPLIT_SCENES[split]
-    rows = []
-    for seed in range(start, stop):
-        scene = make_scene(seed)
-        rows.append(
-            {
-                "prompt": CAPTION_PROMPT,
-                "scene_id": seed,
-                "references": captions(scene),
-                "images": [{"bytes": png_bytes(render(scene)), "path": None}],
-            }
-        )
-    return rows
-
+    return [{"prompt": CAPTION_PROMPT, "scene_id": scene.seed, "references": captions(scene), "images": [_image_cell(scene)]}
+            for scene in _split_scenes(split)]
 
 def caption_path(split: str) -> Path:
     if split not in SPLITS:

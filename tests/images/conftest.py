@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from polyrl.core.types import PromptSample
@@ -29,3 +32,19 @@ def scene_prompts():
         ]
 
     return make
+
+
+@pytest.fixture
+def run_experiment_cli(tmp_path, write_experiment, monkeypatch):
+    """``run_experiment_cli(config) -> CompletedProcess``: ``polyrl run`` on ``config`` in a
+    subprocess, built-in policies cached under tmp_path; asserts it exited 0."""
+
+    def run(config: dict) -> subprocess.CompletedProcess:
+        path = write_experiment(tmp_path, config)
+        monkeypatch.setenv("POLYRL_CACHE", str(tmp_path / "cache"))
+        done = subprocess.run([sys.executable, "-m", "polyrl.launch.cli", "run", str(path), "--no-progress"],
+                              capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done
+
+    return run

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import datasets
 import numpy as np
@@ -118,7 +116,7 @@ def test_caption_suite_runs_end_to_end_with_coco_metrics(caption_vlm_dir):
 
 
 @pytest.mark.slow
-def test_grpo_on_captions_with_cider_updates_the_policy(tmp_path, write_experiment, monkeypatch):
+def test_grpo_on_captions_with_cider_updates_the_policy(tmp_path, run_experiment_cli):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -134,11 +132,7 @@ def test_grpo_on_captions_with_cider_updates_the_policy(tmp_path, write_experime
         "tracking": {"uri": uri, "progress": False},
         "checkpoint": {"dir": str(tmp_path / "runs"), "every": 2},
     }
-    path = write_experiment(tmp_path, config)
-    monkeypatch.setenv("POLYRL_CACHE", str(tmp_path / "cache"))
-    done = subprocess.run([sys.executable, "-m", "polyrl.launch.cli", "run", str(path), "--no-progress"],
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_experiment_cli(config)
     # df came from the training references, not from the first batch (cider warns otherwise;
     # library warnings go to the run's log file).
     log = (tmp_path / "runs" / "caption_tiny" / "polyrl.log").read_text()

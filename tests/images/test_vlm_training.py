@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -13,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
-def test_grpo_on_vqa_trains_with_the_sampler_in_sync(tmp_path, write_experiment, engine, monkeypatch):
+def test_grpo_on_vqa_trains_with_the_sampler_in_sync(tmp_path, run_experiment_cli, engine):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = {
         "name": "vqa_tiny",
@@ -29,11 +27,7 @@ def test_grpo_on_vqa_trains_with_the_sampler_in_sync(tmp_path, write_experiment,
         "tracking": {"uri": uri, "progress": False},
         "checkpoint": {"dir": str(tmp_path / "runs"), "every": 2},
     }
-    path = write_experiment(tmp_path, config)
-    monkeypatch.setenv("POLYRL_CACHE", str(tmp_path / "cache"))
-    done = subprocess.run([sys.executable, "-m", "polyrl.launch.cli", "run", str(path), "--no-progress"],
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_experiment_cli(config)
     client = MlflowClient(uri)
     runs = [r for r in client.search_runs([client.get_experiment_by_name("vqa_tiny").experiment_id]) if r.data.metrics]
     run_id = runs[0].info.run_id
