@@ -28,6 +28,7 @@ from polyrl.models.paths import resolve_policy_path
 from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
 from polyrl.roles.compiled import compile_decoder
+from polyrl.roles.cpu_matmul import resolve_cpu_matmul, route_linears_through_onednn
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
@@ -187,6 +188,12 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     objective = get_objective(cfg.objective.name)
     estimator = get_advantage(cfg.advantage.estimator or objective.default_advantage)
     critic = Critic(build_value_model(policy_path, torch.float32), _critic_settings(cfg)) if "values" in estimator.requires else None
+    cpu_matmul = resolve_cpu_matmul(cfg.train.cpu_matmul, device=next(policy.parameters()).device, compute_dtype=dtype,
+                                    compiled=cfg.train.compile)
+    if cpu_matmul == "onednn":
+        for module in (policy, reference, critic.model if critic is not None else None):
+            if module is not None:
+                route_linears_through_onednn(module)
     learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective), critic=critic)
     data = cfg.data
     dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
@@ -208,7 +215,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     generate_threads = rollout_threads(cfg.rollout.threads, learner_threads=threads)
     if logger is not None:
         # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
-        logger.log_params({"runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads,
+        logger.log_params({"runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
                            "runtime.engine_startup_s": round(engine_startup_s, 2),
                            "runtime.build_s": round(time.perf_counter() - build_started, 2)})
     r, dynamic = cfg.rollout, cfg.advantage.dynamic_sampling

@@ -1,0 +1,135 @@
+"""``train.cpu_matmul``: the learner's Linear layers through oneDNN compute torch's values and
+gradients, the choice follows its rule, and an explicit ``onednn`` that cannot apply is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from polyrl.algos.logprobs import pack_completions, token_logprobs
+from polyrl.config.schema import ConfigError, resolve_arms
+from polyrl.core.types import Completion
+from polyrl.roles import cpu_matmul
+from polyrl.roles.cpu_matmul import CpuMatmulError, onednn_linear, resolve_cpu_matmul, route_linears_through_onednn
+from tests.roles.learner_helpers import built, changed_fraction, snapshot
+
+needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(), reason="this torch build has no oneDNN")
+
+
+@needs_onednn
+def test_onednn_linear_hand_computed_values_and_gradients():
+    x = torch.tensor([[1.0, 2.0]], requires_grad=True)
+    weight = torch.tensor([[3.0, 4.0], [5.0, 6.0]], requires_grad=True)
+    bias = torch.tensor([1.0, -1.0], requires_grad=True)
+    y = onednn_linear(x, weight, bias)
+    # y = x Wᵀ + b = [1·3 + 2·4 + 1, 1·5 + 2·6 − 1] = [12, 16]
+    assert y.tolist() == [[12.0, 16.0]]
+    y.sum().backward()  # g = [[1, 1]]
+    assert x.grad.tolist() == [[8.0, 10.0]]  # g W = [3 + 5, 4 + 6]
+    assert weight.grad.tolist() == [[1.0, 2.0], [1.0, 2.0]]  # gᵀ x: each output row gets x
+    assert bias.grad.tolist() == [1.0, 1.0]  # Σ over rows of g
+
+
+@needs_onednn
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("transposed_input", [False, True])
+def test_onednn_linear_matches_torch_values_and_all_gradients(with_bias, transposed_input):
+    torch.manual_seed(0)
+    base = torch.randn(3, 48, 37) if transposed_input else torch.randn(3, 37, 48)
+    weight = torch.randn(29, 48) / 48**0.5
+    bias = torch.randn(29) if with_bias else None
+    upstream = torch.randn(3, 37, 29)
+
+    def run(fn):
+        x = base.clone().requires_grad_()
+        inputs = x.transpose(1, 2) if transposed_input else x  # a strided view when transposed
+        w = weight.clone().requires_grad_()
+        b = bias.clone().requires_grad_() if bias is not None else None
+        out = fn(inputs, w, b)
+        (out * upstream).sum().backward()
+        return out.detach(), x.grad, w.grad, None if b is None else b.grad
+
+    want = run(torch.nn.functional.linear)
+    got = run(onednn_linear)
+    for name, g, w in zip(("output", "input grad", "weight grad", "bias grad"), got, want):
+        if w is None:
+            assert g is None
+            continue
+        assert g.shape == w.shape
+        assert torch.allclose(g, w, rtol=1e-5, atol=1e-5), (name, float((g - w).abs().max()))
+
+
+def _batch():
+    completions = [Completion(prompt_ids=[5, 6, 7], completion_ids=[8 + (i + j) % 30 for j in range(n)], text="",
+                              sampling_logprobs=[], finish_reason="length") for i, n in enumerate([6, 11, 3, 9])]
+    return pack_completions(completions, pad_token_id=0)
+
+
+@needs_onednn
+def test_routed_policy_gives_torch_logprobs_and_gradients(random_policy_dir):
+    reference = AutoModelForCausalLM.from_pretrained(str(random_policy_dir), dtype=torch.float32).eval()
+    routed = AutoModelForCausalLM.from_pretrained(str(random_policy_dir), dtype=torch.float32).eval()
+    linears = sum(isinstance(m, torch.nn.Linear) for m in routed.modules())
+    assert route_linears_through_onednn(routed) == linears > 0
+    # The parameters are the same objects under the same names: optimizer, checkpoints and weight sync are unaffected.
+    assert routed.state_dict().keys() == reference.state_dict().keys()
+    batch = _batch()
+    grads = []
+    for model in (reference, routed):
+        logprobs, _ = token_logprobs(model, batch)
+        logprobs.sum().backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
+    want, _ = token_logprobs(reference, batch)
+    got, _ = token_logprobs(routed, batch)
+    assert torch.allclose(got, want, atol=1e-5, rtol=0)
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.allclose(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4), name
+
+
+def test_the_choice_follows_its_rule(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
+    assert resolve_cpu_matmul("auto", device=cpu, compute_dtype=torch.float32, compiled=False) == "onednn"
+    assert resolve_cpu_matmul("torch", device=cpu, compute_dtype=torch.float32, compiled=False) == "torch"
+    for kwargs in ({"device": cuda, "compute_dtype": torch.float32, "compiled": False},
+                   {"device": cpu, "compute_dtype": torch.bfloat16, "compiled": False},
+                   {"device": cpu, "compute_dtype": torch.float32, "compiled": True}):
+        assert resolve_cpu_matmul("auto", **kwargs) == "torch"
+        with pytest.raises(CpuMatmulError, match="onednn cannot apply"):
+            resolve_cpu_matmul("onednn", **kwargs)
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: False)
+    assert resolve_cpu_matmul("auto", device=cpu, compute_dtype=torch.float32, compiled=False) == "torch"
+    with pytest.raises(CpuMatmulError, match="no oneDNN"):
+        resolve_cpu_matmul("onednn", device=cpu, compute_dtype=torch.float32, compiled=False)
+
+
+@pytest.mark.parametrize("conflict, reason", [({"train": {"compile": True}}, "train.compile is on"),
+                                              ({"model": {"dtype": "bfloat16"}}, "model.dtype is bfloat16")])
+def test_an_explicit_onednn_that_would_not_run_is_refused_with_its_field(conflict, reason):
+    raw = {"name": "x", **conflict}
+    raw.setdefault("train", {})["cpu_matmul"] = "onednn"
+    with pytest.raises(ConfigError) as error:
+        resolve_arms(raw)
+    assert "train.cpu_matmul" in str(error.value) and reason in str(error.value) and "'auto', 'torch'" in str(error.value)
+
+
+def _routed(module: torch.nn.Module) -> list[bool]:
+    return ["forward" in layer.__dict__ for layer in module.modules() if isinstance(layer, torch.nn.Linear)]
+
+
+@needs_onednn
+def test_arm_routes_policy_and_reference_by_default_and_trains(tmp_path, tiny_experiment):
+    config = tiny_experiment(train={"steps": 2, "kl_coef": 0.05})
+    with built(tmp_path, config) as arm:
+        assert all(_routed(arm.learner.policy)) and all(_routed(arm.reference))
+        before = snapshot(arm.learner.policy)
+        loop = arm.loop(printer=lambda _line: None)
+        metrics = [loop.step() for _ in range(2)]
+        assert all(torch.isfinite(torch.tensor(m["actor/loss"])) for m in metrics)
+        assert changed_fraction(before, arm.learner.policy) > 0.5
+        # Same fp32 maths as the engine's: the sampler/learner gap stays at rounding level.
+        assert metrics[0]["rollout/logprob_gap"] < 1e-4
+    with built(tmp_path / "torch", tiny_experiment(train={"steps": 2, "cpu_matmul": "torch"})) as arm:
+        assert not any(_routed(arm.learner.policy))
