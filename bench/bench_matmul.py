@@ -1,8 +1,13 @@
-"""The machine's measured fp32 matmul peak: ``torch.matmul`` at the learner's shapes and a large
-square, on 1 and 2 threads, in GFLOP/s (2·M·N·K per product).
+"""The machine's measured fp32 matmul peak: the learner's shapes and a large square, on 1 and 2
+threads, in GFLOP/s (2·M·N·K per product), through both GEMM libraries torch can call on CPU:
+its default BLAS (``torch.matmul``; MKL in PyPI's wheels) and oneDNN (the inner product that
+``train.cpu_matmul: onednn`` and vLLM's CPU backend use). The peak is the best of the two: on
+this machine's AMD Zen 5 MKL runs its AVX2 kernels (~200 GFLOP/s on two threads) and oneDNN
+its AVX-512 ones (~420–470), so a peak measured with ``torch.matmul`` alone understates the
+machine by half.
 
 Run: ``python bench/bench_matmul.py`` (``--size 3m`` for the 3m policy's shapes; ``--threads 1 2 4``).
-``bench/bench_step.py`` imports :func:`measure_peak` to put the update's achieved FLOP/s against it.
+``bench/bench_step.py`` imports :func:`measure_peaks` to put the update's achieved FLOP/s against it.
 
 The learner's shapes are those of one micro-batch of the policy (``tokens`` rows = micro-batch
 size × padded length): forward ``X @ Wᵀ`` for the attention and MLP projections, and the two
@@ -40,38 +45,64 @@ def learner_shapes(size: str, tokens: int) -> list[tuple[str, int, int, int]]:
     ]
 
 
-def gflops(m: int, k: int, n: int, *, seconds: float = 0.25, repeats: int = 3) -> float:
+LIBRARIES = ("torch", "onednn")
+
+
+def product(library: str, m: int, k: int, n: int):
+    """A zero-argument callable computing one ``m×k @ k×n`` product with ``library``."""
+    a = torch.randn(m, k)
+    if library == "torch":
+        b, out = torch.randn(k, n), torch.empty(m, n)
+        return lambda: torch.matmul(a, b, out=out)
+    from polyrl.roles.cpu_matmul import onednn_linear
+
+    weight = torch.randn(n, k)  # a Linear layer's [out, in] weight: a @ weightᵀ
+    return lambda: onednn_linear(a, weight)
+
+
+def gflops(m: int, k: int, n: int, *, library: str = "torch", seconds: float = 0.25, repeats: int = 3) -> float:
     """Median GFLOP/s of ``a @ b`` with ``a: m×k``, ``b: k×n``, each repeat timed over ~``seconds``."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    out = torch.empty(m, n)
-    torch.matmul(a, b, out=out)  # first call: allocation, kernel selection
+    run = product(library, m, k, n)
+    run()  # first call: allocation, kernel selection
     start = time.perf_counter()
-    torch.matmul(a, b, out=out)
+    run()
     once = max(time.perf_counter() - start, 1e-6)
     iterations = max(1, int(seconds / once))
     rates = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(iterations):
-            torch.matmul(a, b, out=out)
+            run()
         rates.append(2 * m * k * n * iterations / (time.perf_counter() - start) / 1e9)
     return statistics.median(rates)
 
 
-def measure(size: str, tokens: int, threads: int, square: int = 2048) -> dict[str, float]:
+def available_libraries() -> list[str]:
+    from polyrl.roles.cpu_matmul import onednn_available
+
+    return [library for library in LIBRARIES if library == "torch" or onednn_available()]
+
+
+def measure(size: str, tokens: int, threads: int, square: int = 2048, library: str = "torch") -> dict[str, float]:
     previous = torch.get_num_threads()
     torch._C.set_num_threads(threads)  # the real setter: vLLM may have replaced torch.set_num_threads
     try:
-        rows = {name: gflops(m, k, n) for name, m, k, n in learner_shapes(size, tokens)}
-        rows[f"square {square}"] = gflops(square, square, square, seconds=0.5)
+        rows = {name: gflops(m, k, n, library=library) for name, m, k, n in learner_shapes(size, tokens)}
+        rows[f"square {square}"] = gflops(square, square, square, library=library, seconds=0.5)
         return rows
     finally:
         torch._C.set_num_threads(previous)
 
 
+def measure_peaks(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None) -> dict[str, float]:
+    """Per GEMM library, the best GFLOP/s of the learner's shapes and a large square at ``threads``."""
+    return {library: max(measure(size, tokens, threads or torch.get_num_threads(), library=library).values())
+            for library in available_libraries()}
+
+
 def measure_peak(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None) -> float:
-    """The best GFLOP/s of the learner's shapes and a large square at ``threads`` (default: torch's)."""
-    return max(measure(size, tokens, threads or torch.get_num_threads()).values())
+    """The machine's fp32 matmul peak: the best of :func:`measure_peaks` over the libraries."""
+    return max(measure_peaks(size, tokens, threads).values())
 
 
 def main() -> None:
@@ -83,13 +114,18 @@ def main() -> None:
     args = parser.parse_args()
     print(f"# fp32 matmul GFLOP/s, torch {torch.__version__}, {args.size} learner shapes at {args.tokens} rows, "
           f"square {args.square}")
-    results = {t: measure(args.size, args.tokens, t, args.square) for t in args.threads}
+    columns = [(library, t) for library in available_libraries() for t in args.threads]
+    results = {column: measure(args.size, args.tokens, column[1], args.square, library=column[0]) for column in columns}
     names = list(next(iter(results.values())))
-    print("\n| product | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in args.threads) + " |")
-    print("|---|" + "---|" * len(args.threads))
+    print("\n| product | " + " | ".join(f"{library}, {t} thread{'s' if t > 1 else ''}" for library, t in columns) + " |")
+    print("|---|" + "---|" * len(columns))
     for name in names:
-        print(f"| {name} | " + " | ".join(f"{results[t][name]:.1f}" for t in args.threads) + " |")
-    print("| **peak** | " + " | ".join(f"**{max(results[t].values()):.1f}**" for t in args.threads) + " |")
+        print(f"| {name} | " + " | ".join(f"{results[column][name]:.1f}" for column in columns) + " |")
+    print("| **peak** | " + " | ".join(f"**{max(results[column].values()):.1f}**" for column in columns) + " |")
+    for t in args.threads:
+        best = {library: max(results[(library, t)].values()) for library in available_libraries()}
+        print(f"\n{t} thread{'s' if t > 1 else ''}: machine peak {max(best.values()):.1f} GFLOP/s ("
+              + ", ".join(f"{library} {value:.1f}" for library, value in best.items()) + ")")
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_matmul import measure_peak  # noqa: E402
+from bench_matmul import measure_peaks  # noqa: E402
 from polyrl.config.schema import load_experiment, resolve_arms  # noqa: E402
+from polyrl.roles.cpu_matmul import linear_library  # noqa: E402
 from polyrl.roles.loop import PHASES  # noqa: E402
 from polyrl.roles.setup import build_arm  # noqa: E402
 
@@ -166,7 +167,8 @@ def bare_generate_ratio(arm, repeats: int) -> None:
 
 
 def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micro_batch: int, steps: int, repeats: int,
-                 threads: int | None, compile: bool = False, micro_batch_tokens: int | None = None) -> dict[str, float]:
+                 threads: int | None, compile: bool = False, micro_batch_tokens: int | None = None,
+                 cpu_matmul: str | None = None) -> dict[str, float]:
     from polyrl.models.text import build_random_text_model_dir
 
     model_dir = build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"m{size}", size, seed=0)
@@ -177,6 +179,8 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         train["compile"] = True
     if micro_batch_tokens:
         train["micro_batch_tokens"] = micro_batch_tokens
+    if cpu_matmul:
+        train["cpu_matmul"] = cpu_matmul
     config = resolve_arms({
         "name": f"bench{size}",
         "model": {"path": str(model_dir)},
@@ -194,14 +198,19 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         loop = arm.loop(printer=lambda _line: None)
         parameters = sum(p.numel() for p in arm.learner.policy.parameters())
         rows = micro_batch * 53
-        peak_before = measure_peak(size, tokens=rows, threads=torch.get_num_threads())
+        peaks_before = measure_peaks(size, tokens=rows, threads=torch.get_num_threads())
         history = run_steps(loop, counter, steps, warmup=3 if compile else 1)
-        peak_after = measure_peak(size, tokens=rows, threads=torch.get_num_threads())
+        peaks_after = measure_peaks(size, tokens=rows, threads=torch.get_num_threads())
+        peaks = {library: (peaks_before[library] + peaks_after[library]) / 2 for library in peaks_before}
+        peak_before, peak_after = max(peaks_before.values()), max(peaks_after.values())
         title = (f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, "
                  f"Dr.GRPO, vLLM{', train.compile' if compile else ''}"
-                 f"{f', micro_batch_tokens {micro_batch_tokens}' if micro_batch_tokens else ''}")
+                 f"{f', micro_batch_tokens {micro_batch_tokens}' if micro_batch_tokens else ''}"
+                 f"{f', cpu_matmul {cpu_matmul}' if cpu_matmul else ''}")
         result = phase_table(title, history)
-        print(f"\nmatmul peak (bench_matmul) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s")
+        print(f"\nmatmul peak (bench_matmul, best library) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s; "
+              "per library: " + ", ".join(f"{library} {value:.1f}" for library, value in peaks.items())
+              + f"; the learner's Linear layers ran on: {arm.config.train.cpu_matmul} -> {linear_library(arm.learner.policy)}")
         result.update(update_report(history, parameters, (peak_before + peak_after) / 2))
         bare_generate_ratio(arm, repeats)
         return result
@@ -234,6 +243,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="train.threads (default: the learner's own choice)")
     parser.add_argument("--compile", action="store_true", help="train.compile: torch.compile the policy's decoder (3 warm-up steps)")
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (rows stay ≤ --micro-batch)")
+    parser.add_argument("--cpu-matmul", choices=["auto", "onednn", "torch"], default=None,
+                        help="train.cpu_matmul (default: the config default, auto)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
@@ -245,7 +256,7 @@ def main() -> None:
         bench_demo(steps)
     bench_policy(args.size, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens, micro_batch=args.micro_batch,
                  steps=steps, repeats=1 if args.quick else args.repeats, threads=args.threads, compile=args.compile,
-                 micro_batch_tokens=args.micro_batch_tokens)
+                 micro_batch_tokens=args.micro_batch_tokens, cpu_matmul=args.cpu_matmul)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ from torch import Tensor
 
 from polyrl.core.errors import PolyrlError
 
-__all__ = ["CpuMatmulError", "onednn_available", "onednn_linear", "resolve_cpu_matmul", "route_linears_through_onednn"]
+__all__ = ["CpuMatmulError", "linear_library", "onednn_available", "onednn_linear", "resolve_cpu_matmul",
+           "route_linears_through_onednn"]
 
 
 class CpuMatmulError(PolyrlError):
@@ -87,14 +88,20 @@ def route_linears_through_onednn(module: torch.nn.Module) -> int:
     return routed
 
 
+def linear_library(module: torch.nn.Module) -> str:
+    """``onednn`` when every ``nn.Linear`` of ``module`` is routed, ``torch`` when none is, else ``mixed``."""
+    routed = [layer.forward.__name__ == "onednn_forward" for layer in module.modules() if isinstance(layer, torch.nn.Linear)]
+    return "onednn" if routed and all(routed) else ("mixed" if any(routed) else "torch")
+
+
 def _routed_forward(layer: torch.nn.Linear):
-    def forward(x: Tensor) -> Tensor:
+    def onednn_forward(x: Tensor) -> Tensor:
         # Anything the oneDNN fp32 kernel is not for (another dtype or device) takes torch's path.
         if x.dtype == torch.float32 and layer.weight.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
             return onednn_linear(x, layer.weight, layer.bias)
         return torch.nn.functional.linear(x, layer.weight, layer.bias)
 
-    return forward
+    return onednn_forward
 
 
 def resolve_cpu_matmul(setting: str, *, device: torch.device, compute_dtype: torch.dtype, compiled: bool) -> str:

@@ -11,7 +11,7 @@ from polyrl.algos.logprobs import pack_completions, token_logprobs
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.core.types import Completion
 from polyrl.roles import cpu_matmul
-from polyrl.roles.cpu_matmul import CpuMatmulError, onednn_linear, resolve_cpu_matmul, route_linears_through_onednn
+from polyrl.roles.cpu_matmul import CpuMatmulError, linear_library, onednn_linear, resolve_cpu_matmul, route_linears_through_onednn
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(), reason="this torch build has no oneDNN")
@@ -71,7 +71,9 @@ def test_routed_policy_gives_torch_logprobs_and_gradients(random_policy_dir):
     reference = AutoModelForCausalLM.from_pretrained(str(random_policy_dir), dtype=torch.float32).eval()
     routed = AutoModelForCausalLM.from_pretrained(str(random_policy_dir), dtype=torch.float32).eval()
     linears = sum(isinstance(m, torch.nn.Linear) for m in routed.modules())
+    assert linear_library(routed) == "torch"
     assert route_linears_through_onednn(routed) == linears > 0
+    assert linear_library(routed) == "onednn"
     # The parameters are the same objects under the same names: optimizer, checkpoints and weight sync are unaffected.
     assert routed.state_dict().keys() == reference.state_dict().keys()
     batch = _batch()
@@ -115,15 +117,11 @@ def test_an_explicit_onednn_that_would_not_run_is_refused_with_its_field(conflic
     assert "train.cpu_matmul" in str(error.value) and reason in str(error.value) and "'auto', 'torch'" in str(error.value)
 
 
-def _routed(module: torch.nn.Module) -> list[bool]:
-    return ["forward" in layer.__dict__ for layer in module.modules() if isinstance(layer, torch.nn.Linear)]
-
-
 @needs_onednn
 def test_arm_routes_policy_and_reference_by_default_and_trains(tmp_path, tiny_experiment):
     config = tiny_experiment(train={"steps": 2, "kl_coef": 0.05})
     with built(tmp_path, config) as arm:
-        assert all(_routed(arm.learner.policy)) and all(_routed(arm.reference))
+        assert linear_library(arm.learner.policy) == linear_library(arm.reference) == "onednn"
         before = snapshot(arm.learner.policy)
         loop = arm.loop(printer=lambda _line: None)
         metrics = [loop.step() for _ in range(2)]
@@ -132,4 +130,4 @@ def test_arm_routes_policy_and_reference_by_default_and_trains(tmp_path, tiny_ex
         # Same fp32 maths as the engine's: the sampler/learner gap stays at rounding level.
         assert metrics[0]["rollout/logprob_gap"] < 1e-4
     with built(tmp_path / "torch", tiny_experiment(train={"steps": 2, "cpu_matmul": "torch"})) as arm:
-        assert not any(_routed(arm.learner.policy))
+        assert linear_library(arm.learner.policy) == "torch"
