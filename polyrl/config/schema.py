@@ -233,7 +233,8 @@ class TrainConfig(StrictModel):
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
     compile: bool = Field(
         False, description="torch.compile the policy's decoder (text policies; dynamic shapes). ×1.10 on the 30m update here "
-        "after a ~60 s one-off compile: worth it for long runs only.")
+        "against eager on torch's BLAS, after a ~60 s one-off compile; its matmuls stay on torch's BLAS, so here the default "
+        "eager oneDNN learner (train.cpu_matmul) is faster.")
     cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
         "auto", description="GEMM library of the learner's fp32 Linear layers on CPU (policy, reference, critic): 'onednn' "
         "(what vLLM's CPU backend uses; same fp32 maths, ×1.65–1.8 on the 30m update here, where MKL runs AVX2 kernels on "
