@@ -1,4 +1,5 @@
-"""``train.compile``'s lever alone: forward + backward + fused AdamW, eager vs ``torch.compile``.
+"""The update's two compute levers alone: forward + backward + fused AdamW, eager on torch's BLAS,
+eager with the Linear layers on oneDNN (``train.cpu_matmul``, the default), and ``torch.compile``.
 
 Run: ``python bench/bench_compile.py`` (``--size 3m``, ``--threads``, ``--steps``).
 
@@ -6,7 +7,8 @@ A policy of ``--size`` (random weights), micro-batches of 16 sequences whose len
 through 120/112/104/96 tokens (every step another shape, as in RL), two micro-batches per
 optimizer step. The compiled model compiles its decoder the way ``train.compile`` does
 (``polyrl.roles.compiled.compile_decoder``, ``dynamic=True``). Reported: the one-off compile
-seconds (first step) and the steady tokens/s of each, first eager then compiled, in one process.
+seconds (first step) and the steady tokens/s of each, in one process, with ratios to eager on
+torch's BLAS. (A compiled decoder cannot take the oneDNN linears: Inductor does not lower them.)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from polyrl.models.cache import set_torch_threads  # noqa: E402
 from polyrl.models.text import build_random_text_model_dir  # noqa: E402
 from polyrl.roles.compiled import compile_decoder  # noqa: E402
+from polyrl.roles.cpu_matmul import onednn_available, route_linears_through_onednn  # noqa: E402
 
 LENGTHS = (120, 112, 104, 96)
 
@@ -60,12 +63,19 @@ def main() -> None:
     policy = build_random_text_model_dir(Path(tempfile.mkdtemp()) / "policy", size=args.size)
     eager = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32).train()
     eager_first, eager_rate = timed_steps(eager, args.steps)
+    onednn_rate = None
+    if onednn_available():
+        routed = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32).train()
+        route_linears_through_onednn(routed)
+        _, onednn_rate = timed_steps(routed, args.steps)
     compiled = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32).train()
     compile_decoder(compiled, takes_images=False)
     compiled_first, compiled_rate = timed_steps(compiled, args.steps)
     print(f"{args.size} policy, {args.threads} threads, micro-batches 16 × {'/'.join(map(str, LENGTHS))} tokens, "
           f"{args.steps} steady steps")
-    print(f"eager     first step {eager_first:6.1f} s   steady {eager_rate:8,.0f} tok/s")
+    print(f"eager     first step {eager_first:6.1f} s   steady {eager_rate:8,.0f} tok/s   (torch's BLAS)")
+    if onednn_rate is not None:
+        print(f"oneDNN    eager linears                steady {onednn_rate:8,.0f} tok/s   ×{onednn_rate / eager_rate:.2f}")
     print(f"compiled  first step {compiled_first:6.1f} s   steady {compiled_rate:8,.0f} tok/s   ×{compiled_rate / eager_rate:.2f}")
 
 

@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.launch.compare import compare_experiment
 from polyrl.launch.runner import run_experiment
+from polyrl.roles.cpu_matmul import onednn_available
 from polyrl.tracking.mlflow_runs import ExperimentTracker, STEP_MARKER, resolve_tracking_uri
 
 
@@ -96,6 +97,7 @@ def test_experiment_with_arms_logs_to_a_real_mlflow_server(tmp_path, tiny_experi
         assert 0 < float(run.data.params["runtime.engine_startup_s"]) <= float(run.data.params["runtime.build_s"])
         assert int(run.data.params["runtime.torch_threads"]) >= 1
         assert run.data.params["runtime.rollout_threads"] == run.data.params["runtime.torch_threads"]  # default: the learner's
+        assert run.data.params["runtime.cpu_matmul"] == ("onednn" if onednn_available() else "torch")  # auto's choice, recorded
         assert [m.step for m in client.get_metric_history(run_id, "reward/mean")] == [1, 2]
         artifacts = {a.path for a in client.list_artifacts(run_id)}
         assert "resolved_config.yaml" in artifacts
