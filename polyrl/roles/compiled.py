@@ -9,11 +9,11 @@ of 16 × 96–120 tokens, forward + backward + fused AdamW: 1,025 tokens/s compi
 longer than a few hundred update seconds and is off by default, as in TRL (``torch_compile``)
 and torchtitan (``compile.enable``), where it is opt-in too.
 
-Those figures are against eager mode on torch's default BLAS. The default eager learner now
-runs its Linear layers on oneDNN (``train.cpu_matmul``, :mod:`polyrl.roles.cpu_matmul`), which
-on this machine is faster than the compiled decoder (3m update: 0.29 s eager oneDNN, 0.45 s eager
-MKL, 0.48 s compiled); Inductor cannot lower the oneDNN autograd function, so a compiled
-decoder runs on torch's BLAS and ``auto`` picks that. Compile where torch's BLAS is the fast one.
+Those figures are against eager mode on torch's BLAS. The learner's Linear layers now run on
+oneDNN by default (``train.cpu_matmul``, :mod:`polyrl.roles.cpu_matmul`), as custom ops that
+Inductor keeps whole when the decoder is compiled: then the GEMMs are oneDNN's and compilation
+fuses the element-wise work between them. 30m update, 16 × 70 tokens: 3.32 s eager with oneDNN
+linears, 2.78 s compiled with them (×1.20), after a one-off ~90 s.
 
 ``dynamic=True`` because every batch has another sequence length; without it each new length
 recompiles. The decoder's bound ``forward`` is replaced on the instance, so parameter names, the

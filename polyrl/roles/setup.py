@@ -188,10 +188,10 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     objective = get_objective(cfg.objective.name)
     estimator = get_advantage(cfg.advantage.estimator or objective.default_advantage)
     critic = Critic(build_value_model(policy_path, torch.float32), _critic_settings(cfg)) if "values" in estimator.requires else None
-    cpu_matmul = resolve_cpu_matmul(cfg.train.cpu_matmul, device=next(policy.parameters()).device, compute_dtype=dtype,
-                                    compiled=cfg.train.compile)
+    cpu_matmul = resolve_cpu_matmul(cfg.train.cpu_matmul, device=next(policy.parameters()).device, compute_dtype=dtype)
     if cpu_matmul == "onednn":
-        for module in (policy, reference, critic.model if critic is not None else None):
+        route_linears_through_onednn(policy, traceable=cfg.train.compile)  # compiled: custom ops Inductor keeps whole
+        for module in (reference, critic.model if critic is not None else None):
             if module is not None:
                 route_linears_through_onednn(module)
     learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective), critic=critic)

@@ -11,7 +11,8 @@ from polyrl.algos.logprobs import pack_completions, token_logprobs
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.core.types import Completion
 from polyrl.roles import cpu_matmul
-from polyrl.roles.cpu_matmul import CpuMatmulError, linear_library, onednn_linear, resolve_cpu_matmul, route_linears_through_onednn
+from polyrl.roles.cpu_matmul import (CpuMatmulError, linear_library, onednn_linear, onednn_linear_traceable, resolve_cpu_matmul,
+                                     route_linears_through_onednn)
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(), reason="this torch build has no oneDNN")
@@ -32,9 +33,10 @@ def test_onednn_linear_hand_computed_values_and_gradients():
 
 
 @needs_onednn
+@pytest.mark.parametrize("linear", [onednn_linear, onednn_linear_traceable], ids=["autograd_function", "custom_op"])
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("transposed_input", [False, True])
-def test_onednn_linear_matches_torch_values_and_all_gradients(with_bias, transposed_input):
+def test_onednn_linear_matches_torch_values_and_all_gradients(linear, with_bias, transposed_input):
     torch.manual_seed(0)
     base = torch.randn(3, 48, 37) if transposed_input else torch.randn(3, 37, 48)
     weight = torch.randn(29, 48) / 48**0.5
@@ -51,7 +53,7 @@ def test_onednn_linear_matches_torch_values_and_all_gradients(with_bias, transpo
         return out.detach(), x.grad, w.grad, None if b is None else b.grad
 
     want = run(torch.nn.functional.linear)
-    got = run(onednn_linear)
+    got = run(linear)
     for name, g, w in zip(("output", "input grad", "weight grad", "bias grad"), got, want):
         if w is None:
             assert g is None
@@ -93,28 +95,23 @@ def test_routed_policy_gives_torch_logprobs_and_gradients(random_policy_dir):
 def test_the_choice_follows_its_rule(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
-    assert resolve_cpu_matmul("auto", device=cpu, compute_dtype=torch.float32, compiled=False) == "onednn"
-    assert resolve_cpu_matmul("torch", device=cpu, compute_dtype=torch.float32, compiled=False) == "torch"
-    for kwargs in ({"device": cuda, "compute_dtype": torch.float32, "compiled": False},
-                   {"device": cpu, "compute_dtype": torch.bfloat16, "compiled": False},
-                   {"device": cpu, "compute_dtype": torch.float32, "compiled": True}):
+    assert resolve_cpu_matmul("auto", device=cpu, compute_dtype=torch.float32) == "onednn"
+    assert resolve_cpu_matmul("torch", device=cpu, compute_dtype=torch.float32) == "torch"
+    for kwargs in ({"device": cuda, "compute_dtype": torch.float32}, {"device": cpu, "compute_dtype": torch.bfloat16}):
         assert resolve_cpu_matmul("auto", **kwargs) == "torch"
         with pytest.raises(CpuMatmulError, match="onednn cannot apply"):
             resolve_cpu_matmul("onednn", **kwargs)
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: False)
-    assert resolve_cpu_matmul("auto", device=cpu, compute_dtype=torch.float32, compiled=False) == "torch"
+    assert resolve_cpu_matmul("auto", device=cpu, compute_dtype=torch.float32) == "torch"
     with pytest.raises(CpuMatmulError, match="no oneDNN"):
-        resolve_cpu_matmul("onednn", device=cpu, compute_dtype=torch.float32, compiled=False)
+        resolve_cpu_matmul("onednn", device=cpu, compute_dtype=torch.float32)
 
 
-@pytest.mark.parametrize("conflict, reason", [({"train": {"compile": True}}, "train.compile is on"),
-                                              ({"model": {"dtype": "bfloat16"}}, "model.dtype is bfloat16")])
-def test_an_explicit_onednn_that_would_not_run_is_refused_with_its_field(conflict, reason):
-    raw = {"name": "x", **conflict}
-    raw.setdefault("train", {})["cpu_matmul"] = "onednn"
+def test_an_explicit_onednn_that_would_not_run_is_refused_with_its_field():
     with pytest.raises(ConfigError) as error:
-        resolve_arms(raw)
-    assert "train.cpu_matmul" in str(error.value) and reason in str(error.value) and "'auto', 'torch'" in str(error.value)
+        resolve_arms({"name": "x", "model": {"dtype": "bfloat16"}, "train": {"cpu_matmul": "onednn"}})
+    message = str(error.value)
+    assert "train.cpu_matmul" in message and "model.dtype is bfloat16" in message and "'auto', 'torch'" in message
 
 
 @needs_onednn
