@@ -233,8 +233,8 @@ class TrainConfig(StrictModel):
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
     compile: bool = Field(
         False, description="torch.compile the policy's decoder (text policies; dynamic shapes): fuses the element-wise work "
-        "between the matmuls. ×1.20 on the 30m update here (with train.cpu_matmul's oneDNN linears) after a ~60-90 s "
-        "one-off compile: worth it for long runs only.")
+        "between the matmuls (oneDNN's, with train.cpu_matmul). ~50-90 s one-off compile; on the 30m update here ×1.02-1.20 "
+        "in isolation and no gain in the RL step, so off by default.")
     cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
         "auto", description="GEMM library of the learner's fp32 Linear layers on CPU (policy, reference, critic): 'onednn' "
         "(what vLLM's CPU backend uses; same fp32 maths, ×1.65–1.8 on the 30m update here, where MKL runs AVX2 kernels on "

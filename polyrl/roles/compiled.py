@@ -12,8 +12,10 @@ and torchtitan (``compile.enable``), where it is opt-in too.
 Those figures are against eager mode on torch's BLAS. The learner's Linear layers now run on
 oneDNN by default (``train.cpu_matmul``, :mod:`polyrl.roles.cpu_matmul`), as custom ops that
 Inductor keeps whole when the decoder is compiled: then the GEMMs are oneDNN's and compilation
-fuses the element-wise work between them. 30m update, 16 × 70 tokens: 3.32 s eager with oneDNN
-linears, 2.78 s compiled with them (×1.20), after a one-off ~90 s.
+fuses the element-wise work between them. With oneDNN linears on both sides, 30m, compiled vs
+eager: ×1.20 on fixed 16 × 70-token micro-batches, ×1.02 in ``bench_compile.py`` (lengths
+96–120), and no gain in the RL step (``bench_step.py --compile``: 222.6 vs 230.5 GFLOP/s, within
+noise), after a one-off 50–90 s. So it stays opt-in.
 
 ``dynamic=True`` because every batch has another sequence length; without it each new length
 recompiles. The decoder's bound ``forward`` is replaced on the instance, so parameter names, the

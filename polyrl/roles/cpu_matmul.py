@@ -21,8 +21,8 @@ in fp32 (bf16 autocast already sends matmuls to oneDNN). The choice is a rule, n
 that two runs of one config (and a resumed run) compute with the same library. ``torch`` keeps
 the default BLAS; ``onednn`` insists and is refused where it cannot apply. Under
 ``train.compile`` the same products run as registered custom ops, which Inductor calls as
-opaque kernels while it fuses the element-wise work between them (30m update: 2.78 s compiled
-with oneDNN linears vs 3.32 s eager with them).
+opaque kernels while it fuses the element-wise work between them; without them a compiled
+decoder would fall back to torch's BLAS and lose this module's gain.
 """
 
 from __future__ import annotations
