@@ -231,10 +231,6 @@ class TrainConfig(StrictModel):
     )
     value: ValueConfig = ValueConfig()
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
-    fused_norms: bool = Field(
-        True, description="RMSNorm layers of the learner's models run as torch's fused rms_norm kernel, each layer only after "
-        "its own forward and the kernel agree on a check input (Gemma-style 1+weight norms keep theirs); ×1.05 on the 30m "
-        "update here. Recorded as runtime.fused_norms (layers replaced).")
     compile: bool = Field(
         False, description="torch.compile the policy's decoder (text policies; dynamic shapes): fuses the element-wise work "
         "between the matmuls (oneDNN's, with train.cpu_matmul). ~50-90 s one-off compile; on the 30m update here ×1.02-1.20 "

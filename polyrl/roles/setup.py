@@ -29,7 +29,6 @@ from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
 from polyrl.roles.compiled import compile_decoder
 from polyrl.roles.cpu_matmul import resolve_cpu_matmul, route_linears_through_onednn
-from polyrl.roles.fused_norms import fuse_rms_norms
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
@@ -195,10 +194,6 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         for module in (reference, critic.model if critic is not None else None):
             if module is not None:
                 route_linears_through_onednn(module)
-    fused_norms = 0
-    if cfg.train.fused_norms:
-        fused_norms = sum(fuse_rms_norms(module)[0] for module in (policy, reference, critic.model if critic is not None else None)
-                          if module is not None)
     learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective), critic=critic)
     data = cfg.data
     dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
@@ -221,7 +216,6 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     if logger is not None:
         # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
         logger.log_params({"runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
-                           "runtime.fused_norms": fused_norms,
                            "runtime.engine_startup_s": round(engine_startup_s, 2),
                            "runtime.build_s": round(time.perf_counter() - build_started, 2)})
     r, dynamic = cfg.rollout, cfg.advantage.dynamic_sampling
