@@ -51,6 +51,16 @@ def _inner_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Ten
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+def _grad_input(grad: Tensor, weight: Tensor) -> Tensor:
+    """``∂x = g W`` for 2-D ``g [M, N]``: ``g (Wᵀ)ᵀ``, an inner product with the transposed view."""
+    return _inner_product(grad, weight.t())
+
+
+def _grad_weight(grad: Tensor, flat: Tensor) -> Tensor:
+    """``∂W = gᵀ x`` for 2-D ``g [M, N]`` and ``x [M, K]``: ``gᵀ (xᵀ)ᵀ``."""
+    return _inner_product(grad.t(), flat.t())
+
+
 class _OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -67,9 +77,9 @@ class _OneDNNLinear(torch.autograd.Function):
         grad = grad_out.reshape(-1, weight.shape[0])
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = _inner_product(grad, weight.t()).reshape(ctx.input_shape)  # g W = g (Wᵀ)ᵀ
+            grad_x = _grad_input(grad, weight).reshape(ctx.input_shape)
         if ctx.needs_input_grad[1]:
-            grad_w = _inner_product(grad.t(), flat.t())  # gᵀ x = gᵀ (xᵀ)ᵀ
+            grad_w = _grad_weight(grad, flat)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.sum(dim=0)
         return grad_x, grad_w, grad_b
@@ -96,7 +106,7 @@ def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 @torch.library.custom_op("polyrl::onednn_linear_grad_input", mutates_args=())
 def _grad_input_op(grad: Tensor, weight: Tensor) -> Tensor:
-    return _inner_product(grad.reshape(-1, grad.shape[-1]), weight.t()).reshape(*grad.shape[:-1], weight.shape[1])
+    return _grad_input(grad.reshape(-1, grad.shape[-1]), weight).reshape(*grad.shape[:-1], weight.shape[1])
 
 
 @_grad_input_op.register_fake
@@ -106,7 +116,7 @@ def _(grad: Tensor, weight: Tensor) -> Tensor:
 
 @torch.library.custom_op("polyrl::onednn_linear_grad_weight", mutates_args=())
 def _grad_weight_op(grad: Tensor, x: Tensor) -> Tensor:
-    return _inner_product(grad.reshape(-1, grad.shape[-1]).t(), x.reshape(-1, x.shape[-1]).t())
+    return _grad_weight(grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1]))
 
 
 @_grad_weight_op.register_fake
