@@ -166,8 +166,10 @@ def linear_library(module: torch.nn.Module) -> str:
 
 def _routed_forward(layer: torch.nn.Linear, linear: Any):
     def onednn_forward(x: Tensor) -> Tensor:
-        # Anything the oneDNN fp32 kernel is not for (another dtype or device) takes torch's path.
-        if x.dtype == torch.float32 and layer.weight.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
+        # Anything the oneDNN fp32 kernel is not for (another dtype or device, or no rows: oneDNN
+        # has no primitive for an empty product) takes torch's path.
+        if (x.dtype == torch.float32 and layer.weight.dtype == torch.float32 and x.device.type == "cpu"
+                and not torch.is_autocast_enabled("cpu") and x.numel() > 0):
             return linear(x, layer.weight, layer.bias)
         return torch.nn.functional.linear(x, layer.weight, layer.bias)
 

@@ -62,6 +62,19 @@ def test_onednn_linear_matches_torch_values_and_all_gradients(linear, with_bias,
         assert torch.allclose(g, w, rtol=1e-5, atol=1e-5), (name, float((g - w).abs().max()))
 
 
+@needs_onednn
+def test_routed_linear_takes_torchs_path_for_what_onednn_cannot_compute():
+    layer = torch.nn.Linear(4, 3)
+    route_linears_through_onednn(layer)
+    rows = torch.zeros(2, 0, 4, requires_grad=True)
+    empty = layer(rows)  # no rows: oneDNN has no primitive for the weight gradient's empty product
+    empty.sum().backward()
+    assert empty.shape == (2, 0, 3) and rows.grad.shape == (2, 0, 4)
+    assert torch.equal(layer.weight.grad, torch.zeros(3, 4)) and torch.equal(layer.bias.grad, torch.zeros(3))
+    doubled = layer.double()(torch.ones(1, 4, dtype=torch.float64))  # fp64 (test models): torch's kernel
+    assert doubled.dtype == torch.float64 and torch.allclose(doubled, torch.nn.functional.linear(torch.ones(1, 4, dtype=torch.float64), layer.weight, layer.bias))
+
+
 def _batch():
     completions = [Completion(prompt_ids=[5, 6, 7], completion_ids=[8 + (i + j) % 30 for j in range(n)], text="",
                               sampling_logprobs=[], finish_reason="length") for i, n in enumerate([6, 11, 3, 9])]
