@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "repro_bapo_summary.py"
+from tests.launch.script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def summary_module():
-    spec = importlib.util.spec_from_file_location("repro_bapo_summary", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("repro_bapo_summary")
 
 
 def test_summarise_bapo_history_by_hand(summary_module):
