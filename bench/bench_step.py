@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -55,9 +56,10 @@ class UpdateCounter:
     real: int = 0  # attention-mask ones of every forward
     forwards: int = 0
     optimizer_s: float = 0.0
+    page_faults: int = 0  # minor faults of this process during the update (fresh pages from the kernel)
 
     def reset(self) -> None:
-        self.computed = self.real = self.forwards = 0
+        self.computed = self.real = self.forwards = self.page_faults = 0
         self.optimizer_s = 0.0
 
 
@@ -79,10 +81,12 @@ def instrument(arm) -> UpdateCounter:
 
     def counted_update(*args, **kwargs):
         counter.active = True
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         try:
             return update(*args, **kwargs)
         finally:
             counter.active = False
+            counter.page_faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
     def timed_step(*args, **kwargs):
         start = time.perf_counter()
@@ -104,7 +108,8 @@ def run_steps(loop, counter: UpdateCounter, steps: int, warmup: int = 1) -> list
         counter.reset()
         metrics = loop.step()
         history.append({**metrics, "bench/computed": counter.computed, "bench/real": counter.real,
-                        "bench/forwards": counter.forwards, "bench/optimizer_s": counter.optimizer_s})
+                        "bench/forwards": counter.forwards, "bench/optimizer_s": counter.optimizer_s,
+                        "bench/page_faults": counter.page_faults})
     return history
 
 
@@ -135,7 +140,8 @@ def update_report(history: list[dict[str, float]], parameters: int, peak_gflops:
           f"{real:.0f} real tokens) = **{achieved:.1f} GFLOP/s**, {achieved / peak_gflops:.0%} of the measured fp32 matmul peak "
           f"{peak_gflops:.1f} GFLOP/s at {torch.get_num_threads()} threads (target ≥ 75%)")
     print(f"padding: {1 - real / computed:.1%} of the {computed:.0f} token positions computed "
-          f"({statistics.mean(h['bench/forwards'] for h in history):.0f} forwards) · optimizer {optimizer / update_s:.1%} of the update")
+          f"({statistics.mean(h['bench/forwards'] for h in history):.0f} forwards) · optimizer {optimizer / update_s:.1%} of the update · "
+          f"{statistics.mean(h['bench/page_faults'] for h in history):.0f} page faults per update")
     return {"update_s": update_s, "useful_gflops": achieved, "peak_share": achieved / peak_gflops, "padding_share": 1 - real / computed}
 
 
@@ -168,7 +174,7 @@ def bare_generate_ratio(arm, repeats: int) -> None:
 
 def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micro_batch: int, steps: int, repeats: int,
                  threads: int | None, compile: bool = False, micro_batch_tokens: int | None = None,
-                 cpu_matmul: str | None = None) -> dict[str, float]:
+                 cpu_matmul: str | None = None, cpu_memory: str | None = None) -> dict[str, float]:
     from polyrl.models.text import build_random_text_model_dir
 
     model_dir = build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"m{size}", size, seed=0)
@@ -181,6 +187,8 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         train["micro_batch_tokens"] = micro_batch_tokens
     if cpu_matmul:
         train["cpu_matmul"] = cpu_matmul
+    if cpu_memory:
+        train["cpu_memory"] = cpu_memory
     config = resolve_arms({
         "name": f"bench{size}",
         "model": {"path": str(model_dir)},
@@ -206,7 +214,7 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         title = (f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, "
                  f"Dr.GRPO, vLLM{', train.compile' if compile else ''}"
                  f"{f', micro_batch_tokens {micro_batch_tokens}' if micro_batch_tokens else ''}"
-                 f"{f', cpu_matmul {cpu_matmul}' if cpu_matmul else ''}")
+                 f"{f', cpu_matmul {cpu_matmul}' if cpu_matmul else ''}{f', cpu_memory {cpu_memory}' if cpu_memory else ''}")
         result = phase_table(title, history)
         print(f"\nmatmul peak (bench_matmul, best library) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s; "
               "per library: " + ", ".join(f"{library} {value:.1f}" for library, value in peaks.items())
@@ -245,6 +253,8 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (rows stay ≤ --micro-batch)")
     parser.add_argument("--cpu-matmul", choices=["auto", "onednn", "torch"], default=None,
                         help="train.cpu_matmul (default: the config default, auto)")
+    parser.add_argument("--cpu-memory", choices=["auto", "keep", "release"], default=None,
+                        help="train.cpu_memory (default: the config default, auto)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
@@ -256,7 +266,8 @@ def main() -> None:
         bench_demo(steps)
     bench_policy(args.size, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens, micro_batch=args.micro_batch,
                  steps=steps, repeats=1 if args.quick else args.repeats, threads=args.threads, compile=args.compile,
-                 micro_batch_tokens=args.micro_batch_tokens, cpu_matmul=args.cpu_matmul)
+                 micro_batch_tokens=args.micro_batch_tokens, cpu_matmul=args.cpu_matmul,
+                 cpu_memory=args.cpu_memory)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,15 @@ results match torch's to fp32 rounding (tests: values and all three gradients to
 relative). Parameters, state dict, optimizer and weight sync are untouched: only the
 instances' ``forward`` is replaced.
 
-When: ``auto`` (the default) routes when oneDNN is in this torch build and the learner computes
-in fp32 (bf16 autocast already sends matmuls to oneDNN). The choice is a rule, not a timing, so
-that two runs of one config (and a resumed run) compute with the same library. ``torch`` keeps
-the default BLAS; ``onednn`` insists and is refused where it cannot apply. Under
+When: ``auto`` (the default) routes where torch's BLAS is MKL on a CPU that is not Intel's
+(``vendor_id`` in ``/proc/cpuinfo``), the learner computes in fp32 and oneDNN is in this torch
+build. That is the case the slow path comes from: on an Intel CPU MKL takes its own fast kernels,
+and there oneDNN was the slower library (a 5th-gen Xeon, 30m update: ×0.85–0.87, because
+oneDNN re-lays out the transposed operands of the backward products). A CPU whose vendor cannot
+be read keeps torch's default. The choice is a rule about the machine and the build, not a
+timing, so that two runs of one config on one machine (and a resumed run) compute with the same
+library; it is logged with its reason (``runtime.cpu_matmul``, ``runtime.cpu_vendor``). ``torch``
+keeps the default BLAS; ``onednn`` insists and is refused where it cannot apply. Under
 ``train.compile`` the same products run as registered custom ops, which Inductor calls as
 opaque kernels while it fuses the element-wise work between them; without them a compiled
 decoder would fall back to torch's BLAS and lose this module's gain.
@@ -34,12 +39,35 @@ from torch import Tensor
 
 from polyrl.core.errors import PolyrlError
 
-__all__ = ["CpuMatmulError", "linear_library", "onednn_available", "onednn_linear", "onednn_linear_traceable", "resolve_cpu_matmul",
+__all__ = ["CpuMatmulError", "cpu_vendor", "linear_library", "onednn_available", "onednn_linear", "onednn_linear_traceable", "resolve_cpu_matmul",
            "route_linears_through_onednn"]
 
 
 class CpuMatmulError(PolyrlError):
     """``train.cpu_matmul: onednn`` cannot apply to this policy or machine."""
+
+
+INTEL = "GenuineIntel"
+
+
+def cpu_vendor() -> str | None:
+    """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``, ...), ``None`` where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return None
+
+
+def torch_blas() -> str:
+    """The BLAS torch's CPU matmuls call (``BLAS_INFO`` of its build: ``mkl``, ``open``, ...), lower-case."""
+    for field in torch.__config__.show().replace(",", " ").split():
+        if field.startswith("BLAS_INFO="):
+            return field.removeprefix("BLAS_INFO=").lower()
+    return "unknown"
 
 
 def onednn_available() -> bool:
@@ -176,8 +204,10 @@ def _routed_forward(layer: torch.nn.Linear, linear: Any):
     return onednn_forward
 
 
-def resolve_cpu_matmul(setting: str, *, device: torch.device, compute_dtype: torch.dtype) -> str:
-    """``onednn`` or ``torch``: the library the learner's Linear layers will use (see the module doc)."""
+def resolve_cpu_matmul(setting: str, *, device: torch.device, compute_dtype: torch.dtype, vendor: str | None = None,
+                       blas: str | None = None) -> str:
+    """``onednn`` or ``torch``: the library the learner's Linear layers will use (see the module doc).
+    ``vendor`` and ``blas`` default to this machine's :func:`cpu_vendor` and :func:`torch_blas`."""
     reasons = []
     if device.type != "cpu":
         reasons.append(f"the policy is on {device.type}, not the CPU")
@@ -187,6 +217,13 @@ def resolve_cpu_matmul(setting: str, *, device: torch.device, compute_dtype: tor
         reasons.append("this torch build has no oneDNN (torch.backends.mkldnn)")
     if setting == "torch":
         return "torch"
-    if setting == "onednn" and reasons:
-        raise CpuMatmulError("train.cpu_matmul: onednn cannot apply: " + "; ".join(reasons) + ". Use auto or torch.")
-    return "torch" if reasons else "onednn"
+    if setting == "onednn":
+        if reasons:
+            raise CpuMatmulError("train.cpu_matmul: onednn cannot apply: " + "; ".join(reasons) + ". Use auto or torch.")
+        return "onednn"
+    if reasons:
+        return "torch"
+    vendor = cpu_vendor() if vendor is None else vendor
+    blas = torch_blas() if blas is None else blas
+    # Only MKL on a CPU known not to be Intel's: the vendor dispatch that makes MKL slow there.
+    return "onednn" if blas == "mkl" and vendor not in (None, "", INTEL) else "torch"

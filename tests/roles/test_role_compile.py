@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from polyrl.algos.logprobs import pack_completions, token_logprobs
 from polyrl.core.types import Completion
 from polyrl.roles.compiled import CompileError, compile_decoder
-from polyrl.roles.cpu_matmul import linear_library, onednn_available, route_linears_through_onednn
+from polyrl.roles.cpu_matmul import linear_library, onednn_available, resolve_cpu_matmul, route_linears_through_onednn
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs g++")
@@ -30,7 +30,7 @@ def _batch(lengths: list[int]):
 def test_compiled_decoder_matches_eager_logprobs_and_trains(random_policy_dir, tmp_path, tiny_experiment):
     eager = AutoModelForCausalLM.from_pretrained(str(random_policy_dir), dtype=torch.float32).eval()
     compiled = AutoModelForCausalLM.from_pretrained(str(random_policy_dir), dtype=torch.float32).eval()
-    if onednn_available():  # as the learner does by default (train.cpu_matmul auto): oneDNN custom ops inside the graph
+    if onednn_available():  # as the learner does with train.cpu_matmul onednn: oneDNN custom ops inside the graph
         route_linears_through_onednn(compiled, traceable=True)
     decoder = compile_decoder(compiled, takes_images=False)
     assert compiled.get_decoder() is decoder and "_torchdynamo_orig_callable" in dir(decoder.forward)
@@ -46,7 +46,7 @@ def test_compiled_decoder_matches_eager_logprobs_and_trains(random_policy_dir, t
     config = tiny_experiment(train={"steps": 2, "compile": True})
     with built(tmp_path, config) as arm:
         assert "_torchdynamo_orig_callable" in dir(arm.learner.policy.get_decoder().forward)
-        assert linear_library(arm.learner.policy) == ("onednn" if onednn_available() else "torch")
+        assert linear_library(arm.learner.policy) == resolve_cpu_matmul("auto", device=torch.device("cpu"), compute_dtype=torch.float32)
         before = snapshot(arm.learner.policy)
         loop = arm.loop(printer=lambda _line: None)
         metrics = [loop.step() for _ in range(2)]

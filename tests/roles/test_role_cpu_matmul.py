@@ -1,7 +1,11 @@
 """``train.cpu_matmul``: the learner's Linear layers through oneDNN compute torch's values and
-gradients, the choice follows its rule, and an explicit ``onednn`` that cannot apply is refused."""
+gradients, the choice follows its rule (oneDNN for MKL on a CPU that is not Intel's), and an
+explicit ``onednn`` that cannot apply is refused."""
 
 from __future__ import annotations
+
+import platform
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +15,8 @@ from polyrl.algos.logprobs import pack_completions, token_logprobs
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.core.types import Completion
 from polyrl.roles import cpu_matmul
-from polyrl.roles.cpu_matmul import (CpuMatmulError, linear_library, onednn_linear, onednn_linear_traceable, resolve_cpu_matmul,
-                                     route_linears_through_onednn)
+from polyrl.roles.cpu_matmul import (CpuMatmulError, cpu_vendor, linear_library, onednn_linear, onednn_linear_traceable,
+                                     resolve_cpu_matmul, route_linears_through_onednn, torch_blas)
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(), reason="this torch build has no oneDNN")
@@ -108,16 +112,33 @@ def test_routed_policy_gives_torch_logprobs_and_gradients(random_policy_dir):
 def test_the_choice_follows_its_rule(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
-    assert resolve_cpu_matmul("auto", device=cpu, compute_dtype=torch.float32) == "onednn"
-    assert resolve_cpu_matmul("torch", device=cpu, compute_dtype=torch.float32) == "torch"
+    fp32 = {"device": cpu, "compute_dtype": torch.float32}
+    # auto: oneDNN only for MKL on a CPU known not to be Intel's (MKL's vendor dispatch is the slow path).
+    assert resolve_cpu_matmul("auto", **fp32, vendor="AuthenticAMD", blas="mkl") == "onednn"
+    assert resolve_cpu_matmul("auto", **fp32, vendor="HygonGenuine", blas="mkl") == "onednn"
+    assert resolve_cpu_matmul("auto", **fp32, vendor="GenuineIntel", blas="mkl") == "torch"
+    assert resolve_cpu_matmul("auto", **fp32, vendor=None, blas="mkl") == "torch"  # unreadable: torch's default
+    assert resolve_cpu_matmul("auto", **fp32, vendor="AuthenticAMD", blas="open") == "torch"  # not MKL: no vendor dispatch
+    # An explicit choice is honoured whatever the vendor.
+    assert resolve_cpu_matmul("onednn", **fp32, vendor="GenuineIntel", blas="mkl") == "onednn"
+    assert resolve_cpu_matmul("torch", **fp32, vendor="AuthenticAMD", blas="mkl") == "torch"
     for kwargs in ({"device": cuda, "compute_dtype": torch.float32}, {"device": cpu, "compute_dtype": torch.bfloat16}):
-        assert resolve_cpu_matmul("auto", **kwargs) == "torch"
+        assert resolve_cpu_matmul("auto", **kwargs, vendor="AuthenticAMD", blas="mkl") == "torch"
         with pytest.raises(CpuMatmulError, match="onednn cannot apply"):
             resolve_cpu_matmul("onednn", **kwargs)
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: False)
-    assert resolve_cpu_matmul("auto", device=cpu, compute_dtype=torch.float32) == "torch"
+    assert resolve_cpu_matmul("auto", **fp32, vendor="AuthenticAMD", blas="mkl") == "torch"
     with pytest.raises(CpuMatmulError, match="no oneDNN"):
-        resolve_cpu_matmul("onednn", device=cpu, compute_dtype=torch.float32)
+        resolve_cpu_matmul("onednn", **fp32)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not Path("/proc/cpuinfo").exists(), reason="reads an x86 Linux CPU")
+def test_this_machine_is_read_for_the_rule():
+    vendors = {line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id")}
+    assert cpu_vendor() in vendors and len(vendors) == 1
+    assert torch_blas() == "mkl"  # PyPI's x86 CPU wheel links MKL
+    expected = "onednn" if cpu_vendor() != "GenuineIntel" and cpu_matmul.onednn_available() else "torch"
+    assert resolve_cpu_matmul("auto", device=torch.device("cpu"), compute_dtype=torch.float32) == expected
 
 
 def test_an_explicit_onednn_that_would_not_run_is_refused_with_its_field():
@@ -128,8 +149,8 @@ def test_an_explicit_onednn_that_would_not_run_is_refused_with_its_field():
 
 
 @needs_onednn
-def test_arm_routes_policy_and_reference_by_default_and_trains(tmp_path, tiny_experiment):
-    config = tiny_experiment(train={"steps": 2, "kl_coef": 0.05})
+def test_arm_routes_policy_and_reference_through_onednn_and_trains(tmp_path, tiny_experiment):
+    config = tiny_experiment(train={"steps": 2, "kl_coef": 0.05, "cpu_matmul": "onednn"})
     with built(tmp_path, config) as arm:
         assert linear_library(arm.learner.policy) == linear_library(arm.reference) == "onednn"
         before = snapshot(arm.learner.policy)
@@ -141,3 +162,6 @@ def test_arm_routes_policy_and_reference_by_default_and_trains(tmp_path, tiny_ex
         assert metrics[0]["rollout/logprob_gap"] < 1e-4
     with built(tmp_path / "torch", tiny_experiment(train={"steps": 2, "cpu_matmul": "torch"})) as arm:
         assert linear_library(arm.learner.policy) == "torch"
+    with built(tmp_path / "auto", tiny_experiment(train={"steps": 2, "kl_coef": 0.05})) as arm:  # the default follows the rule here
+        auto = resolve_cpu_matmul("auto", device=torch.device("cpu"), compute_dtype=torch.float32)
+        assert linear_library(arm.learner.policy) == linear_library(arm.reference) == auto

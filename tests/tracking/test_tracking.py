@@ -10,11 +10,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from polyrl.launch.compare import compare_experiment
 from polyrl.launch.runner import run_experiment
-from polyrl.roles.cpu_matmul import onednn_available
+from polyrl.roles.cpu_matmul import cpu_vendor, resolve_cpu_matmul, torch_blas
 from polyrl.tracking.mlflow_runs import ExperimentTracker, STEP_MARKER, resolve_tracking_uri
 
 
@@ -97,7 +98,9 @@ def test_experiment_with_arms_logs_to_a_real_mlflow_server(tmp_path, tiny_experi
         assert 0 < float(run.data.params["runtime.engine_startup_s"]) <= float(run.data.params["runtime.build_s"])
         assert int(run.data.params["runtime.torch_threads"]) >= 1
         assert run.data.params["runtime.rollout_threads"] == run.data.params["runtime.torch_threads"]  # default: the learner's
-        assert run.data.params["runtime.cpu_matmul"] == ("onednn" if onednn_available() else "torch")  # auto's choice, recorded
+        # auto's choice, recorded with what it was made from
+        assert run.data.params["runtime.cpu_matmul"] == resolve_cpu_matmul("auto", device=torch.device("cpu"), compute_dtype=torch.float32)
+        assert run.data.params["runtime.cpu_vendor"] == (cpu_vendor() or "unknown") and run.data.params["runtime.torch_blas"] == torch_blas()
         assert [m.step for m in client.get_metric_history(run_id, "reward/mean")] == [1, 2]
         artifacts = {a.path for a in client.list_artifacts(run_id)}
         assert "resolved_config.yaml" in artifacts
