@@ -174,7 +174,7 @@ def bare_generate_ratio(arm, repeats: int) -> None:
 
 def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micro_batch: int, steps: int, repeats: int,
                  threads: int | None, compile: bool = False, micro_batch_tokens: int | None = None,
-                 cpu_matmul: str | None = None, cpu_memory: str | None = None) -> dict[str, float]:
+                 cpu_matmul: str | None = None) -> dict[str, float]:
     from polyrl.models.text import build_random_text_model_dir
 
     model_dir = build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"m{size}", size, seed=0)
@@ -187,8 +187,6 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         train["micro_batch_tokens"] = micro_batch_tokens
     if cpu_matmul:
         train["cpu_matmul"] = cpu_matmul
-    if cpu_memory:
-        train["cpu_memory"] = cpu_memory
     config = resolve_arms({
         "name": f"bench{size}",
         "model": {"path": str(model_dir)},
@@ -214,7 +212,7 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         title = (f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, "
                  f"Dr.GRPO, vLLM{', train.compile' if compile else ''}"
                  f"{f', micro_batch_tokens {micro_batch_tokens}' if micro_batch_tokens else ''}"
-                 f"{f', cpu_matmul {cpu_matmul}' if cpu_matmul else ''}{f', cpu_memory {cpu_memory}' if cpu_memory else ''}")
+                 f"{f', cpu_matmul {cpu_matmul}' if cpu_matmul else ''}")
         result = phase_table(title, history)
         print(f"\nmatmul peak (bench_matmul, best library) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s; "
               "per library: " + ", ".join(f"{library} {value:.1f}" for library, value in peaks.items())
@@ -253,8 +251,6 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (rows stay ≤ --micro-batch)")
     parser.add_argument("--cpu-matmul", choices=["auto", "onednn", "torch"], default=None,
                         help="train.cpu_matmul (default: the config default, auto)")
-    parser.add_argument("--cpu-memory", choices=["auto", "keep", "release"], default=None,
-                        help="train.cpu_memory (default: the config default, auto)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
@@ -266,8 +262,7 @@ def main() -> None:
         bench_demo(steps)
     bench_policy(args.size, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens, micro_batch=args.micro_batch,
                  steps=steps, repeats=1 if args.quick else args.repeats, threads=args.threads, compile=args.compile,
-                 micro_batch_tokens=args.micro_batch_tokens, cpu_matmul=args.cpu_matmul,
-                 cpu_memory=args.cpu_memory)
+                 micro_batch_tokens=args.micro_batch_tokens, cpu_matmul=args.cpu_matmul)
 
 
 if __name__ == "__main__":

@@ -241,11 +241,6 @@ class TrainConfig(StrictModel):
         "kernels) or 'torch' (its default BLAS, MKL; ×1.15–1.18 faster than oneDNN on an Intel Xeon). 'auto': oneDNN when "
         "torch's BLAS is MKL on a CPU that is not Intel's, model.dtype is float32 and this torch has oneDNN; else torch. "
         "Recorded as runtime.cpu_matmul, with runtime.cpu_vendor and runtime.torch_blas.")
-    cpu_memory: Literal["auto", "keep", "release"] = Field(
-        "auto", description="What glibc's malloc does with freed tensor memory in the learner's process: 'keep' it for reuse "
-        "(mallopt: blocks up to 32 MiB from the heap, no trimming), so each micro-batch's activations do not page-fault "
-        "fresh pages (~130k faults per 30m update otherwise); the process keeps its peak memory. 'release': glibc's starting "
-        "thresholds (128 KiB). 'auto': keep where the C library is glibc, else nothing. Recorded as runtime.cpu_memory.")
 
 
 class TrackingConfig(StrictModel):

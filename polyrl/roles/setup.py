@@ -28,7 +28,6 @@ from polyrl.models.paths import resolve_policy_path
 from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
 from polyrl.roles.compiled import compile_decoder
-from polyrl.roles.cpu_memory import apply_cpu_memory, resolve_cpu_memory
 from polyrl.roles.cpu_matmul import cpu_vendor, resolve_cpu_matmul, route_linears_through_onednn, torch_blas
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.roles.health import HealthMonitor
@@ -169,9 +168,6 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     """
     cfg = config
     build_started = time.perf_counter()
-    # Before the models load, so that every tensor after it lives under the same malloc settings.
-    cpu_memory = resolve_cpu_memory(cfg.train.cpu_memory)
-    apply_cpu_memory(cpu_memory)
     if cfg.train.threads:
         set_torch_threads(cfg.train.threads)
     seed_everything(cfg.seed)
@@ -220,7 +216,6 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     if logger is not None:
         # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
         logger.log_params({"runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
-                           "runtime.cpu_memory": cpu_memory,
                            "runtime.cpu_vendor": cpu_vendor() or "unknown", "runtime.torch_blas": torch_blas(),
                            "runtime.engine_startup_s": round(engine_startup_s, 2),
                            "runtime.build_s": round(time.perf_counter() - build_started, 2)})
