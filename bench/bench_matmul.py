@@ -2,9 +2,9 @@
 threads, in GFLOP/s (2·M·N·K per product), through both GEMM libraries torch can call on CPU:
 its default BLAS (``torch.matmul``; MKL in PyPI's wheels) and oneDNN (the inner product that
 ``train.cpu_matmul: onednn`` and vLLM's CPU backend use). The peak is the best of the two: on
-this machine's AMD Zen 5 MKL runs its AVX2 kernels (~200 GFLOP/s on two threads) and oneDNN
+an AMD Zen 5 MKL runs its AVX2 kernels (~200 GFLOP/s on two threads) and oneDNN
 its AVX-512 ones (~420–470), so a peak measured with ``torch.matmul`` alone understates the
-machine by half.
+machine by half there. On an Intel Xeon the two measured alike (~220–290 GFLOP/s, noisy).
 
 Run: ``python bench/bench_matmul.py`` (``--size 3m`` for the 3m policy's shapes; ``--threads 1 2 4``).
 ``bench/bench_step.py`` imports :func:`measure_peaks` to put the update's achieved FLOP/s against it.

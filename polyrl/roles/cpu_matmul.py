@@ -1,7 +1,7 @@
 """The learner's fp32 Linear layers on CPU through oneDNN instead of torch's default BLAS (``train.cpu_matmul``).
 
 Why: torch's CPU build runs an fp32 ``nn.Linear`` as an MKL ``sgemm``. MKL picks its kernels by
-CPU vendor, and on this machine's AMD EPYC (Zen 5, AVX-512 with full-width FMA units) it runs
+CPU vendor, and on an AMD EPYC (Zen 5, AVX-512 with full-width FMA units) it runs
 at ~200 GFLOP/s on two threads, where oneDNN (which dispatches on the instruction set, not the
 vendor) runs the same fp32 products at ~420–470 GFLOP/s. vLLM's CPU backend already sends its
 Linear layers to oneDNN (``dispatch_cpu_unquantized_gemm``), so the rollout side had this and
