@@ -40,6 +40,10 @@ TABLE_METRICS: tuple[str, ...] = (
     "actor/approx_kl",
     "actor/clip_frac_high",
     "actor/pos_loss_share",
+    # BAPO's adaptive clip bounds and the positive tokens' share of the loss (absent for other arms: no column)
+    "bapo/c_low",
+    "bapo/c_high",
+    "bapo/positive_share",
     "rollout/logprob_gap",
     "perf/step_s",
 )
