@@ -75,12 +75,14 @@ def evaluate_models(
     ``out``: with one model, that model's report folder (default ``reports/eval/<suite>/<slug>``);
     with several, the folder holding one ``<slug>/`` per model and ``comparison.{md,json}``.
     """
-    from polyrl.tracking.mlflow_runs import ensure_experiment, make_client, resolve_tracking_uri
+    from polyrl.tracking.mlflow_runs import ensure_experiment, make_client, probe_tracking, resolve_tracking_uri
 
     if not model_refs:
         raise ValueError("evaluate_models needs at least one model")
     engine = engine or EngineOptions()
     uri = resolve_tracking_uri(tracking_uri)
+    # A server that does not answer is one message in seconds, not MLflow's retries after the models are exported.
+    probe_tracking(uri, setting="--tracking-uri", nothing_done="nothing was evaluated or logged")
     # Resolve every model and load the suite before starting any engine: bad input fails fast.
     models = [resolve_model(ref, tracking_uri=uri, cache_dir=cache_dir) for ref in model_refs]
     _unique_slugs(models)

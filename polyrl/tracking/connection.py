@@ -71,14 +71,16 @@ def unreachable_reason(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None
         return str(error) or type(error).__name__
 
 
-def probe_tracking(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Raise :class:`TrackingUnavailableError` at once when a tracking server does not answer."""
+def probe_tracking(uri: str, timeout: float = PROBE_TIMEOUT_S, *, setting: str = "tracking.uri",
+                   nothing_done: str = "nothing was trained or logged") -> None:
+    """Raise :class:`TrackingUnavailableError` at once when a tracking server does not answer;
+    ``setting`` names where the caller's URI comes from, ``nothing_done`` what was not started."""
     reason = unreachable_reason(uri, timeout)
     if reason is not None:
         raise TrackingUnavailableError(
             f"cannot reach MLflow at {uri}: {reason} (no answer within {timeout:g} s). Start the tracking server "
-            "(e.g. mlflow server --host 127.0.0.1 --port 5000) or point tracking.uri / MLFLOW_TRACKING_URI at a running one; "
-            "nothing was trained or logged")
+            f"(e.g. mlflow server --host 127.0.0.1 --port 5000) or point {setting} / MLFLOW_TRACKING_URI at a running one; "
+            f"{nothing_done}")
 
 
 def make_client(tracking_uri: str) -> MlflowClient:

@@ -154,3 +154,19 @@ def test_eval_failing_metric_keeps_the_finished_report(app, tmp_path, small_suit
     client = MlflowClient(eval_tracking)
     failed = [r for r in client.search_runs([client.get_experiment_by_name("failing-metric").experiment_id]) if r.info.status == "FAILED"]
     assert len(failed) == 1 and "scorer exploded" in failed[0].data.tags["polyrl.error"]
+
+
+def test_eval_with_its_mlflow_server_down_is_one_message_in_seconds(app, tmp_path, small_suite, tiny_model):
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed once the socket is
+    started = time.monotonic()
+    code, output = _invoke(app, ["--model", str(tiny_model), "--suite", str(small_suite), "--engine", "hf", "--tracking-uri", uri,
+                                 "--out", str(tmp_path / "report")])
+    assert code != 0 and f"cannot reach MLflow at {uri}" in output and "nothing was trained or logged" not in output
+    assert "nothing was evaluated or logged" in output
+    assert time.monotonic() - started < 15
+    assert not (tmp_path / "report").exists()  # before any engine or report
