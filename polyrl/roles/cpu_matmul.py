@@ -39,8 +39,8 @@ from torch import Tensor
 
 from polyrl.core.errors import PolyrlError
 
-__all__ = ["CpuMatmulError", "cpu_vendor", "linear_library", "onednn_available", "onednn_linear", "onednn_linear_traceable", "resolve_cpu_matmul",
-           "route_linears_through_onednn"]
+__all__ = ["CpuMatmulError", "cpu_vendor", "linear_library", "onednn_available", "onednn_linear", "onednn_linear_traceable",
+           "resolve_cpu_matmul", "route_linears_through_onednn", "torch_blas"]
 
 
 class CpuMatmulError(PolyrlError):
