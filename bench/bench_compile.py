@@ -1,5 +1,5 @@
 """The update's two compute levers alone: forward + backward + fused AdamW, eager on torch's BLAS,
-eager with the Linear layers on oneDNN (``train.cpu_matmul``, the default), and ``torch.compile``.
+eager with the Linear layers on oneDNN (``train.cpu_matmul: onednn``), and ``torch.compile``.
 
 Run: ``python bench/bench_compile.py`` (``--size 3m``, ``--threads``, ``--steps``).
 
@@ -8,8 +8,9 @@ through 120/112/104/96 tokens (every step another shape, as in RL), two micro-ba
 optimizer step. The compiled model compiles its decoder the way ``train.compile`` does
 (``polyrl.roles.compiled.compile_decoder``, ``dynamic=True``). Reported: the one-off compile
 seconds (first step) and the steady tokens/s of each, in one process, with ratios to eager on
-torch's BLAS. The compiled model has oneDNN linears (as custom ops) where oneDNN is available,
-as ``train.compile`` does by default.
+torch's BLAS. The compiled model's linears use the library ``train.cpu_matmul: auto`` picks on
+this machine (oneDNN as custom ops on a non-Intel CPU, torch's BLAS on Intel), as ``train.compile``
+does by default.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from polyrl.models.cache import set_torch_threads  # noqa: E402
 from polyrl.models.text import build_random_text_model_dir  # noqa: E402
 from polyrl.roles.compiled import compile_decoder  # noqa: E402
-from polyrl.roles.cpu_matmul import onednn_available, route_linears_through_onednn  # noqa: E402
+from polyrl.roles.cpu_matmul import cpu_vendor, onednn_available, resolve_cpu_matmul, route_linears_through_onednn  # noqa: E402
 
 LENGTHS = (120, 112, 104, 96)
 
@@ -70,8 +71,9 @@ def main() -> None:
         route_linears_through_onednn(routed)
         _, onednn_rate = timed_steps(routed, args.steps)
     compiled = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32).train()
-    if onednn_available():
-        route_linears_through_onednn(compiled, traceable=True)  # as train.compile does with train.cpu_matmul's default
+    library = resolve_cpu_matmul("auto", device=torch.device("cpu"), compute_dtype=torch.float32)
+    if library == "onednn":
+        route_linears_through_onednn(compiled, traceable=True)  # as train.compile does where train.cpu_matmul's auto picks oneDNN
     compile_decoder(compiled, takes_images=False)
     compiled_first, compiled_rate = timed_steps(compiled, args.steps)
     print(f"{args.size} policy, {args.threads} threads, micro-batches 16 × {'/'.join(map(str, LENGTHS))} tokens, "
@@ -79,7 +81,8 @@ def main() -> None:
     print(f"eager     first step {eager_first:6.1f} s   steady {eager_rate:8,.0f} tok/s   (torch's BLAS)")
     if onednn_rate is not None:
         print(f"oneDNN    eager linears                steady {onednn_rate:8,.0f} tok/s   ×{onednn_rate / eager_rate:.2f}")
-    print(f"compiled  first step {compiled_first:6.1f} s   steady {compiled_rate:8,.0f} tok/s   ×{compiled_rate / eager_rate:.2f}")
+    print(f"compiled  first step {compiled_first:6.1f} s   steady {compiled_rate:8,.0f} tok/s   ×{compiled_rate / eager_rate:.2f}"
+          f"   (linears: {library}, train.cpu_matmul auto's choice on this {cpu_vendor() or 'unknown'} CPU)")
 
 
 if __name__ == "__main__":
