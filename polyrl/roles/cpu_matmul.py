@@ -32,6 +32,7 @@ decoder would fall back to torch's BLAS and lose this module's gain.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -50,6 +51,7 @@ class CpuMatmulError(PolyrlError):
 INTEL = "GenuineIntel"
 
 
+@functools.cache  # a fact of the machine: read once per process, for the rule and for the run's params
 def cpu_vendor() -> str | None:
     """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``, ...), ``None`` where it cannot be read."""
     try:
@@ -62,6 +64,7 @@ def cpu_vendor() -> str | None:
     return None
 
 
+@functools.cache
 def torch_blas() -> str:
     """The BLAS torch's CPU matmuls call (``BLAS_INFO`` of its build: ``mkl``, ``open``, ...), lower-case."""
     for field in torch.__config__.show().replace(",", " ").split():

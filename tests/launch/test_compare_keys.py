@@ -36,7 +36,7 @@ def test_bapo_bounds_get_columns_only_when_an_arm_logged_them(mlflow_uri, tmp_pa
             client.log_metric(run_id, "reward/mean", 0.1 * step, step=step)
             for key, value in extra.items():
                 client.log_metric(run_id, key, value + step, step=step)
-    report, table, _plots, _histories = _single_seed_report(client, "bapo_vs_grpo", "parent", mlflow_uri, arms, tmp_path)
+    _report, table, _plots, _histories = _single_seed_report(client, "bapo_vs_grpo", "parent", mlflow_uri, arms, tmp_path)
     header, _rule, *rows = table.splitlines()
     assert [c.strip() for c in header.strip("|").split("|")] == ["arm", "reward/mean", "bapo/c_low", "bapo/c_high", "bapo/positive_share"]
     cells = {row.strip("|").split("|")[0].strip(): [c.strip() for c in row.strip("|").split("|")[1:]] for row in rows}
