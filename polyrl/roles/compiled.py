@@ -9,13 +9,15 @@ of 16 × 96–120 tokens, forward + backward + fused AdamW: 1,025 tokens/s compi
 longer than a few hundred update seconds and is off by default, as in TRL (``torch_compile``)
 and torchtitan (``compile.enable``), where it is opt-in too.
 
-Those figures are against eager mode on torch's BLAS. The learner's Linear layers now run on
-oneDNN by default (``train.cpu_matmul``, :mod:`polyrl.roles.cpu_matmul`), as custom ops that
-Inductor keeps whole when the decoder is compiled: then the GEMMs are oneDNN's and compilation
-fuses the element-wise work between them. With oneDNN linears on both sides, 30m, compiled vs
-eager: ×1.20 on fixed 16 × 70-token micro-batches, ×1.02 in ``bench_compile.py`` (lengths
-96–120), and no gain in the RL step (``bench_step.py --compile``: 222.6 vs 230.5 GFLOP/s, within
-noise), after a one-off 50–90 s. So it stays opt-in.
+Those figures are against eager mode on torch's BLAS. Where ``train.cpu_matmul`` puts the
+learner's Linear layers on oneDNN (``auto`` on a CPU that is not Intel's, :mod:`polyrl.roles.cpu_matmul`),
+they run as custom ops that Inductor keeps whole when the decoder is compiled: then the GEMMs are
+oneDNN's and compilation fuses the element-wise work between them; elsewhere Inductor calls
+torch's BLAS. On an AMD Zen 5 with oneDNN linears on both sides, 30m, compiled vs eager: ×1.20
+on fixed 16 × 70-token micro-batches, ×1.02 in ``bench_compile.py`` (lengths 96–120), and no
+gain in the RL step (``bench_step.py --compile``: 222.6 vs 230.5 GFLOP/s, within noise), after a
+one-off 50–90 s. On an Intel Xeon with MKL's GEMMs: ×1.20 in ``bench_compile.py`` after a 95 s
+compile, and no consistent gain in the RL step. So it stays opt-in.
 
 ``dynamic=True`` because every batch has another sequence length; without it each new length
 recompiles. The decoder's bound ``forward`` is replaced on the instance, so parameter names, the

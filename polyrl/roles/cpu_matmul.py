@@ -23,7 +23,8 @@ and there oneDNN was the slower library (a 5th-gen Xeon, 30m update: ×0.85–0.
 oneDNN re-lays out the transposed operands of the backward products). A CPU whose vendor cannot
 be read keeps torch's default. The choice is a rule about the machine and the build, not a
 timing, so that two runs of one config on one machine (and a resumed run) compute with the same
-library; it is logged with its reason (``runtime.cpu_matmul``, ``runtime.cpu_vendor``). ``torch``
+library; it is logged with what decided it (``runtime.cpu_matmul``, ``runtime.cpu_vendor``,
+``runtime.torch_blas``). ``torch``
 keeps the default BLAS; ``onednn`` insists and is refused where it cannot apply. Under
 ``train.compile`` the same products run as registered custom ops, which Inductor calls as
 opaque kernels while it fuses the element-wise work between them; without them a compiled
