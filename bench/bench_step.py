@@ -10,8 +10,11 @@ For a policy of ``--size`` (random weights, so nearly every sample runs to the t
   samples/s, and orchestration overhead (time outside generate/score/update; goal < 5 %);
 * for the update: the useful work, 6 × parameters × real (unpadded) tokens forwarded, its achieved
   GFLOP/s against the machine's fp32 matmul peak measured in the same process at the same thread
-  count (``bench/bench_matmul.py``, measured before and after the steps and averaged), the share
-  of computed token positions that are padding, and the optimizer's share of the update;
+  count (``bench/bench_matmul.py``, every learner shape and library before and after the steps),
+  the share of computed token positions that are padding, and the optimizer's share of the update;
+* the same share step by step against a peak probe run right before and right after each step
+  (the fastest product of that table, ~1 s each): on a machine whose speed drifts by ±30% within
+  minutes, a ratio of two measurements seconds apart is the steadier figure;
 * the rollout phase against bare ``llm.generate`` of the same prompts, seeds and settings.
 
 Counting is done by a forward pre-hook on the policy, so it measures whatever the learner does
@@ -38,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_matmul import measure_peaks  # noqa: E402
+from bench_matmul import gflops, learner_shapes, measure, measure_peaks  # noqa: E402
 from polyrl.config.schema import load_experiment, resolve_arms  # noqa: E402
 from polyrl.roles.cpu_matmul import linear_library  # noqa: E402
 from polyrl.roles.loop import PHASES  # noqa: E402
@@ -100,17 +103,41 @@ def instrument(arm) -> UpdateCounter:
     return counter
 
 
-def run_steps(loop, counter: UpdateCounter, steps: int, warmup: int = 1) -> list[dict[str, float]]:
+def run_steps(loop, counter: UpdateCounter, steps: int, warmup: int = 1, probe=None) -> list[dict[str, float]]:
+    """``steps`` timed steps after ``warmup`` untimed ones; ``probe()`` (GFLOP/s) runs around each."""
     for _ in range(warmup):  # first-call costs (allocator, kernels, torch.compile) are not steady state
         loop.step()
     history = []
     for _ in range(steps):
         counter.reset()
+        before = probe() if probe else float("nan")
         metrics = loop.step()
+        after = probe() if probe else float("nan")
         history.append({**metrics, "bench/computed": counter.computed, "bench/real": counter.real,
                         "bench/forwards": counter.forwards, "bench/optimizer_s": counter.optimizer_s,
-                        "bench/page_faults": counter.page_faults})
+                        "bench/page_faults": counter.page_faults, "bench/peak_before": before, "bench/peak_after": after})
     return history
+
+
+def peak_probe(size: str, tokens: int, threads: int):
+    """The peak table (every learner product and the square, per library) and its fastest learner
+    product as a ~1 s GFLOP/s probe: (probe, its label, best GFLOP/s per library)."""
+    from bench_matmul import available_libraries
+
+    tables = {library: measure(size, tokens, threads, library=library) for library in available_libraries()}
+    _, library, name = max((rate, library, name) for library, table in tables.items() for name, rate in table.items()
+                           if not name.startswith("square"))
+    m, k, n = next((m, k, n) for shape, m, k, n in learner_shapes(size, tokens) if shape == name)
+
+    def probe() -> float:
+        previous = torch.get_num_threads()
+        torch._C.set_num_threads(threads)
+        try:
+            return gflops(m, k, n, library=library, seconds=0.3)
+        finally:
+            torch._C.set_num_threads(previous)
+
+    return probe, f"{name} ({m}×{k} @ {k}×{n}) on {library}", {library: max(table.values()) for library, table in tables.items()}
 
 
 def phase_table(title: str, history: list[dict[str, float]]) -> dict[str, float]:
@@ -139,10 +166,17 @@ def update_report(history: list[dict[str, float]], parameters: int, peak_gflops:
     print(f"\nupdate: {update_s:.3f} s for {useful_gflop:.1f} GFLOP of useful work (6 × {parameters / 1e6:.2f}M params × "
           f"{real:.0f} real tokens) = **{achieved:.1f} GFLOP/s**, {achieved / peak_gflops:.0%} of the measured fp32 matmul peak "
           f"{peak_gflops:.1f} GFLOP/s at {torch.get_num_threads()} threads (target ≥ 75%)")
+    per_step = [6 * parameters * h["bench/real"] / 1e9 / h["perf/update_s"] / ((h["bench/peak_before"] + h["bench/peak_after"]) / 2)
+                for h in history if h["bench/peak_before"] == h["bench/peak_before"]]  # NaN: no probe ran
+    if per_step:
+        print(f"step by step, against the peak probe right around each step: median **{statistics.median(per_step):.0%}** of peak "
+              f"(steps {', '.join(f'{share:.0%}' for share in per_step)}; probes "
+              f"{', '.join('{:.0f}/{:.0f}'.format(h['bench/peak_before'], h['bench/peak_after']) for h in history)} GFLOP/s before/after)")
     print(f"padding: {1 - real / computed:.1%} of the {computed:.0f} token positions computed "
           f"({statistics.mean(h['bench/forwards'] for h in history):.0f} forwards) · optimizer {optimizer / update_s:.1%} of the update · "
           f"{statistics.mean(h['bench/page_faults'] for h in history):.0f} page faults per update")
-    return {"update_s": update_s, "useful_gflops": achieved, "peak_share": achieved / peak_gflops, "padding_share": 1 - real / computed}
+    return {"update_s": update_s, "useful_gflops": achieved, "peak_share": achieved / peak_gflops, "padding_share": 1 - real / computed,
+            "peak_share_per_step": statistics.median(per_step) if per_step else float("nan")}
 
 
 def bare_generate_ratio(arm, repeats: int) -> None:
@@ -204,8 +238,8 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         loop = arm.loop(printer=lambda _line: None)
         parameters = sum(p.numel() for p in arm.learner.policy.parameters())
         rows = micro_batch * 53
-        peaks_before = measure_peaks(size, tokens=rows, threads=torch.get_num_threads())
-        history = run_steps(loop, counter, steps, warmup=3 if compile else 1)
+        probe, probe_name, peaks_before = peak_probe(size, rows, torch.get_num_threads())
+        history = run_steps(loop, counter, steps, warmup=3 if compile else 1, probe=probe)
         peaks_after = measure_peaks(size, tokens=rows, threads=torch.get_num_threads())
         peaks = {library: (peaks_before[library] + peaks_after[library]) / 2 for library in peaks_before}
         peak_before, peak_after = max(peaks_before.values()), max(peaks_after.values())
@@ -216,7 +250,8 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         result = phase_table(title, history)
         print(f"\nmatmul peak (bench_matmul, best library) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s; "
               "per library: " + ", ".join(f"{library} {value:.1f}" for library, value in peaks.items())
-              + f"; the learner's Linear layers ran on: {arm.config.train.cpu_matmul} -> {linear_library(arm.learner.policy)}")
+              + f"; the learner's Linear layers ran on: {arm.config.train.cpu_matmul} -> {linear_library(arm.learner.policy)}; "
+              f"probe around each step: {probe_name}")
         result.update(update_report(history, parameters, (peak_before + peak_after) / 2))
         bare_generate_ratio(arm, repeats)
         return result

@@ -232,9 +232,10 @@ class TrainConfig(StrictModel):
     value: ValueConfig = ValueConfig()
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
     compile: bool = Field(
-        False, description="torch.compile the policy's decoder (text policies; dynamic shapes): fuses the element-wise work "
-        "between the matmuls (oneDNN's, with train.cpu_matmul). ~50-90 s one-off compile; on the 30m update here ×1.02-1.20 "
-        "in isolation and no gain in the RL step, so off by default.")
+        False, description="torch.compile each of the policy's decoder layers (text policies; dynamic shapes; one graph shared "
+        "by all layers): fuses the element-wise work between the matmuls (oneDNN's, with train.cpu_matmul). ~35-50 s one-off "
+        "compile on the 30m policy here; the update ×1.18-1.20 (interleaved, same batches), so it pays on runs longer than a "
+        "few minutes of updates; off by default.")
     cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
         "auto", description="GEMM library of the learner's fp32 Linear layers on CPU (policy, reference, critic): 'onednn' "
         "(what vLLM's CPU backend uses; same fp32 maths, ×1.65–1.8 on the 30m update on an AMD Zen 5, where MKL runs AVX2 "

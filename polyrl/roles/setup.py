@@ -27,7 +27,7 @@ from polyrl.models.cache import set_torch_threads
 from polyrl.models.paths import resolve_policy_path
 from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
-from polyrl.roles.compiled import compile_decoder
+from polyrl.roles.compiled import compile_decoder_layers
 from polyrl.roles.cpu_matmul import cpu_vendor, resolve_cpu_matmul, route_linears_through_onednn, torch_blas
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.roles.health import HealthMonitor
@@ -179,7 +179,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     # Image-text models load whole (AutoModelForImageTextToText): the learner's forward needs the vision tower.
     policy = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32)
     if cfg.train.compile:
-        compile_decoder(policy, takes_images=model_takes_images(policy_path))
+        compile_decoder_layers(policy, takes_images=model_takes_images(policy_path))
     reference = None
     if cfg.train.kl_coef > 0:
         # Same storage dtype and autocast as the policy: KL is exactly 0 before the first update.
