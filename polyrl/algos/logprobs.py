@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from polyrl.algos.losses import entropy_from_logits
+from polyrl.algos.shared_prompts import shared_prompt_hidden
 from polyrl.core.types import Completion
 
 
@@ -136,16 +137,24 @@ def pack_completions(completions: list[Completion], *, pad_token_id: int) -> Pac
 _POST_HEAD_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def _response_logits(model: torch.nn.Module, batch: PackedBatch) -> Tensor:
-    """Logits ``[B, T, V]`` at the response positions only."""
+def _response_logits(model: torch.nn.Module, batch: PackedBatch, share_prompts: bool = False) -> Tensor:
+    """Logits ``[B, T, V]`` at the response positions only; with ``share_prompts`` one forward
+    per distinct prompt (:mod:`polyrl.algos.shared_prompts`)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     config = getattr(model, "config", None)
     post_head = any(getattr(config, name, None) not in (None, 1, 1.0) for name in _POST_HEAD_ATTRS)
     index = batch.response_index
     if batch.image_inputs is not None and any(batch.image_inputs):
+        if share_prompts:
+            raise ValueError("share_prompts: text-only batches only (this batch has images)")
         return _image_response_logits(model, batch, head)
-    if decoder is not None and head is not None and decoder is not model and not post_head:
+    shortcut = decoder is not None and head is not None and decoder is not model and not post_head
+    if share_prompts:
+        if not shortcut:
+            raise ValueError(f"share_prompts: {type(model).__name__} has no separate decoder and output head (or scales its logits)")
+        return head(shared_prompt_hidden(decoder, batch, pad_token_id=int(getattr(config, "pad_token_id", None) or 0)))
+    if shortcut:
         hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
         picked = torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
         return head(picked)
@@ -216,6 +225,7 @@ def token_logprobs(
     temperature: float = 1.0,
     compute_entropy: bool = False,
     entropy_grad: bool = True,
+    share_prompts: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token ``log softmax(logits / temperature)[token]`` of the completion tokens.
 
@@ -225,11 +235,13 @@ def token_logprobs(
     logits). Gradients flow through the log-probs when the caller has grad enabled, and through
     the entropy only with ``entropy_grad`` (a loss with an entropy bonus); otherwise the entropy
     is a metric and is computed under ``no_grad``, which keeps its ``[B, T, V]`` graph out of
-    memory. ``temperature == 0`` (greedy sampling) is scored at temperature 1.
+    memory. ``temperature == 0`` (greedy sampling) is scored at temperature 1. ``share_prompts``:
+    rows with the same prompt run as one packed row (:mod:`polyrl.algos.shared_prompts`; the same
+    values up to float rounding).
     """
     device = next(model.parameters()).device
     batch = batch.to(device)
-    logits = _response_logits(model, batch)
+    logits = _response_logits(model, batch, share_prompts)
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
     if batch.banned_token_ids is not None:

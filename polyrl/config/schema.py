@@ -215,6 +215,11 @@ class TrainConfig(StrictModel):
     micro_batch_tokens: int | None = Field(
         None, ge=1, description="Cut the update's micro-batches by token positions (rows × longest row) instead of a row "
         "count, at most micro_batch_size rows each (verl's use_dynamic_bsz); exact, the loss normaliser spans the mini-batch.")
+    share_prompts: bool = Field(
+        False, description="One learner forward per distinct prompt: the G completions of a prompt run as one packed row "
+        "(prompt once, a 4-D mask keeps completions apart; Prefix Grouper). Same log-probs and gradients up to float "
+        "rounding; saves the repeated prompt work, most where prompts are long against completions. Text policies with "
+        "sdpa/eager attention; micro-batches then keep a prompt's rows together (not with micro_batch_tokens).")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer updates per rollout batch (off-policy reuse).")
     mini_batches: int = Field(1, ge=1, description="Split each rollout batch into this many optimizer steps per update pass.")
     kl_coef: float = Field(0.0, ge=0)
@@ -322,6 +327,17 @@ class ExperimentConfig(StrictModel):
                            for item in error.errors()]  # fmt: skip
         if errors:
             raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        return self
+
+    @model_validator(mode="after")
+    def _share_prompts_applies(self) -> "ExperimentConfig":
+        """Shared prompts cut micro-batches by prompt groups; a token budget would be ignored."""
+        if self.train.share_prompts and self.train.micro_batch_tokens:
+            error = PydanticCustomError("value_error", "share_prompts keeps each prompt's rows in one micro-batch of "
+                                        "micro_batch_size rows, so micro_batch_tokens would not apply; allowed here: {allowed}",
+                                        {"allowed": "share_prompts: false, or micro_batch_tokens: null"})
+            raise ValidationError.from_exception_data("ExperimentConfig", [
+                InitErrorDetails(type=error, loc=("train", "share_prompts"), input=True)])
         return self
 
     @model_validator(mode="after")

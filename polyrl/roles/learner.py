@@ -20,6 +20,7 @@ from torch import Tensor
 from polyrl.algos.aggregation import global_loss_normalizer
 from polyrl.algos.logprobs import token_logprobs
 from polyrl.algos.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
+from polyrl.algos.shared_prompts import prompt_group_ids, prompt_grouped_micro_batches
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, guarded_step
 from polyrl.roles.precision import autocast
@@ -43,6 +44,7 @@ class LearnerSettings:
     mini_batches: int = 1
     micro_batch_size: int = 16
     micro_batch_tokens: int | None = None  # with it, micro-batches are cut by computed positions, at most micro_batch_size rows
+    share_prompts: bool = False  # one forward per distinct prompt in a micro-batch (polyrl.algos.shared_prompts)
     max_grad_norm: float = 1.0
     max_consecutive_nonfinite: int = 3
     temperature: float = 1.0
@@ -124,6 +126,7 @@ class PolicyLearner:
         learning_rate = self.learning_rate(self.optimizer_step + 1)
         shuffle = s.updates_per_batch > 1 or s.mini_batches > 1
         lengths = batch.packed.attention_mask.sum(dim=1)
+        groups = prompt_group_ids(batch.packed.input_ids, batch.packed.response_index) if s.share_prompts else None
         for _ in range(s.updates_per_batch):
             order = torch.randperm(size, generator=generator) if shuffle else torch.arange(size)
             for mini in torch.tensor_split(order, s.mini_batches):
@@ -134,8 +137,13 @@ class PolicyLearner:
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
                 # Rows of similar length share a micro-batch, which then drops its padding columns (exact).
-                micro_batches = (token_budget_micro_batches(mini, lengths, s.micro_batch_size, s.micro_batch_tokens) if s.micro_batch_tokens
-                                 else length_sorted_micro_batches(mini, lengths, s.micro_batch_size))
+                # With shared prompts, a prompt's rows share a micro-batch instead (one packed row each).
+                if groups is not None:
+                    micro_batches = prompt_grouped_micro_batches(mini, groups, s.micro_batch_size)
+                elif s.micro_batch_tokens:
+                    micro_batches = token_budget_micro_batches(mini, lengths, s.micro_batch_size, s.micro_batch_tokens)
+                else:
+                    micro_batches = length_sorted_micro_batches(mini, lengths, s.micro_batch_size)
                 for micro in micro_batches:
                     loss, metrics, logprobs = self.policy_loss(batch, micro, normalizer, prepared)
                     if batch.old_logprobs is None:
@@ -196,7 +204,8 @@ class PolicyLearner:
         with autocast(self.policy, s.compute_dtype):
             for start in range(0, len(packed), s.micro_batch_size):
                 part = packed.select(slice(start, start + s.micro_batch_size))
-                parts.append(token_logprobs(self.policy, part, temperature=s.temperature, compute_entropy=True))
+                parts.append(token_logprobs(self.policy, part, temperature=s.temperature, compute_entropy=True,
+                                            share_prompts=s.share_prompts))
         logprobs = torch.cat([lp for lp, _ in parts])
         entropy = torch.cat([h for _, h in parts])
         old_logprobs = logprobs if batch.old_logprobs is None else batch.old_logprobs[mini]
@@ -211,7 +220,7 @@ class PolicyLearner:
         # The entropy takes part in the gradient only through an entropy bonus; else it is a metric.
         with autocast(self.policy, s.compute_dtype):
             logprobs, entropy = token_logprobs(self.policy, packed, temperature=s.temperature, compute_entropy=True,
-                                               entropy_grad=s.entropy_coef != 0)
+                                               entropy_grad=s.entropy_coef != 0, share_prompts=s.share_prompts)
         params = self._objective_params(batch, rows)
         if "ref_logprobs" in params:
             params["ref_logprobs"] = params["ref_logprobs"][:, :width]

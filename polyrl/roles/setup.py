@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 
 from polyrl.algos.advantages import get_advantage
 from polyrl.algos.objectives import get_objective
+from polyrl.algos.shared_prompts import SharePromptsError, sharing_refusal
 from polyrl.config.schema import ConfigError, ExperimentConfig
 from polyrl.data.images import check_model_takes_images
 from polyrl.data.prompts import PromptSampler, load_prompt_dataset
@@ -82,7 +83,7 @@ def _learner_settings(cfg: ExperimentConfig, objective: Any) -> LearnerSettings:
         objective_params={**objective.default_params, **cfg.objective.params}, learning_rate=t.learning_rate, betas=tuple(t.betas),
         weight_decay=t.weight_decay, lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
         total_steps=t.steps, updates_per_batch=t.updates_per_batch, mini_batches=t.mini_batches, micro_batch_size=t.micro_batch_size,
-        micro_batch_tokens=t.micro_batch_tokens,
+        micro_batch_tokens=t.micro_batch_tokens, share_prompts=t.share_prompts,
         max_grad_norm=t.max_grad_norm, max_consecutive_nonfinite=t.max_consecutive_nonfinite, temperature=cfg.rollout.temperature,
         max_tokens=cfg.rollout.max_tokens, kl_coef=0.0 if t.kl_in_reward else t.kl_coef, kl_estimator=t.kl_estimator,
         entropy_coef=t.entropy_coef, seed=cfg.seed, compute_dtype=compute_dtype(cfg.model.dtype),
@@ -178,6 +179,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     # fp32 master weights and optimizer state; model.dtype is the compute dtype (precision.py).
     # Image-text models load whole (AutoModelForImageTextToText): the learner's forward needs the vision tower.
     policy = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32)
+    if cfg.train.share_prompts and (refusal := sharing_refusal(policy, takes_images=model_takes_images(policy_path))):
+        raise SharePromptsError(f"train.share_prompts: {refusal}; set it to false")
     if cfg.train.compile:
         compile_decoder_layers(policy, takes_images=model_takes_images(policy_path))
     reference = None
