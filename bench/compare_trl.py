@@ -104,7 +104,7 @@ def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
 
 
 def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
-                  micro_batch: int | None = None, cpu_matmul: str = "auto") -> dict:
+                  micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False) -> dict:
     from polyrl.config.schema import resolve_arms
     from polyrl.roles.cpu_matmul import linear_library
     from polyrl.roles.setup import build_arm
@@ -118,7 +118,8 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, 
                     "temperature": 1.0, "kv_cache_gb": 1.0},
         "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
         "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": micro_batch or MICRO_BATCH, "max_grad_norm": 1.0,
-                  "compile": compile, "micro_batch_tokens": micro_batch_tokens, "cpu_matmul": cpu_matmul},
+                  "compile": compile, "micro_batch_tokens": micro_batch_tokens, "cpu_matmul": cpu_matmul,
+                  "share_prompts": share_prompts},
         "tracking": {"progress": False},
         "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
     })["main"]
@@ -206,7 +207,8 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
 
 
 def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int, polyrl_compile: bool = False,
-               polyrl_micro_batch_tokens: int | None = None, polyrl_micro_batch: int | None = None, polyrl_cpu_matmul: str = "auto") -> dict:
+               polyrl_micro_batch_tokens: int | None = None, polyrl_micro_batch: int | None = None, polyrl_cpu_matmul: str = "auto",
+               polyrl_share_prompts: bool = False) -> dict:
     command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps)]
     if system == "polyrl-compile":
         system, polyrl_compile = "polyrl", True
@@ -219,6 +221,8 @@ def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int, 
         command += ["--polyrl-micro-batch", str(polyrl_micro_batch)]
     if system == "polyrl":
         command += ["--polyrl-cpu-matmul", polyrl_cpu_matmul]
+    if polyrl_share_prompts and system == "polyrl":
+        command.append("--polyrl-share-prompts")
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp())
     except subprocess.TimeoutExpired:
@@ -261,6 +265,8 @@ def main() -> None:
     parser.add_argument("--polyrl-micro-batch", type=int, default=None, help="polyrl's train.micro_batch_size (default: TRL's, 16)")
     parser.add_argument("--polyrl-compile", action="store_true",
                         help="polyrl with train.compile (3 warm-up steps; their seconds are printed as its one-off cost)")
+    parser.add_argument("--polyrl-share-prompts", action="store_true",
+                        help="polyrl with train.share_prompts (one learner forward per prompt for its samples)")
     parser.add_argument("--polyrl-arms", nargs="+", choices=["eager", "compile"], default=None,
                         help="polyrl arms to interleave with TRL (default: eager, or compile with --polyrl-compile)")
     parser.add_argument("--polyrl-cpu-matmul", choices=["auto", "onednn", "torch"], default="auto",
@@ -274,7 +280,7 @@ def main() -> None:
         if args.worker == "polyrl":
             result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile,
                                    micro_batch_tokens=args.polyrl_micro_batch_tokens, micro_batch=args.polyrl_micro_batch,
-                                   cpu_matmul=args.polyrl_cpu_matmul)
+                                   cpu_matmul=args.polyrl_cpu_matmul, share_prompts=args.polyrl_share_prompts)
         else:
             result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate")
         print(RESULT_MARK + json.dumps(result), flush=True)
@@ -286,7 +292,8 @@ def main() -> None:
     import trl
 
     print(f"# polyrl vs TRL {trl.__version__} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); policy {policy}; "
-          f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, fp32, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds")
+          f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, fp32, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds"
+          f"{'; polyrl with train.share_prompts' if args.polyrl_share_prompts else ''}")
     long_policy = None
     for regime in args.regimes:
         if REGIMES[regime]["long_writer"]:
@@ -307,7 +314,8 @@ def main() -> None:
                 if system == "trl-hf" and "hf" not in args.trl_modes:
                     continue
                 result = run_worker(system, policy_dir, regime, args.steps, args.timeout, False,
-                                    args.polyrl_micro_batch_tokens, args.polyrl_micro_batch, args.polyrl_cpu_matmul)
+                                    args.polyrl_micro_batch_tokens, args.polyrl_micro_batch, args.polyrl_cpu_matmul,
+                                    args.polyrl_share_prompts)
                 results[system].append(result)
                 if "error" in result:
                     print(f"[{regime}] {system} round {round_index}: {result['error']}")

@@ -20,7 +20,7 @@ from torch import Tensor
 from polyrl.algos.aggregation import global_loss_normalizer
 from polyrl.algos.logprobs import token_logprobs
 from polyrl.algos.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
-from polyrl.algos.shared_prompts import prompt_group_ids, prompt_grouped_micro_batches
+from polyrl.algos.shared_prompts import attention_cost_ratio, row_prompts, shared_prompt_micro_batches
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, guarded_step
 from polyrl.roles.precision import autocast
@@ -126,7 +126,10 @@ class PolicyLearner:
         learning_rate = self.learning_rate(self.optimizer_step + 1)
         shuffle = s.updates_per_batch > 1 or s.mini_batches > 1
         lengths = batch.packed.attention_mask.sum(dim=1)
-        groups = prompt_group_ids(batch.packed.input_ids, batch.packed.response_index) if s.share_prompts else None
+        if s.share_prompts:
+            prompts = row_prompts(batch.packed.input_ids, batch.packed.response_index)
+            completion_lengths = batch.packed.response_mask.sum(dim=1).tolist()
+            pack_cost_ratio = attention_cost_ratio(self.policy.get_decoder())
         for _ in range(s.updates_per_batch):
             order = torch.randperm(size, generator=generator) if shuffle else torch.arange(size)
             for mini in torch.tensor_split(order, s.mini_batches):
@@ -137,9 +140,9 @@ class PolicyLearner:
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
                 # Rows of similar length share a micro-batch, which then drops its padding columns (exact).
-                # With shared prompts, a prompt's rows share a micro-batch instead (one packed row each).
-                if groups is not None:
-                    micro_batches = prompt_grouped_micro_batches(mini, groups, s.micro_batch_size)
+                # With shared prompts, micro-batches are made of whole packs (a prompt and its completions) instead.
+                if s.share_prompts:
+                    micro_batches = shared_prompt_micro_batches(mini, prompts, completion_lengths, s.micro_batch_size, pack_cost_ratio)
                 elif s.micro_batch_tokens:
                     micro_batches = token_budget_micro_batches(mini, lengths, s.micro_batch_size, s.micro_batch_tokens)
                 else:

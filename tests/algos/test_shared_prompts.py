@@ -11,7 +11,7 @@ import torch
 
 from polyrl.algos.logprobs import pack_completions, token_logprobs
 from polyrl.algos.objectives import get_objective
-from polyrl.algos.shared_prompts import prompt_group_ids, prompt_grouped_micro_batches, share_prompts, sharing_refusal
+from polyrl.algos.shared_prompts import row_prompts, share_prompts, shared_prompt_micro_batches, sharing_refusal
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.core.types import Completion
 from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm
@@ -47,6 +47,23 @@ def test_rows_of_a_prompt_become_one_packed_row_with_their_own_positions_and_mas
     assert rows.computed_positions == 12  # instead of 4 rows × 6 columns = 24
 
 
+def test_long_completions_keep_rows_of_their_own_where_the_packed_attention_would_cost_more():
+    prompt = [5, 6]
+    long_rows = pack_completions(_completions([(prompt, list(range(20, 30))), (prompt, list(range(30, 40)))]), pad_token_id=0)
+    short_rows = pack_completions(_completions([(prompt, [20]), (prompt, [30])]), pad_token_id=0)
+
+    def packed_rows(batch, ratio):
+        return share_prompts(batch.input_ids, batch.response_index, batch.response_mask, batch.completion_ids,
+                             attention_cost_ratio=ratio).input_ids.shape[0]
+
+    # Ratio 10, T = 10 after a row of 12: appending costs 10 + (2·12·10 + 10²)/10 = 44, a row of
+    # its own 12 + 12²/10 = 26.4, so two rows. T = 1 after a row of 3: 1 + (2·3 + 1)/10 = 1.7
+    # against 3 + 3²/10 = 3.9, so one. Without attention cost (ratio ∞) sharing always pays.
+    assert packed_rows(long_rows, 10.0) == 2
+    assert packed_rows(short_rows, 10.0) == 1
+    assert packed_rows(long_rows, math.inf) == 1
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_shared_forward_gives_the_per_row_logprobs_entropy_and_gradients(attention):
     tokenizer = build_char_tokenizer()
@@ -72,12 +89,16 @@ def test_shared_forward_gives_the_per_row_logprobs_entropy_and_gradients(attenti
         assert torch.allclose(grads_shared[name], grad, atol=1e-5, rtol=1e-4), name
 
 
-def test_micro_batches_keep_a_prompts_rows_together():
+def test_micro_batches_are_whole_packs_longest_first():
     packed = pack_completions(_completions(ROWS), pad_token_id=0)
-    groups = prompt_group_ids(packed.input_ids, packed.response_index)
-    assert groups.tolist() == [0, 1, 0, 1]
-    batches = prompt_grouped_micro_batches(torch.arange(4), groups, size=2)
-    assert [b.tolist() for b in batches] == [[0, 2], [1, 3]]
+    prompts = row_prompts(packed.input_ids, packed.response_index)
+    assert prompts == [tuple(A), tuple(B), tuple(A), tuple(B)]
+    lengths = packed.response_mask.sum(dim=1).tolist()
+    # Packs: A with rows 0, 2 (3 + 2 + 1 = 6 positions), B with rows 1, 3 (2 + 3 + 0 = 5).
+    assert [b.tolist() for b in shared_prompt_micro_batches(torch.arange(4), prompts, lengths, size=2)] == [[0, 2], [1, 3]]
+    assert [b.tolist() for b in shared_prompt_micro_batches(torch.arange(4), prompts, lengths, size=4)] == [[0, 2, 1, 3]]
+    # A pack larger than the micro-batch is cut; the pieces still go longest first.
+    assert [b.tolist() for b in shared_prompt_micro_batches(torch.tensor([3, 2, 1, 0]), prompts, lengths, size=1)] == [[2], [0], [3], [1]]
 
 
 def test_learner_update_is_the_same_with_shared_prompts():
