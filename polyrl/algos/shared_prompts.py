@@ -45,8 +45,8 @@ from torch import Tensor
 
 from polyrl.core.errors import PolyrlError
 
-__all__ = ["SharePromptsError", "SharedPromptRows", "attention_cost_ratio", "plan_packs", "row_prompts", "shared_prompt_micro_batches", "share_prompts", "shared_prompt_hidden",
-           "sharing_refusal"]
+__all__ = ["SharePromptsError", "SharedPromptRows", "attention_cost_ratio", "plan_packs", "row_prompts", "share_prompts",
+           "shared_prompt_hidden", "shared_prompt_micro_batches", "sharing_refusal"]
 
 
 class SharePromptsError(PolyrlError):
@@ -98,10 +98,8 @@ def share_prompts(input_ids: Tensor, response_index: Tensor, response_mask: Tens
     quadratically for a small saving on the prompt, keep rows of their own (``r = inf``: always share).
     """
     batch, width = response_index.shape
-    prompt_lengths = (response_index[:, 0] + 1).tolist()  # token 0 is predicted by the prompt's last position
+    prompts = row_prompts(input_ids, response_index)
     completion_lengths = response_mask.sum(dim=1).tolist()
-    ids = input_ids.tolist()
-    prompts = [tuple(ids[row][: prompt_lengths[row]]) for row in range(batch)]
     packs = [(prompts[rows[0]], rows) for rows in plan_packs(prompts, completion_lengths, attention_cost_ratio)]
     length = max(len(prompt) + sum(completion_lengths[row] for row in rows) for prompt, rows in packs)
     packed = torch.full((len(packs), length), pad_token_id, dtype=input_ids.dtype)
@@ -165,7 +163,7 @@ def shared_prompt_hidden(decoder: torch.nn.Module, batch, *, pad_token_id: int =
 
 def row_prompts(input_ids: Tensor, response_index: Tensor) -> list[tuple[int, ...]]:
     """Each row's prompt token ids (the packed batch's rows are ``prompt + completion``)."""
-    prompt_lengths = (response_index[:, 0] + 1).tolist()
+    prompt_lengths = (response_index[:, 0] + 1).tolist()  # token 0 is predicted by the prompt's last position
     return [tuple(row[:n]) for row, n in zip(input_ids.tolist(), prompt_lengths)]
 
 

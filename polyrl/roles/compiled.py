@@ -13,7 +13,7 @@ Measured on the 2-core Intel Xeon, 30m policy (9 layers), fp32, MKL GEMMs, the R
 Dr.GRPO batches (64 rows, micro-batches of 16), the same three batches in one process,
 interleaved over 4 rounds:
 
-* per layer: ×1.18–1.20 over eager (13.66 → 11.59 s per round), one-off compile ~35 s cold
+* per layer: ×1.18–1.20 over eager (13.66 → 11.59 s per round), one-off compile ~35–50 s cold
   (~6 s with Inductor's on-disk cache warm);
 * the whole decoder as one graph: ×1.25, but its one-off compile took ~220 s.
 
