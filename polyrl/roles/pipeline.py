@@ -49,6 +49,7 @@ class PipelineContext:
     kl_in_reward: bool = False
     tis_cap: float | None = None  # truncated importance sampling's C; None: off
     modalities: Any = None  # per-modality GAE settings (config.modalities)
+    share_prompts: bool = False  # π_old and reference log-probs packed per prompt, as the learner's (train.share_prompts)
 
 
 @dataclass
@@ -81,7 +82,8 @@ def _batched(fn: Callable[[PackedBatch], Tensor], packed: PackedBatch, model: to
 
 
 def _logprobs(model: torch.nn.Module, packed: PackedBatch, ctx: PipelineContext) -> Tensor:
-    return _batched(lambda b: token_logprobs(model, b, temperature=ctx.temperature)[0], packed, model, ctx)
+    return _batched(lambda b: token_logprobs(model, b, temperature=ctx.temperature, share_prompts=ctx.share_prompts)[0],
+                    packed, model, ctx)
 
 
 # --- the stages, in order ------------------------------------------------------------------------

@@ -233,7 +233,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         micro_batch_size=cfg.train.micro_batch_size, temperature=r.temperature, max_tokens=r.max_tokens,
         reuse_old_logprobs=reuses_old_logprobs(cfg), overlong=cfg.advantage.overlong, kl_coef=cfg.train.kl_coef,
         kl_estimator=cfg.train.kl_estimator, kl_in_reward=cfg.train.kl_in_reward,
-        tis_cap=r.truncated_importance_sampling.cap if r.truncated_importance_sampling.enabled else None, modalities=cfg.modalities))
+        tis_cap=r.truncated_importance_sampling.cap if r.truncated_importance_sampling.enabled else None, modalities=cfg.modalities,
+        share_prompts=cfg.train.share_prompts))
     health = HealthMonitor(cfg.health, check_logprob_gap=r.top_p == 1.0)
     models: dict[str, torch.nn.Module] = {"policy": policy, **({"critic": critic.model} if critic is not None else {})}
     optimizers = {"policy": learner.optimizer, **({"critic": critic.optimizer} if critic is not None else {})}
