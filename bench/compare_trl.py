@@ -3,7 +3,8 @@
 Run: ``python bench/compare_trl.py`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``, i.e. trl).
 Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``--regimes``,
 ``--trl-modes hf vllm-colocate``, ``--polyrl-arms eager compile`` (polyrl eager and with
-``train.compile``, both interleaved with TRL in one run).
+``train.compile``, both interleaved with TRL in one run), ``--polyrl-share-prompts``
+(``train.share_prompts`` for the polyrl arms).
 
 Same on both sides: the policy folder (random weights of ``--size`` built once, or ``--policy``),
 the arithmetic task's train prompts, 8 prompts × 8 samples per step, Dr.GRPO (no std scaling of
