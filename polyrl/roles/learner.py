@@ -44,7 +44,7 @@ class LearnerSettings:
     mini_batches: int = 1
     micro_batch_size: int = 16
     micro_batch_tokens: int | None = None  # with it, micro-batches are cut by computed positions, at most micro_batch_size rows
-    share_prompts: bool = False  # one forward per distinct prompt in a micro-batch (polyrl.algos.shared_prompts)
+    share_prompts: bool = False  # a prompt's completions packed into one row with it, where that pays (polyrl.algos.shared_prompts)
     max_grad_norm: float = 1.0
     max_consecutive_nonfinite: int = 3
     temperature: float = 1.0
