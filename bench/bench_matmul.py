@@ -18,10 +18,12 @@ figures move with the load: interleave runs you compare and report ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -83,15 +85,22 @@ def available_libraries() -> list[str]:
     return [library for library in LIBRARIES if library == "torch" or onednn_available()]
 
 
-def measure(size: str, tokens: int, threads: int, square: int = 2048, library: str = "torch") -> dict[str, float]:
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` for the block, then set back."""
     previous = torch.get_num_threads()
     torch._C.set_num_threads(threads)  # the real setter: vLLM may have replaced torch.set_num_threads
     try:
+        yield
+    finally:
+        torch._C.set_num_threads(previous)
+
+
+def measure(size: str, tokens: int, threads: int, square: int = 2048, library: str = "torch") -> dict[str, float]:
+    with torch_threads(threads):
         rows = {name: gflops(m, k, n, library=library) for name, m, k, n in learner_shapes(size, tokens)}
         rows[f"square {square}"] = gflops(square, square, square, library=library, seconds=0.5)
         return rows
-    finally:
-        torch._C.set_num_threads(previous)
 
 
 def measure_peaks(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None) -> dict[str, float]:

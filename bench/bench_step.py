@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_matmul import gflops, learner_shapes, measure, measure_peaks  # noqa: E402
+from bench_matmul import available_libraries, gflops, learner_shapes, measure, measure_peaks, torch_threads  # noqa: E402
 from polyrl.config.schema import load_experiment, resolve_arms  # noqa: E402
 from polyrl.roles.cpu_matmul import linear_library  # noqa: E402
 from polyrl.roles.loop import PHASES  # noqa: E402
@@ -122,20 +122,14 @@ def run_steps(loop, counter: UpdateCounter, steps: int, warmup: int = 1, probe=N
 def peak_probe(size: str, tokens: int, threads: int):
     """The peak table (every learner product and the square, per library) and its fastest learner
     product as a ~1 s GFLOP/s probe: (probe, its label, best GFLOP/s per library)."""
-    from bench_matmul import available_libraries
-
     tables = {library: measure(size, tokens, threads, library=library) for library in available_libraries()}
     _, library, name = max((rate, library, name) for library, table in tables.items() for name, rate in table.items()
                            if not name.startswith("square"))
     m, k, n = next((m, k, n) for shape, m, k, n in learner_shapes(size, tokens) if shape == name)
 
     def probe() -> float:
-        previous = torch.get_num_threads()
-        torch._C.set_num_threads(threads)
-        try:
+        with torch_threads(threads):
             return gflops(m, k, n, library=library, seconds=0.3)
-        finally:
-            torch._C.set_num_threads(previous)
 
     return probe, f"{name} ({m}×{k} @ {k}×{n}) on {library}", {library: max(table.values()) for library, table in tables.items()}
 

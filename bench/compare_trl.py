@@ -207,14 +207,12 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
 # --- the driver --------------------------------------------------------------------------------
 
 
-def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int, polyrl_compile: bool = False,
+def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
                polyrl_micro_batch_tokens: int | None = None, polyrl_micro_batch: int | None = None, polyrl_cpu_matmul: str = "auto",
                polyrl_share_prompts: bool = False) -> dict:
     command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps)]
-    if system == "polyrl-compile":
-        system, polyrl_compile = "polyrl", True
-        command[command.index("--worker") + 1] = system
-    if polyrl_compile and system == "polyrl":
+    if system == "polyrl-compile":  # the polyrl worker with train.compile
+        system = command[command.index("--worker") + 1] = "polyrl"
         command.append("--polyrl-compile")
     if polyrl_micro_batch_tokens and system == "polyrl":
         command += ["--polyrl-micro-batch-tokens", str(polyrl_micro_batch_tokens)]
@@ -314,7 +312,7 @@ def main() -> None:
             for system in systems[shift:] + systems[:shift]:
                 if system == "trl-hf" and "hf" not in args.trl_modes:
                     continue
-                result = run_worker(system, policy_dir, regime, args.steps, args.timeout, False,
+                result = run_worker(system, policy_dir, regime, args.steps, args.timeout,
                                     args.polyrl_micro_batch_tokens, args.polyrl_micro_batch, args.polyrl_cpu_matmul,
                                     args.polyrl_share_prompts)
                 results[system].append(result)
