@@ -4,7 +4,9 @@ Run: ``python bench/compare_trl.py`` (needs the ``bench`` extra: ``pip install -
 Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``--regimes``,
 ``--trl-modes hf vllm-colocate``, ``--polyrl-arms eager compile`` (polyrl eager and with
 ``train.compile``, both interleaved with TRL in one run), ``--polyrl-share-prompts``
-(``train.share_prompts`` for the polyrl arms).
+(``train.share_prompts`` for the polyrl arms), ``--precision fp32|bf16``, ``--polyrl-rollout-dtype``
+(polyrl's ``rollout.dtype``: e.g. bf16 sampling under an fp32 learner; not the same work as TRL's
+fp32 sampling, so report it apart).
 
 Same on both sides: the policy folder (random weights of ``--size`` built once, or ``--policy``),
 the arithmetic task's train prompts, 8 prompts × 8 samples per step, Dr.GRPO (no std scaling of
@@ -109,7 +111,8 @@ def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
 
 
 def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
-                  micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32") -> dict:
+                  micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
+                  rollout_dtype: str | None = None) -> dict:
     from polyrl.config.schema import resolve_arms
     from polyrl.roles.cpu_matmul import linear_library
     from polyrl.roles.setup import build_arm
@@ -120,7 +123,7 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, 
         "data": {"source": "arithmetic"},
         "objective": {"name": "dr_grpo"},
         "rollout": {"engine": "vllm", "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_tokens": regime["max_tokens"],
-                    "temperature": 1.0, "kv_cache_gb": 1.0},
+                    "temperature": 1.0, "kv_cache_gb": 1.0, "dtype": rollout_dtype},
         "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
         "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": micro_batch or MICRO_BATCH, "max_grad_norm": 1.0,
                   "compile": compile, "micro_batch_tokens": micro_batch_tokens, "cpu_matmul": cpu_matmul,
@@ -213,7 +216,7 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision:
 
 def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
                polyrl_micro_batch_tokens: int | None = None, polyrl_micro_batch: int | None = None, polyrl_cpu_matmul: str = "auto",
-               polyrl_share_prompts: bool = False, precision: str = "fp32") -> dict:
+               polyrl_share_prompts: bool = False, precision: str = "fp32", polyrl_rollout_dtype: str | None = None) -> dict:
     command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps),
                "--precision", precision]
     if system == "polyrl-compile":  # the polyrl worker with train.compile
@@ -227,6 +230,8 @@ def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
         command += ["--polyrl-cpu-matmul", polyrl_cpu_matmul]
     if polyrl_share_prompts and system == "polyrl":
         command.append("--polyrl-share-prompts")
+    if polyrl_rollout_dtype and system == "polyrl":
+        command += ["--polyrl-rollout-dtype", polyrl_rollout_dtype]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp())
     except subprocess.TimeoutExpired:
@@ -275,6 +280,9 @@ def main() -> None:
                         help="polyrl arms to interleave with TRL (default: eager, or compile with --polyrl-compile)")
     parser.add_argument("--polyrl-cpu-matmul", choices=["auto", "onednn", "torch"], default="auto",
                         help="polyrl's train.cpu_matmul (default auto: oneDNN for fp32 on CPU; torch: MKL, as TRL)")
+    parser.add_argument("--polyrl-rollout-dtype", choices=["float32", "bfloat16"], default=None,
+                        help="polyrl's rollout.dtype (default: the --precision's): bfloat16 samples in bf16 under an fp32 learner, "
+                             "which TRL's HF generation cannot do (it samples with the training model)")
     parser.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
                         help="fp32 (default), or bf16 mixed precision on both sides (TRL bf16=True; polyrl model.dtype bfloat16, "
                              "whose vLLM then samples in bf16)")
@@ -288,7 +296,7 @@ def main() -> None:
             result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile,
                                    micro_batch_tokens=args.polyrl_micro_batch_tokens, micro_batch=args.polyrl_micro_batch,
                                    cpu_matmul=args.polyrl_cpu_matmul, share_prompts=args.polyrl_share_prompts,
-                                   precision=args.precision)
+                                   precision=args.precision, rollout_dtype=args.polyrl_rollout_dtype)
         else:
             result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate", precision=args.precision)
         print(RESULT_MARK + json.dumps(result), flush=True)
@@ -301,7 +309,8 @@ def main() -> None:
 
     print(f"# polyrl vs TRL {trl.__version__} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); policy {policy}; "
           f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, {args.precision}, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds"
-          f"{'; polyrl with train.share_prompts' if args.polyrl_share_prompts else ''}")
+          f"{'; polyrl with train.share_prompts' if args.polyrl_share_prompts else ''}"
+          f"{f'; polyrl samples in {args.polyrl_rollout_dtype} (rollout.dtype)' if args.polyrl_rollout_dtype else ''}")
     long_policy = None
     for regime in args.regimes:
         if REGIMES[regime]["long_writer"]:
@@ -323,7 +332,7 @@ def main() -> None:
                     continue
                 result = run_worker(system, policy_dir, regime, args.steps, args.timeout,
                                     args.polyrl_micro_batch_tokens, args.polyrl_micro_batch, args.polyrl_cpu_matmul,
-                                    args.polyrl_share_prompts, args.precision)
+                                    args.polyrl_share_prompts, args.precision, args.polyrl_rollout_dtype)
                 results[system].append(result)
                 if "error" in result:
                     print(f"[{regime}] {system} round {round_index}: {result['error']}")

@@ -129,5 +129,5 @@ class TrainingLoop:
             ) from None
 
     def sync(self) -> None:
-        """Push the policy's weights to the rollout engine, in the engine's dtype (model.dtype)."""
+        """Push the policy's weights to the rollout engine, in the engine's dtype (rollout.dtype, else model.dtype)."""
         self.collector.sync_weights(self.learner.weights(self.engine_dtype))

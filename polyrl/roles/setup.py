@@ -142,7 +142,7 @@ class Arm:
 
     def loop(self, *, printer: Callable[[str], None] = print, callbacks: Sequence[Callable[[int, dict[str, float]], None]] = ()) -> TrainingLoop:
         return TrainingLoop(arm=self.name, steps=self.config.train.steps, sampler=self.sampler, collector=self.collector,
-                            pipeline=self.pipeline, learner=self.learner, engine_dtype=compute_dtype(self.config.model.dtype),
+                            pipeline=self.pipeline, learner=self.learner, engine_dtype=compute_dtype(self.config.rollout.engine_dtype(self.config.model.dtype)),
                             checkpointer=self.checkpointer, hooks=self.hooks(printer=printer, callbacks=callbacks),
                             start_step=self.start_step, history=self.history)
 
@@ -209,7 +209,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     label = accuracy_label(cfg, rewards.labels)
     engine_started = time.perf_counter()
     if engine is None:
-        engine = build_rollout_engine(cfg.rollout.engine, str(policy_path), seed=cfg.seed, dtype=cfg.model.dtype,
+        engine = build_rollout_engine(cfg.rollout.engine, str(policy_path), seed=cfg.seed, dtype=cfg.rollout.engine_dtype(cfg.model.dtype),
                                       max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb)
     engine_startup_s = time.perf_counter() - engine_started
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
