@@ -92,8 +92,11 @@ def guarded_step(optimizer: Any, guard: NonFiniteGuard, loss: float, grad_norm: 
 
 
 class HealthMonitor:
-    def __init__(self, settings: Any, *, check_logprob_gap: bool = True):
+    def __init__(self, settings: Any, *, check_logprob_gap: bool = True, sampler_dtype: str = "float32"):
         self.settings = settings
+        # A bf16 sampler differs from the learner by rounding too (~4e-3 nats/token at 30M), so
+        # its warning names that cause beside a stale sync.
+        self.sampler_dtype = sampler_dtype
         # With top_p < 1 the sampler's log-probs are renormalised over the nucleus, so the gap
         # is not a sync check (rollout.py) and this check is off.
         self.check_logprob_gap = check_logprob_gap
@@ -117,7 +120,9 @@ class HealthMonitor:
         gap = metrics.get("rollout/logprob_gap")
         if self.check_logprob_gap and gap is not None and gap > s.max_logprob_gap:
             self._trip("logprob_gap", f"sampler/learner log-prob gap {gap:.3g} nats/token > {s.max_logprob_gap:g} → the rollout "
-                       "engine samples from other weights than the learner's (a stale or partial weight sync)", warnings)
+                       "engine samples from other weights than the learner's (a stale or partial weight sync)"
+                       + ("" if self.sampler_dtype == "float32" else f", or {self.sampler_dtype} rounding in the sampler: if the gap "
+                          "holds steady, raise health.max_logprob_gap"), warnings)
         kept_groups = metrics.get("rollout/dynamic_sampling_kept_groups")
         if kept_groups is not None and kept_groups == 0:
             self._trip("no_informative_groups", "dynamic sampling kept no group (every group's rewards agreed), so the step made "

@@ -235,7 +235,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         kl_estimator=cfg.train.kl_estimator, kl_in_reward=cfg.train.kl_in_reward,
         tis_cap=r.truncated_importance_sampling.cap if r.truncated_importance_sampling.enabled else None, modalities=cfg.modalities,
         share_prompts=cfg.train.share_prompts))
-    health = HealthMonitor(cfg.health, check_logprob_gap=r.top_p == 1.0)
+    health = HealthMonitor(cfg.health, check_logprob_gap=r.top_p == 1.0, sampler_dtype=r.engine_dtype(cfg.model.dtype))
     models: dict[str, torch.nn.Module] = {"policy": policy, **({"critic": critic.model} if critic is not None else {})}
     optimizers = {"policy": learner.optimizer, **({"critic": critic.optimizer} if critic is not None else {})}
     checkpointer = Checkpointer(

@@ -56,3 +56,14 @@ def test_vllm_samples_in_bf16_under_an_fp32_learner_and_stays_in_sync(tmp_path, 
     # (test_trainer.py), a stale sync at lr 1e-2 gives nats.
     gaps = [h["rollout/logprob_gap"] for h in history]
     assert all(1e-4 < gap < 2e-2 for gap in gaps), gaps
+
+
+def test_gap_warning_names_bf16_rounding_only_for_a_bf16_sampler():
+    from polyrl.config.schema import HealthConfig
+    from polyrl.roles.health import HealthMonitor
+
+    metrics = {"rollout/logprob_gap": 0.05}
+    fp32 = HealthMonitor(HealthConfig()).check(1, dict(metrics))
+    bf16 = HealthMonitor(HealthConfig(), sampler_dtype="bfloat16").check(1, dict(metrics))
+    assert len(fp32) == 1 and "stale or partial weight sync" in fp32[0] and "rounding" not in fp32[0]
+    assert len(bf16) == 1 and "bfloat16 rounding in the sampler" in bf16[0] and "health.max_logprob_gap" in bf16[0]
