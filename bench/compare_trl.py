@@ -2,8 +2,8 @@
 
 Run: ``python bench/compare_trl.py`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``, i.e. trl).
 Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``--regimes``,
-``--trl-modes hf vllm-colocate``, ``--polyrl-arms eager compile`` (polyrl eager and with
-``train.compile``, both interleaved with TRL in one run), ``--polyrl-share-prompts``
+``--trl-modes hf vllm-colocate``, ``--polyrl-arms eager compile bf16-sampler`` (polyrl eager,
+with ``train.compile``, and with ``rollout.dtype: bfloat16``, interleaved with TRL in one run), ``--polyrl-share-prompts``
 (``train.share_prompts`` for the polyrl arms), ``--precision fp32|bf16``, ``--polyrl-rollout-dtype``
 (polyrl's ``rollout.dtype``: e.g. bf16 sampling under an fp32 learner; not the same work as TRL's
 fp32 sampling, so report it apart).
@@ -57,6 +57,8 @@ RESULT_MARK = "COMPARE_TRL_RESULT "
 # polyrl's model.dtype per --precision: bf16 is mixed precision on both sides (fp32 weights and
 # AdamW state, bf16 autocast compute; TRL's ``bf16=True``), and polyrl's vLLM samples in bf16.
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
+# --polyrl-arms: each a polyrl worker variant interleaved with TRL in one run.
+POLYRL_ARMS = {"eager": "polyrl", "compile": "polyrl-compile", "bf16-sampler": "polyrl-bf16-sampler"}
 
 
 def arithmetic_rows() -> list[dict]:
@@ -222,6 +224,9 @@ def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
     if system == "polyrl-compile":  # the polyrl worker with train.compile
         system = command[command.index("--worker") + 1] = "polyrl"
         command.append("--polyrl-compile")
+    if system == "polyrl-bf16-sampler":  # the polyrl worker sampling in bf16 under its fp32 learner
+        system = command[command.index("--worker") + 1] = "polyrl"
+        polyrl_rollout_dtype = "bfloat16"
     if polyrl_micro_batch_tokens and system == "polyrl":
         command += ["--polyrl-micro-batch-tokens", str(polyrl_micro_batch_tokens)]
     if polyrl_micro_batch and system == "polyrl":
@@ -276,7 +281,7 @@ def main() -> None:
                         help="polyrl with train.compile (3 warm-up steps; their seconds are printed as its one-off cost)")
     parser.add_argument("--polyrl-share-prompts", action="store_true",
                         help="polyrl with train.share_prompts (one learner forward per prompt for its samples)")
-    parser.add_argument("--polyrl-arms", nargs="+", choices=["eager", "compile"], default=None,
+    parser.add_argument("--polyrl-arms", nargs="+", choices=list(POLYRL_ARMS), default=None,
                         help="polyrl arms to interleave with TRL (default: eager, or compile with --polyrl-compile)")
     parser.add_argument("--polyrl-cpu-matmul", choices=["auto", "onednn", "torch"], default="auto",
                         help="polyrl's train.cpu_matmul (default auto: oneDNN for fp32 on CPU; torch: MKL, as TRL)")
@@ -317,7 +322,7 @@ def main() -> None:
             long_policy = long_policy or str(long_writer_policy(Path(policy), Path(tempfile.mkdtemp()) / "long-writer"))
         policy_dir = long_policy if REGIMES[regime]["long_writer"] else policy
         arms = args.polyrl_arms or (["compile"] if args.polyrl_compile else ["eager"])
-        ours_names = [{"eager": "polyrl", "compile": "polyrl-compile"}[arm] for arm in arms]
+        ours_names = [POLYRL_ARMS[arm] for arm in arms]
         results: dict[str, list[dict]] = {**{name: [] for name in ours_names}, "trl-hf": []}
         if "vllm-colocate" in args.trl_modes:
             colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout, precision=args.precision)
