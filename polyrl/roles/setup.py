@@ -24,6 +24,7 @@ from polyrl.data.images import check_model_takes_images
 from polyrl.data.prompts import PromptSampler, load_prompt_dataset
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.engines.images import auto_model_class, model_takes_images
+from polyrl.models.attention import attend_in_fp32_on_cpu
 from polyrl.models.cache import set_torch_threads
 from polyrl.models.paths import resolve_policy_path
 from polyrl.rewards import CompositeReward, load_reward_class
@@ -150,6 +151,14 @@ class Arm:
         self.collector.close()
 
 
+def bf16_learner_attends_in_fp32(model: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """A learner model computing in bf16 on CPU runs its attention kernel in fp32
+    (:mod:`polyrl.models.attention`: torch's CPU flash-attention backward is ~3x slower in bf16)."""
+    if dtype == torch.float32 or next(model.parameters()).device.type != "cpu":
+        return False
+    return attend_in_fp32_on_cpu(model)
+
+
 def rollout_threads(configured: int | None, *, learner_threads: int) -> int:
     """torch threads while generating: ``rollout.threads``, else the learner's.
 
@@ -179,6 +188,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     # fp32 master weights and optimizer state; model.dtype is the compute dtype (precision.py).
     # Image-text models load whole (AutoModelForImageTextToText): the learner's forward needs the vision tower.
     policy = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32)
+    bf16_learner_attends_in_fp32(policy, dtype)
     if cfg.train.share_prompts and (refusal := sharing_refusal(policy, takes_images=model_takes_images(policy_path))):
         raise SharePromptsError(f"train.share_prompts: {refusal}; set it to false")
     if cfg.train.compile:
@@ -188,9 +198,12 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         # Same storage dtype and autocast as the policy: KL is exactly 0 before the first update.
         reference = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32).eval()
         reference.requires_grad_(False)
+        bf16_learner_attends_in_fp32(reference, dtype)
     objective = get_objective(cfg.objective.name)
     estimator = get_advantage(cfg.advantage.estimator or objective.default_advantage)
     critic = Critic(build_value_model(policy_path, torch.float32), _critic_settings(cfg)) if "values" in estimator.requires else None
+    if critic is not None:
+        bf16_learner_attends_in_fp32(getattr(critic.model, "model", critic.model), dtype)  # the value model's base
     cpu_matmul = resolve_cpu_matmul(cfg.train.cpu_matmul, device=next(policy.parameters()).device, compute_dtype=dtype)
     if cpu_matmul == "onednn":
         route_linears_through_onednn(policy, traceable=cfg.train.compile)  # compiled: custom ops Inductor keeps whole
@@ -220,6 +233,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
         logger.log_params({"runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
                            "runtime.cpu_vendor": cpu_vendor() or "unknown", "runtime.torch_blas": torch_blas(),
+                           "runtime.learner_attention": policy.config._attn_implementation if hasattr(policy, "config") else "unknown",
                            "runtime.engine_startup_s": round(engine_startup_s, 2),
                            "runtime.build_s": round(time.perf_counter() - build_started, 2)})
     r, dynamic = cfg.rollout, cfg.advantage.dynamic_sampling

@@ -27,6 +27,7 @@ def test_hf_engine_loads_the_rollout_dtype_and_the_learner_stays_fp32(tmp_path, 
     with built(tmp_path, config) as arm:
         assert arm.collector.engine.model.dtype == torch.bfloat16
         assert {p.dtype for p in arm.learner.policy.parameters()} == {torch.float32}
+        assert arm.learner.policy.config._attn_implementation == "sdpa"  # an fp32 learner keeps torch's own attention
         metrics = arm.loop(printer=lambda _line: None).step()
         assert math.isfinite(metrics["actor/loss"])
 
