@@ -190,7 +190,7 @@ def shared_prompt_micro_batches(rows: Tensor, prompts: list[tuple[int, ...]], co
 
 
 def _takes_sdpa_masks(attention: str | None) -> bool:
-    """An attention registered with transformers' sdpa mask (e.g. a bf16 learner's fp32 sdpa on CPU)."""
+    """``sdpa``, or an attention registered with its mask (e.g. a bf16 learner's fp32 sdpa on CPU)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     return attention is not None and attention in ALL_MASK_ATTENTION_FUNCTIONS and ALL_MASK_ATTENTION_FUNCTIONS[attention] is sdpa_mask
@@ -205,6 +205,6 @@ def sharing_refusal(model: torch.nn.Module, *, takes_images: bool) -> str | None
     if decoder is None or head is None or decoder is model:
         return f"{type(model).__name__} has no separate decoder and output head"
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if attention not in ("sdpa", "eager") and not _takes_sdpa_masks(attention):
+    if attention != "eager" and not _takes_sdpa_masks(attention):
         return f"needs attention that takes a 4-D mask (sdpa or eager); this policy uses {attention!r}"
     return None
