@@ -50,11 +50,11 @@ def learner_shapes(size: str, tokens: int) -> list[tuple[str, int, int, int]]:
 LIBRARIES = ("torch", "onednn")
 
 
-def product(library: str, m: int, k: int, n: int):
-    """A zero-argument callable computing one ``m×k @ k×n`` product with ``library``."""
-    a = torch.randn(m, k)
+def product(library: str, m: int, k: int, n: int, dtype: torch.dtype = torch.float32):
+    """A zero-argument callable computing one ``m×k @ k×n`` product with ``library`` in ``dtype``."""
+    a = torch.randn(m, k, dtype=dtype)
     if library == "torch":
-        b, out = torch.randn(k, n), torch.empty(m, n)
+        b, out = torch.randn(k, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
         return lambda: torch.matmul(a, b, out=out)
     from polyrl.roles.cpu_matmul import onednn_linear
 
@@ -62,9 +62,10 @@ def product(library: str, m: int, k: int, n: int):
     return lambda: onednn_linear(a, weight)
 
 
-def gflops(m: int, k: int, n: int, *, library: str = "torch", seconds: float = 0.25, repeats: int = 3) -> float:
+def gflops(m: int, k: int, n: int, *, library: str = "torch", seconds: float = 0.25, repeats: int = 3,
+           dtype: torch.dtype = torch.float32) -> float:
     """Median GFLOP/s of ``a @ b`` with ``a: m×k``, ``b: k×n``, each repeat timed over ~``seconds``."""
-    run = product(library, m, k, n)
+    run = product(library, m, k, n, dtype)
     run()  # first call: allocation, kernel selection
     start = time.perf_counter()
     run()
@@ -79,10 +80,11 @@ def gflops(m: int, k: int, n: int, *, library: str = "torch", seconds: float = 0
     return statistics.median(rates)
 
 
-def available_libraries() -> list[str]:
+def available_libraries(dtype: torch.dtype = torch.float32) -> list[str]:
+    """The GEMM libraries to time; for bf16 only torch's (its bf16 CPU matmul already runs in oneDNN)."""
     from polyrl.roles.cpu_matmul import onednn_available
 
-    return [library for library in LIBRARIES if library == "torch" or onednn_available()]
+    return [library for library in LIBRARIES if library == "torch" or (onednn_available() and dtype == torch.float32)]
 
 
 @contextlib.contextmanager
@@ -96,17 +98,19 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch._C.set_num_threads(previous)
 
 
-def measure(size: str, tokens: int, threads: int, square: int = 2048, library: str = "torch") -> dict[str, float]:
+def measure(size: str, tokens: int, threads: int, square: int = 2048, library: str = "torch",
+            dtype: torch.dtype = torch.float32) -> dict[str, float]:
     with torch_threads(threads):
-        rows = {name: gflops(m, k, n, library=library) for name, m, k, n in learner_shapes(size, tokens)}
-        rows[f"square {square}"] = gflops(square, square, square, library=library, seconds=0.5)
+        rows = {name: gflops(m, k, n, library=library, dtype=dtype) for name, m, k, n in learner_shapes(size, tokens)}
+        rows[f"square {square}"] = gflops(square, square, square, library=library, seconds=0.5, dtype=dtype)
         return rows
 
 
-def measure_peaks(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None) -> dict[str, float]:
+def measure_peaks(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None,
+                  dtype: torch.dtype = torch.float32) -> dict[str, float]:
     """Per GEMM library, the best GFLOP/s of the learner's shapes and a large square at ``threads``."""
-    return {library: max(measure(size, tokens, threads or torch.get_num_threads(), library=library).values())
-            for library in available_libraries()}
+    return {library: max(measure(size, tokens, threads or torch.get_num_threads(), library=library, dtype=dtype).values())
+            for library in available_libraries(dtype)}
 
 
 def measure_peak(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None) -> float:

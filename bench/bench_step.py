@@ -4,7 +4,8 @@ Run: ``python bench/bench_step.py`` (``--size 3m`` for a smaller policy, ``--qui
 steps, ``--demo`` to add the demo config's warm policy).
 
 For a policy of ``--size`` (random weights, so nearly every sample runs to the token limit),
-``--prompts`` × ``--samples`` × ``--max-tokens`` per step, Dr.GRPO, vLLM engine, fp32, it prints:
+``--prompts`` × ``--samples`` × ``--max-tokens`` per step, Dr.GRPO, vLLM engine, fp32 (or
+``--dtype bfloat16``: the update against the bf16 matmul peak), it prints:
 
 * per phase (generate, score, advantage, update, sync, log): mean seconds and share of the step,
   samples/s, and orchestration overhead (time outside generate/score/update; goal < 5 %);
@@ -119,17 +120,17 @@ def run_steps(loop, counter: UpdateCounter, steps: int, warmup: int = 1, probe=N
     return history
 
 
-def peak_probe(size: str, tokens: int, threads: int):
+def peak_probe(size: str, tokens: int, threads: int, dtype: torch.dtype = torch.float32):
     """The peak table (every learner product and the square, per library) and its fastest learner
     product as a ~1 s GFLOP/s probe: (probe, its label, best GFLOP/s per library)."""
-    tables = {library: measure(size, tokens, threads, library=library) for library in available_libraries()}
+    tables = {library: measure(size, tokens, threads, library=library, dtype=dtype) for library in available_libraries(dtype)}
     _, library, name = max((rate, library, name) for library, table in tables.items() for name, rate in table.items()
                            if not name.startswith("square"))
     m, k, n = next((m, k, n) for shape, m, k, n in learner_shapes(size, tokens) if shape == name)
 
     def probe() -> float:
         with torch_threads(threads):
-            return gflops(m, k, n, library=library, seconds=0.3)
+            return gflops(m, k, n, library=library, seconds=0.3, dtype=dtype)
 
     return probe, f"{name} ({m}×{k} @ {k}×{n}) on {library}", {library: max(table.values()) for library, table in tables.items()}
 
@@ -150,7 +151,7 @@ def phase_table(title: str, history: list[dict[str, float]]) -> dict[str, float]
     return {"step_s": step, "samples_per_s": samples / step, "overhead_share": overhead / step, **means}
 
 
-def update_report(history: list[dict[str, float]], parameters: int, peak_gflops: float) -> dict[str, float]:
+def update_report(history: list[dict[str, float]], parameters: int, peak_gflops: float, dtype: str = "float32") -> dict[str, float]:
     update_s = statistics.mean(h["perf/update_s"] for h in history)
     real = statistics.mean(h["bench/real"] for h in history)
     computed = statistics.mean(h["bench/computed"] for h in history)
@@ -158,7 +159,7 @@ def update_report(history: list[dict[str, float]], parameters: int, peak_gflops:
     achieved = useful_gflop / update_s
     optimizer = statistics.mean(h["bench/optimizer_s"] for h in history)
     print(f"\nupdate: {update_s:.3f} s for {useful_gflop:.1f} GFLOP of useful work (6 × {parameters / 1e6:.2f}M params × "
-          f"{real:.0f} real tokens) = **{achieved:.1f} GFLOP/s**, {achieved / peak_gflops:.0%} of the measured fp32 matmul peak "
+          f"{real:.0f} real tokens) = **{achieved:.1f} GFLOP/s**, {achieved / peak_gflops:.0%} of the measured {dtype} matmul peak "
           f"{peak_gflops:.1f} GFLOP/s at {torch.get_num_threads()} threads (target ≥ 75%)")
     per_step = [6 * parameters * h["bench/real"] / 1e9 / h["perf/update_s"] / ((h["bench/peak_before"] + h["bench/peak_after"]) / 2)
                 for h in history if h["bench/peak_before"] == h["bench/peak_before"]]  # NaN: no probe ran
@@ -202,7 +203,7 @@ def bare_generate_ratio(arm, repeats: int) -> None:
 
 def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micro_batch: int, steps: int, repeats: int,
                  threads: int | None, compile: bool = False, micro_batch_tokens: int | None = None,
-                 cpu_matmul: str | None = None) -> dict[str, float]:
+                 cpu_matmul: str | None = None, dtype: str = "float32") -> dict[str, float]:
     from polyrl.models.text import build_random_text_model_dir
 
     model_dir = build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"m{size}", size, seed=0)
@@ -217,7 +218,7 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         train["cpu_matmul"] = cpu_matmul
     config = resolve_arms({
         "name": f"bench{size}",
-        "model": {"path": str(model_dir)},
+        "model": {"path": str(model_dir), "dtype": dtype},
         "objective": {"name": "dr_grpo"},
         "rollout": {"engine": "vllm", "prompts_per_step": prompts, "samples_per_prompt": samples, "max_tokens": max_tokens,
                     "kv_cache_gb": 1.0},
@@ -232,21 +233,22 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         loop = arm.loop(printer=lambda _line: None)
         parameters = sum(p.numel() for p in arm.learner.policy.parameters())
         rows = micro_batch * 53
-        probe, probe_name, peaks_before = peak_probe(size, rows, torch.get_num_threads())
+        matmul_dtype = getattr(torch, dtype)  # the peak of the dtype the learner computes in
+        probe, probe_name, peaks_before = peak_probe(size, rows, torch.get_num_threads(), matmul_dtype)
         history = run_steps(loop, counter, steps, warmup=3 if compile else 1, probe=probe)
-        peaks_after = measure_peaks(size, tokens=rows, threads=torch.get_num_threads())
+        peaks_after = measure_peaks(size, tokens=rows, threads=torch.get_num_threads(), dtype=matmul_dtype)
         peaks = {library: (peaks_before[library] + peaks_after[library]) / 2 for library in peaks_before}
         peak_before, peak_after = max(peaks_before.values()), max(peaks_after.values())
         title = (f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, "
-                 f"Dr.GRPO, vLLM{', train.compile' if compile else ''}"
+                 f"Dr.GRPO, {dtype}, vLLM{', train.compile' if compile else ''}"
                  f"{f', micro_batch_tokens {micro_batch_tokens}' if micro_batch_tokens else ''}"
                  f"{f', cpu_matmul {cpu_matmul}' if cpu_matmul else ''}")
         result = phase_table(title, history)
-        print(f"\nmatmul peak (bench_matmul, best library) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s; "
+        print(f"\n{dtype} matmul peak (bench_matmul, best library) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s; "
               "per library: " + ", ".join(f"{library} {value:.1f}" for library, value in peaks.items())
               + f"; the learner's Linear layers ran on: {arm.config.train.cpu_matmul} -> {linear_library(arm.learner.policy)}; "
               f"probe around each step: {probe_name}")
-        result.update(update_report(history, parameters, (peak_before + peak_after) / 2))
+        result.update(update_report(history, parameters, (peak_before + peak_after) / 2, dtype))
         bare_generate_ratio(arm, repeats)
         return result
     finally:
@@ -280,6 +282,8 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (rows stay ≤ --micro-batch)")
     parser.add_argument("--cpu-matmul", choices=["auto", "onednn", "torch"], default=None,
                         help="train.cpu_matmul (default: the config default, auto)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="model.dtype; the update is then put against the matmul peak of that dtype")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
@@ -291,7 +295,7 @@ def main() -> None:
         bench_demo(steps)
     bench_policy(args.size, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens, micro_batch=args.micro_batch,
                  steps=steps, repeats=1 if args.quick else args.repeats, threads=args.threads, compile=args.compile,
-                 micro_batch_tokens=args.micro_batch_tokens, cpu_matmul=args.cpu_matmul)
+                 micro_batch_tokens=args.micro_batch_tokens, cpu_matmul=args.cpu_matmul, dtype=args.dtype)
 
 
 if __name__ == "__main__":
