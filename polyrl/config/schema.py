@@ -124,9 +124,6 @@ class RolloutConfig(StrictModel):
         "fp32), a small off-policy gap that rollout.truncated_importance_sampling corrects.")
     truncated_importance_sampling: TruncatedImportanceSamplingConfig = TruncatedImportanceSamplingConfig()
 
-    def engine_dtype(self, model_dtype: str) -> str:
-        return self.dtype or model_dtype
-
 
 class ObjectiveConfig(StrictModel):
     name: str = "grpo"
@@ -308,6 +305,11 @@ class ExperimentConfig(StrictModel):
     checkpoint: CheckpointConfig = CheckpointConfig()
     eval: EvalConfig = EvalConfig()
     health: HealthConfig = HealthConfig()
+
+    @property
+    def sampling_dtype(self) -> str:
+        """The dtype the rollout engine samples in: rollout.dtype, else model.dtype."""
+        return self.rollout.dtype or self.model.dtype
 
     @field_validator("name")
     @classmethod

@@ -143,7 +143,7 @@ class Arm:
 
     def loop(self, *, printer: Callable[[str], None] = print, callbacks: Sequence[Callable[[int, dict[str, float]], None]] = ()) -> TrainingLoop:
         return TrainingLoop(arm=self.name, steps=self.config.train.steps, sampler=self.sampler, collector=self.collector,
-                            pipeline=self.pipeline, learner=self.learner, engine_dtype=compute_dtype(self.config.rollout.engine_dtype(self.config.model.dtype)),
+                            pipeline=self.pipeline, learner=self.learner, engine_dtype=compute_dtype(self.config.sampling_dtype),
                             checkpointer=self.checkpointer, hooks=self.hooks(printer=printer, callbacks=callbacks),
                             start_step=self.start_step, history=self.history)
 
@@ -153,7 +153,7 @@ class Arm:
 
 def bf16_learner_attends_in_fp32(model: torch.nn.Module, dtype: torch.dtype) -> bool:
     """A learner model computing in bf16 on CPU runs its attention kernel in fp32
-    (:mod:`polyrl.models.attention`: torch's CPU flash-attention backward is ~3x slower in bf16)."""
+    (:mod:`polyrl.models.attention`: torch's CPU flash-attention backward is ~6x slower in bf16)."""
     if dtype == torch.float32 or next(model.parameters()).device.type != "cpu":
         return False
     return attend_in_fp32_on_cpu(model)
@@ -222,7 +222,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     label = accuracy_label(cfg, rewards.labels)
     engine_started = time.perf_counter()
     if engine is None:
-        engine = build_rollout_engine(cfg.rollout.engine, str(policy_path), seed=cfg.seed, dtype=cfg.rollout.engine_dtype(cfg.model.dtype),
+        engine = build_rollout_engine(cfg.rollout.engine, str(policy_path), seed=cfg.seed, dtype=cfg.sampling_dtype,
                                       max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb)
     engine_startup_s = time.perf_counter() - engine_started
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
@@ -249,7 +249,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         kl_estimator=cfg.train.kl_estimator, kl_in_reward=cfg.train.kl_in_reward,
         tis_cap=r.truncated_importance_sampling.cap if r.truncated_importance_sampling.enabled else None, modalities=cfg.modalities,
         share_prompts=cfg.train.share_prompts))
-    health = HealthMonitor(cfg.health, check_logprob_gap=r.top_p == 1.0, sampler_dtype=r.engine_dtype(cfg.model.dtype))
+    health = HealthMonitor(cfg.health, check_logprob_gap=r.top_p == 1.0, sampler_dtype=cfg.sampling_dtype)
     models: dict[str, torch.nn.Module] = {"policy": policy, **({"critic": critic.model} if critic is not None else {})}
     optimizers = {"policy": learner.optimizer, **({"critic": critic.optimizer} if critic is not None else {})}
     checkpointer = Checkpointer(

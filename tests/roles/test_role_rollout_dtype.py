@@ -14,9 +14,9 @@ from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
 def test_rollout_dtype_defaults_to_model_dtype_and_is_validated():
     arm = resolve_arms({"name": "x", "model": {"dtype": "bfloat16"}})["main"]
-    assert arm.rollout.dtype is None and arm.rollout.engine_dtype(arm.model.dtype) == "bfloat16"
+    assert arm.rollout.dtype is None and arm.sampling_dtype == "bfloat16"
     arm = resolve_arms({"name": "x", "rollout": {"dtype": "bfloat16"}})["main"]
-    assert arm.model.dtype == "float32" and arm.rollout.engine_dtype(arm.model.dtype) == "bfloat16"
+    assert arm.model.dtype == "float32" and arm.sampling_dtype == "bfloat16"
     with pytest.raises(ConfigError) as refused:
         resolve_arms({"name": "x", "rollout": {"dtype": "float16"}})
     assert "rollout.dtype" in str(refused.value) and "'bfloat16'" in str(refused.value)
