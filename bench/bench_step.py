@@ -46,6 +46,7 @@ from bench_matmul import available_libraries, gflops, learner_shapes, measure, m
 from polyrl.config.schema import load_experiment, resolve_arms  # noqa: E402
 from polyrl.roles.cpu_matmul import linear_library  # noqa: E402
 from polyrl.roles.loop import PHASES  # noqa: E402
+from polyrl.roles.precision import compute_dtype  # noqa: E402
 from polyrl.roles.setup import build_arm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,7 +234,7 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         loop = arm.loop(printer=lambda _line: None)
         parameters = sum(p.numel() for p in arm.learner.policy.parameters())
         rows = micro_batch * 53
-        matmul_dtype = getattr(torch, dtype)  # the peak of the dtype the learner computes in
+        matmul_dtype = compute_dtype(dtype)  # the peak of the dtype the learner computes in
         probe, probe_name, peaks_before = peak_probe(size, rows, torch.get_num_threads(), matmul_dtype)
         history = run_steps(loop, counter, steps, warmup=3 if compile else 1, probe=probe)
         peaks_after = measure_peaks(size, tokens=rows, threads=torch.get_num_threads(), dtype=matmul_dtype)
