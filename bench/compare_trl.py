@@ -2,8 +2,9 @@
 
 Run: ``python bench/compare_trl.py`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``, i.e. trl).
 Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``--regimes``,
-``--trl-modes hf vllm-colocate``, ``--polyrl-arms eager compile bf16-sampler`` (polyrl eager,
-with ``train.compile``, and with ``rollout.dtype: bfloat16``, interleaved with TRL in one run), ``--polyrl-share-prompts``
+``--trl-modes hf vllm-colocate``, ``--polyrl-arms eager compile rollout-compile compile-both bf16-sampler`` (polyrl
+eager, with ``train.compile``, with ``rollout.compile``, with both, and with ``rollout.dtype: bfloat16``, interleaved with
+TRL in one run), ``--polyrl-share-prompts``
 (``train.share_prompts`` for the polyrl arms), ``--precision fp32|bf16``, ``--polyrl-rollout-dtype``
 (polyrl's ``rollout.dtype``: e.g. bf16 sampling under an fp32 learner; not the same work as TRL's
 fp32 sampling, so report it apart).
@@ -58,7 +59,15 @@ RESULT_MARK = "COMPARE_TRL_RESULT "
 # AdamW state, bf16 autocast compute; TRL's ``bf16=True``), and polyrl's vLLM samples in bf16.
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 # --polyrl-arms: each a polyrl worker variant interleaved with TRL in one run.
-POLYRL_ARMS = {"eager": "polyrl", "compile": "polyrl-compile", "bf16-sampler": "polyrl-bf16-sampler"}
+# Each arm: its label in the tables and the worker options that make it.
+POLYRL_ARMS = {
+    "eager": ("polyrl", []),
+    "compile": ("polyrl-compile", ["--polyrl-compile"]),  # train.compile (the learner's decoder layers)
+    "rollout-compile": ("polyrl-rollout-compile", ["--polyrl-rollout-compile"]),  # rollout.compile (vLLM's compiled sampler)
+    "compile-both": ("polyrl-compile-both", ["--polyrl-compile", "--polyrl-rollout-compile"]),
+    "bf16-sampler": ("polyrl-bf16-sampler", ["--polyrl-rollout-dtype", "bfloat16"]),  # bf16 sampling under the fp32 learner
+}
+ARM_OPTIONS = dict(POLYRL_ARMS.values())
 
 
 def arithmetic_rows() -> list[dict]:
@@ -114,7 +123,7 @@ def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
 
 def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
                   micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
-                  rollout_dtype: str | None = None) -> dict:
+                  rollout_dtype: str | None = None, rollout_compile: bool = False) -> dict:
     from polyrl.config.schema import resolve_arms
     from polyrl.roles.cpu_matmul import linear_library
     from polyrl.roles.setup import build_arm
@@ -125,7 +134,7 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, 
         "data": {"source": "arithmetic"},
         "objective": {"name": "dr_grpo"},
         "rollout": {"engine": "vllm", "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_tokens": regime["max_tokens"],
-                    "temperature": 1.0, "kv_cache_gb": 1.0, "dtype": rollout_dtype},
+                    "temperature": 1.0, "kv_cache_gb": 1.0, "dtype": rollout_dtype, "compile": rollout_compile},
         "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
         "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": micro_batch or MICRO_BATCH, "max_grad_norm": 1.0,
                   "compile": compile, "micro_batch_tokens": micro_batch_tokens, "cpu_matmul": cpu_matmul,
@@ -221,12 +230,12 @@ def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
                polyrl_share_prompts: bool = False, precision: str = "fp32", polyrl_rollout_dtype: str | None = None) -> dict:
     command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps),
                "--precision", precision]
-    if system == "polyrl-compile":  # the polyrl worker with train.compile
+    if system in ARM_OPTIONS:  # a polyrl arm: the polyrl worker with its options
+        arm_options = ARM_OPTIONS[system]
         system = command[command.index("--worker") + 1] = "polyrl"
-        command.append("--polyrl-compile")
-    if system == "polyrl-bf16-sampler":  # the polyrl worker sampling in bf16 under its fp32 learner
-        system = command[command.index("--worker") + 1] = "polyrl"
-        polyrl_rollout_dtype = "bfloat16"
+        command += arm_options
+        if "--polyrl-rollout-dtype" in arm_options:
+            polyrl_rollout_dtype = None  # the arm's own
     if polyrl_micro_batch_tokens and system == "polyrl":
         command += ["--polyrl-micro-batch-tokens", str(polyrl_micro_batch_tokens)]
     if polyrl_micro_batch and system == "polyrl":
@@ -279,6 +288,7 @@ def main() -> None:
     parser.add_argument("--polyrl-micro-batch", type=int, default=None, help="polyrl's train.micro_batch_size (default: TRL's, 16)")
     parser.add_argument("--polyrl-compile", action="store_true",
                         help="polyrl with train.compile (3 warm-up steps; their seconds are printed as its one-off cost)")
+    parser.add_argument("--polyrl-rollout-compile", action="store_true", help=argparse.SUPPRESS)  # the rollout-compile arms' worker option
     parser.add_argument("--polyrl-share-prompts", action="store_true",
                         help="polyrl with train.share_prompts (one learner forward per prompt for its samples)")
     parser.add_argument("--polyrl-arms", nargs="+", choices=list(POLYRL_ARMS), default=None,
@@ -301,7 +311,8 @@ def main() -> None:
             result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile,
                                    micro_batch_tokens=args.polyrl_micro_batch_tokens, micro_batch=args.polyrl_micro_batch,
                                    cpu_matmul=args.polyrl_cpu_matmul, share_prompts=args.polyrl_share_prompts,
-                                   precision=args.precision, rollout_dtype=args.polyrl_rollout_dtype)
+                                   precision=args.precision, rollout_dtype=args.polyrl_rollout_dtype,
+                                   rollout_compile=args.polyrl_rollout_compile)
         else:
             result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate", precision=args.precision)
         print(RESULT_MARK + json.dumps(result), flush=True)
@@ -322,7 +333,7 @@ def main() -> None:
             long_policy = long_policy or str(long_writer_policy(Path(policy), Path(tempfile.mkdtemp()) / "long-writer"))
         policy_dir = long_policy if REGIMES[regime]["long_writer"] else policy
         arms = args.polyrl_arms or (["compile"] if args.polyrl_compile else ["eager"])
-        ours_names = [POLYRL_ARMS[arm] for arm in arms]
+        ours_names = [POLYRL_ARMS[arm][0] for arm in arms]
         results: dict[str, list[dict]] = {**{name: [] for name in ours_names}, "trl-hf": []}
         if "vllm-colocate" in args.trl_modes:
             colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout, precision=args.precision)
@@ -357,7 +368,7 @@ def main() -> None:
         for name in ours_names:
             warmups = [r["warmup_s"] for r in results[name] if "warmup_s" in r]
             if warmups:
-                print(f"\n{name} warm-up steps (excluded from the rates{'; with train.compile: 3 steps incl. compilation' if name.endswith('compile') else ''}): "
+                print(f"\n{name} warm-up steps (excluded from the rates{'; with train.compile: 3 steps incl. compilation' if '--polyrl-compile' in ARM_OPTIONS[name] else ''}): "
                       f"{statistics.median(warmups):.1f} s")
         for name in ours_names:
             ours = summaries.get(name)

@@ -17,6 +17,12 @@ parameters and each layer's post-load processing is re-run). Two things it does 
   heads' post-load processing (:func:`_refresh_vocab_layers`).
 * Cached KV blocks were computed with the old weights: the prefix cache is reset.
 
+Compiled mode (``enforce_eager=False``, ``rollout.compile``): vLLM runs its torch.compile'd
+forward (on CUDA also CUDA graphs). The in-place reload still reaches it: the compiled graphs
+take the parameters as inputs rather than baking them in as constants, which the engine contract
+tests check by syncing perturbed weights into a compiled engine and comparing its log-probs with
+the learner's.
+
 Image prompts (:mod:`polyrl.engines.images`): each goes as its *un-expanded* ids (one image
 token per image) with the PIL images as ``multi_modal_data``; vLLM inserts the image's tokens
 itself and its returned ``prompt_token_ids`` (checked equal to the processor's expanded ids)
@@ -160,6 +166,13 @@ class VLLMRolloutEngine(RolloutEngine):
         )
         self._pending_images: list[tuple[list[int], dict[str, Any] | None]] = []
         self.modality_rule = load_modality_rule(self.model_path, self.tokenizer)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether vLLM runs a compiled forward (``enforce_eager=False``), as its own config says."""
+        from vllm.config import CompilationMode
+
+        return self.llm.llm_engine.vllm_config.compilation_config.mode != CompilationMode.NONE
 
     # -- generation --------------------------------------------------------------------------
 

@@ -64,3 +64,16 @@ def compile_decoder_layers(policy: torch.nn.Module, *, takes_images: bool) -> li
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     return list(layers)
+
+
+def check_sampler_compile(*, takes_images: bool) -> None:
+    """Refuse ``rollout.compile`` where it is untested or cannot build.
+
+    The weight sync into vLLM's compiled text model is checked against the learner
+    (tests/engines/test_rollout_contract.py); for image-text models vLLM also compiles the
+    vision tower, whose syncs and encoder-cache resets were never checked compiled here.
+    """
+    if takes_images:
+        raise CompileError("rollout.compile: supported for text policies only; this policy is an image-text model")
+    if not torch.cuda.is_available() and shutil.which("g++") is None and shutil.which("c++") is None:
+        raise CompileError("rollout.compile: vLLM's compiled sampler on CPU needs a C++ compiler (g++) on PATH; install one or leave rollout.compile off")

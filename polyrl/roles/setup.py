@@ -29,7 +29,7 @@ from polyrl.models.cache import set_torch_threads
 from polyrl.models.paths import resolve_policy_path
 from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
-from polyrl.roles.compiled import compile_decoder_layers
+from polyrl.roles.compiled import check_sampler_compile, compile_decoder_layers
 from polyrl.roles.cpu_matmul import cpu_vendor, resolve_cpu_matmul, route_linears_through_onednn, torch_blas
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.roles.health import HealthMonitor
@@ -193,6 +193,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         raise SharePromptsError(f"train.share_prompts: {refusal}; set it to false")
     if cfg.train.compile:
         compile_decoder_layers(policy, takes_images=model_takes_images(policy_path))
+    if cfg.rollout.compile and engine is None:
+        check_sampler_compile(takes_images=model_takes_images(policy_path))
     reference = None
     if cfg.train.kl_coef > 0:
         # Same storage dtype and autocast as the policy: KL is exactly 0 before the first update.
@@ -223,7 +225,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     engine_started = time.perf_counter()
     if engine is None:
         engine = build_rollout_engine(cfg.rollout.engine, str(policy_path), seed=cfg.seed, dtype=cfg.sampling_dtype,
-                                      max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb)
+                                      max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb,
+                                      enforce_eager=not cfg.rollout.compile)
     engine_startup_s = time.perf_counter() - engine_started
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
     # wants every core back for its forward/backward passes (or train.threads).

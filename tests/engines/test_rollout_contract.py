@@ -1,6 +1,7 @@
 """The rollout-engine contract, checked on every registered engine (hf and vLLM) and on a tied and
 an untied model: samples and finish reasons, seeding, sampler/learner log-prob parity, greedy and
-nucleus sampling, weight sync and its gap check, image prompts refused by a text-only model.
+nucleus sampling, weight sync and its gap check, image prompts refused by a text-only model;
+vLLM both eager and compiled (``rollout.compile``).
 
 One engine per parameter (module-scoped, torn down before the next starts, so two vLLM engines
 never coexist). Engine-specific behaviour is in test_rollout_hf.py and test_rollout_vllm.py.
@@ -25,8 +26,12 @@ ENGINES = [
     pytest.param(("hf", True), id="hf-tied"),
     pytest.param(("vllm", False), id="vllm-untied", marks=_VLLM),
     pytest.param(("vllm", True), id="vllm-tied", marks=_VLLM),
+    # rollout.compile: vLLM's compiled forward must sample the learner's distribution and take
+    # every weight sync (a compile that froze the start-up weights would fail the sync tests).
+    pytest.param(("vllm-compiled", True), id="vllm-compiled-tied", marks=_VLLM),
 ]
-_ENGINE_KWARGS = {"hf": {}, "vllm": {"kv_cache_gb": 0.25, "max_model_len": 128}}
+_VLLM_KWARGS = {"kv_cache_gb": 0.25, "max_model_len": 128}
+_ENGINE_KWARGS = {"hf": ("hf", {}), "vllm": ("vllm", _VLLM_KWARGS), "vllm-compiled": ("vllm", {**_VLLM_KWARGS, "enforce_eager": False})}
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -35,7 +40,9 @@ def setup(request, tmp_path_factory):
     model, tokenizer = eos_prone_model(tied)
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     directory = save_model_dir(model, tokenizer, tmp_path_factory.mktemp(f"{name}-{'tied' if tied else 'untied'}"))
-    engine = build_rollout_engine(name, str(directory), seed=0, **_ENGINE_KWARGS[name])
+    engine_name, kwargs = _ENGINE_KWARGS[name]
+    engine = build_rollout_engine(engine_name, str(directory), seed=0, **kwargs)
+    assert getattr(engine, "compiled", False) == (name == "vllm-compiled")
     yield engine, model, tokenizer, tied
     engine.close()
 
