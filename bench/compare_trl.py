@@ -150,17 +150,18 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, 
         for _ in range(3 if compile else 1):  # warm-up (with train.compile: the one-off compilations too)
             loop.step()
         warmup_s = time.perf_counter() - warmup_started
-        seconds, lengths, generate = [], [], []
+        seconds, lengths, generate, gaps = [], [], [], []
         for _ in range(steps):
             start = time.perf_counter()
             metrics = loop.step()
             seconds.append(time.perf_counter() - start)
             lengths.append(metrics["rollout/response_length/mean"])
             generate.append(metrics["perf/generate_s"])
+            gaps.append(metrics["rollout/logprob_gap"])
     finally:
         arm.close()
     return {"startup_s": startup, "step_s": seconds, "mean_length": lengths, "samples": PROMPTS * SAMPLES, "generate_s": generate,
-            "warmup_s": warmup_s, "cpu_matmul": linear_library(arm.learner.policy)}
+            "warmup_s": warmup_s, "cpu_matmul": linear_library(arm.learner.policy), "logprob_gap": max(gaps)}
 
 
 def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision: str = "fp32") -> dict:
@@ -365,6 +366,10 @@ def main() -> None:
         libraries = sorted({r["cpu_matmul"] for r in ours_runs if "cpu_matmul" in r})
         if libraries:
             print(f"\npolyrl's learner Linear layers ran on: {', '.join(libraries)} (train.cpu_matmul {args.polyrl_cpu_matmul}; TRL: torch's default BLAS)")
+        for name in ours_names:
+            gaps = [r["logprob_gap"] for r in results[name] if "logprob_gap" in r]
+            if gaps:  # a sampler out of sync with the learner would make the arm's speed meaningless
+                print(f"\n{name}: largest sampler/learner log-prob gap of its timed steps {max(gaps):.1e} nats/token")
         for name in ours_names:
             warmups = [r["warmup_s"] for r in results[name] if "warmup_s" in r]
             if warmups:
