@@ -47,6 +47,11 @@ class CompileError(PolyrlError):
     """``train.compile`` cannot apply to this policy or machine."""
 
 
+def has_cpp_compiler() -> bool:
+    """Inductor's CPU code generation needs a C++ compiler on PATH."""
+    return shutil.which("g++") is not None or shutil.which("c++") is not None
+
+
 def compile_decoder_layers(policy: torch.nn.Module, *, takes_images: bool) -> list[torch.nn.Module]:
     """Compile the forward of each of ``policy``'s decoder layers in place; returns the layers."""
     if takes_images:
@@ -59,7 +64,7 @@ def compile_decoder_layers(policy: torch.nn.Module, *, takes_images: bool) -> li
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
         raise CompileError(f"train.compile: {type(decoder).__name__} has no `layers` list of decoder layers to compile")
-    if torch.device(next(policy.parameters()).device).type == "cpu" and shutil.which("g++") is None and shutil.which("c++") is None:
+    if torch.device(next(policy.parameters()).device).type == "cpu" and not has_cpp_compiler():
         raise CompileError("train.compile: torch.compile on CPU needs a C++ compiler (g++) on PATH; install one or leave train.compile off")
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
@@ -75,5 +80,5 @@ def check_sampler_compile(*, takes_images: bool) -> None:
     """
     if takes_images:
         raise CompileError("rollout.compile: supported for text policies only; this policy is an image-text model")
-    if not torch.cuda.is_available() and shutil.which("g++") is None and shutil.which("c++") is None:
+    if not torch.cuda.is_available() and not has_cpp_compiler():
         raise CompileError("rollout.compile: vLLM's compiled sampler on CPU needs a C++ compiler (g++) on PATH; install one or leave rollout.compile off")
