@@ -229,14 +229,11 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision:
 def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
                polyrl_micro_batch_tokens: int | None = None, polyrl_micro_batch: int | None = None, polyrl_cpu_matmul: str = "auto",
                polyrl_share_prompts: bool = False, precision: str = "fp32", polyrl_rollout_dtype: str | None = None) -> dict:
+    arm_options = ARM_OPTIONS.get(system, [])
+    if system in ARM_OPTIONS:  # a polyrl arm: the polyrl worker with its options
+        system = "polyrl"
     command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps),
                "--precision", precision]
-    if system in ARM_OPTIONS:  # a polyrl arm: the polyrl worker with its options
-        arm_options = ARM_OPTIONS[system]
-        system = command[command.index("--worker") + 1] = "polyrl"
-        command += arm_options
-        if "--polyrl-rollout-dtype" in arm_options:
-            polyrl_rollout_dtype = None  # the arm's own
     if polyrl_micro_batch_tokens and system == "polyrl":
         command += ["--polyrl-micro-batch-tokens", str(polyrl_micro_batch_tokens)]
     if polyrl_micro_batch and system == "polyrl":
@@ -247,6 +244,7 @@ def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
         command.append("--polyrl-share-prompts")
     if polyrl_rollout_dtype and system == "polyrl":
         command += ["--polyrl-rollout-dtype", polyrl_rollout_dtype]
+    command += arm_options  # last: argparse keeps the last value, so an arm's own option wins over the run-wide one
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp())
     except subprocess.TimeoutExpired:

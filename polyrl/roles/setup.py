@@ -189,12 +189,13 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     # Image-text models load whole (AutoModelForImageTextToText): the learner's forward needs the vision tower.
     policy = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32)
     bf16_learner_attends_in_fp32(policy, dtype)
-    if cfg.train.share_prompts and (refusal := sharing_refusal(policy, takes_images=model_takes_images(policy_path))):
+    takes_images = model_takes_images(policy_path)
+    if cfg.train.share_prompts and (refusal := sharing_refusal(policy, takes_images=takes_images)):
         raise SharePromptsError(f"train.share_prompts: {refusal}; set it to false")
     if cfg.train.compile:
-        compile_decoder_layers(policy, takes_images=model_takes_images(policy_path))
+        compile_decoder_layers(policy, takes_images=takes_images)
     if cfg.rollout.compile and engine is None:
-        check_sampler_compile(takes_images=model_takes_images(policy_path))
+        check_sampler_compile(takes_images=takes_images)
     reference = None
     if cfg.train.kl_coef > 0:
         # Same storage dtype and autocast as the policy: KL is exactly 0 before the first update.
