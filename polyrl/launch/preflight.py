@@ -19,6 +19,7 @@ from polyrl.models.paths import check_model_dir
 from polyrl.rewards import RewardConfigError, RewardSpec
 from polyrl.rewards.base import module_label
 from polyrl.rewards.registry import bind_params, build_reward
+from polyrl.roles.devices import LearnerDeviceError, learner_device
 
 # Built-in policies that read images (config.schema.BuiltinModelConfig.task).
 IMAGE_TASKS = ("vqa", "caption")
@@ -75,8 +76,14 @@ def reward_labels(specs: list[RewardSpec]) -> list[str]:
     return labels
 
 
-def arm_problems(config: ExperimentConfig) -> list[str]:
+def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[str]:
+    """``runs_here``: the arm will run on this machine (``polyrl run``), so its devices are checked too."""
     problems = reward_problems(list(config.rewards), model_path=config.model.path)
+    if runs_here:
+        try:
+            learner_device(config.train.device)
+        except LearnerDeviceError as error:
+            problems.append(str(error))
     problems += accuracy_problems(config, reward_labels(list(config.rewards)))
     if config.model.path:
         try:
@@ -110,11 +117,11 @@ def image_problems(config: ExperimentConfig) -> list[str]:
             f"(model.builtin.task: {' or '.join(IMAGE_TASKS)}, or an image-text model.path) or text-only data"]
 
 
-def preflight(configs: dict[str, ExperimentConfig], *, source: str) -> None:
+def preflight(configs: dict[str, ExperimentConfig], *, source: str, runs_here: bool = False) -> None:
     """Raise one :class:`ConfigError` listing every problem of every arm (named when not all share it)."""
     found: dict[str, list[str]] = {}
     for arm, config in configs.items():
-        for problem in arm_problems(config):
+        for problem in arm_problems(config, runs_here=runs_here):
             found.setdefault(problem, []).append(arm)
     if not found:
         return
@@ -125,9 +132,10 @@ def preflight(configs: dict[str, ExperimentConfig], *, source: str) -> None:
     raise ConfigError("\n".join(lines))
 
 
-def preflight_file(path: str | Path, *, set_options: list[str] | None = None, only_arms: list[str] | None = None) -> dict[str, Any]:
+def preflight_file(path: str | Path, *, set_options: list[str] | None = None, only_arms: list[str] | None = None,
+                   runs_here: bool = False) -> dict[str, Any]:
     """Load an experiment file and run :func:`preflight` on its arms (those in ``only_arms``)."""
     configs = load_experiment(path, set_options=set_options)
     chosen = {arm: config for arm, config in configs.items() if not only_arms or arm in only_arms}
-    preflight(chosen or configs, source=str(path))
+    preflight(chosen or configs, source=str(path), runs_here=runs_here)
     return configs

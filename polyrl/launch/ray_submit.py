@@ -304,6 +304,11 @@ def submit_experiment(
         raise ConfigError("--no-wait needs a running Ray cluster (--address auto or ray://host:port): "
                           "a local cluster started by this command stops when the command ends")
     configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option)
+    on_cuda = [arm for arm, config in configs.items() if config.train.device.startswith("cuda")]
+    if on_cuda and gpus_per_arm <= 0:
+        # Ray hides every GPU from a task that asks for none: the arm would fail on the worker.
+        raise ConfigError(f"train.device: cuda in arm(s) {', '.join(on_cuda)}, but --gpus-per-arm is {gpus_per_arm:g} "
+                          "(a Ray task that asks for no GPU sees none); pass --gpus-per-arm 1, or train.device: auto")
     first = next(iter(configs.values()))
     tracking_uri = absolute_tracking_uri(resolve_tracking_uri(first.tracking.uri))
     probe_tracking(tracking_uri)

@@ -5,7 +5,7 @@ Plain data (tensors and lists), so a phase can run in-process or behind a Ray ac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
@@ -67,3 +67,9 @@ class LearnerBatch:
     def __post_init__(self) -> None:
         if self.loss_mask is None:
             self.loss_mask = self.packed.response_mask.bool()
+
+    def to(self, device: torch.device | str) -> "LearnerBatch":
+        """The same batch with every tensor on ``device`` (the learner's; the pipeline builds it on the CPU)."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        moved["packed"] = self.packed.to(device)
+        return LearnerBatch(**{k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in moved.items()})

@@ -130,6 +130,9 @@ class PolicyLearner:
             prompts = row_prompts(batch.packed.input_ids, batch.packed.response_index)
             completion_lengths = batch.packed.response_mask.sum(dim=1).tolist()
             pack_cost_ratio = attention_cost_ratio(self.policy.get_decoder())
+        # Micro-batch plans come from the host copy above (no device syncs); the tensors go to the
+        # policy's device once here (a no-op on the CPU).
+        batch = batch.to(next(self.policy.parameters()).device)
         for _ in range(s.updates_per_batch):
             order = torch.randperm(size, generator=generator) if shuffle else torch.arange(size)
             for mini in torch.tensor_split(order, s.mini_batches):

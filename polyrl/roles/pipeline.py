@@ -78,7 +78,8 @@ class PipelineBatch:
 def _batched(fn: Callable[[PackedBatch], Tensor], packed: PackedBatch, model: torch.nn.Module, ctx: PipelineContext) -> Tensor:
     size = ctx.micro_batch_size
     with autocast(model, ctx.compute_dtype):
-        return torch.cat([fn(packed.select(slice(i, i + size))) for i in range(0, len(packed), size)])
+        # Back on the batch's device: the pipeline computes on the CPU whatever the learner's device.
+        return torch.cat([fn(packed.select(slice(i, i + size))) for i in range(0, len(packed), size)]).to(packed.input_ids.device)
 
 
 def _logprobs(model: torch.nn.Module, packed: PackedBatch, ctx: PipelineContext) -> Tensor:
@@ -154,7 +155,7 @@ def fold_kl_into_rewards(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatc
 
 
 def values(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
-    return b if ctx.values is None else replace(b, values=ctx.values(b.packed))
+    return b if ctx.values is None else replace(b, values=ctx.values(b.packed).to(b.packed.input_ids.device))
 
 
 def token_discounts(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:

@@ -32,6 +32,7 @@ from polyrl.roles.collector import CollectSettings, RolloutCollector
 from polyrl.roles.compiled import check_sampler_compile, compile_decoder_layers
 from polyrl.roles.cpu_matmul import cpu_vendor, resolve_cpu_matmul, route_linears_through_onednn, torch_blas
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
+from polyrl.roles.devices import learner_device
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
@@ -187,7 +188,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     dtype = compute_dtype(cfg.model.dtype)
     # fp32 master weights and optimizer state; model.dtype is the compute dtype (precision.py).
     # Image-text models load whole (AutoModelForImageTextToText): the learner's forward needs the vision tower.
-    policy = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32)
+    device = learner_device(cfg.train.device)
+    policy = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32).to(device)
     bf16_learner_attends_in_fp32(policy, dtype)
     takes_images = model_takes_images(policy_path)
     if cfg.train.share_prompts and (refusal := sharing_refusal(policy, takes_images=takes_images)):
@@ -199,12 +201,12 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     reference = None
     if cfg.train.kl_coef > 0:
         # Same storage dtype and autocast as the policy: KL is exactly 0 before the first update.
-        reference = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32).eval()
+        reference = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32).to(device).eval()
         reference.requires_grad_(False)
         bf16_learner_attends_in_fp32(reference, dtype)
     objective = get_objective(cfg.objective.name)
     estimator = get_advantage(cfg.advantage.estimator or objective.default_advantage)
-    critic = Critic(build_value_model(policy_path, torch.float32), _critic_settings(cfg)) if "values" in estimator.requires else None
+    critic = Critic(build_value_model(policy_path, torch.float32).to(device), _critic_settings(cfg)) if "values" in estimator.requires else None
     if critic is not None:
         bf16_learner_attends_in_fp32(getattr(critic.model, "model", critic.model), dtype)  # the value model's base
     cpu_matmul = resolve_cpu_matmul(cfg.train.cpu_matmul, device=next(policy.parameters()).device, compute_dtype=dtype)
@@ -235,7 +237,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     generate_threads = rollout_threads(cfg.rollout.threads, learner_threads=threads)
     if logger is not None:
         # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
-        logger.log_params({"runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
+        logger.log_params({"runtime.learner_device": str(device), "runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
                            "runtime.cpu_vendor": cpu_vendor() or "unknown", "runtime.torch_blas": torch_blas(),
                            "runtime.learner_attention": policy.config._attn_implementation if hasattr(policy, "config") else "unknown",
                            "runtime.engine_startup_s": round(engine_startup_s, 2),

@@ -130,6 +130,8 @@ def test_preset_explicit_objective_params_win_and_gae_gets_the_discounts(tmp_pat
         ("name: x\nrollout: {engine: tgi}\n", ["rollout.engine", "'tgi'", "'vllm'", "'hf'"]),
         # Bound: names the path, the value and the bound.
         ("name: x\nrollout: {samples_per_prompt: 0}\n", ["rollout.samples_per_prompt", "0", ">= 1"]),
+        # A device name: the path, the value and the forms allowed.
+        ("name: x\ntrain: {device: gpu}\n", ["train.device", "'gpu'", "'auto'", "'cpu'", "'cuda:N'"]),
         # Unknown key: names the path and lists the allowed keys of that section.
         ("name: x\ntrain: {stepz: 3}\n", ["train.stepz", "unknown field", "steps", "learning_rate"]),
         # Registry-backed names list what is registered.

@@ -18,6 +18,18 @@ def test_absolute_tracking_uri(tmp_path, monkeypatch):
     assert absolute_tracking_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
 
 
+def test_an_arm_on_cuda_without_ray_gpus_is_refused_before_the_cluster_starts(tmp_path, tiny_experiment, write_experiment):
+    ray = pytest.importorskip("ray")
+    from polyrl.config.schema import ConfigError
+
+    config = tiny_experiment()
+    config["arms"] = {"cpu": {}, "gpu": {"train": {"device": "cuda:0"}}}
+    path = write_experiment(tmp_path, config)
+    with pytest.raises(ConfigError, match=r"train.device: cuda in arm\(s\) gpu, but --gpus-per-arm is 0 .*pass --gpus-per-arm 1"):
+        submit_experiment(path, gpus_per_arm=0)
+    assert not ray.is_initialized()
+
+
 def test_submit_two_arms_to_local_ray(tmp_path, tiny_experiment, write_experiment):
     ray = pytest.importorskip("ray")
     config = tiny_experiment(train={"steps": 2}, checkpoint={"every": 2})

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -181,6 +182,18 @@ def test_validate_checks_data_rewards_and_params_without_training(tmp_path, monk
     config = write_yaml(tmp_path / "exp.yaml", experiment(tmp_path, **overrides))
     code, output = invoke(["validate", config], tmp_path, monkeypatch)
     assert_one_message(code, output, "exp.yaml: invalid experiment config", *fragments)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_run_refuses_a_cuda_learner_on_a_machine_without_one_before_any_run_starts(tmp_path, monkeypatch):
+    config = write_yaml(tmp_path / "exp.yaml", experiment(tmp_path, arms={"cpu": {}, "gpu": {"train": {"device": "cuda"}}}))
+    code, output = invoke(["run", config], tmp_path, monkeypatch)
+    assert_one_message(code, output, "exp.yaml: invalid experiment config", "train.device: 'cuda', but this torch sees no CUDA device",
+                       "allowed here: 'auto', 'cpu'", "(arm 'gpu')")
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()  # nothing started
+    # validate checks the file, not this machine: the arm may be meant for a GPU machine or a Ray cluster.
+    code, output = invoke(["validate", config], tmp_path, monkeypatch)
+    assert code == 0 and "ok" in output and "arm gpu" in output, output
 
 
 def test_validate_names_the_arm_whose_data_lacks_the_prompt_field(tmp_path, monkeypatch):
