@@ -33,6 +33,7 @@ from polyrl.roles.compiled import check_sampler_compile, compile_decoder_layers
 from polyrl.roles.cpu_matmul import cpu_vendor, resolve_cpu_matmul, route_linears_through_onednn, torch_blas
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.roles.devices import learner_device
+from polyrl.roles.host_memory import keep_freed_host_memory
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
@@ -189,6 +190,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     # fp32 master weights and optimizer state; model.dtype is the compute dtype (precision.py).
     # Image-text models load whole (AutoModelForImageTextToText): the learner's forward needs the vision tower.
     device = learner_device(cfg.train.device)
+    host_malloc = keep_freed_host_memory() if device.type == "cpu" else "unchanged: the learner is on a GPU"
     policy = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32).to(device)
     bf16_learner_attends_in_fp32(policy, dtype)
     takes_images = model_takes_images(policy_path)
@@ -237,7 +239,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     generate_threads = rollout_threads(cfg.rollout.threads, learner_threads=threads)
     if logger is not None:
         # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
-        logger.log_params({"runtime.learner_device": str(device), "runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
+        logger.log_params({"runtime.learner_device": str(device), "runtime.host_malloc": host_malloc, "runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
                            "runtime.cpu_vendor": cpu_vendor() or "unknown", "runtime.torch_blas": torch_blas(),
                            "runtime.learner_attention": policy.config._attn_implementation if hasattr(policy, "config") else "unknown",
                            "runtime.engine_startup_s": round(engine_startup_s, 2),

@@ -17,6 +17,7 @@ from polyrl.launch.compare import compare_experiment
 from polyrl.launch.runner import run_experiment
 from polyrl.roles.cpu_matmul import cpu_vendor, resolve_cpu_matmul, torch_blas
 from polyrl.roles.devices import learner_device
+from polyrl.roles.host_memory import keep_freed_host_memory
 from polyrl.tracking.mlflow_runs import ExperimentTracker, STEP_MARKER, resolve_tracking_uri
 
 
@@ -99,6 +100,8 @@ def test_experiment_with_arms_logs_to_a_real_mlflow_server(tmp_path, tiny_experi
         assert 0 < float(run.data.params["runtime.engine_startup_s"]) <= float(run.data.params["runtime.build_s"])
         assert int(run.data.params["runtime.torch_threads"]) >= 1
         assert run.data.params["runtime.learner_device"] == str(learner_device("auto"))  # train.device's default
+        on_cpu = learner_device("auto").type == "cpu"  # a CPU learner keeps freed memory (glibc)
+        assert run.data.params["runtime.host_malloc"] == (keep_freed_host_memory() if on_cpu else "unchanged: the learner is on a GPU")
         assert run.data.params["runtime.rollout_threads"] == run.data.params["runtime.torch_threads"]  # default: the learner's
         # auto's choice, recorded with what it was made from
         assert run.data.params["runtime.cpu_matmul"] == resolve_cpu_matmul("auto", device=torch.device("cpu"), compute_dtype=torch.float32)
