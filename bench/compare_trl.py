@@ -71,6 +71,9 @@ POLYRL_ARMS = {
     "bf16-sampler": ("polyrl-bf16-sampler", ["--polyrl-rollout-dtype", "bfloat16"]),  # bf16 sampling under the fp32 learner
 }
 ARM_OPTIONS = dict(POLYRL_ARMS.values())
+# --trl-modes: interleaved with the polyrl arms in every round, except vllm-colocate (tried once per regime).
+TRL_MODES = ("hf", "hf-compile", "vllm-colocate")
+TRL_SYSTEMS = tuple(f"trl-{mode}" for mode in TRL_MODES)
 
 
 def arithmetic_rows() -> list[dict]:
@@ -289,7 +292,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
-    parser.add_argument("--trl-modes", nargs="+", default=["hf", "vllm-colocate"], choices=["hf", "hf-compile", "vllm-colocate"],
+    parser.add_argument("--trl-modes", nargs="+", default=["hf", "vllm-colocate"], choices=list(TRL_MODES),
                         help="TRL modes: hf (HF generation), hf-compile (the same with torch_compile=True), vllm-colocate (tried once)")
     parser.add_argument("--timeout", type=int, default=1800, help="Seconds per worker process.")
     parser.add_argument("--polyrl-micro-batch-tokens", type=int, default=None,
@@ -310,7 +313,7 @@ def main() -> None:
     parser.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
                         help="fp32 (default), or bf16 mixed precision on both sides (TRL bf16=True; polyrl model.dtype bfloat16, "
                              "whose vLLM then samples in bf16)")
-    parser.add_argument("--worker", choices=["polyrl", "trl-hf", "trl-hf-compile", "trl-vllm-colocate"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["polyrl", *TRL_SYSTEMS], help=argparse.SUPPRESS)
     parser.add_argument("--regime", choices=list(REGIMES), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -344,7 +347,7 @@ def main() -> None:
         policy_dir = long_policy if REGIMES[regime]["long_writer"] else policy
         arms = args.polyrl_arms or (["compile"] if args.polyrl_compile else ["eager"])
         ours_names = [POLYRL_ARMS[arm][0] for arm in arms]
-        trl_interleaved = [f"trl-{mode}" for mode in ("hf", "hf-compile") if mode in args.trl_modes]
+        trl_interleaved = [f"trl-{mode}" for mode in TRL_MODES if mode in args.trl_modes and mode != "vllm-colocate"]
         results: dict[str, list[dict]] = {**{name: [] for name in ours_names}, **{name: [] for name in trl_interleaved}}
         if "vllm-colocate" in args.trl_modes:
             colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout, precision=args.precision)
@@ -386,7 +389,7 @@ def main() -> None:
                       f"{statistics.median(warmups):.1f} s")
         for name in ours_names:
             ours = summaries.get(name)
-            for system in ("trl-hf", "trl-hf-compile", "trl-vllm-colocate"):
+            for system in TRL_SYSTEMS:
                 theirs = summaries.get(system)
                 if ours and theirs:
                     print(f"\n{name} / {system}: samples/s ×{ours['samples_per_s'] / theirs['samples_per_s']:.2f} "

@@ -5,7 +5,7 @@ Plain data (tensors and lists), so a phase can run in-process or behind a Ray ac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import Tensor
@@ -70,6 +70,5 @@ class LearnerBatch:
 
     def to(self, device: torch.device | str) -> "LearnerBatch":
         """The same batch with every tensor on ``device`` (the learner's; the pipeline builds it on the CPU)."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        moved["packed"] = self.packed.to(device)
-        return LearnerBatch(**{k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in moved.items()})
+        tensors = {f.name: value.to(device) for f in fields(self) if isinstance(value := getattr(self, f.name), Tensor)}
+        return replace(self, packed=self.packed.to(device), **tensors)
