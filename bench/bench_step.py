@@ -13,6 +13,8 @@ For a policy of ``--size`` (random weights, so nearly every sample runs to the t
   GFLOP/s against the machine's fp32 matmul peak measured in the same process at the same thread
   count (``bench/bench_matmul.py``, every learner shape and library before and after the steps),
   the share of computed token positions that are padding, and the optimizer's share of the update;
+* the update's own oneDNN products timed where they run (``train.cpu_matmul`` → oneDNN): their share
+  of the update and of the peak, which is the update's ceiling if nothing else took time;
 * the same share step by step against a peak probe run right before and right after each step
   (the fastest product of that table, ~1 s each): on a machine whose speed drifts by ±30% within
   minutes, a ratio of two measurements seconds apart is the steadier figure;
@@ -44,7 +46,7 @@ import torch  # noqa: E402
 
 from bench_matmul import available_libraries, gflops, learner_shapes, measure, measure_peaks, torch_threads  # noqa: E402
 from polyrl.config.schema import load_experiment, resolve_arms  # noqa: E402
-from polyrl.roles.cpu_matmul import linear_library  # noqa: E402
+from polyrl.roles.cpu_matmul import linear_library, timed_products  # noqa: E402
 from polyrl.roles.loop import PHASES  # noqa: E402
 from polyrl.roles.precision import compute_dtype  # noqa: E402
 from polyrl.roles.setup import build_arm  # noqa: E402
@@ -62,10 +64,12 @@ class UpdateCounter:
     forwards: int = 0
     optimizer_s: float = 0.0
     page_faults: int = 0  # minor faults of this process during the update (fresh pages from the kernel)
+    products_s: float = 0.0  # the update's own oneDNN products, timed where they run (cpu_matmul.timed_products)
+    products_gflop: float = 0.0
 
     def reset(self) -> None:
         self.computed = self.real = self.forwards = self.page_faults = 0
-        self.optimizer_s = 0.0
+        self.optimizer_s = self.products_s = self.products_gflop = 0.0
 
 
 def instrument(arm) -> UpdateCounter:
@@ -88,10 +92,13 @@ def instrument(arm) -> UpdateCounter:
         counter.active = True
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         try:
-            return update(*args, **kwargs)
+            with timed_products() as products:
+                return update(*args, **kwargs)
         finally:
             counter.active = False
             counter.page_faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            counter.products_s += products.seconds
+            counter.products_gflop += products.flop / 1e9
 
     def timed_step(*args, **kwargs):
         start = time.perf_counter()
@@ -117,7 +124,8 @@ def run_steps(loop, counter: UpdateCounter, steps: int, warmup: int = 1, probe=N
         after = probe() if probe else float("nan")
         history.append({**metrics, "bench/computed": counter.computed, "bench/real": counter.real,
                         "bench/forwards": counter.forwards, "bench/optimizer_s": counter.optimizer_s,
-                        "bench/page_faults": counter.page_faults, "bench/peak_before": before, "bench/peak_after": after})
+                        "bench/page_faults": counter.page_faults, "bench/peak_before": before, "bench/peak_after": after,
+                        "bench/products_s": counter.products_s, "bench/products_gflop": counter.products_gflop})
     return history
 
 
@@ -168,10 +176,19 @@ def update_report(history: list[dict[str, float]], parameters: int, peak_gflops:
         print(f"step by step, against the peak probe right around each step: median **{statistics.median(per_step):.0%}** of peak "
               f"(steps {', '.join(f'{share:.0%}' for share in per_step)}; probes "
               f"{', '.join('{:.0f}/{:.0f}'.format(h['bench/peak_before'], h['bench/peak_after']) for h in history)} GFLOP/s before/after)")
+    products_s = statistics.mean(h["bench/products_s"] for h in history)
+    if products_s:
+        products_rate = statistics.mean(h["bench/products_gflop"] for h in history) / products_s
+        print(f"its oneDNN products, timed where they run: {products_s:.3f} s ({products_s / update_s:.0%} of the update) at "
+              f"{products_rate:.1f} GFLOP/s, {products_rate / peak_gflops:.0%} of that peak: the update's ceiling if nothing else took "
+              f"time; the other {update_s - products_s:.3f} s are element-wise work, attention, layout copies and autograd")
+    else:
+        print("its products were not timed in place (the Linear layers run on torch's BLAS, not polyrl's oneDNN route)")
     print(f"padding: {1 - real / computed:.1%} of the {computed:.0f} token positions computed "
           f"({statistics.mean(h['bench/forwards'] for h in history):.0f} forwards) · optimizer {optimizer / update_s:.1%} of the update · "
           f"{statistics.mean(h['bench/page_faults'] for h in history):.0f} page faults per update")
     return {"update_s": update_s, "useful_gflops": achieved, "peak_share": achieved / peak_gflops, "padding_share": 1 - real / computed,
+            "products_share_of_update": products_s / update_s,
             "peak_share_per_step": statistics.median(per_step) if per_step else float("nan")}
 
 

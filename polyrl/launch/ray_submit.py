@@ -46,7 +46,7 @@ from rich.console import Console
 
 from polyrl.core.errors import PolyrlError
 from polyrl.config.schema import ConfigError, ExperimentConfig, to_yaml
-from polyrl.launch.run_lock import acquire_lock
+from polyrl.launch.run_lock import acquire_lock, receive_lock
 from polyrl.launch.seeds import expand_units, load_plan, start_seeded_arm_run
 from polyrl.launch.experiment_folder import STATE_FILE, archive_previous_run, experiment_dir, read_state, write_state
 from polyrl.launch.runner import ExperimentResult, start_arm_run, start_experiment_run, train_arm, yaml_text
@@ -261,9 +261,12 @@ def _root_cause(error: BaseException) -> str:
 class _Supervisor:
     """Detached actor that supervises the arms after ``polyrl submit --no-wait`` returns."""
 
-    def start(self, jobs, parallel, task_options, tracking_uri, parent_run_id, state_path) -> str:
-        """Start supervising in a thread and return at once (the driver may exit right after)."""
+    def start(self, jobs, parallel, task_options, tracking_uri, parent_run_id, state_path, lock_handover) -> str:
+        """Take the experiment folder's lock over from the driver, start supervising in a thread and
+        return at once (the driver may exit right after). No arm starts unless the lock was taken."""
         import threading
+
+        lock = receive_lock(**lock_handover)
 
         def supervise() -> None:
             import ray
@@ -272,6 +275,7 @@ class _Supervisor:
                 _supervise(jobs, parallel=parallel, task_options=task_options, tracking_uri=tracking_uri,
                            parent_run_id=parent_run_id, state_path=state_path)
             finally:
+                lock.release()  # the arms are done: a new run of the experiment may start
                 ray.kill(ray.get_runtime_context().current_actor)  # a detached actor lives until killed
 
         threading.Thread(target=supervise, name="polyrl-supervisor", daemon=True).start()
@@ -342,16 +346,16 @@ def submit_experiment(
 
 def _submit_connected(path, configs, seeds, first, tracking_uri, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
     folder = experiment_dir(first).resolve()
-    # Held while this driver supervises (a --no-wait submit hands the arms over and lets go).
+    # Held while this driver supervises; a --no-wait submit hands it to the detached supervisor with the arms.
     lock = acquire_lock(folder, experiment=first.name, command=f"polyrl submit {path}", echo=console.print)
     try:
-        return _submit_locked(path, configs, seeds, first, tracking_uri, folder, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
+        return _submit_locked(path, configs, seeds, first, tracking_uri, folder, lock, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
                               gpus_per_arm=gpus_per_arm, wait=wait, console=console)
     finally:
         lock.release()
 
 
-def _submit_locked(path, configs, seeds, first, tracking_uri, folder, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
+def _submit_locked(path, configs, seeds, first, tracking_uri, folder, lock, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
     import ray
 
     archive_previous_run(folder)  # as polyrl run: a new run never overwrites an earlier one's checkpoints
@@ -408,8 +412,17 @@ def _submit_locked(path, configs, seeds, first, tracking_uri, folder, *, paralle
         else:
             supervisor = ray.remote(_Supervisor).options(name=f"polyrl-supervisor-{parent.run_id}", namespace="polyrl", lifetime="detached", num_cpus=0,
                                                          runtime_env=task_options["runtime_env"]).remote()
-            ray.get(supervisor.start.remote(jobs, parallel_arms, task_options, tracking_uri, parent.run_id, str(state_path)))
-            console.print(f"submitted; the arms run under the detached actor polyrl-supervisor-{parent.run_id} (namespace polyrl); follow them in MLflow")
+            handover = {"folder": str(folder), "experiment": first.name,
+                        "command": f"polyrl submit --no-wait {path}: detached Ray actor polyrl-supervisor-{parent.run_id} (namespace polyrl)"}
+            started = supervisor.start.remote(jobs, parallel_arms, task_options, tracking_uri, parent.run_id, str(state_path), handover)
+            lock.release()  # the supervisor is waiting to take it; it starts no arm before it holds it
+            try:
+                ray.get(started)
+            except BaseException:
+                ray.kill(supervisor)  # detached: it would otherwise outlive this failed submission
+                raise
+            console.print(f"submitted; the arms run under the detached actor polyrl-supervisor-{parent.run_id} (namespace polyrl), "
+                          f"which holds the experiment folder until they are done; follow them in MLflow")
     except BaseException:
         if parent.client.get_run(parent.run_id).info.status == "RUNNING":  # failed before the arms were handed over
             for job in jobs:

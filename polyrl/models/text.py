@@ -36,6 +36,9 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
     "3m": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
     # ~30M parameters: the throughput-target policy of the benchmark.
     "30m": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=9, num_attention_heads=8, num_key_value_heads=4),
+    # ~150M parameters: benches only (not a `model.builtin` size), to see how the update's share of
+    # the matmul peak moves with width: element-wise work grows with the width, the products with its square.
+    "150m": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=8),
 }
 
 

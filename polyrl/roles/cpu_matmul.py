@@ -33,16 +33,19 @@ decoder would fall back to torch's BLAS and lose this module's gain.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
 
 from polyrl.core.errors import PolyrlError
 
-__all__ = ["CpuMatmulError", "cpu_vendor", "linear_library", "onednn_available", "onednn_linear", "onednn_linear_traceable",
-           "resolve_cpu_matmul", "route_linears_through_onednn", "torch_blas"]
+__all__ = ["CpuMatmulError", "ProductTally", "cpu_vendor", "linear_library", "onednn_available", "onednn_linear",
+           "onednn_linear_traceable", "resolve_cpu_matmul", "route_linears_through_onednn", "timed_products", "torch_blas"]
 
 
 class CpuMatmulError(PolyrlError):
@@ -78,9 +81,48 @@ def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@dataclass
+class ProductTally:
+    """Wall seconds and FLOPs (2·M·N·K each) of the oneDNN products run inside :func:`timed_products`."""
+
+    seconds: float = 0.0
+    flop: float = 0.0
+    products: int = 0
+
+    @property
+    def gflops(self) -> float:
+        return self.flop / self.seconds / 1e9 if self.seconds else 0.0
+
+
+_tally: ProductTally | None = None  # set only inside timed_products(): the untimed path costs one check
+
+
+@contextlib.contextmanager
+def timed_products() -> Iterator[ProductTally]:
+    """Time every product this module runs in the block, in place (forward, input and weight
+    gradients, with whatever layout copies oneDNN makes of strided operands).
+
+    For ``bench/bench_step.py``: the update's own products timed where they run, so the share of
+    the matmul peak they reach there is a number, and the rest of the update is the difference.
+    """
+    global _tally
+    previous, _tally = _tally, ProductTally()
+    try:
+        yield _tally
+    finally:
+        _tally = previous
+
+
 def _inner_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T (+ bias)`` for 2-D ``x [M, K]`` and ``weight [N, K]`` through oneDNN (strided views accepted)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    if _tally is None:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    start = time.perf_counter()
+    out = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    _tally.seconds += time.perf_counter() - start
+    _tally.flop += 2 * x.shape[0] * x.shape[1] * weight.shape[0]
+    _tally.products += 1
+    return out
 
 
 def _grad_input(grad: Tensor, weight: Tensor) -> Tensor:

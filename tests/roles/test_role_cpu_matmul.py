@@ -38,6 +38,26 @@ def test_onednn_linear_hand_computed_values_and_gradients():
 
 @needs_onednn
 @pytest.mark.parametrize("linear", [onednn_linear, onednn_linear_traceable], ids=["autograd_function", "custom_op"])
+def test_timed_products_counts_every_product_of_forward_and_backward_and_nothing_outside(linear):
+    x = torch.randn(6, 4, requires_grad=True)
+    weight = torch.randn(3, 4, requires_grad=True)
+    linear(x, weight).sum().backward()  # outside the block: not counted anywhere
+    with cpu_matmul.timed_products() as tally:
+        linear(x, weight).sum().backward()
+    # x [6, 4], W [3, 4]: forward x Wᵀ 2·6·4·3 = 144 FLOP, input grad g W 2·6·3·4 = 144,
+    # weight grad gᵀ x 2·3·6·4 = 144: three products, 432 FLOP.
+    assert tally.products == 3
+    assert tally.flop == 432
+    assert tally.seconds > 0 and tally.gflops > 0
+    with cpu_matmul.timed_products() as only_forward:
+        with torch.no_grad():
+            linear(x, weight)
+    assert (only_forward.products, only_forward.flop) == (1, 144)
+    assert cpu_matmul._tally is None  # timing off again after the blocks
+
+
+@needs_onednn
+@pytest.mark.parametrize("linear", [onednn_linear, onednn_linear_traceable], ids=["autograd_function", "custom_op"])
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("transposed_input", [False, True])
 def test_onednn_linear_matches_torch_values_and_all_gradients(linear, with_bias, transposed_input):
