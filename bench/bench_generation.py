@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM's INFO lines (its whole engine config, per engine) would bury the figures
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
