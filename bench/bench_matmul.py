@@ -50,12 +50,14 @@ def learner_shapes(size: str, tokens: int) -> list[tuple[str, int, int, int]]:
 LIBRARIES = ("torch", "onednn")
 
 
-def product(library: str, m: int, k: int, n: int, dtype: torch.dtype = torch.float32):
-    """A zero-argument callable computing one ``m×k @ k×n`` product with ``library`` in ``dtype``."""
-    a = torch.randn(m, k, dtype=dtype)
+def product(library: str, m: int, k: int, n: int, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """A zero-argument callable computing one ``m×k @ k×n`` product with ``library`` in ``dtype`` on ``device``."""
+    a = torch.randn(m, k, dtype=dtype, device=device)
     if library == "torch":
-        b, out = torch.randn(k, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
+        b, out = torch.randn(k, n, dtype=dtype, device=device), torch.empty(m, n, dtype=dtype, device=device)
         return lambda: torch.matmul(a, b, out=out)
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"library {library!r} is a CPU library; on {device} only torch's matmul is timed")
     from polyrl.roles.cpu_matmul import onednn_linear
 
     weight = torch.randn(n, k)  # a Linear layer's [out, in] weight: a @ weightᵀ
@@ -63,12 +65,16 @@ def product(library: str, m: int, k: int, n: int, dtype: torch.dtype = torch.flo
 
 
 def gflops(m: int, k: int, n: int, *, library: str = "torch", seconds: float = 0.25, repeats: int = 3,
-           dtype: torch.dtype = torch.float32) -> float:
+           dtype: torch.dtype = torch.float32, device: str = "cpu") -> float:
     """Median GFLOP/s of ``a @ b`` with ``a: m×k``, ``b: k×n``, each repeat timed over ~``seconds``."""
-    run = product(library, m, k, n, dtype)
+    run = product(library, m, k, n, dtype, device)
+    # A GPU runs products asynchronously: time up to the point where they are done, not queued.
+    done = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     run()  # first call: allocation, kernel selection
+    done()
     start = time.perf_counter()
     run()
+    done()
     once = max(time.perf_counter() - start, 1e-6)
     iterations = max(1, int(seconds / once))
     rates = []
@@ -76,15 +82,18 @@ def gflops(m: int, k: int, n: int, *, library: str = "torch", seconds: float = 0
         start = time.perf_counter()
         for _ in range(iterations):
             run()
+        done()
         rates.append(2 * m * k * n * iterations / (time.perf_counter() - start) / 1e9)
     return statistics.median(rates)
 
 
-def available_libraries(dtype: torch.dtype = torch.float32) -> list[str]:
-    """The GEMM libraries to time; for bf16 only torch's (its bf16 CPU matmul already runs in oneDNN)."""
+def available_libraries(dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[str]:
+    """The GEMM libraries to time; for bf16 only torch's (its bf16 CPU matmul already runs in oneDNN), and
+    off the CPU only torch's."""
     from polyrl.roles.cpu_matmul import onednn_available
 
-    return [library for library in LIBRARIES if library == "torch" or (onednn_available() and dtype == torch.float32)]
+    on_cpu = torch.device(device).type == "cpu"
+    return [library for library in LIBRARIES if library == "torch" or (on_cpu and onednn_available() and dtype == torch.float32)]
 
 
 @contextlib.contextmanager
@@ -99,18 +108,20 @@ def torch_threads(threads: int) -> Iterator[None]:
 
 
 def measure(size: str, tokens: int, threads: int, square: int = 2048, library: str = "torch",
-            dtype: torch.dtype = torch.float32) -> dict[str, float]:
+            dtype: torch.dtype = torch.float32, device: str = "cpu") -> dict[str, float]:
     with torch_threads(threads):
-        rows = {name: gflops(m, k, n, library=library, dtype=dtype) for name, m, k, n in learner_shapes(size, tokens)}
-        rows[f"square {square}"] = gflops(square, square, square, library=library, seconds=0.5, dtype=dtype)
+        rows = {name: gflops(m, k, n, library=library, dtype=dtype, device=device) for name, m, k, n in learner_shapes(size, tokens)}
+        rows[f"square {square}"] = gflops(square, square, square, library=library, seconds=0.5, dtype=dtype, device=device)
         return rows
 
 
 def measure_peaks(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None,
-                  dtype: torch.dtype = torch.float32) -> dict[str, float]:
-    """Per GEMM library, the best GFLOP/s of the learner's shapes and a large square at ``threads``."""
-    return {library: max(measure(size, tokens, threads or torch.get_num_threads(), library=library, dtype=dtype).values())
-            for library in available_libraries(dtype)}
+                  dtype: torch.dtype = torch.float32, device: str = "cpu") -> dict[str, float]:
+    """Per GEMM library, the best GFLOP/s of the learner's shapes and a large square at ``threads``
+    on ``device`` (the learner's: an update on a GPU is put against that GPU's peak, not the CPU's)."""
+    return {library: max(measure(size, tokens, threads or torch.get_num_threads(), library=library, dtype=dtype,
+                                 device=device).values())
+            for library in available_libraries(dtype, device)}
 
 
 def measure_peak(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None) -> float:

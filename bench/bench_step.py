@@ -129,17 +129,18 @@ def run_steps(loop, counter: UpdateCounter, steps: int, warmup: int = 1, probe=N
     return history
 
 
-def peak_probe(size: str, tokens: int, threads: int, dtype: torch.dtype = torch.float32):
-    """The peak table (every learner product and the square, per library) and its fastest learner
-    product as a ~1 s GFLOP/s probe: (probe, its label, best GFLOP/s per library)."""
-    tables = {library: measure(size, tokens, threads, library=library, dtype=dtype) for library in available_libraries(dtype)}
+def peak_probe(size: str, tokens: int, threads: int, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """The peak table (every learner product and the square, per library) on ``device`` and its fastest
+    learner product as a ~1 s GFLOP/s probe: (probe, its label, best GFLOP/s per library)."""
+    tables = {library: measure(size, tokens, threads, library=library, dtype=dtype, device=device)
+              for library in available_libraries(dtype, device)}
     _, library, name = max((rate, library, name) for library, table in tables.items() for name, rate in table.items()
                            if not name.startswith("square"))
     m, k, n = next((m, k, n) for shape, m, k, n in learner_shapes(size, tokens) if shape == name)
 
     def probe() -> float:
         with torch_threads(threads):
-            return gflops(m, k, n, library=library, seconds=0.3, dtype=dtype)
+            return gflops(m, k, n, library=library, seconds=0.3, dtype=dtype, device=device)
 
     return probe, f"{name} ({m}×{k} @ {k}×{n}) on {library}", {library: max(table.values()) for library, table in tables.items()}
 
@@ -252,9 +253,10 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         parameters = sum(p.numel() for p in arm.learner.policy.parameters())
         rows = micro_batch * 53
         matmul_dtype = compute_dtype(dtype)  # the peak of the dtype the learner computes in
-        probe, probe_name, peaks_before = peak_probe(size, rows, torch.get_num_threads(), matmul_dtype)
+        device = str(next(arm.learner.policy.parameters()).device)  # and of the device it computes on (train.device)
+        probe, probe_name, peaks_before = peak_probe(size, rows, torch.get_num_threads(), matmul_dtype, device)
         history = run_steps(loop, counter, steps, warmup=3 if compile else 1, probe=probe)
-        peaks_after = measure_peaks(size, tokens=rows, threads=torch.get_num_threads(), dtype=matmul_dtype)
+        peaks_after = measure_peaks(size, tokens=rows, threads=torch.get_num_threads(), dtype=matmul_dtype, device=device)
         peaks = {library: (peaks_before[library] + peaks_after[library]) / 2 for library in peaks_before}
         peak_before, peak_after = max(peaks_before.values()), max(peaks_after.values())
         title = (f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, "
@@ -262,7 +264,7 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
                  f"{f', micro_batch_tokens {micro_batch_tokens}' if micro_batch_tokens else ''}"
                  f"{f', cpu_matmul {cpu_matmul}' if cpu_matmul else ''}")
         result = phase_table(title, history)
-        print(f"\n{dtype} matmul peak (bench_matmul, best library) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s; "
+        print(f"\n{dtype} matmul peak on {device} (bench_matmul, best library) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s; "
               "per library: " + ", ".join(f"{library} {value:.1f}" for library, value in peaks.items())
               + f"; the learner's Linear layers ran on: {arm.config.train.cpu_matmul} -> {linear_library(arm.learner.policy)}; "
               f"probe around each step: {probe_name}")

@@ -22,3 +22,18 @@ def test_bench_script_compiles_and_answers_help(script, tmp_path):
     py_compile.compile(str(script), cfile=str(tmp_path / "out.pyc"), doraise=True)
     done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_matmul_peak_is_measured_on_the_learners_device():
+    """bench_step puts the update against the peak of the device the learner computes on: off the CPU
+    only torch's matmul is timed there (oneDNN is a CPU library), never a CPU figure for a GPU update."""
+    sys.path.insert(0, str(BENCH[0].parent))
+    try:
+        import bench_matmul
+    finally:
+        sys.path.remove(str(BENCH[0].parent))
+    assert bench_matmul.available_libraries(device="meta") == ["torch"]
+    assert "torch" in bench_matmul.available_libraries(device="cpu")
+    with pytest.raises(ValueError, match="CPU library"):
+        bench_matmul.product("onednn", 4, 4, 4, device="meta")
+    assert bench_matmul.gflops(16, 16, 16, seconds=0.001, repeats=1, device="cpu") > 0
