@@ -25,14 +25,12 @@ from polyrl.tracking.mlflow_runs import RunLogger, make_client
 # Environment variables a worker needs to behave like the driver (offline hubs, vLLM mode,
 # MLflow server credentials). A local cluster inherits the driver's environment anyway.
 FORWARDED_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "MLFLOW_", "POLYRL_")
-WORKER_TAGS = ("polyrl.ray.pid", "polyrl.ray.node_id", "polyrl.ray.hostname")
 
 
 class ArmFailedError(PolyrlError, RuntimeError):
     """One or more arms raised in their Ray task; the message names each arm and its error."""
 
     exit_code = 1
-
 
 
 def worker_env() -> dict[str, str]:
@@ -66,7 +64,7 @@ def arm_task(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def supervise_arms(jobs: list[dict[str, Any]], *, parallel: bool, task_options: dict[str, Any], tracking_uri: str, parent_run_id: str,
-               state_path: str | None, echo: Callable[[str], None] = print) -> dict[str, Any]:
+                   state_path: str | None, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Launch the arm tasks, gather their results, close the parent run; raises ArmFailedError.
 
     Runs in the driver (``--wait``) or in a detached actor inside the cluster (``--no-wait``).
