@@ -263,10 +263,11 @@ def _submit_locked(path, configs, seeds, first, tracking_uri, folder, lock, *, p
                                  parent_run_id=parent.run_id, state_path=str(state_path), echo=console.print)
             result.final_metrics = {job["key"]: results[job["key"]]["final_metrics"] for job in jobs}
         else:
-            supervisor = ray.remote(DetachedSupervisor).options(name=f"polyrl-supervisor-{parent.run_id}", namespace="polyrl", lifetime="detached", num_cpus=0,
-                                                         runtime_env=task_options["runtime_env"]).remote()
+            supervisor_name = f"polyrl-supervisor-{parent.run_id}"
+            supervisor = ray.remote(DetachedSupervisor).options(name=supervisor_name, namespace="polyrl", lifetime="detached", num_cpus=0,
+                                                                runtime_env=task_options["runtime_env"]).remote()
             handover = {"folder": str(folder), "experiment": first.name,
-                        "command": f"polyrl submit --no-wait {path}: detached Ray actor polyrl-supervisor-{parent.run_id} (namespace polyrl)"}
+                        "command": f"polyrl submit --no-wait {path}: detached Ray actor {supervisor_name} (namespace polyrl)"}
             started = supervisor.start.remote(jobs, parallel_arms, task_options, tracking_uri, parent.run_id, str(state_path), handover)
             lock.release()  # the supervisor is waiting to take it; it starts no arm before it holds it
             try:
@@ -274,7 +275,7 @@ def _submit_locked(path, configs, seeds, first, tracking_uri, folder, lock, *, p
             except BaseException:
                 ray.kill(supervisor)  # detached: it would otherwise outlive this failed submission
                 raise
-            console.print(f"submitted; the arms run under the detached actor polyrl-supervisor-{parent.run_id} (namespace polyrl), "
+            console.print(f"submitted; the arms run under the detached actor {supervisor_name} (namespace polyrl), "
                           f"which holds the experiment folder until they are done; follow them in MLflow")
     except BaseException:
         if parent.client.get_run(parent.run_id).info.status == "RUNNING":  # failed before the arms were handed over

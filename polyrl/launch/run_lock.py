@@ -133,7 +133,6 @@ def _check_takeover(previous: dict[str, Any], path: Path, experiment: str) -> No
         f"(its lock could not be checked from here). If that run is gone, delete {path} and run again")
 
 
-
 def receive_lock(folder: str | Path, *, experiment: str, command: str = "", within_s: float = 60.0) -> ExperimentLock:
     """Take the lock a process is handing over (it releases right after asking for this).
 

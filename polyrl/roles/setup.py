@@ -239,7 +239,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     generate_threads = rollout_threads(cfg.rollout.threads, learner_threads=threads)
     if logger is not None:
         # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
-        logger.log_params({"runtime.learner_device": str(device), "runtime.host_malloc": host_malloc, "runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
+        logger.log_params({"runtime.learner_device": str(device), "runtime.host_malloc": host_malloc,
+                           "runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
                            "runtime.cpu_vendor": cpu_vendor() or "unknown", "runtime.torch_blas": torch_blas(),
                            "runtime.learner_attention": policy.config._attn_implementation if hasattr(policy, "config") else "unknown",
                            "runtime.engine_startup_s": round(engine_startup_s, 2),
