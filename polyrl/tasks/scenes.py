@@ -13,6 +13,12 @@ Everything is a pure function of an integer seed (``random.Random``), so the shi
 regenerated bit for bit (``python -m polyrl.tasks.scenes --write``, VQA and caption files) and a test checks the
 shipped files against the generator.
 
+Splits are disjoint by content, not by seed: a scene's split is a hash of what it shows
+(:func:`scene_split`; one in ``TEST_BUCKETS`` of the 7,824 possible scenes, per number of
+objects, is a test scene), so
+no test image, caption set or VQA row is also a train one. (Splitting by seed alone let 28 of
+the 100 test scenes repeat a train scene exactly: there are only 48 one-object scenes.)
+
 Storage: ``polyrl/tasks/data/scenes/{train,test}.parquet``, one VQA row per question with the
 columns ``prompt`` (``"<image>Q: ...\\nA:"``), ``answer``, ``kind``, ``scene_id``,
 ``references`` (the scene's captions) and ``images`` (a list of one image, a ``datasets``
@@ -31,8 +37,10 @@ selector on ``scenes`` keeps ``data.source`` the one setting that names a task's
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
+import itertools
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +64,14 @@ MAX_OBJECTS = 3
 QUESTION_KINDS = ("color", "shape", "position", "count")
 IMAGE_PLACEHOLDER = "<image>"
 SPLITS = ("train", "test")
-# Scene seeds of each split: disjoint ranges, so no test scene is a train scene by seed.
-SPLIT_SCENES = {"train": (0, 400), "test": (100_000, 100_100)}
+# Scenes per split, and the first seed each split draws from (distinct ranges keep scene_id
+# unique across splits). Disjoint seeds are not disjoint content: there are only 48 one-object
+# scenes, so a split is decided by the scene's content (``scene_split``), not by its seed.
+SPLIT_SIZES = {"train": 400, "test": 100}
+SPLIT_FIRST_SEED = {"train": 0, "test": 100_000}
+# One in TEST_BUCKETS of all possible scenes (7,824: 48 one-object, 864 two-, 6,912
+# three-object) belongs to the test split, stratified by the number of objects.
+TEST_BUCKETS = 5
 BACKGROUND = (245, 245, 245)
 
 
@@ -149,11 +163,53 @@ def png_bytes(image: Image.Image) -> bytes:
     return buffer.getvalue()
 
 
+def scene_content_key(scene: Scene) -> str:
+    """What a scene shows, independent of its seed: its objects (colour, shape, cell) in cell
+    order. Two scenes with the same key render the same image and have the same captions and
+    questions."""
+    return ";".join(f"{o.color}-{o.shape}-{o.cell}" for o in sorted(scene.objects, key=lambda o: o.cell))
+
+
+def _content_hash(key: str) -> bytes:
+    return hashlib.sha256(f"polyrl-scene-content|{key}".encode()).digest()
+
+
+@functools.lru_cache(maxsize=1)
+def test_scene_keys() -> frozenset[str]:
+    """The content keys of the test split: per number of objects, the ``1/TEST_BUCKETS`` of all
+    possible scenes with the smallest content hash (stratified, so the test split has as many
+    one-, two- and three-object scenes as the generator draws; an unstratified hash put 14 of
+    the 48 one-object scenes, not ~10, in test, and the test split became half one-object)."""
+    keys: set[str] = set()
+    objects = [(color, shape) for color in COLORS for shape in SHAPES]
+    for count in range(1, MAX_OBJECTS + 1):
+        contents = [";".join(f"{c}-{s}-{cell}" for (c, s), cell in zip(chosen, cells))
+                    for cells in itertools.combinations(range(GRID * GRID), count)
+                    for chosen in itertools.product(objects, repeat=count)]
+        ranked = sorted(contents, key=_content_hash)
+        keys.update(ranked[: round(len(ranked) / TEST_BUCKETS)])
+    return frozenset(keys)
+
+
+def scene_split(scene: Scene) -> str:
+    """The split of a scene's content (as ``arithmetic`` and ``drawing`` split on their prompts):
+    a test image is never a train image, whatever the seeds."""
+    return "test" if scene_content_key(scene) in test_scene_keys() else "train"
+
+
 def _split_scenes(split: str) -> list[Scene]:
-    """The scenes of ``split``, each made from its seed (``scene_id``)."""
+    """The first ``SPLIT_SIZES[split]`` scenes from ``SPLIT_FIRST_SEED[split]`` on whose content
+    belongs to ``split``; each keeps its seed as ``scene_id``."""
     if split not in SPLITS:
         raise ValueError(f"unknown scenes split {split!r}; allowed: {list(SPLITS)}")
-    return [make_scene(seed) for seed in range(*SPLIT_SCENES[split])]
+    found: list[Scene] = []
+    seed = SPLIT_FIRST_SEED[split]
+    while len(found) < SPLIT_SIZES[split]:
+        scene = make_scene(seed)
+        if scene_split(scene) == split:
+            found.append(scene)
+        seed += 1
+    return found
 
 
 def split_rows(split: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ def test_shipped_caption_parquet_equals_the_generator(split):
     shipped = datasets.load_dataset("parquet", data_files={split: str(scenes.caption_path(split))}, split=split)
     rows = scenes.caption_rows(split)
     assert shipped.column_names == ["prompt", "scene_id", "references", "images"]
-    assert len(shipped) == len(rows) == scenes.SPLIT_SCENES[split][1] - scenes.SPLIT_SCENES[split][0]  # one row per scene
+    assert len(shipped) == len(rows) == scenes.SPLIT_SIZES[split]  # one row per scene
     for got, want in zip(shipped, rows):
         assert (got["prompt"], got["scene_id"], got["references"]) == (want["prompt"], want["scene_id"], want["references"])
         assert np.array_equal(np.asarray(got["images"][0].convert("RGB")), np.asarray(scenes.render(scenes.make_scene(want["scene_id"]))))
