@@ -6,8 +6,10 @@
 * ``"drawing"`` — the shipped drawing task (``polyrl/tasks/data/drawing``);
 * ``"scenes"`` / ``"scenes_captions"`` — the shipped image tasks, VQA and captioning
   (``polyrl/tasks/scenes.py``);
-* a local ``.jsonl`` / ``.json`` / ``.parquet`` file (the whole file is the split), or a
-  directory holding ``{split}.jsonl``, ``{split}.json`` or ``{split}.parquet``;
+* a local ``.jsonl`` / ``.json`` / ``.parquet`` file, which is one split: the one its name
+  declares (``rows.test.jsonl``), else ``train``; or, with ``holdout``, split by a fixed hash of
+  each row (:mod:`polyrl.data.splits`); any other split is refused;
+* a directory holding ``{split}.jsonl``, ``{split}.json`` or ``{split}.parquet``;
 * any other string is taken as a dataset name for ``datasets.load_dataset(name, split=split)``
   (the Hub or a local dataset script/cache).
 
@@ -27,6 +29,7 @@ import datasets
 
 from polyrl.core.errors import PolyrlError
 from polyrl.data import images as image_rows
+from polyrl.data import splits as split_rules
 from polyrl.tasks import arithmetic, drawing, scenes
 from polyrl.core.types import PromptSample
 
@@ -121,17 +124,20 @@ def _first_row(path: Path, source: str) -> dict[str, Any] | None:
     return row
 
 
-def check_prompt_source(source: str, split: str, *, prompt_field: str = "prompt") -> None:
+def check_prompt_source(source: str, split: str, *, prompt_field: str = "prompt", holdout: float | None = None) -> None:
     """What can be checked about a data source without loading it: a local file exists, is
-    not empty, and its first row has ``prompt_field``. Dataset names are left to the loader."""
+    not empty, can give ``split``, and its first row has ``prompt_field``. Dataset names are
+    left to the loader."""
     if not isinstance(source, str) or not source:
         raise DataConfigError(f"data source must be a non-empty string, got {source!r}")
     if source in BUILTIN_SOURCES:
+        if holdout is not None:
+            raise DataConfigError(split_rules.holdout_refusal(source, "a built-in task"))
         splits = _BUILTIN_MODULES[source].SPLITS
         if split not in splits:
             raise DataConfigError(f"data source {source!r}: unknown split {split!r}; allowed: {list(splits)}")
         return
-    path = _resolve_local(source, split)
+    path = _split_file(source, split, holdout)
     if path is None:
         return
     row = _first_row(path, source)
@@ -156,6 +162,36 @@ def source_has_images(source: str, split: str, *, images_field: str = "images") 
     if row is None or images_field not in row:
         return False
     return path.suffix.lower() == ".parquet" or bool(row[images_field])
+
+
+def _split_file(source: str, split: str, holdout: float | None, whole_file: bool = False) -> Path | None:
+    """The local file of ``split`` (:func:`_resolve_local`), refused when it cannot honour the
+    split (:mod:`polyrl.data.splits`); ``None`` for a dataset name, where ``holdout`` is refused.
+    ``whole_file``: a single file is taken whole, whatever ``split`` says (an eval dataset that
+    names no split)."""
+    path = _resolve_local(source, split)
+    if path is None or Path(source).expanduser().is_dir():
+        if holdout is not None:
+            raise DataConfigError(split_rules.holdout_refusal(source, "a folder of split files" if path else "a dataset name"))
+        return path
+    refusal = None if whole_file and holdout is None else split_rules.file_split_refusal(path, source, split, holdout)
+    if refusal is not None:
+        raise DataConfigError(refusal)
+    return path
+
+
+def _holdout_rows(dataset: datasets.Dataset, split: str, fraction: float, prompt_field: str, images_field: str) -> datasets.Dataset:
+    """The rows of ``split`` under a declared hold-out fraction (a fixed hash of each row's content)."""
+    images = None
+    if images_field in dataset.column_names:
+        feature = dataset.features[images_field]
+        inner = getattr(feature, "feature", feature)
+        raw = dataset
+        if isinstance(inner, datasets.Image):  # hash the encoded bytes/paths, not decoded pictures
+            raw = dataset.cast_column(images_field, datasets.List(datasets.Image(decode=False)) if feature is not inner
+                                      else datasets.Image(decode=False))
+        images = raw[images_field]
+    return dataset.select(split_rules.holdout_indices(dataset[prompt_field], images, split, fraction))
 
 
 def _resolve_local(source: str, split: str) -> Path | None:
@@ -186,6 +222,8 @@ def load_prompt_dataset(
     references_field: str = "references",
     images_field: str = "images",
     limit: int | None = None,
+    holdout: float | None = None,
+    whole_file: bool = False,
 ) -> datasets.Dataset:
     """Load one split of a prompt dataset and check that it is usable.
 
@@ -194,15 +232,22 @@ def load_prompt_dataset(
     ``images_field`` is the optional image column (``polyrl/data/images.py``): every row's
     images are checked here (type, file, readable, one ``<image>`` per image) and relative
     image paths become absolute (relative to the data file's folder).
-    ``limit`` keeps the first ``limit`` rows.
+    ``limit`` keeps the first ``limit`` rows. ``holdout`` (a fraction in (0, 1)) splits a single
+    local file into ``train`` and ``test`` by a fixed hash of each row (:mod:`polyrl.data.splits`);
+    ``whole_file`` takes a single local file whole whatever ``split`` is (an eval dataset that
+    names no split), where otherwise a split the file cannot honour is refused.
     """
     if not isinstance(source, str) or not source:
         raise DataConfigError(f"data source must be a non-empty string, got {source!r}")
     if limit is not None and limit <= 0:
         raise DataConfigError(f"data source {source!r}: limit must be positive, got {limit}")
 
+    if holdout is not None and not 0 < holdout < 1:
+        raise DataConfigError(f"data source {source!r}: holdout must be a fraction between 0 and 1, got {holdout}")
     local: Path | None = None
     if source in BUILTIN_SOURCES:
+        if holdout is not None:
+            raise DataConfigError(split_rules.holdout_refusal(source, "a built-in task"))
         module = _BUILTIN_MODULES[source]
         if split not in module.SPLITS:
             raise DataConfigError(
@@ -210,9 +255,13 @@ def load_prompt_dataset(
             )
         dataset = _load_file(module.shipped_path(split), source, split)
     else:
-        local = _resolve_local(source, split)
+        local = _split_file(source, split, holdout, whole_file)
         if local is not None:
             dataset = _load_file(local, source, split)
+            if holdout is not None:
+                if prompt_field not in dataset.column_names:
+                    raise DataConfigError(f"data source {source!r}: prompt field {prompt_field!r} not found; columns are {dataset.column_names}")
+                dataset = _holdout_rows(dataset, split, holdout, prompt_field, images_field)
         else:
             try:
                 dataset = datasets.load_dataset(source, split=split)

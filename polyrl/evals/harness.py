@@ -65,6 +65,9 @@ def load_samples(spec: DatasetSpec, *, base_dir: Path | None, limit: int | None)
         references_field=spec.references_field,
         images_field=spec.image_field or "images",
         limit=cap,
+        holdout=spec.holdout,
+        # A dataset that names no split takes a single file whole; a split it names must be honoured.
+        whole_file="split" not in spec.model_fields_set and spec.holdout is None,
     )
     if spec.image_field and spec.image_field not in dataset.column_names:
         raise EvalError(f"datasets[{spec.label}].image_field: column {spec.image_field!r} not in {dataset.column_names}")

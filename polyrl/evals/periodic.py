@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from polyrl.data.splits import overlap_warning
 from polyrl.evals.harness import EvalResult, SuiteRunner
 from polyrl.evals.suite import EvalError
 
@@ -29,6 +30,12 @@ class PeriodicResult:
 class PeriodicEvaluator:
     def __init__(self, runner: SuiteRunner):
         self.runner = runner
+
+    def overlap_warnings(self, training_samples: list[Any]) -> list[str]:
+        """One warning per eval dataset some of whose rows are training rows (same prompt text
+        and image pixels), with how many: its scores then partly measure memorisation."""
+        found = (overlap_warning(data.spec.label, data.samples, training_samples) for data in self.runner.datasets)
+        return [warning for warning in found if warning]
 
     def __call__(self, engine: Any, step: int) -> PeriodicResult:
         # The HF engine seeds torch's global generator for each generate call; forking keeps

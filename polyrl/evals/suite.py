@@ -65,7 +65,10 @@ class DatasetSpec(_Strict):
 
     name: str | None = Field(None, description="prefix of this dataset's metrics; default '<source stem>-<split>'")
     source: str = Field(..., min_length=1, description="'arithmetic', a .jsonl/.json/.parquet path (relative to the suite file) or a datasets name")
-    split: str = "test"
+    split: str = Field("test", description="the split to evaluate; a single local file that names no split in its file name is "
+                       "taken whole when this is left out, and refuses a split it cannot honour when it is given")
+    holdout: float | None = Field(None, gt=0, lt=1, description="split a single local file by a fixed hash of each row: this "
+                                  "fraction is 'test' (as data.holdout does for training)")
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     references_field: str = "references"

@@ -91,7 +91,8 @@ def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[s
         except ConfigError as error:
             problems.append(str(error))
     try:
-        check_prompt_source(config.data.source, config.data.train_split, prompt_field=config.data.prompt_field)
+        check_prompt_source(config.data.source, config.data.train_split, prompt_field=config.data.prompt_field,
+                            holdout=config.data.holdout)
         problems += image_problems(config)
     except DataConfigError as error:
         problems.append(f"data.source: {error}")

@@ -27,6 +27,7 @@ FROZEN_ON_RESUME: dict[str, str] = {
     "data.source": "the saved data position indexes into that dataset",
     "data.train_split": "the saved data position indexes into that dataset",
     "data.limit": "the saved data position indexes into that dataset",
+    "data.holdout": "the saved data position indexes into that dataset",
     "data.prompt_field": "the saved data position indexes into rows read with that field",
     "data.answer_field": "the saved data position indexes into rows read with that field",
     "data.references_field": "the saved data position indexes into rows read with that field",

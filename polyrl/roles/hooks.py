@@ -50,8 +50,19 @@ def _replayed(logger: Any, step: int) -> bool:
 
 
 class HealthHook(Hook):
-    def __init__(self, monitor: HealthMonitor, *, arm: str, printer: Callable[[str], None] = print, logger: Any | None = None):
+    """The health checks after every step; ``notes`` (warnings found while setting up, e.g. eval
+    rows that are training rows) are said when the loop starts."""
+
+    def __init__(self, monitor: HealthMonitor, *, arm: str, printer: Callable[[str], None] = print, logger: Any | None = None,
+                 notes: list[str] | None = None):
         self.monitor, self.arm, self.printer, self.logger = monitor, arm, printer, logger
+        self.notes = list(notes or [])
+
+    def start(self, step: int) -> None:
+        for note in self.notes:
+            self.printer(f"[{self.arm}] warning: {note}")
+            if self.logger is not None:
+                self.logger.set_tags({f"health.{note.split(':', 1)[0]}": note.split(":", 1)[-1].strip()})
 
     def observe(self, report: StepReport) -> None:
         warnings = self.monitor.check(report.step, report.metrics)

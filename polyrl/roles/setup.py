@@ -129,10 +129,12 @@ class Arm:
     start_step: int = 0
     start_state: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
+    # Said when the loop starts (health hook): e.g. eval rows that are also training rows.
+    data_warnings: list[str] = field(default_factory=list)
 
     def hooks(self, *, printer: Callable[[str], None] = print, callbacks: Sequence[Callable[[int, dict[str, float]], None]] = ()) -> list[Hook]:
         cfg, logger = self.config, self.logger
-        hooks: list[Hook] = [HealthHook(self.health, arm=self.name, printer=printer, logger=logger)]
+        hooks: list[Hook] = [HealthHook(self.health, arm=self.name, printer=printer, logger=logger, notes=self.data_warnings)]
         if logger is not None:
             hooks.append(SampleTableHook(logger, every=cfg.tracking.sample_table_every, rows=cfg.tracking.sample_table_rows,
                                          answer_field=cfg.data.answer_field))
@@ -220,7 +222,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective), critic=critic)
     data = cfg.data
     dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
-                                  references_field=data.references_field, images_field=data.images_field, limit=data.limit)
+                                  references_field=data.references_field, images_field=data.images_field, limit=data.limit,
+                                  holdout=data.holdout)
     sampler = PromptSampler(dataset, seed=cfg.seed, prompt_field=data.prompt_field, answer_field=data.answer_field,
                             references_field=data.references_field, images_field=data.images_field)
     check_model_takes_images(policy_path, sampler.samples, images_field=data.images_field)
@@ -269,6 +272,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     built = Arm(config=cfg, name=arm, policy_path=Path(policy_path), tokenizer=tokenizer, sampler=sampler, health=health,
                 collector=collector, pipeline=pipeline, learner=learner, critic=critic, reference=reference, checkpointer=checkpointer,
                 logger=logger, evaluator=evaluator)
+    overlap = getattr(evaluator, "overlap_warnings", None)  # periodic evaluation's datasets against the training rows
+    built.data_warnings = list(overlap(sampler.samples)) if overlap is not None else []
     state = checkpointer.restore_latest() if resume else None
     if state is not None:
         sampler.load_state_dict(state["sampler"])

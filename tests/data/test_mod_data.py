@@ -58,7 +58,7 @@ def test_user_jsonl_with_custom_fields(tmp_path):
 def test_user_parquet_file_and_directory(tmp_path):
     dataset = datasets.Dataset.from_list([{"prompt": "a", "references": ["x", "y"]}, {"prompt": "b", "references": ["z"]}])
     dataset.to_parquet(str(tmp_path / "test.parquet"))
-    from_file = load_prompt_dataset(str(tmp_path / "test.parquet"), "train")
+    from_file = load_prompt_dataset(str(tmp_path / "test.parquet"), "test")  # the file's name declares its split
     from_dir = load_prompt_dataset(str(tmp_path), "test")
     assert from_file["prompt"] == from_dir["prompt"] == ["a", "b"]
     assert [s.references for s in rows_to_prompt_samples(from_dir)] == [["x", "y"], ["z"]]
