@@ -1,9 +1,13 @@
 """The comparison report of an experiment run with ``seeds``: arms compared over seeds.
 
-Per-step curves are the mean over seeds with a shaded 95% t-band; each seed's final value is
-its last logged value; per arm the table gives mean ± 95% CI and the interquartile mean
-(rliable's IQM, Agarwal et al. 2021); for each pair of arms the difference of means gets a
-Welch interval and a verdict in words (:mod:`polyrl.launch.stats`).
+Only seed runs that finished are counted: a seed run whose MLflow status is not FINISHED, or
+that did not reach its ``train.steps``, is left out of the curves and the finals, and the report
+names it (before, a seed that stopped at step 12 had its step-12 value averaged with the
+others' final ones). Per-step curves are the mean over seeds with a shaded 95% t-band; each
+seed's final value is its last logged value; per arm the table gives mean ± 95% CI and the
+interquartile mean (rliable's IQM, Agarwal et al. 2021); for each pair of arms the difference
+of means gets a paired interval over the seeds both ran (else Welch) and a verdict in words,
+Holm-corrected over all the report's comparisons (:mod:`polyrl.launch.stats`).
 """
 
 from __future__ import annotations
@@ -15,17 +19,49 @@ import matplotlib.pyplot as plt
 from mlflow.tracking import MlflowClient
 
 from polyrl.launch.compare import CURVES, TABLE_METRICS, _eval_keys, _histories, is_eval_score, save_curve_plot
-from polyrl.launch.stats import CONFIDENCE, Interval, curve_band, interquartile_mean, mean_interval, verdict, welch_difference
+from polyrl.launch.stats import CONFIDENCE, Difference, arm_difference, curve_band, holm_adjusted, interquartile_mean, mean_interval, verdict
 
 # Metrics whose difference between arms gets a verdict (plus each eval accuracy).
 PAIRWISE_METRICS: tuple[str, ...] = ("train/accuracy", "reward/mean", "rollout/response_length/mean", "actor/entropy")
+# Logged at every training step (the loop's timing), so its last step is how far a seed run got.
+STEP_CLOCK = "perf/step_s"
 
-SeedHistories = dict[str, dict[str, list[list[tuple[int, float]]]]]  # arm -> metric -> one history per seed
+SeedHistories = dict[str, dict[str, dict[int, list[tuple[int, float]]]]]  # arm -> metric -> seed -> history
 
 
-def finals(histories: SeedHistories, key: str) -> dict[str, list[float]]:
+def finals(histories: SeedHistories, key: str) -> dict[str, dict[int, float]]:
     """Per arm, each seed's last logged value of ``key`` (seeds that never logged it are left out)."""
-    return {arm: [points[-1][1] for points in by_key.get(key, []) if points] for arm, by_key in histories.items()}
+    return {arm: {seed: points[-1][1] for seed, points in by_key.get(key, {}).items() if points} for arm, by_key in histories.items()}
+
+
+def seed_run_problem(status: str, last_step: int | None, planned_steps: int | None) -> str | None:
+    """Why a seed run cannot count in the finals (``None`` when it can): it did not finish, or
+    it stopped before its planned last step."""
+    reached = "no step logged" if last_step is None else f"stopped at step {last_step}"
+    if status != "FINISHED":
+        return f"{status}, {reached}" + (f" of {planned_steps}" if planned_steps and last_step is not None else "")
+    if planned_steps is not None and (last_step is None or last_step < planned_steps):
+        return f"{reached}" + (f" of {planned_steps}" if last_step is not None else f" (planned {planned_steps})")
+    return None
+
+
+def finished_seed_runs(client: MlflowClient, seed_runs: dict[str, dict[int, str]]) -> tuple[dict[str, dict[int, str]], list[str]]:
+    """The seed runs that count (FINISHED, reached their ``train.steps``), and one line per seed
+    run left out saying why."""
+    kept: dict[str, dict[int, str]] = {}
+    left_out: list[str] = []
+    for arm, by_seed in seed_runs.items():
+        kept[arm] = {}
+        for seed, run_id in sorted(by_seed.items()):
+            run = client.get_run(run_id)
+            steps = [m.step for m in client.get_metric_history(run_id, STEP_CLOCK)]
+            planned = run.data.params.get("train.steps")
+            problem = seed_run_problem(run.info.status, max(steps) if steps else None, int(planned) if planned else None)
+            if problem is None:
+                kept[arm][seed] = run_id
+            else:
+                left_out.append(f"{arm} seed {seed} (run `{run_id}`): {problem}")
+    return kept, left_out
 
 
 def final_table(histories: SeedHistories, columns: list[str], seed_counts: dict[str, int]) -> str:
@@ -35,7 +71,7 @@ def final_table(histories: SeedHistories, columns: list[str], seed_counts: dict[
     for arm in histories:
         cells = []
         for key in columns:
-            values = finals(histories, key)[arm]
+            values = list(finals(histories, key)[arm].values())
             if not values:
                 cells.append("–")
                 continue
@@ -44,25 +80,42 @@ def final_table(histories: SeedHistories, columns: list[str], seed_counts: dict[
     return "\n".join(lines)
 
 
-def pairwise_rows(histories: SeedHistories, keys: list[str]) -> list[tuple[str, str, str, Interval, str]]:
-    """(metric, arm a, arm b, a − b with its Welch interval, verdict) for each pair of arms."""
-    rows = []
+def pairwise_rows(histories: SeedHistories, keys: list[str]) -> list[tuple[str, str, str, Difference, float, str]]:
+    """(metric, arm a, arm b, a − b with its interval, Holm-adjusted p, verdict) for each pair of
+    arms and each metric; Holm's adjustment runs over all these rows together."""
+    found: list[tuple[str, str, str, Difference]] = []
     for key in keys:
         values = finals(histories, key)
         for first, second in itertools.combinations(list(histories), 2):
             if not values[first] or not values[second]:
                 continue
-            difference = welch_difference(values[first], values[second])
-            rows.append((key, first, second, difference, verdict(difference, names=(first, second))))
-    return rows
+            found.append((key, first, second, arm_difference(values[first], values[second])))
+    adjusted = holm_adjusted([difference.p_value for *_, difference in found])
+    tested = sum(p == p for p in adjusted)
+    return [(key, first, second, difference, p, verdict(difference.interval, names=(first, second), adjusted_p=p, comparisons=tested))
+            for (key, first, second, difference), p in zip(found, adjusted)]
 
 
-def pairwise_table(rows: list[tuple[str, str, str, Interval, str]]) -> str:
-    lines = [f"| metric | difference | mean difference | {CONFIDENCE:.0%} Welch CI | verdict |", "|---|---|---|---|---|"]
-    for key, first, second, difference, said in rows:
-        interval = "–" if difference.low != difference.low else f"[{difference.low:.3g}, {difference.high:.3g}]"
-        lines.append(f"| {key} | {first} − {second} | {difference.estimate:.3g} | {interval} | {said} |")
+def pairwise_table(rows: list[tuple[str, str, str, Difference, float, str]]) -> str:
+    lines = [f"| metric | difference | mean difference | {CONFIDENCE:.0%} CI (method) | Holm-adjusted p | verdict |",
+             "|---|---|---|---|---|---|"]
+    for key, first, second, difference, adjusted, said in rows:
+        interval = difference.interval
+        shown = "–" if interval.low != interval.low else f"[{interval.low:.3g}, {interval.high:.3g}] ({difference.method})"
+        p = "–" if adjusted != adjusted else f"{adjusted:.2g}"
+        lines.append(f"| {key} | {first} − {second} | {interval.estimate:.3g} | {shown} | {p} | {said} |")
     return "\n".join(lines)
+
+
+def comparison_note(rows: list[tuple[str, str, str, Difference, float, str]]) -> str:
+    """How the differences were computed and how many verdicts the correction covers."""
+    methods = sorted({difference.method for _, _, _, difference, _, _ in rows})
+    tested = sum(p == p for *_, p, _ in rows)
+    said = {"paired": "paired: the mean of the per-seed differences over the seeds both arms ran, Student t with n − 1 degrees "
+                      "of freedom (arms at one seed share prompts, sampler seeds and warm start)",
+            "Welch": "Welch: the arms ran different seeds, so their means are compared unpaired"}
+    return (" ".join(f"Intervals {said[m]}." for m in methods) + f" Verdicts are corrected for multiplicity with Holm's step-down "
+            f"method over the {tested} comparisons of this report (family-wise error 5%); the intervals shown are unadjusted.")
 
 
 def plot_bands(histories: SeedHistories, keys: list[str], titles: dict[str, str], *, experiment: str, out: Path) -> list[Path]:
@@ -73,7 +126,7 @@ def plot_bands(histories: SeedHistories, keys: list[str], titles: dict[str, str]
         drawn = False
         seeds_seen = 0
         for arm, by_key in histories.items():
-            runs = [points for points in by_key.get(key, []) if points]
+            runs = [points for points in by_key.get(key, {}).values() if points]
             if not runs:
                 continue
             steps, mean, low, high = curve_band(runs)
@@ -91,36 +144,44 @@ def plot_bands(histories: SeedHistories, keys: list[str], titles: dict[str, str]
 
 def seeded_report(client: MlflowClient, experiment: str, parent_run_id: str, tracking_uri: str,
                   seed_runs: dict[str, dict[int, str]], out: Path):
-    """Returns ``(report markdown, final table, plot paths, mean histories, verdict sentences)``."""
+    """Returns ``(report markdown, final table, plot paths, mean histories, verdict sentences)``.
+
+    Seed runs that did not finish (:func:`finished_seed_runs`) are left out and named."""
+    seed_runs, left_out = finished_seed_runs(client, seed_runs)
     run_ids = [run_id for by_seed in seed_runs.values() for run_id in by_seed.values()]
     eval_keys = _eval_keys(client, run_ids)
     curve_keys = [key for key, _ in CURVES] + eval_keys
     keys = sorted(set(curve_keys) | set(TABLE_METRICS))
     histories: SeedHistories = {}
     for arm, by_seed in seed_runs.items():
-        per_seed = [_histories(client, run_id, keys) for _, run_id in sorted(by_seed.items())]
-        histories[arm] = {key: [h.get(key, []) for h in per_seed] for key in keys}
+        per_seed = {seed: _histories(client, run_id, keys) for seed, run_id in sorted(by_seed.items())}
+        histories[arm] = {key: {seed: h.get(key, []) for seed, h in per_seed.items()} for key in keys}
     titles = dict(CURVES) | {key: key for key in eval_keys}
     plot_paths = plot_bands(histories, curve_keys, titles, experiment=experiment, out=out)
-    columns = [key for key in TABLE_METRICS + tuple(eval_keys) if any(any(h) for h in (by_key.get(key, []) for by_key in histories.values()))]
+    columns = [key for key in TABLE_METRICS + tuple(eval_keys)
+               if any(any(h.values()) for h in (by_key.get(key, {}) for by_key in histories.values()))]
     counts = {arm: len(by_seed) for arm, by_seed in seed_runs.items()}
     table = final_table(histories, columns, counts)
     pair_keys = [key for key in (*PAIRWISE_METRICS, *[k for k in eval_keys if is_eval_score(k)]) if key in columns]
     rows = pairwise_rows(histories, pair_keys)
-    seeds_line = " · ".join(f"{arm}: seeds {', '.join(map(str, sorted(by_seed)))}" for arm, by_seed in seed_runs.items())
+    seeds_line = " · ".join(f"{arm}: seeds {', '.join(map(str, sorted(by_seed))) or 'none finished'}" for arm, by_seed in seed_runs.items())
+    left_out_lines = ["## Seed runs left out (not finished: not in the curves, the table or the differences)", "",
+                      *[f"- {line}" for line in left_out], ""] if left_out else []
     report = "\n".join([
         f"# {experiment}: comparison of arms over seeds",
         "",
         f"Parent run `{parent_run_id}` · tracking `{tracking_uri}` · {seeds_line}",
         "",
+        *left_out_lines,
         f"## Final values (each seed's last logged step): mean ± {CONFIDENCE:.0%} CI half-width (Student t), IQM",
         "",
         table,
         "",
-        f"## Differences between arms (final values; Welch {CONFIDENCE:.0%} interval)",
+        f"## Differences between arms (final values; {CONFIDENCE:.0%} interval, paired by seed where the arms share seeds)",
         "",
         pairwise_table(rows) if rows else "(fewer than two arms: nothing to compare)",
         "",
+        *([comparison_note(rows), ""] if rows else []),
         "A difference whose interval contains 0 is not distinguishable from seed noise at this number of seeds: "
         "more seeds narrow the interval, roughly as 1/√n.",
         "",
@@ -129,6 +190,7 @@ def seeded_report(client: MlflowClient, experiment: str, parent_run_id: str, tra
         *[f"![{p.stem}]({p.name})" for p in plot_paths],
         "",
     ])
-    mean_histories = {arm: {key: list(zip(*curve_band([p for p in runs if p])[:2])) for key, runs in by_key.items() if any(runs)}
+    mean_histories = {arm: {key: list(zip(*curve_band([p for p in runs.values() if p])[:2])) for key, runs in by_key.items()
+                            if any(runs.values())}
                       for arm, by_key in histories.items()}
-    return report, table, plot_paths, mean_histories, [row[4] for row in rows]
+    return report, table, plot_paths, mean_histories, [row[5] for row in rows]

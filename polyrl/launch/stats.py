@@ -3,13 +3,22 @@
 RL results move with the seed (Henderson et al. 2018, "Deep Reinforcement Learning that
 Matters"; Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice" — rliable).
 A comparison therefore reports, per arm, the mean over seeds with a 95% confidence interval
-and the interquartile mean (IQM), and for each pair of arms the difference of means with a
-Welch interval, saying in words when that interval contains zero.
+and the interquartile mean (IQM), and for each pair of arms the difference of means with its
+interval, saying in words when that interval contains zero.
+
+Arms that ran the same seeds are paired: at one seed they share the prompt order, the
+sampler's request seeds and the warm start, so their first rollouts are identical and much of
+the seed-to-seed variation is common to both. Their difference gets the interval of the mean
+of the per-seed differences (Student t, n − 1 degrees of freedom); arms with other seeds get a
+Welch interval (:func:`arm_difference` says which it used). A report makes many comparisons at
+once (arms × metrics), so its verdicts use Holm's step-down adjustment of the p-values over all
+of them (:func:`holm_adjusted`, Holm 1979), which keeps the chance of any false "X is higher"
+at 5%; the intervals printed stay the unadjusted 95% ones.
 
 Deviations from rliable: rliable bootstraps IQM over runs × tasks with stratified bootstrap;
 here there is one task per comparison, so the mean gets a Student-t interval (exact for
-normal seeds, honest at 3–5 seeds where a bootstrap under-covers) and the difference a Welch
-interval. :func:`bootstrap_interval` is offered for statistics without a closed form.
+normal seeds, honest at 3–5 seeds where a bootstrap under-covers) and the difference a paired
+or Welch interval. :func:`bootstrap_interval` is offered for statistics without a closed form.
 Everything is computed by numpy/scipy; nothing here hand-writes a distribution.
 """
 
@@ -17,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats as scipy_stats
@@ -84,6 +93,61 @@ def welch_difference(a: Sequence[float], b: Sequence[float], *, confidence: floa
     return Interval(difference, float(low), float(high), min(len(x), len(y)))
 
 
+@dataclass(frozen=True)
+class Difference:
+    """``mean(a) − mean(b)`` with its interval, how it was computed (``"paired"`` over the
+    seeds both arms ran, or ``"Welch"``) and the two-sided p-value of "no difference"."""
+
+    interval: Interval
+    method: str
+    p_value: float
+
+
+def paired_difference(a: Mapping[int, float], b: Mapping[int, float], *, confidence: float = CONFIDENCE) -> Interval:
+    """The mean of the per-seed differences ``a[s] − b[s]`` over the seeds both have (finite in
+    both), with a Student-t interval on n − 1 degrees of freedom."""
+    seeds = sorted(seed for seed in set(a) & set(b) if math.isfinite(a[seed]) and math.isfinite(b[seed]))
+    return mean_interval([a[seed] - b[seed] for seed in seeds], confidence=confidence)
+
+
+def _p_value(statistic_test: Callable[[], object], low: float, high: float, estimate: float) -> float:
+    if math.isnan(low):
+        return math.nan
+    if low == high:  # no spread at all: the difference is exactly what it is
+        return 1.0 if estimate == 0.0 else 0.0
+    return float(statistic_test().pvalue)
+
+
+def arm_difference(a: Mapping[int, float], b: Mapping[int, float], *, confidence: float = CONFIDENCE) -> Difference:
+    """Paired over seeds when both arms have the same seeds (at least two), Welch otherwise."""
+    finite_a = {s: v for s, v in a.items() if math.isfinite(v)}
+    finite_b = {s: v for s, v in b.items() if math.isfinite(v)}
+    if set(finite_a) == set(finite_b) and len(finite_a) >= 2:
+        interval = paired_difference(finite_a, finite_b, confidence=confidence)
+        seeds = sorted(finite_a)
+        differences = np.array([finite_a[s] - finite_b[s] for s in seeds])
+        return Difference(interval, "paired", _p_value(lambda: scipy_stats.ttest_1samp(differences, 0.0),
+                                                       interval.low, interval.high, interval.estimate))
+    x, y = list(finite_a.values()), list(finite_b.values())
+    interval = welch_difference(x, y, confidence=confidence)
+    return Difference(interval, "Welch", _p_value(lambda: scipy_stats.ttest_ind(x, y, equal_var=False),
+                                                  interval.low, interval.high, interval.estimate))
+
+
+def holm_adjusted(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error control over all the comparisons):
+    the i-th smallest of m p-values becomes ``max_{j ≤ i} min(1, (m − j + 1) · p_(j))``. NaN
+    (no test possible) stays NaN and does not count in m."""
+    indexed = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    m = len(indexed)
+    adjusted = [math.nan] * len(p_values)
+    running = 0.0
+    for rank, (p, index) in enumerate(indexed):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[index] = running
+    return adjusted
+
+
 def interquartile_mean(values: Sequence[float]) -> float:
     """Mean of the middle 50% of the values (rliable's IQM): ``trim_mean(values, 0.25)``."""
     array = _values(values)
@@ -103,15 +167,21 @@ def bootstrap_interval(values: Sequence[float], statistic: Callable[[np.ndarray]
                     float(result.confidence_interval.high), len(array))
 
 
-def verdict(difference: Interval, *, names: tuple[str, str]) -> str:
-    """One sentence on whether ``names[0] − names[1]`` is distinguishable from noise."""
+def verdict(difference: Interval, *, names: tuple[str, str], adjusted_p: float | None = None, comparisons: int = 1) -> str:
+    """One sentence on whether ``names[0] − names[1]`` is distinguishable from noise. With
+    ``adjusted_p`` (Holm over ``comparisons``), "higher" needs the adjusted p below 1 − confidence
+    as well as an interval that excludes 0."""
     first, second = names
     if math.isnan(difference.low):
         return f"{first} vs {second}: too few seeds for an interval (n={difference.n})"
     if difference.contains(0.0):
         return f"{first} vs {second}: not distinguishable from noise at {difference.n} seeds (the interval contains 0)"
     better = first if difference.estimate > 0 else second
-    return f"{first} vs {second}: {better} is higher; the {CONFIDENCE:.0%} interval excludes 0 at {difference.n} seeds"
+    if adjusted_p is not None and not adjusted_p < 1 - CONFIDENCE:
+        return (f"{first} vs {second}: not distinguishable from noise after Holm's correction over {comparisons} comparisons "
+                f"(adjusted p = {adjusted_p:.2g}; unadjusted, the {CONFIDENCE:.0%} interval excludes 0)")
+    held = f" and holds after Holm's correction over {comparisons} comparisons" if adjusted_p is not None else ""
+    return f"{first} vs {second}: {better} is higher; the {CONFIDENCE:.0%} interval excludes 0 at {difference.n} seeds{held}"
 
 
 def curve_band(histories: Sequence[Sequence[tuple[int, float]]], *, confidence: float = CONFIDENCE

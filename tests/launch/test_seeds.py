@@ -109,7 +109,9 @@ def test_two_seeds_two_arms_make_the_hierarchy_and_a_report_with_bands(tmp_path,
     assert f"{sum(dr_finals) / 2:.3g} ± " in row
     assert "| reward/mean | grpo − dr_grpo |" in report
     assert any(v.startswith("grpo vs dr_grpo: ") for v in comparison.verdicts)
-    assert any("not distinguishable from noise at 2 seeds" in v or "interval excludes 0 at 2 seeds" in v for v in comparison.verdicts)
+    assert any("not distinguishable from noise at 2 seeds" in v or "interval excludes 0 at 2 seeds" in v
+               or "after Holm's correction" in v for v in comparison.verdicts)
+    assert "(paired)" in report and "Holm's step-down method" in report  # both arms ran seeds 0 and 1
     assert (tmp_path / "report" / "reward_mean.png").stat().st_size > 5000
     # The parent run's description is the report, its plots read from the run's artifacts.
     note = client.get_run(result.parent_run_id).data.tags[NOTE_TAG]

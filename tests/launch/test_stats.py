@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from polyrl.launch.stats import (bootstrap_interval, curve_band, interquartile_mean, mean_interval, verdict,
-                                   welch_difference)
+from polyrl.launch.stats import (arm_difference, bootstrap_interval, curve_band, holm_adjusted, interquartile_mean, mean_interval,
+                                 paired_difference, verdict, welch_difference)
 
 
 def test_mean_interval_is_student_t():
@@ -75,3 +75,39 @@ def test_curve_band_per_step():
     assert low[0] == pytest.approx(1 - 12.706205, abs=1e-5) and high[0] == pytest.approx(1 + 12.706205, abs=1e-5)
     assert (low[1], high[1]) == (1.0, 1.0)  # no spread at step 2
     assert (low[2], high[2]) == (5.0, 5.0)
+
+
+def test_arms_with_the_same_seeds_are_compared_paired_by_seed():
+    # a = {10, 20, 30}, b = {8, 17, 26} by seed: per-seed differences [2, 3, 4], mean 3, s = 1,
+    # sem = 1/√3 = 0.577350, t_{0.975, df=2} = 4.302653 → half-width 2.484138 → (0.515862, 5.484138).
+    # Unpaired (Welch), the seed-to-seed spread (var 100 and 81) swamps it: se = √(100/3 + 81/3) = 7.767453.
+    a, b = {0: 10.0, 1: 20.0, 2: 30.0}, {0: 8.0, 1: 17.0, 2: 26.0}
+    paired = arm_difference(a, b)
+    assert paired.method == "paired" and paired.interval.estimate == pytest.approx(3.0)
+    assert paired.interval.low == pytest.approx(0.515862, abs=1e-6) and paired.interval.high == pytest.approx(5.484138, abs=1e-6)
+    # t = 3 / 0.577350 = 5.196152 on 2 df; two-sided p = 1 − t/√(2 + t²) (the t_2 closed form)
+    # = 1 − 5.196152/√29 = 1 − 5.196152/5.385165 = 0.035099
+    assert paired.p_value == pytest.approx(0.035099, abs=1e-6)
+    assert paired_difference(a, b).n == 3
+    welch = welch_difference(list(a.values()), list(b.values()))
+    assert welch.contains(0.0) and not paired.interval.contains(0.0)
+    # Other seeds: unpaired, and said so.
+    other = arm_difference(a, {3: 8.0, 4: 17.0, 5: 26.0})
+    assert other.method == "Welch" and other.interval.low == pytest.approx(welch.low) and other.interval.high == pytest.approx(welch.high)
+
+
+def test_holm_adjusts_over_all_comparisons_by_hand():
+    # p = [0.01, 0.04, 0.03], m = 3: sorted 0.01 × 3 = 0.03; 0.03 × 2 = 0.06; 0.04 × 1 = 0.04 → max(0.06, 0.04) = 0.06.
+    assert holm_adjusted([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    # NaN (no test) stays NaN and is not counted: m = 2 → 0.02 × 2 = 0.04, 0.5 × 1 → 0.5.
+    adjusted = holm_adjusted([0.02, math.nan, 0.5])
+    assert adjusted[0] == pytest.approx(0.04) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.5)
+    assert holm_adjusted([0.3, 0.4]) == pytest.approx([0.6, 0.6])  # capped at 1 only when needed; monotone
+
+
+def test_a_verdict_that_does_not_survive_holm_says_so():
+    difference = arm_difference({0: 10.0, 1: 20.0, 2: 30.0}, {0: 8.0, 1: 17.0, 2: 26.0})
+    lost = verdict(difference.interval, names=("a", "b"), adjusted_p=0.105, comparisons=3)
+    assert "not distinguishable from noise after Holm's correction over 3 comparisons" in lost and "adjusted p = 0.1" in lost
+    kept = verdict(difference.interval, names=("a", "b"), adjusted_p=0.035, comparisons=1)
+    assert "a is higher" in kept and "holds after Holm's correction over 1 comparisons" in kept
