@@ -6,7 +6,9 @@ Plain data (tensors and lists), so a phase can run in-process or behind a Ray ac
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -72,3 +74,17 @@ class LearnerBatch:
         """The same batch with every tensor on ``device`` (the learner's; the pipeline builds it on the CPU)."""
         tensors = {f.name: value.to(device) for f in fields(self) if isinstance(value := getattr(self, f.name), Tensor)}
         return replace(self, packed=self.packed.to(device), **tensors)
+
+
+def length_metrics(completions: Sequence[Any], prefix: str) -> dict[str, float]:
+    """``<prefix>/response_length/{mean,min,max,clipped_ratio}`` and ``<prefix>/samples`` of ``completions``."""
+    if not len(completions):
+        return {f"{prefix}/samples": 0.0}
+    lengths = np.array([len(c.completion_ids) for c in completions], dtype=np.float64)
+    return {
+        f"{prefix}/response_length/mean": float(lengths.mean()),
+        f"{prefix}/response_length/min": float(lengths.min()),
+        f"{prefix}/response_length/max": float(lengths.max()),
+        f"{prefix}/response_length/clipped_ratio": float(np.mean([c.truncated for c in completions])),
+        f"{prefix}/samples": float(len(completions)),
+    }

@@ -20,7 +20,7 @@ from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.models.cache import torch_threads
 from polyrl.rewards import RewardBatch, RewardResult
 from polyrl.rewards.summary import accuracy_share
-from polyrl.roles.batches import Rollout, Scores
+from polyrl.roles.batches import Rollout, Scores, length_metrics
 
 __all__ = ["CollectSettings", "Collected", "RolloutCollector", "informative_groups"]
 
@@ -118,8 +118,9 @@ class RolloutCollector:
         batch is cut to exactly ``prompts_per_step`` whole groups (as DAPO and verl's
         ``filter_groups`` do). After ``max_rounds`` the batch keeps what was informative, even
         if short or empty, and ``rollout/dynamic_sampling_missing_groups`` says by how much.
-        Reward metrics (``reward/*``, ``train/accuracy``) cover every generated sample of every
-        round: they describe the policy, not the filtered batch.
+        Reward metrics (``reward/*``, ``train/accuracy``) and ``rollout/response_length/*`` cover
+        every generated sample of every round: they describe the policy, not the filtered batch
+        (the training loop logs the kept samples' lengths as ``train/response_length/*``).
         """
         seconds = {"generate": 0.0, "score": 0.0}
 
@@ -133,16 +134,20 @@ class RolloutCollector:
         s = self.settings
         if not s.dynamic_sampling:
             rollout = timed("generate", lambda: self.generate(step))
-            return Collected(rollout, timed("score", lambda: self.score(rollout)), seconds)
+            scores = timed("score", lambda: self.score(rollout))
+            scores.metrics.update(length_metrics(rollout.completions, "rollout"))
+            return Collected(rollout, scores, seconds)
         wanted = s.prompts_per_step
         kept: list[tuple[Rollout, Scores]] = []
         generated: list[Scores] = []
+        generated_completions: list[Any] = []
         kept_groups = dropped_groups = surplus_groups = rounds = 0
         while rounds < s.max_rounds and kept_groups < wanted:
             rollout = timed("generate", lambda: self.generate(step, rounds, group_offset=rounds * wanted))
             scores = timed("score", lambda: self.score(rollout))
             rounds += 1
             generated.append(scores)
+            generated_completions += rollout.completions
             informative = informative_groups(scores.totals, rollout.group_ids)
             taken = set(informative[: wanted - kept_groups])
             dropped_groups += len(torch.unique(rollout.group_ids)) - len(informative)
@@ -154,6 +159,7 @@ class RolloutCollector:
         totals = [t for s_ in generated for t in s_.totals]
         per_module = {label: [v for s_ in generated for v in s_.per_module[label]] for label in generated[0].per_module}
         metrics = self.reward_metrics(totals, per_module)
+        metrics.update(length_metrics(generated_completions, "rollout"))  # every generated sample, as the reward metrics
         metrics.update({
             "rollout/dynamic_sampling_rounds": float(rounds),
             "rollout/dynamic_sampling_dropped_groups": float(dropped_groups),

@@ -11,14 +11,12 @@ import time
 from collections import defaultdict
 from typing import Any, Iterator, Sequence
 
-import numpy as np
-
 from polyrl.engines.modality_marks import modality_string
-from polyrl.roles.batches import Rollout, Scores
+from polyrl.roles.batches import Rollout, Scores, length_metrics
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteStop, NonFiniteTrainingError
 from polyrl.roles.hooks import Checkpointer, Hook, StepReport
 
-__all__ = ["PHASES", "PhaseTimer", "TrainingLoop", "rollout_metrics", "sample_rows"]
+__all__ = ["PHASES", "PhaseTimer", "TrainingLoop", "length_metrics", "rollout_metrics", "sample_rows"]
 
 PHASES = ("generate", "score", "advantage", "update", "sync", "log")
 
@@ -44,16 +42,8 @@ class PhaseTimer:
 
 
 def rollout_metrics(rollout: Rollout) -> dict[str, float]:
-    if not len(rollout):
-        return {"rollout/samples": 0.0}
-    lengths = np.array([len(c.completion_ids) for c in rollout.completions], dtype=np.float64)
-    return {
-        "rollout/response_length/mean": float(lengths.mean()),
-        "rollout/response_length/min": float(lengths.min()),
-        "rollout/response_length/max": float(lengths.max()),
-        "rollout/response_length/clipped_ratio": float(np.mean([c.truncated for c in rollout.completions])),
-        "rollout/samples": float(len(rollout)),
-    }
+    """Lengths of every sample of ``rollout`` (``rollout/...``)."""
+    return length_metrics(rollout.completions, "rollout")
 
 
 def sample_rows(rollout: Rollout, scores: Scores) -> list[dict[str, Any]]:
@@ -97,7 +87,13 @@ class TrainingLoop:
             with timer("sync"):
                 self.sync()
             metrics.update({**batch.metrics, **learned})
-        metrics.update(rollout_metrics(rollout))
+        # rollout/...: every generated sample (the collector's, over all dynamic-sampling rounds),
+        # as reward/* and train/accuracy are; train/...: the samples kept for the update. Without
+        # dynamic sampling they agree; with it the kept groups are a biased subset (no all-right
+        # or all-wrong group), so two identical policies would otherwise show different lengths.
+        metrics.update(length_metrics(rollout.completions, "train"))
+        if "rollout/samples" not in metrics:  # a collector that reports no lengths of its own
+            metrics.update(rollout_metrics(rollout))
         self.step_index = step
         report = StepReport(step, metrics, sample_rows(rollout, collected.scores), prompts=list(rollout.prompts),
                             reward_parts=dict(collected.scores.per_module))

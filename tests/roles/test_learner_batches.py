@@ -77,7 +77,7 @@ def test_a_step_without_any_informative_group_makes_no_update_and_says_so(tmp_pa
         before = {n: p.detach().clone() for n, p in policy.named_parameters()}
         metrics = arm.loop(printer=printed.append).step()
         assert all(torch.equal(before[n], p) for n, p in policy.named_parameters())
-    assert metrics["rollout/samples"] == 0 and "actor/loss" not in metrics
+    assert metrics["train/samples"] == 0 and metrics["rollout/samples"] == 6 and "actor/loss" not in metrics
     assert any("no_informative_groups" in line for line in printed)
 
 
@@ -249,3 +249,18 @@ def test_steps_recomputed_after_a_resume_do_not_append_to_logged_sample_tables(t
     with open(path) as handle:
         assert len(json.load(handle)["data"]) == 4
     assert [m.step for m in client.get_metric_history(logger.run_id, "actor/loss")] == [1, 2]
+
+
+def test_under_dynamic_sampling_rollout_lengths_cover_every_generated_sample_and_train_lengths_the_kept_ones(tmp_path, tiny_experiment):
+    # One token per character (the tiny policy's tokenizer). Round 1: INFORMATIVE (2, 4) and two
+    # flat groups of 8-token answers; round 2: three INFORMATIVE groups. Kept: the 3 informative
+    # groups of rounds 1-2 → (2 + 4) × 3 / 6 = 3.0. Generated: (2 + 4 + 8 × 4) + (2 + 4) × 3 = 56 over 12 = 4.667.
+    long_flat = ["abcdefgh", "hgfedcba"]
+    rounds = [[INFORMATIVE, long_flat, long_flat], [INFORMATIVE, INFORMATIVE, INFORMATIVE]]
+    with _dynamic(tmp_path, tiny_experiment, rounds, max_rounds=3) as arm:
+        metrics = arm.loop(printer=lambda line: None).step()
+    assert metrics["rollout/response_length/mean"] == pytest.approx(56 / 12) and metrics["rollout/samples"] == 12
+    assert metrics["rollout/response_length/max"] == 8
+    assert metrics["train/response_length/mean"] == pytest.approx(3.0) and metrics["train/samples"] == 6
+    # The length health check reads the generated samples' mean (its first value is that step's).
+    assert arm.health._first_length == pytest.approx(56 / 12)
