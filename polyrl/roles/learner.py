@@ -4,11 +4,14 @@ gradient clipping, the non-finite guard, the objective's ``prepare`` hook and mi
 In: a :class:`~polyrl.roles.batches.LearnerBatch` (plain data); out: a dict of metrics. Master
 weights and optimizer state are fp32 whatever the compute dtype (:mod:`polyrl.roles.precision`);
 dropout is off in every pass; an optimizer step whose loss or gradient norm is NaN/inf is
-skipped, and too many in a row raise :class:`~polyrl.roles.health.NonFiniteStop`.
+skipped, and too many in a row raise :class:`~polyrl.roles.health.NonFiniteStop`. A stop in the
+middle of an update leaves the learner as it was before that update (weights, AdamW state,
+critic, optimizer-step counter), so the checkpoint the loop then saves is one whole step.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -22,7 +25,7 @@ from polyrl.algos.logprobs import token_logprobs
 from polyrl.algos.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
 from polyrl.algos.shared_prompts import attention_cost_ratio, row_prompts, shared_prompt_micro_batches
 from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, guarded_step
+from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
 from polyrl.roles.precision import autocast
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
 
@@ -93,11 +96,46 @@ class PolicyLearner:
             self.critic.apply_optimizer_settings()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer_step": self.optimizer_step, "nonfinite": self.guard.state_dict()}
+        state = {"optimizer_step": self.optimizer_step, "nonfinite": self.guard.state_dict()}
+        if self.critic is not None:
+            state["critic_nonfinite"] = self.critic.guard.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer_step = int(state["optimizer_step"])
         self.guard.load_state_dict(state.get("nonfinite", {}))
+        if self.critic is not None:
+            self.critic.guard.load_state_dict(state.get("critic_nonfinite", {}))
+
+    # --- one whole step or none -------------------------------------------------------------------
+
+    def stop_may_follow_an_applied_step(self) -> bool:
+        """Whether a :class:`NonFiniteStop` can come after an optimizer step of the same update was
+        applied: a policy stop needs ``max_consecutive_nonfinite`` skips in a row after it, so more
+        optimizer steps per update than that; a critic stop can follow the policy step of its own
+        mini-batch."""
+        s = self.settings
+        return self.critic is not None or self.optimizer_steps_per_step() > s.max_consecutive_nonfinite
+
+    def _snapshot(self) -> dict[str, Any]:
+        """What an update changes (weights, AdamW states, optimizer-step counter), copied."""
+        def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
+            return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+        snapshot: dict[str, Any] = {"policy": model_state(self.policy), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                                    "optimizer_step": self.optimizer_step}
+        if self.critic is not None:
+            snapshot["critic"] = model_state(self.critic.model)
+            snapshot["critic_optimizer"] = copy.deepcopy(self.critic.optimizer.state_dict())
+        return snapshot
+
+    def _restore(self, snapshot: dict[str, Any]) -> None:
+        self.policy.load_state_dict(snapshot["policy"])
+        self.optimizer.load_state_dict(snapshot["optimizer"])
+        self.optimizer_step = snapshot["optimizer_step"]
+        if self.critic is not None:
+            self.critic.model.load_state_dict(snapshot["critic"])
+            self.critic.optimizer.load_state_dict(snapshot["critic_optimizer"])
 
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, Tensor]]:
         """The policy's weights in ``dtype`` (the rollout engine's), for a weight sync."""
@@ -106,6 +144,21 @@ class PolicyLearner:
     # --- the update ---------------------------------------------------------------------------------
 
     def update(self, batch: LearnerBatch, step_index: int = 0) -> dict[str, float]:
+        """:meth:`_update`, all or nothing: a :class:`NonFiniteStop` part-way through (after some
+        of this update's optimizer steps were applied) puts the learner back as it was before the
+        update, then propagates. Otherwise a checkpoint labelled with the previous step would hold
+        weights, AdamW moments and a step counter that already include part of the failing step,
+        and a resume would train that part twice. The copy is made only where such a stop can
+        happen (:meth:`stop_may_follow_an_applied_step`)."""
+        snapshot = self._snapshot() if self.stop_may_follow_an_applied_step() else None
+        try:
+            return self._update(batch, step_index)
+        except NonFiniteStop:
+            if snapshot is not None:
+                self._restore(snapshot)
+            raise
+
+    def _update(self, batch: LearnerBatch, step_index: int = 0) -> dict[str, float]:
         """Several optimizer passes over the rollout batch, each split into mini-batches (one
         optimizer step each) whose gradients accumulate over micro-batches.
 

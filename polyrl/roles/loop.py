@@ -111,12 +111,16 @@ class TrainingLoop:
         try:
             return self.learner.update(batch, self.step_index)
         except NonFiniteStop as stop:
-            # No non-finite step was applied, so the weights are the last good ones; the data
-            # position is that of the start of the failing step, which a resume then repeats.
+            # No non-finite step was applied and the learner undid the failing step's applied ones,
+            # so the weights are those after the last good step; the data position is that of the
+            # start of the failing step, which a resume then repeats.
             # A resume after the user's fix starts a fresh count of consecutive skips.
             what = NONFINITE_REASONS[stop.reason]
-            path = self.checkpointer.save(self.step_index, extra={"stopped": f"non-finite {what}", "nonfinite": {"consecutive": 0},
-                                                                  "sampler": step_start_sampler})
+            # The learner put itself back as it was before this step (weights, AdamW, critic, counter).
+            fresh = {"nonfinite": {"consecutive": 0}}
+            if "critic_nonfinite" in self.learner.state_dict():
+                fresh["critic_nonfinite"] = {"consecutive": 0}
+            path = self.checkpointer.save(self.step_index, extra={"stopped": f"non-finite {what}", **fresh, "sampler": step_start_sampler})
             raise NonFiniteTrainingError(
                 f"arm {self.arm!r}: training stopped in step {self.step_index + 1}: {stop.consecutive} optimizer steps in a row had "
                 f"a non-finite (NaN/inf) {what} and were skipped (train.max_consecutive_nonfinite = "

@@ -279,8 +279,9 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         sampler.load_state_dict(state["sampler"])
         built.start_step, built.start_state = int(state["step"]), state
         learner.load_state_dict({"optimizer_step": state.get("optimizer_step", built.start_step * learner.optimizer_steps_per_step()),
-                                 "nonfinite": state.get("nonfinite", {})})
+                                 "nonfinite": state.get("nonfinite", {}), "critic_nonfinite": state.get("critic_nonfinite", {})})
         health.load_state_dict(state.get("health", {}))
-        collector.sync_weights(learner.weights(dtype))  # the engine was built from the base weights
+        # The engine was built from the base weights; it samples in rollout.dtype (else model.dtype), as every later sync.
+        collector.sync_weights(learner.weights(compute_dtype(cfg.sampling_dtype)))
     learner.apply_optimizer_settings()
     return built
