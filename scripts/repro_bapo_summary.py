@@ -5,11 +5,15 @@ Also usable on the other clip reproductions (the bapo/* rows and plots are then 
 ``polyrl compare`` tabulates each metric's last logged value; the BAPO claim is about the
 course of a run (does entropy stay higher, is the positive share held near its target), so
 this script summarises each seed run's whole history, then gives per arm the mean over seeds
-with a 95% t-interval and, for the first two arms, the Welch difference. It also draws the
-positive share and the clip bounds per step (mean and 95% band over seeds). Usage::
+with a 95% t-interval and, for the first two arms, the difference: paired by seed when both arms
+ran the same seeds (else Welch), with Holm-adjusted p-values over all the table's rows. It also
+draws the positive share and the clip bounds per step (mean and 95% band over seeds). Usage::
 
     .venv/bin/python scripts/repro_bapo_summary.py repro_bapo_vs_fixed_clip \\
         --tracking-uri sqlite:///mlflow.db --target 0.5 --out reports/bapo_extra
+
+``--from-summary summary.md`` recomputes the table from the per-seed lines an earlier run of
+this script printed (``- <arm> seed <s>: steps N, <quantity> <value>, …``), without MLflow.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from polyrl.launch.stats import curve_band, mean_interval, verdict, welch_difference  # noqa: E402
+from polyrl.launch.stats import arm_difference, curve_band, holm_adjusted, mean_interval, verdict  # noqa: E402
 from polyrl.tracking.mlflow_runs import (ARM_TAG, SEED_TAG, find_arm_runs, find_parent_run,  # noqa: E402
                                          find_seed_runs, make_client)
 
@@ -88,6 +92,59 @@ def summarise(h: dict[str, list[tuple[int, float]]], target: float) -> dict[str,
     return out
 
 
+def difference_table(summaries: dict[str, dict[int, dict[str, float]]]) -> list[str]:
+    """Markdown lines: per quantity each arm's mean ± half-width over seeds and, for two arms, the
+    difference (paired by seed where the arms share their seeds, else Welch) with its 95% interval,
+    Holm-adjusted p over all the rows, and the verdicts."""
+    arms = list(summaries)
+    names = list(dict.fromkeys(name for by_seed in summaries.values() for summary in by_seed.values() for name in summary))
+    rows = []
+    for name in names:
+        per_arm = {arm: {seed: s[name] for seed, s in summaries[arm].items() if name in s} for arm in arms}
+        rows.append((name, per_arm, arm_difference(per_arm[arms[0]], per_arm[arms[1]]) if len(arms) == 2 else None))
+    adjusted = holm_adjusted([d.p_value for _, _, d in rows if d is not None]) if len(arms) == 2 else []
+    tested = sum(p == p for p in adjusted)
+    lines = [f"| quantity | {' | '.join(f'{a} ({len(summaries[a])} seeds)' for a in arms)} |"
+             + (f" {arms[0]} − {arms[1]} (95%, method) | Holm-adjusted p |" if len(arms) == 2 else ""),
+             "|---|" + "---|" * (len(arms) + 2 * (len(arms) == 2))]
+    verdicts = []
+    for index, (name, per_arm, d) in enumerate(rows):
+        cells = [mean_interval(list(per_arm[a].values())).format() for a in arms]
+        if d is not None:
+            i, p = d.interval, adjusted[index]
+            survives = not (math.isnan(i.low) or i.contains(0.0)) and p < 0.05
+            cells.append(f"{i.estimate:+.3g} [{i.low:.3g}, {i.high:.3g}] ({d.method})" + (" *" if survives else ""))
+            cells.append("–" if p != p else f"{p:.2g}")
+            verdicts.append(f"{name}: {verdict(i, names=(arms[0], arms[1]), adjusted_p=p, comparisons=tested)}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if len(arms) == 2:
+        lines += ["", f"* the interval excludes 0 and the difference holds after Holm's correction over the {tested} rows", "",
+                  *verdicts]
+    return lines
+
+
+def read_summary(path: Path) -> dict[str, dict[int, dict[str, float]]]:
+    """The per-seed summaries of a ``summary.md`` this script wrote (its ``- <arm> seed <s>: …`` lines)."""
+    import re
+
+    summaries: dict[str, dict[int, dict[str, float]]] = {}
+    names = None
+    for line in path.read_text().splitlines():
+        if line.startswith("| ") and not line.startswith(("| quantity", "|---")):
+            names = (names or []) + [line.split("|")[1].strip()]
+        match = re.match(r"^- (\S+) seed (\d+): steps \d+, (.*)$", line)
+        if match is None:
+            continue
+        arm, seed, rest = match.group(1), int(match.group(2)), match.group(3)
+        values: dict[str, float] = {}
+        for name in sorted(names or [], key=len, reverse=True):  # longest first: names contain commas
+            found = re.search(re.escape(name) + r" (-?[0-9.e+-]+)(?:,|$)", rest)
+            if found:
+                values[name] = float(found.group(1))
+        summaries.setdefault(arm, {})[seed] = {name: values[name] for name in names or [] if name in values}
+    return summaries
+
+
 def band_plot(per_arm: dict[str, list[dict[str, list[tuple[int, float]]]]], keys: list[str], title: str,
               path: Path, *, target: float | None = None) -> None:
     figure, axis = plt.subplots(figsize=(6, 3.6))
@@ -114,39 +171,27 @@ def main() -> None:
     parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     parser.add_argument("--target", type=float, default=0.5, help="the bapo arm's target_positive_share")
     parser.add_argument("--out", type=Path, default=None, help="folder for the two plots")
+    parser.add_argument("--from-summary", type=Path, default=None, help="recompute the table from a summary.md's per-seed lines")
     args = parser.parse_args()
+    if args.from_summary is not None:
+        print("\n".join(difference_table(read_summary(args.from_summary))))
+        return
     client = make_client(args.tracking_uri)
     parent = find_parent_run(client, args.experiment)
     if parent is None:
         raise SystemExit(f"no experiment {args.experiment!r} in {args.tracking_uri}")
     histories: dict[str, list[dict[str, list[tuple[int, float]]]]] = {}
-    summaries: dict[str, list[dict[str, float]]] = {}
+    summaries: dict[str, dict[int, dict[str, float]]] = {}
     for arm_run in find_arm_runs(client, parent.info.experiment_id, parent.info.run_id):
         arm = arm_run.data.tags[ARM_TAG]
         for seed_run in find_seed_runs(client, parent.info.experiment_id, arm_run.info.run_id):
             h = {key: history(client, seed_run.info.run_id, key) for key in KEYS}
             histories.setdefault(arm, []).append(h)
             summary = summarise(h, args.target)
-            summaries.setdefault(arm, []).append(summary)
+            summaries.setdefault(arm, {})[int(seed_run.data.tags.get(SEED_TAG, "0"))] = summary
             print(f"{arm} seed {seed_run.data.tags.get(SEED_TAG)}: steps {len(h['actor/entropy'])}, "
                   + ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
-    arms = list(summaries)
-    names = list(summaries[arms[0]][0])
-    print(f"\n| quantity | {' | '.join(f'{a} ({len(summaries[a])} seeds)' for a in arms)} |"
-          + (f" {arms[0]} − {arms[1]} (Welch 95%) |" if len(arms) == 2 else ""))
-    print("|---|" + "---|" * (len(arms) + (len(arms) == 2)))
-    for name in names:
-        cells = [mean_interval([s[name] for s in summaries[a]]).format() for a in arms]
-        if len(arms) == 2:
-            d = welch_difference([s[name] for s in summaries[arms[0]]], [s[name] for s in summaries[arms[1]]])
-            cells.append(f"{d.estimate:+.3g} [{d.low:.3g}, {d.high:.3g}]"
-                         + ("" if math.isnan(d.low) or d.contains(0.0) else " *"))
-        print(f"| {name} | " + " | ".join(cells) + " |")
-    if len(arms) == 2:
-        print("\n* the interval excludes 0")
-        for name in names:
-            d = welch_difference([s[name] for s in summaries[arms[0]]], [s[name] for s in summaries[arms[1]]])
-            print(f"{name}: {verdict(d, names=(arms[0], arms[1]))}")
+    print("\n" + "\n".join(difference_table(summaries)))
     if args.out is not None and any(h["bapo/positive_share"] for seeds in histories.values() for h in seeds):
         args.out.mkdir(parents=True, exist_ok=True)
         band_plot(histories, ["bapo/positive_share"], f"{args.experiment}: positive share (bapo/positive_share)",

@@ -7,7 +7,8 @@ right answers, and the share of answers in the long worked form (the arithmetic 
 completions start with ``work:`` or ``####``, so the long/short choice is one token). Per arm:
 the first table against the mean of the last ``--last`` tables (one table is 64 samples, the
 mean of several steadies it), the mean over seeds with a 95% t-interval, the change, and the
-Welch difference of the changes between two arms. ``--plot-dir`` draws the per-step curves
+difference between two arms: paired by seed when both ran the same seeds (a seed draws the same
+prompts and first rollout in both), else Welch, with Holm-adjusted p-values over all its rows. ``--plot-dir`` draws the per-step curves
 (mean over seeds, shaded 95% band). Usage::
 
     .venv/bin/python scripts/repro_length_by_correctness.py repro_drgrpo_vs_grpo \\
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polyrl.launch.stats import curve_band, mean_interval, verdict, welch_difference
+from polyrl.launch.stats import arm_difference, curve_band, holm_adjusted, mean_interval, verdict
 from polyrl.tracking.mlflow_runs import ARM_TAG, find_arm_runs, find_parent_run, find_seed_runs, make_client
 
 # One progress bar per downloaded table would bury the output.
@@ -108,8 +109,7 @@ def main() -> None:
     client = make_client(args.tracking_uri)
     parent = find_parent_run(client, args.experiment)
     per_arm_steps: dict[str, list[dict[int, dict[str, float]]]] = {}
-    per_arm: dict[str, dict[str, list[float]]] = {}
-    late_by_seed: dict[str, dict[str, dict[str, float]]] = {}
+    per_arm: dict[str, dict[str, dict[int, float]]] = {}  # arm -> "<quantity> <part>" -> seed -> value
     for arm_run in find_arm_runs(client, parent.info.experiment_id, parent.info.run_id):
         arm = arm_run.data.tags[ARM_TAG]
         values = per_arm.setdefault(arm, {})
@@ -119,11 +119,11 @@ def main() -> None:
             per_step = {step_of(path): read_table(client, run_id, path) for path in tables}
             per_arm_steps.setdefault(arm, []).append(per_step)
             first, late = first_and_late(per_step, args.last)
+            seed = int(seed_run.data.tags.get("polyrl.seed", "0"))
             for key in QUANTITIES:
-                values.setdefault(f"{key} first", []).append(first[key])
-                values.setdefault(f"{key} late", []).append(late[key])
-                values.setdefault(f"{key} change", []).append(late[key] - first[key])
-            late_by_seed.setdefault(arm, {})[seed_run.data.tags.get("polyrl.seed", run_id)] = late
+                values.setdefault(f"{key} first", {})[seed] = first[key]
+                values.setdefault(f"{key} late", {})[seed] = late[key]
+                values.setdefault(f"{key} change", {})[seed] = late[key] - first[key]
             steps = sorted(per_step)
             print(f"{arm} seed {seed_run.data.tags.get('polyrl.seed')}: step {steps[0]} -> last {args.last} of "
                   f"{steps[-args.last:]}: " + ", ".join(f"{k} {first[k]:.3g} -> {late[k]:.3g}" for k in QUANTITIES))
@@ -132,22 +132,18 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for arm, values in per_arm.items():
         for key in QUANTITIES:
-            print(f"| {arm} | {key} | {mean_interval(values[f'{key} first']).format()} | "
-                  f"{mean_interval(values[f'{key} late']).format()} | {mean_interval(values[f'{key} change']).format()} |")
+            cells = [mean_interval(list(values[f"{key} {part}"].values())).format() for part in ("first", "late", "change")]
+            print(f"| {arm} | {key} | " + " | ".join(cells) + " |")
     arms = list(per_arm)
     if len(arms) == 2:
-        for key in QUANTITIES:
-            for part in ("late", "change"):
-                difference = welch_difference(per_arm[arms[0]][f"{key} {part}"], per_arm[arms[1]][f"{key} {part}"])
-                print(f"{key} {part}, {arms[0]} − {arms[1]}: {difference.format()} "
-                      f"[{difference.low:.3g}, {difference.high:.3g}] · {verdict(difference, names=tuple(arms))}")
-        # The same seed draws the same prompts and the same first rollout in both arms, so the
-        # per-seed difference (a paired t-interval) removes the prompt mix from the noise.
-        seeds = sorted(set(late_by_seed[arms[0]]) & set(late_by_seed[arms[1]]))
-        for key in QUANTITIES:
-            paired = mean_interval([late_by_seed[arms[0]][s][key] - late_by_seed[arms[1]][s][key] for s in seeds])
-            print(f"{key} late, {arms[0]} − {arms[1]}, paired by seed: {paired.format()} "
-                  f"[{paired.low:.3g}, {paired.high:.3g}] (n={paired.n})")
+        rows = [(f"{key} {part}", arm_difference(per_arm[arms[0]][f"{key} {part}"], per_arm[arms[1]][f"{key} {part}"]))
+                for key in QUANTITIES for part in ("late", "change")]
+        adjusted = holm_adjusted([d.p_value for _, d in rows])
+        tested = sum(p == p for p in adjusted)
+        for (name, d), p in zip(rows, adjusted):
+            i = d.interval
+            print(f"{name}, {arms[0]} − {arms[1]} ({d.method}): {i.format()} [{i.low:.3g}, {i.high:.3g}], Holm p {p:.2g} · "
+                  f"{verdict(i, names=tuple(arms), adjusted_p=p, comparisons=tested)}")
     if args.plot_dir is not None:
         args.plot_dir.mkdir(parents=True, exist_ok=True)
         band_plot(per_arm_steps, "wrong length", "length of wrong answers (tokens)", args.plot_dir / "wrong_answer_length.png")

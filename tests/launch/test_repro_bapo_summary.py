@@ -39,3 +39,20 @@ def test_summarise_leaves_out_what_a_run_did_not_log(summary_module):
     assert not any(name.startswith(("bapo/", "steps with positive share")) for name in out)
     # entropy never falls below 0.1: reported as one past the last step
     assert out["first step with entropy < 0.1"] == 3.0
+
+
+def test_the_difference_table_is_paired_by_seed_and_holm_corrected(summary_module, tmp_path):
+    # Per-seed differences of "q" = [2, 3, 4]: paired (0.516, 5.48), p = 0.035 (tests/launch/test_stats.py);
+    # "r" differs by exactly 0 at every seed: p = 1. Holm over 2 rows: 0.035 × 2 = 0.070 → no longer significant.
+    summaries = {"a": {0: {"q": 10.0, "r": 1.0}, 1: {"q": 20.0, "r": 2.0}, 2: {"q": 30.0, "r": 3.0}},
+                 "b": {0: {"q": 8.0, "r": 1.0}, 1: {"q": 17.0, "r": 2.0}, 2: {"q": 26.0, "r": 3.0}}}
+    lines = summary_module.difference_table(summaries)
+    row = next(line for line in lines if line.startswith("| q |"))
+    assert "+3 [0.516, 5.48] (paired) | 0.07 |" in row and " * " not in row
+    assert any("q: a vs b: not distinguishable from noise after Holm's correction over 2 comparisons" in line for line in lines)
+    # The same numbers read back from the per-seed lines a summary.md holds.
+    text = "\n".join(["| quantity | a | b |", "|---|---|---|", "| q | x | y |", "| r | x | y |", ""]
+                     + [f"- {arm} seed {seed}: steps 3, q {v['q']}, r {v['r']}" for arm, by_seed in summaries.items()
+                        for seed, v in by_seed.items()])
+    (tmp_path / "summary.md").write_text(text)
+    assert summary_module.read_summary(tmp_path / "summary.md") == summaries
