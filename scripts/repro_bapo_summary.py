@@ -185,6 +185,9 @@ def main() -> None:
     for arm_run in find_arm_runs(client, parent.info.experiment_id, parent.info.run_id):
         arm = arm_run.data.tags[ARM_TAG]
         for seed_run in find_seed_runs(client, parent.info.experiment_id, arm_run.info.run_id):
+            if seed_run.info.status != "FINISHED":  # a failed or unfinished seed's "final" values are not final
+                print(f"left out: {arm} seed {seed_run.data.tags.get(SEED_TAG)} ({seed_run.info.status})")
+                continue
             h = {key: history(client, seed_run.info.run_id, key) for key in KEYS}
             histories.setdefault(arm, []).append(h)
             summary = summarise(h, args.target)

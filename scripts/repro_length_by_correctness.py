@@ -114,6 +114,9 @@ def main() -> None:
         arm = arm_run.data.tags[ARM_TAG]
         values = per_arm.setdefault(arm, {})
         for seed_run in find_seed_runs(client, parent.info.experiment_id, arm_run.info.run_id):
+            if seed_run.info.status != "FINISHED":  # a failed or unfinished seed's late tables are not the run's end
+                print(f"left out: {arm} seed {seed_run.data.tags.get('polyrl.seed')} ({seed_run.info.status})")
+                continue
             run_id = seed_run.info.run_id
             tables = [a.path for a in client.list_artifacts(run_id, "samples") if a.path.endswith(".json")]
             per_step = {step_of(path): read_table(client, run_id, path) for path in tables}
