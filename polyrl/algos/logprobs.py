@@ -29,6 +29,7 @@ from typing import Sequence
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from polyrl.algos.losses import entropy_from_logits
 from polyrl.algos.shared_prompts import shared_prompt_hidden
@@ -137,9 +138,11 @@ def pack_completions(completions: list[Completion], *, pad_token_id: int) -> Pac
 _POST_HEAD_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def _response_logits(model: torch.nn.Module, batch: PackedBatch, share_prompts: bool = False) -> Tensor:
-    """Logits ``[B, T, V]`` at the response positions only; with ``share_prompts`` one forward
-    per distinct prompt (:mod:`polyrl.algos.shared_prompts`)."""
+def _response_states(model: torch.nn.Module, batch: PackedBatch, share_prompts: bool = False) -> tuple[Tensor, torch.nn.Module | None]:
+    """``(states [B, T, *], head)`` at the response positions only: the final hidden states and
+    the output head that turns them into logits, or the logits themselves and ``None`` (models
+    that scale their logits after the head, or have no separate head). With ``share_prompts``
+    one forward per distinct prompt (:mod:`polyrl.algos.shared_prompts`)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     config = getattr(model, "config", None)
@@ -148,19 +151,18 @@ def _response_logits(model: torch.nn.Module, batch: PackedBatch, share_prompts: 
     if batch.image_inputs is not None and any(batch.image_inputs):
         if share_prompts:
             raise ValueError("share_prompts: text-only batches only (this batch has images)")
-        return _image_response_logits(model, batch, head)
+        return _image_response_states(model, batch, head)
     shortcut = decoder is not None and head is not None and decoder is not model and not post_head
     if share_prompts:
         if not shortcut:
             raise ValueError(f"share_prompts: {type(model).__name__} has no separate decoder and output head (or scales its logits)")
-        return head(shared_prompt_hidden(decoder, batch, pad_token_id=int(getattr(config, "pad_token_id", None) or 0)))
+        return shared_prompt_hidden(decoder, batch, pad_token_id=int(getattr(config, "pad_token_id", None) or 0)), head
     if shortcut:
         hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
-        picked = torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
-        return head(picked)
+        return torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1])), head  # [B, T, H]
     # Generic path: the full forward, then slice (costs [B, S, V] memory).
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-    return torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1]))
+    return torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1])), None
 
 
 def collate_image_inputs(rows: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
@@ -203,19 +205,32 @@ def image_forward_inputs(model: torch.nn.Module, batch: PackedBatch) -> dict[str
     return images
 
 
-def _image_response_logits(model: torch.nn.Module, batch: PackedBatch, head: torch.nn.Module | None) -> Tensor:
-    """Response logits of a batch with images: the multimodal base model (vision tower, image
-    features placed at the image tokens, text decoder), then the head at the response positions
-    only. Models without a separate base model take the full forward, then slice."""
+def _image_response_states(model: torch.nn.Module, batch: PackedBatch, head: torch.nn.Module | None) -> tuple[Tensor, torch.nn.Module | None]:
+    """Response states of a batch with images (see :func:`_response_states`): the multimodal
+    base model's hidden states (vision tower, image features placed at the image tokens, text
+    decoder) at the response positions, and the head. Models without a separate base model take
+    the full forward, then slice the logits."""
     images = image_forward_inputs(model, batch)
     index = batch.response_index
     base = getattr(model, "base_model", None)
     if head is not None and base is not None and base is not model:
         hidden = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **images).last_hidden_state
-        picked = torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1]))
-        return head(picked)
+        return torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1])), head
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **images).logits
-    return torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1]))
+    return torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1])), None
+
+
+# One chunk's float32 logits take at most this many bytes (positions x vocabulary x 4): at a
+# 49,152-token vocabulary 85 positions, at 150k 27, at a tiny model's every position at once.
+# A chunk's softmax, log-softmax, entropy and their gradients hold several tensors of that size at
+# a time (measured at 150k: ~10x in a backward with entropy). Below glibc's 32 MiB mmap threshold
+# that polyrl sets for the learner (polyrl.roles.host_memory), so chunks reuse freed heap memory.
+LOGITS_CHUNK_BYTES = 16 * 2**20
+
+
+def positions_per_chunk(vocab_size: int, budget_bytes: int = LOGITS_CHUNK_BYTES) -> int:
+    """How many response positions' logits fit ``budget_bytes`` in float32 (at least one)."""
+    return max(1, budget_bytes // (4 * max(1, vocab_size)))
 
 
 def token_logprobs(
@@ -226,6 +241,7 @@ def token_logprobs(
     compute_entropy: bool = False,
     entropy_grad: bool = True,
     share_prompts: bool = False,
+    chunk_positions: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token ``log softmax(logits / temperature)[token]`` of the completion tokens.
 
@@ -234,30 +250,68 @@ def token_logprobs(
     distribution (:func:`polyrl.algos.losses.entropy_from_logits`, finite with ``-inf``
     logits). Gradients flow through the log-probs when the caller has grad enabled, and through
     the entropy only with ``entropy_grad`` (a loss with an entropy bonus); otherwise the entropy
-    is a metric and is computed under ``no_grad``, which keeps its ``[B, T, V]`` graph out of
-    memory. ``temperature == 0`` (greedy sampling) is scored at temperature 1. ``share_prompts``:
-    rows with the same prompt run as one packed row (:mod:`polyrl.algos.shared_prompts`; the same
+    is a metric and is computed under ``no_grad``, which keeps its graph out of memory.
+    ``temperature == 0`` (greedy sampling) is scored at temperature 1. ``share_prompts``: rows
+    with the same prompt run as one packed row (:mod:`polyrl.algos.shared_prompts`; the same
     values up to float rounding).
+
+    Only the response tokens' positions are scored, ``chunk_positions`` of them at a time
+    (default: :func:`positions_per_chunk` of the vocabulary), so the logits never exist for the
+    whole batch at once: peak memory grows with the chunk, not with batch x length x
+    vocabulary. With gradients, each chunk's head and softmax are recomputed in the backward
+    (activation checkpointing of the output head), so the backward too holds one chunk's logits
+    at a time; a batch that fits one chunk is computed directly, with no recomputation.
     """
     device = next(model.parameters()).device
     batch = batch.to(device)
-    logits = _response_logits(model, batch, share_prompts)
-    if logits.dtype not in (torch.float32, torch.float64):
-        logits = logits.float()
-    if batch.banned_token_ids is not None:
-        logits = logits.index_fill(-1, batch.banned_token_ids.to(logits.device), float("-inf"))
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)  # [B, T, V]
-    logp = torch.gather(logp_all, -1, batch.completion_ids[..., None]).squeeze(-1)
+    states, head = _response_states(model, batch, share_prompts)
     mask = batch.response_mask.bool()
-    logp = torch.where(mask, logp, torch.zeros_like(logp))
-    entropy = None
-    if compute_entropy:
+    chunk = chunk_positions or positions_per_chunk(states.shape[-1] if head is None else _head_vocab(head, states))
+    rows, targets = states[mask], batch.completion_ids[mask]  # [N, H or V], [N]: only the positions that are scored
+    banned = None if batch.banned_token_ids is None else batch.banned_token_ids.to(device)
+
+    def score(part: Tensor, part_targets: Tensor) -> tuple[Tensor, Tensor]:
+        logits = head(part) if head is not None else part
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        if banned is not None:
+            logits = logits.index_fill(-1, banned, float("-inf"))
+        if temperature and temperature != 1.0:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, part_targets[:, None]).squeeze(-1)
+        if not compute_entropy:
+            return logp, logp.new_zeros(())
         with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
-        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
+            return logp, entropy_from_logits(logits if entropy_grad else logits.detach())
+
+    recompute = torch.is_grad_enabled() and rows.shape[0] > chunk
+    parts = []
+    for start in range(0, rows.shape[0], chunk) or [0]:  # one empty chunk when nothing is scored: the result keeps its graph
+        args = (rows[start : start + chunk], targets[start : start + chunk])
+        parts.append(checkpoint(score, *args, use_reentrant=False) if recompute else score(*args))
+    out_dtype = torch.float64 if states.dtype == torch.float64 else torch.float32
+    logp = _scatter_positions([p[0] for p in parts], mask, out_dtype)
+    entropy = _scatter_positions([p[1] for p in parts], mask, out_dtype) if compute_entropy else None
     return logp, entropy
+
+
+def _head_vocab(head: torch.nn.Module, states: Tensor) -> int:
+    """The vocabulary size of an output head that is not a plain ``nn.Linear`` (e.g. routed
+    through oneDNN): from its weight, else by running it on one position."""
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, Tensor) and weight.dim() == 2:
+        return int(weight.shape[0])
+    with torch.no_grad():
+        return int(head(states.reshape(-1, states.shape[-1])[:1]).shape[-1])
+
+
+def _scatter_positions(parts: list[Tensor], mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """``[B, T]`` with the scored positions' values in place (row-major order of ``mask``), 0 elsewhere."""
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    if parts:
+        values = torch.cat(parts)
+        out = out.masked_scatter(mask, values.to(dtype))
+    return out
 
 
 def logprob_gap(engine_completions: list[Completion] | Tensor, learner_logprobs: Tensor, mask: Tensor) -> float:
