@@ -6,7 +6,7 @@ Run: ``python bench/bench_compile.py`` (``--size 3m``, ``--threads``, ``--steps`
 A policy of ``--size`` (random weights), micro-batches of 16 sequences whose length cycles
 through 120/112/104/96 tokens (every step another shape, as in RL), two micro-batches per
 optimizer step. The compiled model compiles its decoder the way ``train.compile`` does
-(``polyrl.roles.compiled.compile_decoder_layers``: each layer, ``dynamic=True``). Reported: the one-off compile
+(``polyrl.runtime.compiled.compile_decoder_layers``: each layer, ``dynamic=True``). Reported: the one-off compile
 seconds (a warm-up step per shape, every compilation included) and the steady tokens/s of each, in
 one process, the models' steps interleaved round by round, with the median per-round ratio to eager
 on torch's BLAS. The compiled model's linears use the library ``train.cpu_matmul: auto`` picks on
@@ -30,8 +30,8 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from polyrl.models.cache import set_torch_threads  # noqa: E402
 from polyrl.models.text import build_random_text_model_dir  # noqa: E402
-from polyrl.roles.compiled import compile_decoder_layers  # noqa: E402
-from polyrl.roles.cpu_matmul import cpu_vendor, onednn_available, resolve_cpu_matmul, route_linears_through_onednn  # noqa: E402
+from polyrl.runtime.compiled import compile_decoder_layers  # noqa: E402
+from polyrl.runtime.cpu_matmul import cpu_vendor, onednn_available, resolve_cpu_matmul, route_linears_through_onednn  # noqa: E402
 
 LENGTHS = (120, 112, 104, 96)
 

@@ -58,7 +58,7 @@ def product(library: str, m: int, k: int, n: int, dtype: torch.dtype = torch.flo
         return lambda: torch.matmul(a, b, out=out)
     if torch.device(device).type != "cpu":
         raise ValueError(f"library {library!r} is a CPU library; on {device} only torch's matmul is timed")
-    from polyrl.roles.cpu_matmul import onednn_linear
+    from polyrl.runtime.cpu_matmul import onednn_linear
 
     weight = torch.randn(n, k)  # a Linear layer's [out, in] weight: a @ weightᵀ
     return lambda: onednn_linear(a, weight)
@@ -90,7 +90,7 @@ def gflops(m: int, k: int, n: int, *, library: str = "torch", seconds: float = 0
 def available_libraries(dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[str]:
     """The GEMM libraries to time; for bf16 only torch's (its bf16 CPU matmul already runs in oneDNN), and
     off the CPU only torch's."""
-    from polyrl.roles.cpu_matmul import onednn_available
+    from polyrl.runtime.cpu_matmul import onednn_available
 
     on_cpu = torch.device(device).type == "cpu"
     return [library for library in LIBRARIES if library == "torch" or (on_cpu and onednn_available() and dtype == torch.float32)]

@@ -131,7 +131,7 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, 
                   micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
                   rollout_dtype: str | None = None, rollout_compile: bool = False) -> dict:
     from polyrl.config.schema import resolve_arms
-    from polyrl.roles.cpu_matmul import linear_library
+    from polyrl.runtime.cpu_matmul import linear_library
     from polyrl.roles.setup import build_arm
 
     config = resolve_arms({

@@ -20,7 +20,7 @@ from polyrl.models.pretrained import is_gguf_path, packaged_gguf
 from polyrl.rewards import RewardConfigError, RewardSpec
 from polyrl.rewards.base import module_label
 from polyrl.rewards.registry import bind_params, build_reward
-from polyrl.roles.devices import LearnerDeviceError, learner_device
+from polyrl.runtime.devices import LearnerDeviceError, learner_device
 
 # Built-in policies that read images (config.schema.BuiltinModelConfig.task).
 IMAGE_TASKS = ("vqa", "caption")

@@ -20,7 +20,7 @@ from polyrl.algos.losses import clipped_value_loss
 from polyrl.engines.images import model_takes_images
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NonFiniteGuard, guarded_step
-from polyrl.roles.precision import autocast
+from polyrl.runtime.precision import autocast
 from polyrl.roles.schedule import apply_optimizer_settings
 
 __all__ = ["Critic", "CriticSettings", "ImageTextValueModel", "ValueModel", "build_value_model"]

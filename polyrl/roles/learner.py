@@ -2,7 +2,7 @@
 gradient clipping, the non-finite guard, the objective's ``prepare`` hook and mixed precision.
 
 In: a :class:`~polyrl.roles.batches.LearnerBatch` (plain data); out: a dict of metrics. Master
-weights and optimizer state are fp32 whatever the compute dtype (:mod:`polyrl.roles.precision`);
+weights and optimizer state are fp32 whatever the compute dtype (:mod:`polyrl.runtime.precision`);
 dropout is off in every pass; an optimizer step whose loss or gradient norm is NaN/inf is
 skipped, and too many in a row raise :class:`~polyrl.roles.health.NonFiniteStop`. A stop in the
 middle of an update leaves the learner as it was before that update (weights, AdamW state,
@@ -26,7 +26,7 @@ from polyrl.algos.microbatches import length_sorted_micro_batches, token_budget_
 from polyrl.algos.shared_prompts import attention_cost_ratio, row_prompts, shared_prompt_micro_batches
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
-from polyrl.roles.precision import autocast
+from polyrl.runtime.precision import autocast
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
 
 __all__ = ["LearnerSettings", "PolicyLearner"]

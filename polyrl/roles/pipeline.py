@@ -22,7 +22,7 @@ from polyrl.algos.dapo_data import dapo_overlong_penalty
 from polyrl.algos.logprobs import PackedBatch, logprob_gap, pack_completions, token_logprobs
 from polyrl.algos.losses import kl_in_reward, kl_penalty, masked_mean, masked_mean_std
 from polyrl.roles.batches import LearnerBatch, Rollout, Scores
-from polyrl.roles.precision import autocast
+from polyrl.runtime.precision import autocast
 
 __all__ = ["BatchPipeline", "PipelineBatch", "PipelineContext", "STAGES", "run_pipeline", "token_discounts"]
 

@@ -29,17 +29,17 @@ from polyrl.models.cache import set_torch_threads
 from polyrl.models.paths import resolve_policy_path
 from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
-from polyrl.roles.compiled import check_sampler_compile, compile_decoder_layers
-from polyrl.roles.cpu_matmul import cpu_vendor, resolve_cpu_matmul, route_linears_through_onednn, torch_blas
+from polyrl.runtime.compiled import check_sampler_compile, compile_decoder_layers
+from polyrl.runtime.cpu_matmul import cpu_vendor, resolve_cpu_matmul, route_linears_through_onednn, torch_blas
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
-from polyrl.roles.devices import learner_device
-from polyrl.roles.host_memory import keep_freed_host_memory
+from polyrl.runtime.devices import learner_device
+from polyrl.runtime.host_memory import keep_freed_host_memory
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
 from polyrl.roles.loop import TrainingLoop
 from polyrl.roles.pipeline import BatchPipeline, PipelineContext
-from polyrl.roles.precision import compute_dtype
+from polyrl.runtime.precision import compute_dtype
 
 __all__ = ["Arm", "accuracy_label", "build_arm", "reward_specs", "seed_everything"]
 
@@ -189,7 +189,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     tokenizer = AutoTokenizer.from_pretrained(str(policy_path))
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     dtype = compute_dtype(cfg.model.dtype)
-    # fp32 master weights and optimizer state; model.dtype is the compute dtype (precision.py).
+    # fp32 master weights and optimizer state; model.dtype is the compute dtype (runtime/precision.py).
     # Image-text models load whole (AutoModelForImageTextToText): the learner's forward needs the vision tower.
     device = learner_device(cfg.train.device)
     host_malloc = keep_freed_host_memory() if device.type == "cpu" else "unchanged: the learner is on a GPU"

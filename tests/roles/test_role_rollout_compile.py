@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from polyrl.config.schema import ConfigError, resolve_arms
-from polyrl.roles.compiled import CompileError, check_sampler_compile
+from polyrl.runtime.compiled import CompileError, check_sampler_compile
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
 

@@ -15,9 +15,9 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.launch.compare import compare_experiment
 from polyrl.launch.runner import run_experiment
-from polyrl.roles.cpu_matmul import cpu_vendor, resolve_cpu_matmul, torch_blas
-from polyrl.roles.devices import learner_device
-from polyrl.roles.host_memory import keep_freed_host_memory
+from polyrl.runtime.cpu_matmul import cpu_vendor, resolve_cpu_matmul, torch_blas
+from polyrl.runtime.devices import learner_device
+from polyrl.runtime.host_memory import keep_freed_host_memory
 from polyrl.tracking.mlflow_runs import ExperimentTracker, STEP_MARKER, resolve_tracking_uri
 
 

@@ -23,7 +23,7 @@ rows × columns crosses an Inductor code-generation threshold), far below its re
 ``use_cache=False``; a KV cache would guard on each layer's index and recompile per layer.
 
 Where ``train.cpu_matmul`` puts the learner's Linear layers on oneDNN (``auto`` on a CPU that is
-not Intel's, :mod:`polyrl.roles.cpu_matmul`), they run as custom ops that Inductor keeps whole:
+not Intel's, :mod:`polyrl.runtime.cpu_matmul`), they run as custom ops that Inductor keeps whole:
 then the GEMMs are oneDNN's and compilation fuses the element-wise work between them.
 
 Off by default, as in TRL (``torch_compile``) and torchtitan (``compile.enable``): the one-off

@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from polyrl.roles.host_memory import keep_freed_host_memory
+from polyrl.runtime.host_memory import keep_freed_host_memory
 
 PROBE = """
 import ctypes, json, resource, sys, torch
-from polyrl.roles.host_memory import M_MMAP_THRESHOLD, keep_freed_host_memory
+from polyrl.runtime.host_memory import M_MMAP_THRESHOLD, keep_freed_host_memory
 
 ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 128 * 1024)
 done = keep_freed_host_memory() if sys.argv[1] == "keep" else "default"

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 from polyrl.algos.logprobs import pack_completions, token_logprobs
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.core.types import Completion
-from polyrl.roles import cpu_matmul
-from polyrl.roles.cpu_matmul import (CpuMatmulError, cpu_vendor, linear_library, onednn_linear, onednn_linear_traceable,
+from polyrl.runtime import cpu_matmul
+from polyrl.runtime.cpu_matmul import (CpuMatmulError, cpu_vendor, linear_library, onednn_linear, onednn_linear_traceable,
                                      resolve_cpu_matmul, route_linears_through_onednn, torch_blas)
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 

@@ -17,7 +17,7 @@ from torch import Tensor
 from polyrl.algos.logprobs import PackedBatch, pack_completions
 from polyrl.core.types import Completion
 from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.devices import LearnerDeviceError, learner_device
+from polyrl.runtime.devices import LearnerDeviceError, learner_device
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
 without_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
