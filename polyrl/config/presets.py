@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from polyrl.config.objective import ObjectiveConfig
+from polyrl.config.rollout import RolloutConfig
 from polyrl.core.errors import PolyrlError
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -47,7 +49,6 @@ def preset_overrides(preset: str, config: dict[str, Any] | None = None) -> dict[
     merge them UNDER the config, so explicit keys win. Values the config holds that are invalid
     are left for the schema to report."""
     from polyrl.algos.advantages import get_advantage, list_advantages
-    from polyrl.config.schema import ObjectiveConfig, RolloutConfig
     from polyrl.algos.objectives import get_objective, list_objectives
 
     config = config or {}

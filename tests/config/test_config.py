@@ -12,9 +12,9 @@ from polyrl.config.schema import (
     load_experiment,
     parse_set_options,
     resolve_arms,
-    safe_load_unique,
     to_yaml,
 )
+from polyrl.config.yaml_files import safe_load_unique
 from polyrl.core.errors import PolyrlError
 from polyrl.algos.objectives import get_objective
 

@@ -1,0 +1,37 @@
+"""``data:``: where the prompts come from and which fields of a row hold what."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from polyrl.config.base import StrictModel
+
+
+class DataConfig(StrictModel):
+    source: str = Field("arithmetic", description="'arithmetic' (shipped), a .jsonl/.json/.parquet path, a folder, or a dataset name.")
+    train_split: str = Field("train", description="The split training draws from. A single file is the split its name declares "
+                             "(rows.test.jsonl), else 'train'; another split is refused (polyrl/data/splits.py).")
+    holdout: float | None = Field(None, gt=0, lt=1, description="Split a single local file by a fixed hash of each row: this "
+                                  "fraction is 'test', the rest 'train' (an eval dataset with the same holdout and split: test "
+                                  "reads the other rows).")
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    references_field: str = "references"
+    images_field: str = Field("images", description="The column of each row's images (paths, or an Image feature); "
+                              "rows without it are text-only. One <image> in the prompt per image.")
+    limit: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_test_split(cls, data: Any) -> Any:
+        # data.test_split used to be accepted and logged but was never read: held-out
+        # evaluation takes its rows from the eval suite (eval.suite: datasets[].split).
+        if isinstance(data, dict) and "test_split" in data:
+            detail = InitErrorDetails(type=PydanticCustomError(
+                "value_error", "data.test_split is not read by anything: held-out evaluation takes its split from the eval suite "
+                "(eval.suite, each dataset's split); remove it"), loc=("test_split",), input=data["test_split"])
+            raise ValidationError.from_exception_data("DataConfig", [detail])
+        return data

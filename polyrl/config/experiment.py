@@ -1,0 +1,168 @@
+"""The experiment: the whole config with the checks that span sections, and its arms.
+
+YAML is the serialised form of :class:`ExperimentConfig`. A file may hold ``arms:``, named
+variants that override keys of the base config; each arm resolves to a complete, validated
+config of its own. Every validation error names the field path, the bad value and what is
+allowed (see :func:`format_validation_error`).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from polyrl.config.base import ConfigError, StrictModel, check_safe_name
+from polyrl.config.data import DataConfig
+from polyrl.config.dotted_keys import deep_merge, expand_dotted, parse_set_options
+from polyrl.config.model import ModelConfig
+from polyrl.config.objective import AdvantageConfig, ModalitiesConfig, ObjectiveConfig
+from polyrl.config.presets import PRESETS, PresetError, preset_overrides
+from polyrl.config.rollout import RolloutConfig
+from polyrl.config.tracking import CheckpointConfig, EvalConfig, HealthConfig, TrackingConfig
+from polyrl.config.train import TrainConfig
+from polyrl.config.validation_errors import format_validation_error
+from polyrl.config.yaml_files import YAMLFileError, safe_load_unique
+from polyrl.rewards import RewardSpec
+
+
+class ExperimentConfig(StrictModel):
+    name: str = Field(..., min_length=1)
+    description: str = ""
+    seed: int = 0
+    preset: Literal["lt_1b", "1b_10b", "gt_10b"] | None = None
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    advantage: AdvantageConfig = AdvantageConfig()
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(module="accuracy")])
+    modalities: ModalitiesConfig = ModalitiesConfig()
+    train: TrainConfig = TrainConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    eval: EvalConfig = EvalConfig()
+    health: HealthConfig = HealthConfig()
+
+    @property
+    def sampling_dtype(self) -> str:
+        """The dtype the rollout engine samples in: rollout.dtype, else model.dtype."""
+        return self.rollout.dtype or self.model.dtype
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        return check_safe_name(name, "it names folders and MLflow runs")
+
+    @model_validator(mode="after")
+    def _typed_params(self) -> "ExperimentConfig":
+        """Check objective.params and advantage.params against their registration's typed model
+        and store them as proper Python values; errors keep their field paths."""
+        from polyrl.algos.advantages import get_advantage
+        from polyrl.algos.objectives import get_objective
+
+        objective = get_objective(self.objective.name)
+        estimator = get_advantage(self.advantage.estimator or objective.default_advantage)
+        errors: list[InitErrorDetails] = []
+        for name, section, spec in (("objective", self.objective, objective), ("advantage", self.advantage, estimator)):
+            try:
+                section.params = spec.validate_params(section.params)
+            except ValidationError as error:
+                # validate_params reports custom errors (message and ctx['allowed']); re-raise
+                # them at their place in the experiment.
+                errors += [InitErrorDetails(type=PydanticCustomError(item["type"], item["msg"], item["ctx"]),
+                                            loc=(name, "params", *item["loc"]), input=item["input"])
+                           for item in error.errors()]  # fmt: skip
+        if errors:
+            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        return self
+
+    @model_validator(mode="after")
+    def _share_prompts_applies(self) -> "ExperimentConfig":
+        """Shared prompts cut micro-batches by prompt groups; a token budget would be ignored."""
+        if self.train.share_prompts and self.train.micro_batch_tokens:
+            error = PydanticCustomError("value_error", "share_prompts keeps each prompt's rows in one micro-batch of "
+                                        "micro_batch_size rows, so micro_batch_tokens would not apply; allowed here: {allowed}",
+                                        {"allowed": "share_prompts: false, or micro_batch_tokens: null"})
+            raise ValidationError.from_exception_data("ExperimentConfig", [
+                InitErrorDetails(type=error, loc=("train", "share_prompts"), input=True)])
+        return self
+
+    @model_validator(mode="after")
+    def _cpu_matmul_applies(self) -> "ExperimentConfig":
+        """An explicit ``train.cpu_matmul: onednn`` that would silently not run is refused here;
+        the device and the torch build are checked when the arm is built."""
+        if self.train.cpu_matmul == "onednn" and self.model.dtype != "float32":
+            error = PydanticCustomError("value_error", "'onednn' is for float32 learners, but {reasons}; allowed here: {allowed}",
+                                        {"reasons": f"model.dtype is {self.model.dtype} (its autocast matmuls already run in oneDNN)",
+                                         "allowed": "'auto', 'torch'"})
+            raise ValidationError.from_exception_data("ExperimentConfig", [
+                InitErrorDetails(type=error, loc=("train", "cpu_matmul"), input="onednn")])
+        return self
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = safe_load_unique(path.read_text(), str(path))
+    except YAMLFileError as error:
+        raise ConfigError(str(error)) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: dict[str, Any] | None = None) -> dict[str, ExperimentConfig]:
+    """Validate a raw mapping and return one resolved config per arm (``{"main": cfg}`` without arms).
+
+    Order of precedence, lowest first: schema defaults, preset, base keys, arm keys, ``--set``.
+    """
+    raw = copy.deepcopy(raw)
+    raw.pop("seeds", None)  # the experiment's seed axis, not a run setting: config.seeds reads it
+    arms_raw = raw.pop("arms", None) or {}
+    if not isinstance(arms_raw, dict):
+        raise ConfigError(f"{source}: invalid experiment config\n  - arms: expected a mapping of arm name to overrides (got {type(arms_raw).__name__})")
+    overrides = overrides or {}
+    arm_names = list(arms_raw) or ["main"]
+    resolved: dict[str, ExperimentConfig] = {}
+    for arm_name in arm_names:
+        if arms_raw:
+            try:
+                check_safe_name(arm_name if isinstance(arm_name, str) else repr(arm_name), "it names a checkpoint folder and an MLflow run")
+            except ValueError as error:
+                raise ConfigError(f"{source}: invalid experiment config\n  - arms.{arm_name}: {error} (got {arm_name!r})") from None
+        arm_overrides = arms_raw.get(arm_name) or {}
+        if not isinstance(arm_overrides, dict):
+            raise ConfigError(f"{source}: invalid experiment config\n  - arms.{arm_name}: expected a mapping of overrides")
+        merged = deep_merge(deep_merge(raw, expand_dotted(arm_overrides)), overrides)
+        preset = merged.get("preset")
+        if preset is not None:
+            if preset not in PRESETS:
+                raise ConfigError(f"{source}: invalid experiment config\n  - preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
+            try:
+                merged = deep_merge(preset_overrides(preset, merged), merged)
+            except PresetError as error:
+                raise ConfigError(f"{source}: invalid experiment config\n  - preset: {error}") from None
+        try:
+            config = ExperimentConfig.model_validate(merged)
+        except ValidationError as error:
+            # Report arm errors at the arm's path when the bad key came from the arm.
+            raise ConfigError(format_validation_error(error, source=source + (f" (arm {arm_name!r})" if arms_raw else ""), model=ExperimentConfig)) from None
+        resolved[arm_name] = config
+    return resolved
+
+
+def load_experiment(path: str | Path, *, set_options: list[str] | None = None) -> dict[str, ExperimentConfig]:
+    raw = read_yaml(path)
+    overrides = parse_set_options(set_options or [])
+    return resolve_arms(raw, source=str(path), overrides=overrides)
+
+
+def to_yaml(config: ExperimentConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

