@@ -24,13 +24,9 @@ from typing import Any, Iterable, Mapping
 
 from PIL import Image, UnidentifiedImageError
 
+from polyrl.data.errors import DataConfigError
+
 IMAGE_PLACEHOLDER = "<image>"
-
-
-def _error(message: str) -> Exception:
-    from polyrl.data.prompts import DataConfigError  # prompts imports this module
-
-    return DataConfigError(message)
 
 
 def _where(index: int, field: str, position: int | None) -> str:
@@ -46,7 +42,7 @@ def image_values(row: Mapping[str, Any], field: str, *, index: int) -> list[Any]
         return [value]
     if isinstance(value, (list, tuple)):
         return list(value)
-    raise _error(
+    raise DataConfigError(
         f"{_where(index, field, None)}: must be an image (a path, image bytes or a decoded image) or a list of them, "
         f"got {type(value).__name__}"
     )
@@ -65,7 +61,7 @@ def open_image(value: Any, *, index: int, field: str, position: int, base_dir: P
             value = value["path"]
             source = name = None
         else:
-            raise _error(f"{where}: image has neither bytes nor a path")
+            raise DataConfigError(f"{where}: image has neither bytes nor a path")
         if source is not None:
             return _decode(source, name, where, decode)
     if isinstance(value, bytes):
@@ -75,9 +71,9 @@ def open_image(value: Any, *, index: int, field: str, position: int, base_dir: P
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if not path.is_file():
-            raise _error(f"{where}: image file {value!r} not found ({path.resolve()})")
+            raise DataConfigError(f"{where}: image file {value!r} not found ({path.resolve()})")
         return _decode(path, f"image file {value!r}", where, decode)
-    raise _error(
+    raise DataConfigError(
         f"{where}: must be an image path, image bytes or a decoded image, got {type(value).__name__}"
     )
 
@@ -90,13 +86,13 @@ def _decode(source: Any, name: str, where: str, decode: bool) -> Image.Image | N
                 return None
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        raise _error(f"{where}: {name} is not a readable image ({type(error).__name__}: {error})") from None
+        raise DataConfigError(f"{where}: {name} is not a readable image ({type(error).__name__}: {error})") from None
 
 
 def check_placeholder_count(prompt: str, num_images: int, *, index: int, prompt_field: str, images_field: str) -> None:
     found = prompt.count(IMAGE_PLACEHOLDER)
     if found != num_images:
-        raise _error(
+        raise DataConfigError(
             f"row {index}: field {prompt_field!r} has {found} {IMAGE_PLACEHOLDER} placeholder(s) but field "
             f"{images_field!r} has {num_images} image(s); put one {IMAGE_PLACEHOLDER} in the prompt per image"
         )
@@ -131,7 +127,7 @@ def check_model_takes_images(model_dir: str | Path, samples: Iterable[Any], *, f
     for index, sample in enumerate(samples):
         if getattr(sample, "images", None):
             if not model_takes_images(model_dir):
-                raise _error(
+                raise DataConfigError(
                     f"row {index} has image(s) but {field} {str(model_dir)!r} is a text-only model (its config.json "
                     f"has no vision_config), so it cannot read field {images_field!r}; use an image-text model "
                     "(e.g. model.builtin.task: vqa) or text-only data"

@@ -27,9 +27,9 @@ from typing import Any
 
 import datasets
 
-from polyrl.core.errors import PolyrlError
 from polyrl.data import images as image_rows
 from polyrl.data import splits as split_rules
+from polyrl.data.errors import DataConfigError  # re-exported: callers import it from here
 from polyrl.tasks import arithmetic, drawing, scenes
 from polyrl.core.types import PromptSample
 
@@ -37,10 +37,6 @@ BUILTIN_SOURCES = ("arithmetic", "drawing", "scenes", "scenes_captions")
 # The module of each built-in source: its SPLITS and shipped_path(split).
 _BUILTIN_MODULES = {"arithmetic": arithmetic, "drawing": drawing, "scenes": scenes, "scenes_captions": scenes.CAPTIONS}
 _FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-
-
-class DataConfigError(PolyrlError, ValueError):
-    """A dataset source or field configuration that cannot be loaded."""
 
 
 # How much of a .json file (a JSON array, not JSON lines) the cheap first-row check parses.

@@ -20,33 +20,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from polyrl.core.errors import PolyrlError  # noqa: E402
+from polyrl.launch.report_metrics import (CURVES, TABLE_METRICS, eval_metric_keys, metric_histories,  # noqa: E402
+                                          save_curve_plot)
+from polyrl.launch.seed_report import seeded_report  # noqa: E402
 from polyrl.tracking.mlflow_runs import (ARM_TAG, NOTE_TAG, find_arm_runs, find_parent_run, find_seed_runs,  # noqa: E402
                                          make_client)
 from polyrl.tracking.ui_links import compare_runs_url, ui_base_url  # noqa: E402
-
-# Curves every comparison shows: (metric key, plot title).
-CURVES: tuple[tuple[str, str], ...] = (
-    ("reward/mean", "reward"),
-    ("train/accuracy", "train accuracy"),
-    ("rollout/response_length/mean", "mean response length (tokens)"),
-    ("actor/entropy", "entropy (nats/token)"),
-)
-TABLE_METRICS: tuple[str, ...] = (
-    "reward/mean",
-    "train/accuracy",
-    "rollout/response_length/mean",
-    "rollout/response_length/clipped_ratio",
-    "actor/entropy",
-    "actor/approx_kl",
-    "actor/clip_frac_high",
-    "actor/pos_loss_share",
-    # BAPO's adaptive clip bounds and the positive tokens' share of the loss (absent for other arms: no column)
-    "bapo/c_low",
-    "bapo/c_high",
-    "bapo/positive_share",
-    "rollout/logprob_gap",
-    "perf/step_s",
-)
 
 
 class CompareError(PolyrlError, RuntimeError):
@@ -65,35 +44,6 @@ class Comparison:
     compare_url: str = ""
     seed_runs: dict[str, dict[int, str]] | None = None  # arm -> seed -> run id, when run with seeds
     verdicts: list[str] | None = None
-
-
-def _histories(client: MlflowClient, run_id: str, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
-    out: dict[str, list[tuple[int, float]]] = {}
-    for key in keys:
-        points = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-        if points:
-            out[key] = points
-    return out
-
-
-# Eval metrics worth a curve and a column; the rest stay in MLflow. Besides these, each reward
-# module's own held-out mean (eval/<suite>/reward/<label>/mean): an experiment's headline is
-# often one named reward (the drawing task's per-cell score), not the weighted total.
-EVAL_HEADLINE_SUFFIXES = ("/accuracy", "/length/mean", "/reward/mean", "/coco/CIDEr", "/cider_fast")
-EVAL_REWARD_MEAN = re.compile(r"^eval/[^/]+/reward/[^/]+/mean$")
-
-
-def _eval_keys(client: MlflowClient, run_ids: list[str]) -> list[str]:
-    keys: set[str] = set()
-    for run_id in run_ids:
-        keys.update(k for k in client.get_run(run_id).data.metrics
-                    if k.startswith("eval/") and (k.endswith(EVAL_HEADLINE_SUFFIXES) or "/pass_at_" in k or EVAL_REWARD_MEAN.match(k)))
-    return sorted(keys)
-
-
-def is_eval_score(key: str) -> bool:
-    """Eval metrics compared between arms (differences with intervals): the scores, not lengths."""
-    return key.startswith("eval/") and not key.endswith("/length/mean")
 
 
 def _format(value: float | None) -> str:
@@ -150,25 +100,6 @@ def default_report_dir(experiment: str) -> Path:
     from polyrl.evals.models import slugify
 
     return Path("reports") / slugify(experiment)
-
-
-def safe_file_stem(key: str) -> str:
-    """A metric key as a file name that stays inside the report folder (no '/', no '..')."""
-    stem = re.sub(r"[^A-Za-z0-9_.\-]+", "_", key).strip(".")
-    return stem or "metric"
-
-
-def save_curve_plot(figure, axis, out: Path, key: str, *, legend_fontsize: float | None = None) -> Path:
-    """Finish a per-step curve plot of metric ``key`` (axis label, grid, legend) and write it as
-    ``<out>/<key>.png``; the figure is closed."""
-    axis.set_xlabel("step")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=legend_fontsize)
-    figure.tight_layout()
-    path = out / (safe_file_stem(key) + ".png")
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
 
 
 def _arm_runs(client: MlflowClient, experiment: str, tracking_uri: str):
@@ -234,8 +165,6 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if any(seed_runs.values()):
-        from polyrl.launch.seed_report import seeded_report
-
         report, table, plot_paths, histories, verdicts = seeded_report(client, experiment, parent.info.run_id, tracking_uri,
                                                                      seed_runs, out)
     else:
@@ -252,9 +181,9 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
 
 
 def _single_seed_report(client, experiment, parent_run_id, tracking_uri, arms, out):
-    eval_keys = _eval_keys(client, list(arms.values()))
+    eval_keys = eval_metric_keys(client, list(arms.values()))
     curve_keys = [key for key, _ in CURVES] + eval_keys
-    histories = {arm: _histories(client, run_id, sorted(set(curve_keys) | set(TABLE_METRICS))) for arm, run_id in arms.items()}
+    histories = {arm: metric_histories(client, run_id, sorted(set(curve_keys) | set(TABLE_METRICS))) for arm, run_id in arms.items()}
     titles = dict(CURVES) | {key: key for key in eval_keys}
     plot_paths = plot_curves(histories, curve_keys, titles, experiment=experiment, out=out)
     columns = [key for key in TABLE_METRICS + tuple(eval_keys) if any(key in h for h in histories.values())]

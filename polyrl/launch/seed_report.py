@@ -18,7 +18,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from mlflow.tracking import MlflowClient
 
-from polyrl.launch.compare import CURVES, TABLE_METRICS, _eval_keys, _histories, is_eval_score, save_curve_plot
+from polyrl.launch.report_metrics import CURVES, TABLE_METRICS, eval_metric_keys, is_eval_score, metric_histories, save_curve_plot
 from polyrl.launch.stats import CONFIDENCE, Difference, arm_difference, curve_band, holm_adjusted, interquartile_mean, mean_interval, verdict
 
 # Metrics whose difference between arms gets a verdict (plus each eval accuracy).
@@ -149,12 +149,12 @@ def seeded_report(client: MlflowClient, experiment: str, parent_run_id: str, tra
     Seed runs that did not finish (:func:`finished_seed_runs`) are left out and named."""
     seed_runs, left_out = finished_seed_runs(client, seed_runs)
     run_ids = [run_id for by_seed in seed_runs.values() for run_id in by_seed.values()]
-    eval_keys = _eval_keys(client, run_ids)
+    eval_keys = eval_metric_keys(client, run_ids)
     curve_keys = [key for key, _ in CURVES] + eval_keys
     keys = sorted(set(curve_keys) | set(TABLE_METRICS))
     histories: SeedHistories = {}
     for arm, by_seed in seed_runs.items():
-        per_seed = {seed: _histories(client, run_id, keys) for seed, run_id in sorted(by_seed.items())}
+        per_seed = {seed: metric_histories(client, run_id, keys) for seed, run_id in sorted(by_seed.items())}
         histories[arm] = {key: {seed: h.get(key, []) for seed, h in per_seed.items()} for key in keys}
     titles = dict(CURVES) | {key: key for key in eval_keys}
     plot_paths = plot_bands(histories, curve_keys, titles, experiment=experiment, out=out)

@@ -61,7 +61,7 @@ def start_seeded_arm_run(tracker, parent_run_id: str, arm: str, config: Experime
 
 
 def summary_keys() -> list[str]:
-    from polyrl.launch.compare import CURVES, TABLE_METRICS
+    from polyrl.launch.report_metrics import CURVES, TABLE_METRICS
 
     return list(dict.fromkeys([key for key, _ in CURVES] + list(TABLE_METRICS)))
 

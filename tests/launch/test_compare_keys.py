@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from polyrl.launch.compare import _eval_keys, _single_seed_report, is_eval_score
+from polyrl.launch.compare import _single_seed_report
+from polyrl.launch.report_metrics import eval_metric_keys, is_eval_score
 
 
 def test_named_eval_rewards_are_headline_metrics_and_lengths_are_not_compared(mlflow_uri):
@@ -21,7 +22,7 @@ def test_named_eval_rewards_are_headline_metrics_and_lengths_are_not_compared(ml
     }
     for key, value in logged.items():
         client.log_metric(run_id, key, value, step=10)
-    keys = _eval_keys(client, [run_id])
+    keys = eval_metric_keys(client, [run_id])
     assert keys == ["eval/drawing/accuracy", "eval/drawing/length/mean", "eval/drawing/reward/cells/mean", "eval/drawing/reward/mean"]
     assert [k for k in keys if is_eval_score(k)] == ["eval/drawing/accuracy", "eval/drawing/reward/cells/mean", "eval/drawing/reward/mean"]
 
