@@ -224,7 +224,7 @@ def _image_response_states(model: torch.nn.Module, batch: PackedBatch, head: tor
 # 49,152-token vocabulary 85 positions, at 150k 27, at a tiny model's every position at once.
 # A chunk's softmax, log-softmax, entropy and their gradients hold several tensors of that size at
 # a time (measured at 150k: ~10x in a backward with entropy). Below glibc's 32 MiB mmap threshold
-# that polyrl sets for the learner (polyrl.roles.host_memory), so chunks reuse freed heap memory.
+# that polyrl sets for the learner (polyrl.runtime.host_memory), so chunks reuse freed heap memory.
 LOGITS_CHUNK_BYTES = 16 * 2**20
 
 
