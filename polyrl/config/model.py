@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from polyrl.config.base import StrictModel
 
@@ -60,6 +60,33 @@ class BuiltinModelConfig(StrictModel):
         return self
 
 
+class LoraConfig(StrictModel):
+    """LoRA adapters trained with PEFT instead of every weight (polyrl/models/lora.py)."""
+
+    r: int = Field(16, ge=1, description="The adapters' rank.")
+    alpha: float = Field(32.0, gt=0, description="LoRA's alpha: the update is scaled by alpha / r.")
+    dropout: float = Field(0.0, description="Must be 0: the learner runs with dropout off in every pass (π_old and π_θ are "
+                           "the same function of the weights), so a LoRA dropout rate would do nothing.")
+    target_modules: Literal["all-linear"] | list[str] = Field(
+        "all-linear", description="Names of the Linear layers that get adapters (e.g. [q_proj, v_proj]), or 'all-linear' "
+        "(every Linear layer but the output head). A name that matches no layer is refused, listing the model's.")
+
+    @field_validator("dropout")
+    @classmethod
+    def _no_dropout(cls, dropout: float) -> float:
+        if dropout != 0:
+            raise ValueError(f"{dropout}: the learner runs with dropout off in every pass (π_old and π_θ must be the same "
+                             "function of the weights), so a LoRA dropout would do nothing; allowed: 0")
+        return dropout
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, targets: Any) -> Any:
+        if isinstance(targets, list) and not targets:
+            raise ValueError("empty; name Linear layers (e.g. [q_proj, v_proj]) or use 'all-linear'")
+        return targets
+
+
 class ModelConfig(StrictModel):
     path: str | None = Field(None, description="Local Hugging Face model directory, or a .gguf file (converted once into "
                              "cache_dir, keyed by its content hash; needs the extra 'real'); when unset the built-in policy is used.")
@@ -68,6 +95,9 @@ class ModelConfig(StrictModel):
         "float32", description="Compute dtype of forward/backward passes; weights and optimizer state stay float32 (mixed precision).")
     cache_dir: str | None = Field(None, description="Where built-in policies and converted .gguf models are cached; default "
                                   "$POLYRL_CACHE or ~/.cache/polyrl/models.")
+    lora: LoraConfig | None = Field(None, description="Train LoRA adapters (PEFT) instead of every weight; the rollout engine "
+                                    "gets merged weights, the KL reference is the base model (adapter off), checkpoints hold the "
+                                    "adapter only.")
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":

@@ -66,6 +66,10 @@ class TrainConfig(StrictModel):
         "by all layers): fuses the element-wise work between the matmuls (oneDNN's, with train.cpu_matmul). ~35-50 s one-off "
         "compile on the 30m policy here; the update ×1.18-1.20 (interleaved, same batches), so it pays on runs longer than a "
         "few minutes of updates; off by default.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in the backward instead of keeping them (policy and "
+        "critic; torch.utils.checkpoint, non-reentrant): activation memory of one layer instead of all, for about one "
+        "more forward pass of compute. Same gradients.")
     cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
         "auto", description="GEMM library of the learner's fp32 Linear layers on CPU (policy, reference, critic): 'onednn' "
         "(what vLLM's CPU backend uses; same fp32 maths, ×1.65–1.8 on the 30m update on an AMD Zen 5, where MKL runs AVX2 "

@@ -108,10 +108,11 @@ def _export_matches(target: Path, checkpoint: Path) -> bool:
             and made_from.get("mlflow_run_id") == read_checkpoint_info(checkpoint).get("mlflow_run_id"))
 
 
-def _resolve_run(ref: str, *, tracking_uri: str | None, cache_dir: Path) -> ResolvedModel:
+def find_run_checkpoint(ref: str, *, tracking_uri: str | None) -> tuple[str, int, Path]:
+    """``run:<id>[@<step>]`` → ``(run id, step, checkpoint folder)``: the run's own checkpoint at
+    that step (default: its latest), refused with an :class:`EvalError` that says why otherwise."""
     from mlflow.exceptions import MlflowException
 
-    from polyrl.roles.checkpoint import export_model_dir
     from polyrl.tracking.mlflow_runs import make_client, resolve_tracking_uri
 
     run_id, step = parse_run_ref(ref)
@@ -134,10 +135,17 @@ def _resolve_run(ref: str, *, tracking_uri: str | None, cache_dir: Path) -> Reso
         step = max(steps)
     elif step not in steps:
         raise EvalError(f"--model {ref!r}: run {run_id} has no checkpoint at step {step}; available steps: {sorted(steps)}")
+    return run_id, step, steps[step]
+
+
+def _resolve_run(ref: str, *, tracking_uri: str | None, cache_dir: Path) -> ResolvedModel:
+    from polyrl.roles.checkpoint import export_model_dir
+
+    run_id, step, checkpoint = find_run_checkpoint(ref, tracking_uri=tracking_uri)
     target = cache_dir / slugify(run_id) / f"step_{step:06d}"
-    if not _export_matches(target, steps[step]):  # export_model_dir writes atomically; the marker is last-in
+    if not _export_matches(target, checkpoint):  # export_model_dir writes atomically; the marker is last-in
         try:
-            export_model_dir(steps[step], target)
+            export_model_dir(checkpoint, target)
         except (FileNotFoundError, KeyError) as error:
-            raise EvalError(f"--model {ref!r}: could not export checkpoint {steps[step]}: {error}") from error
+            raise EvalError(f"--model {ref!r}: could not export checkpoint {checkpoint}: {error}") from error
     return ResolvedModel(ref=ref, path=target.resolve(), slug=slugify(f"run-{run_id[:12]}-step{step}"), run_id=run_id, step=step)

@@ -33,6 +33,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from polyrl.launch.cli_errors import user_errors
 from polyrl.launch.eval_cli import eval_command
+from polyrl.launch.export_cli import export_command
 from polyrl.launch.ray_submit import submit_command
 from polyrl.launch.objectives_cli import app as objectives_app
 from polyrl.launch.rewards_cli import app as rewards_app
@@ -69,6 +70,8 @@ def with_verbose(command, log_path_of):
 
 app.command("submit", help="Run an experiment's arms as Ray tasks (local Ray by default, or --address).")(
     with_verbose(submit_command, lambda a: experiment_log_path(a["config"], a.get("set_"))))
+app.command("export", help="Write a checkpoint (run:<id>[@step], step_N or arm folder) as a Hugging Face model folder; LoRA runs merged.")(
+    export_command)
 app.command("eval", help="Evaluate one or more models (folders or MLflow runs) on an eval suite.")(
     with_verbose(eval_command, lambda a: eval_log_path(a["suite"], a.get("out"))))
 

@@ -23,6 +23,7 @@ FROZEN_ON_RESUME: dict[str, str] = {
     "model.path": "the checkpoint holds the weights of the model it was trained from",
     "model.builtin": "the checkpoint holds the weights of the model it was trained from",
     "model.dtype": "the weights and optimizer state were trained in that dtype",
+    "model.lora": "the checkpoint holds either a LoRA adapter of those settings or full weights",
     # The saved data position is an index into this exact dataset and its shuffled order.
     "data.source": "the saved data position indexes into that dataset",
     "data.train_split": "the saved data position indexes into that dataset",

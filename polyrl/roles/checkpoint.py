@@ -27,8 +27,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from polyrl.core.errors import PolyrlError
+from polyrl.models.lora import LoraError, LoraPolicy, load_adapter, merged_model, write_adapter
 
 COMPLETE_MARKER = "checkpoint.json"
+ADAPTER_SUFFIX = "_adapter"  # a model.lora run's policy: policy_adapter/ (a PEFT adapter folder) instead of policy.safetensors
 PARTIAL_SUFFIX = ".partial"
 # Only ``step_<digits>`` is a checkpoint; ``step_000003.partial`` (a write cut short) is not.
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
@@ -143,6 +145,10 @@ def save_checkpoint(
 def _write_checkpoint_files(staging: Path, *, step: int, models: dict[str, torch.nn.Module],
                             optimizers: dict[str, torch.optim.Optimizer], state: dict[str, Any]) -> None:
     for name, model in models.items():
+        if isinstance(model, LoraPolicy):
+            # The adapter only, as a PEFT adapter folder; the base weights are the run's policy_path.
+            write_adapter(model, staging / f"{name}{ADAPTER_SUFFIX}", save_tensors=_save_tensors)
+            continue
         weights = {key: value.detach().contiguous().clone() for key, value in model.state_dict().items()}
         # Tied weights share storage; safetensors refuses shared tensors, clone() above splits them.
         _save_tensors(weights, staging / f"{name}.safetensors")
@@ -166,6 +172,14 @@ def load_checkpoint(
     """Restore weights, optimizer and RNG state in place; return the JSON bookkeeping."""
     directory = Path(directory)
     for name, model in models.items():
+        if isinstance(model, LoraPolicy):
+            adapter = directory / f"{name}{ADAPTER_SUFFIX}"
+            if not adapter.is_dir():
+                raise LoraError(f"checkpoint {directory} has no {adapter.name}/: it was not written by a model.lora run")
+            load_adapter(model, adapter)
+            continue
+        if (directory / f"{name}{ADAPTER_SUFFIX}").is_dir():
+            raise LoraError(f"checkpoint {directory} holds a LoRA adapter ({name}{ADAPTER_SUFFIX}/), but model.lora is not set")
         weights = load_file(str(directory / f"{name}.safetensors"))
         model.load_state_dict(weights, strict=True)
     for name, optimizer in optimizers.items():
@@ -215,11 +229,12 @@ def prune_checkpoints(arm_dir: str | Path, keep: int) -> None:
 
 
 def export_model_dir(checkpoint: str | Path, out_dir: str | Path, *, base_model_path: str | Path | None = None) -> Path:
-    """Turn a checkpoint's policy weights into a Hugging Face model folder (config, tokenizer,
+    """Turn a checkpoint's policy into a Hugging Face model folder (config, tokenizer,
     ``model.safetensors``) that vLLM, transformers and ``polyrl eval`` load directly.
 
     The config and tokenizer come from the base model the run started from (recorded in the
-    checkpoint as ``policy_path``) unless ``base_model_path`` is given.
+    checkpoint as ``policy_path``) unless ``base_model_path`` is given. A LoRA checkpoint
+    (``policy_adapter/``) is the base model with its adapter folded into the weights.
     """
     checkpoint = Path(checkpoint)
     info = json.loads((checkpoint / COMPLETE_MARKER).read_text())
@@ -234,9 +249,17 @@ def export_model_dir(checkpoint: str | Path, out_dir: str | Path, *, base_model_
     for item in base.iterdir():
         if item.is_file() and not item.name.endswith((".safetensors", ".bin")) and item.name != "model.safetensors.index.json":
             shutil.copy2(item, staging / item.name)
-    shutil.copy2(checkpoint / "policy.safetensors", staging / "model.safetensors")
+    adapter = checkpoint / f"policy{ADAPTER_SUFFIX}"
+    if adapter.is_dir():
+        from polyrl.engines.images import auto_model_class
+
+        merged = merged_model(auto_model_class(base).from_pretrained(str(base), dtype=torch.float32), adapter)
+        merged.save_pretrained(str(staging))  # config.json as the base's, model.safetensors merged (tied weights once)
+    else:
+        shutil.copy2(checkpoint / "policy.safetensors", staging / "model.safetensors")
     (staging / "polyrl_checkpoint.json").write_text(json.dumps({"checkpoint": str(checkpoint.resolve()), "step": info["step"],
-                                                                "mlflow_run_id": info.get("mlflow_run_id")}))
+                                                                "mlflow_run_id": info.get("mlflow_run_id"),
+                                                                "lora": adapter.is_dir()}))
     if out_dir.exists():
         shutil.rmtree(out_dir)
     staging.rename(out_dir)

@@ -63,7 +63,11 @@ class PolicyLearner:
     """Updates ``policy`` (fp32, dropout off) with ``objective`` (an :class:`ObjectiveSpec`);
     ``critic`` (optional) gets each applied policy step and keeps its own cadence."""
 
-    def __init__(self, policy: torch.nn.Module, objective: Any, settings: LearnerSettings, critic: Any | None = None):
+    def __init__(self, policy: torch.nn.Module, objective: Any, settings: LearnerSettings, critic: Any | None = None,
+                 lora: Any | None = None):
+        # ``lora`` (a polyrl.models.lora.LoraPolicy whose model is ``policy``): only the adapter
+        # trains, and weight syncs send merged weights.
+        self.lora = lora
         # Dropout off in every pass, the update included, so that π_old and π_θ are the same
         # function of the weights (TRL's disable_dropout default; verl does the same).
         self.policy = policy.eval()
@@ -72,7 +76,8 @@ class PolicyLearner:
         self.critic = critic
         # One fused kernel over all parameters instead of a Python loop per tensor (TRL's default
         # optimizer, adamw_torch_fused); same update, same state dict.
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=settings.learning_rate, betas=settings.betas,
+        # Only trainable parameters: with LoRA the optimizer (and its checkpointed state) is the adapter's.
+        self.optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate, betas=settings.betas,
                                            weight_decay=settings.weight_decay, fused=True)
         self.guard = NonFiniteGuard(settings.max_consecutive_nonfinite)
         self.optimizer_step = 0  # applied policy optimizer steps: the schedule's and the critic cadence's clock
@@ -122,7 +127,9 @@ class PolicyLearner:
         def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
             return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
-        snapshot: dict[str, Any] = {"policy": model_state(self.policy), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        # With LoRA only the adapter changes: the frozen base weights need no copy.
+        policy = self.lora.adapter_state() if self.lora is not None else model_state(self.policy)
+        snapshot: dict[str, Any] = {"policy": policy, "optimizer": copy.deepcopy(self.optimizer.state_dict()),
                                     "optimizer_step": self.optimizer_step}
         if self.critic is not None:
             snapshot["critic"] = model_state(self.critic.model)
@@ -130,7 +137,10 @@ class PolicyLearner:
         return snapshot
 
     def _restore(self, snapshot: dict[str, Any]) -> None:
-        self.policy.load_state_dict(snapshot["policy"])
+        if self.lora is not None:
+            self.lora.load_adapter_state(snapshot["policy"])
+        else:
+            self.policy.load_state_dict(snapshot["policy"])
         self.optimizer.load_state_dict(snapshot["optimizer"])
         self.optimizer_step = snapshot["optimizer_step"]
         if self.critic is not None:
@@ -138,7 +148,10 @@ class PolicyLearner:
             self.critic.optimizer.load_state_dict(snapshot["critic_optimizer"])
 
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, Tensor]]:
-        """The policy's weights in ``dtype`` (the rollout engine's), for a weight sync."""
+        """The policy's weights in ``dtype`` (the rollout engine's), for a weight sync; with LoRA
+        the base weights with the adapter folded in (new tensors; the learner's stay unmerged)."""
+        if self.lora is not None:
+            return self.lora.merged_weights(dtype)
         return ((name, tensor.detach().to(dtype)) for name, tensor in self.policy.state_dict().items())
 
     # --- the update ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ output (:class:`~polyrl.roles.batches.LearnerBatch`) are plain data.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -36,6 +37,9 @@ class PipelineContext:
     pad_token_id: int
     policy: torch.nn.Module | None = None
     reference: torch.nn.Module | None = None
+    # Entered around the reference's forward: with LoRA the reference is the policy itself and
+    # this is PEFT's disable_adapter (the base model's function, no second copy of the weights).
+    reference_scope: Callable[[], Any] | None = None
     values: Callable[[PackedBatch], Tensor] | None = None  # the critic's V(s_t), no grad
     compute_dtype: torch.dtype = torch.float32
     micro_batch_size: int = 8
@@ -134,7 +138,8 @@ def loss_mask(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
 def ref_logprobs(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
     if ctx.reference is None:
         return b
-    ref = _logprobs(ctx.reference, b.packed, ctx)
+    with ctx.reference_scope() if ctx.reference_scope is not None else contextlib.nullcontext():
+        ref = _logprobs(ctx.reference, b.packed, ctx)
     # Sampler log-probs stand in for π_old when the update supplies it (equal to ~1e-6).
     current = b.old_logprobs if b.old_logprobs is not None else b.packed.sampling_logprobs
     ref_kl = float(masked_mean(kl_penalty(current, ref, estimator=ctx.kl_estimator), b.loss_mask))

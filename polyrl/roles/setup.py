@@ -26,6 +26,8 @@ from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.engines.images import auto_model_class, model_takes_images
 from polyrl.models.attention import attend_in_fp32_on_cpu
 from polyrl.models.cache import set_torch_threads
+from polyrl.models.gradient_checkpointing import GradientCheckpointingError, checkpoint_layers
+from polyrl.models.lora import add_lora
 from polyrl.models.paths import resolve_policy_path
 from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
@@ -196,6 +198,16 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     policy = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32).to(device)
     bf16_learner_attends_in_fp32(policy, dtype)
     takes_images = model_takes_images(policy_path)
+    lora = None
+    if cfg.model.lora is not None:
+        # The learner trains the same model with PEFT's LoRA layers injected; only they train.
+        lora = add_lora(policy, r=cfg.model.lora.r, alpha=cfg.model.lora.alpha, target_modules=cfg.model.lora.target_modules)
+        policy = lora.model
+    if cfg.train.gradient_checkpointing:
+        if cfg.train.compile:
+            raise GradientCheckpointingError("train.gradient_checkpointing with train.compile: not supported together (a compiled "
+                                             "layer inside a recomputed one was never checked here); set one of them to false")
+        checkpoint_layers(policy)
     if cfg.train.share_prompts and (refusal := sharing_refusal(policy, takes_images=takes_images)):
         raise SharePromptsError(f"train.share_prompts: {refusal}; set it to false")
     if cfg.train.compile:
@@ -203,7 +215,9 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     if cfg.rollout.compile and engine is None:
         check_sampler_compile(takes_images=takes_images)
     reference = None
-    if cfg.train.kl_coef > 0:
+    if cfg.train.kl_coef > 0 and lora is not None:
+        reference = policy  # the KL reference is the base model: this policy with its adapter off (pipeline's reference_scope)
+    elif cfg.train.kl_coef > 0:
         # Same storage dtype and autocast as the policy: KL is exactly 0 before the first update.
         reference = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32).to(device).eval()
         reference.requires_grad_(False)
@@ -213,13 +227,15 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     critic = Critic(build_value_model(policy_path, torch.float32).to(device), _critic_settings(cfg)) if "values" in estimator.requires else None
     if critic is not None:
         bf16_learner_attends_in_fp32(getattr(critic.model, "model", critic.model), dtype)  # the value model's base
+        if cfg.train.gradient_checkpointing:
+            checkpoint_layers(critic.model, role="critic")
     cpu_matmul = resolve_cpu_matmul(cfg.train.cpu_matmul, device=next(policy.parameters()).device, compute_dtype=dtype)
     if cpu_matmul == "onednn":
         route_linears_through_onednn(policy, traceable=cfg.train.compile)  # compiled: custom ops Inductor keeps whole
         for module in (reference, critic.model if critic is not None else None):
-            if module is not None:
+            if module is not None and module is not policy:
                 route_linears_through_onednn(module)
-    learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective), critic=critic)
+    learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective), critic=critic, lora=lora)
     data = cfg.data
     dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
                                   references_field=data.references_field, images_field=data.images_field, limit=data.limit,
@@ -255,14 +271,14 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         threads=cfg.rollout.threads))  # None: generation keeps the learner's count, nothing to switch per call
     pipeline = BatchPipeline(PipelineContext(
         estimator=estimator, estimator_params={**estimator.default_params, **cfg.advantage.params}, pad_token_id=pad_token_id,
-        policy=policy, reference=reference, values=critic.values if critic is not None else None, compute_dtype=dtype,
+        policy=policy, reference=reference, reference_scope=lora.adapter_disabled if lora is not None else None, values=critic.values if critic is not None else None, compute_dtype=dtype,
         micro_batch_size=cfg.train.micro_batch_size, temperature=r.temperature, max_tokens=r.max_tokens,
         reuse_old_logprobs=reuses_old_logprobs(cfg), overlong=cfg.advantage.overlong, kl_coef=cfg.train.kl_coef,
         kl_estimator=cfg.train.kl_estimator, kl_in_reward=cfg.train.kl_in_reward,
         tis_cap=r.truncated_importance_sampling.cap if r.truncated_importance_sampling.enabled else None, modalities=cfg.modalities,
         share_prompts=cfg.train.share_prompts))
     health = HealthMonitor(cfg.health, check_logprob_gap=r.top_p == 1.0, sampler_dtype=cfg.sampling_dtype)
-    models: dict[str, torch.nn.Module] = {"policy": policy, **({"critic": critic.model} if critic is not None else {})}
+    models: dict[str, Any] = {"policy": lora if lora is not None else policy, **({"critic": critic.model} if critic is not None else {})}
     optimizers = {"policy": learner.optimizer, **({"critic": critic.optimizer} if critic is not None else {})}
     checkpointer = Checkpointer(
         arm_dir, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep, last_step=cfg.train.steps, models=models, optimizers=optimizers,
