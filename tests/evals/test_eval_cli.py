@@ -170,3 +170,37 @@ def test_eval_with_its_mlflow_server_down_is_one_message_in_seconds(app, tmp_pat
     assert "nothing was evaluated or logged" in output
     assert time.monotonic() - started < 15
     assert not (tmp_path / "report").exists()  # before any engine or report
+
+
+def test_eval_of_a_lora_run_loads_base_plus_adapter(app, tmp_path, small_suite, tiny_model, eval_tracking):
+    """A model.lora checkpoint holds the adapter only; run:<id> evaluates base + adapter (merged
+    into the cached export), whose logits are the adapted policy's, not the base model's."""
+    import torch
+    from mlflow.tracking import MlflowClient
+    from transformers import AutoModelForCausalLM
+
+    from polyrl.models.lora import add_lora
+    from polyrl.roles.checkpoint import save_checkpoint
+
+    lora = add_lora(AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval(), r=4, alpha=8, target_modules="all-linear")
+    with torch.no_grad():
+        for name, p in lora.model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.02)
+    arm_dir = tmp_path / "runs" / "exp" / "lora"
+    save_checkpoint(arm_dir / "step_000001", step=1, models={"policy": lora}, optimizers={}, state={"policy_path": str(tiny_model)})
+    assert not (arm_dir / "step_000001" / "policy.safetensors").exists()
+    client = MlflowClient(eval_tracking)
+    train_run = client.create_run(client.create_experiment("train-lora"), tags={"polyrl.checkpoint_dir": str(arm_dir)}).info.run_id
+    cache = tmp_path / "exports"
+    code, output = _invoke(app, ["--model", f"run:{train_run}", "--suite", str(small_suite), "--engine", "hf",
+                                 "--out", str(tmp_path / "out"), "--cache-dir", str(cache)])
+    assert code == 0, output
+    exported = AutoModelForCausalLM.from_pretrained(str(cache / train_run / "step_000001")).eval()
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        want = lora.model(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval()(input_ids=ids).logits
+        got = exported(input_ids=ids).logits
+    assert (want - base).abs().max() > 1e-3
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
