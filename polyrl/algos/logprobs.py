@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from polyrl.algos.losses import entropy_from_logits
+from polyrl.algos.packing import packed_response_hidden
 from polyrl.algos.shared_prompts import shared_prompt_hidden
 from polyrl.core.types import Completion
 
@@ -138,21 +139,35 @@ def pack_completions(completions: list[Completion], *, pad_token_id: int) -> Pac
 _POST_HEAD_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def _response_states(model: torch.nn.Module, batch: PackedBatch, share_prompts: bool = False) -> tuple[Tensor, torch.nn.Module | None]:
+def logit_scaling(model: torch.nn.Module) -> list[str]:
+    """The config attributes by which ``model`` changes its logits after the output head (empty: none)."""
+    config = getattr(model, "config", None)
+    return [name for name in _POST_HEAD_ATTRS if getattr(config, name, None) not in (None, 1, 1.0)]
+
+
+def _response_states(model: torch.nn.Module, batch: PackedBatch, share_prompts: bool = False,
+                     padding_free: bool = False) -> tuple[Tensor, torch.nn.Module | None]:
     """``(states [B, T, *], head)`` at the response positions only: the final hidden states and
     the output head that turns them into logits, or the logits themselves and ``None`` (models
     that scale their logits after the head, or have no separate head). With ``share_prompts``
-    one forward per distinct prompt (:mod:`polyrl.algos.shared_prompts`)."""
+    one forward per distinct prompt (:mod:`polyrl.algos.shared_prompts`); with ``padding_free``
+    one forward of the rows end to end (:mod:`polyrl.algos.packing`)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     config = getattr(model, "config", None)
-    post_head = any(getattr(config, name, None) not in (None, 1, 1.0) for name in _POST_HEAD_ATTRS)
+    post_head = bool(logit_scaling(model))
     index = batch.response_index
     if batch.image_inputs is not None and any(batch.image_inputs):
-        if share_prompts:
-            raise ValueError("share_prompts: text-only batches only (this batch has images)")
+        if share_prompts or padding_free:
+            raise ValueError("share_prompts and padding_free: text-only batches only (this batch has images)")
         return _image_response_states(model, batch, head)
     shortcut = decoder is not None and head is not None and decoder is not model and not post_head
+    if padding_free:
+        if share_prompts:
+            raise ValueError("padding_free and share_prompts pack rows differently; choose one")
+        if not shortcut:
+            raise ValueError(f"padding_free: {type(model).__name__} has no separate decoder and output head (or scales its logits)")
+        return packed_response_hidden(model, batch), head
     if share_prompts:
         if not shortcut:
             raise ValueError(f"share_prompts: {type(model).__name__} has no separate decoder and output head (or scales its logits)")
@@ -241,6 +256,7 @@ def token_logprobs(
     compute_entropy: bool = False,
     entropy_grad: bool = True,
     share_prompts: bool = False,
+    padding_free: bool = False,
     chunk_positions: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token ``log softmax(logits / temperature)[token]`` of the completion tokens.
@@ -253,7 +269,8 @@ def token_logprobs(
     is a metric and is computed under ``no_grad``, which keeps its graph out of memory.
     ``temperature == 0`` (greedy sampling) is scored at temperature 1. ``share_prompts``: rows
     with the same prompt run as one packed row (:mod:`polyrl.algos.shared_prompts`; the same
-    values up to float rounding).
+    values up to float rounding). ``padding_free``: the rows run end to end with no padding
+    columns (:mod:`polyrl.algos.packing`; the same values up to float rounding).
 
     Only the response tokens' positions are scored, ``chunk_positions`` of them at a time
     (default: :func:`positions_per_chunk` of the vocabulary), so the logits never exist for the
@@ -264,7 +281,7 @@ def token_logprobs(
     """
     device = next(model.parameters()).device
     batch = batch.to(device)
-    states, head = _response_states(model, batch, share_prompts)
+    states, head = _response_states(model, batch, share_prompts, padding_free)
     mask = batch.response_mask.bool()
     chunk = chunk_positions or positions_per_chunk(states.shape[-1] if head is None else _head_vocab(head, states))
     rows, targets = states[mask], batch.completion_ids[mask]  # [N, H or V], [N]: only the positions that are scored

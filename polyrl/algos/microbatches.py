@@ -36,9 +36,10 @@ def length_sorted_micro_batches(rows: Tensor, lengths: Tensor, size: int) -> lis
     return list(torch.split(rows[order], size))
 
 
-def token_budget_micro_batches(rows: Tensor, lengths: Tensor, max_rows: int, max_tokens: int) -> list[Tensor]:
+def token_budget_micro_batches(rows: Tensor, lengths: Tensor, max_rows: int, max_tokens: int, padded: bool = True) -> list[Tensor]:
     """``rows`` longest first, in micro-batches of at most ``max_rows`` rows whose computed
-    positions (rows × the micro-batch's longest row, padding included) stay within ``max_tokens``.
+    positions (rows × the micro-batch's longest row, padding included) stay within ``max_tokens``;
+    with ``padded=False`` (padding-free forwards, :mod:`polyrl.algos.packing`) the rows' own lengths.
 
     Short rows then share one larger forward instead of several small ones, whose matmuls run
     further from the machine's peak; long rows get fewer per micro-batch, which bounds memory.
@@ -48,13 +49,16 @@ def token_budget_micro_batches(rows: Tensor, lengths: Tensor, max_rows: int, max
     """
     order = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
     batches: list[list[int]] = []
-    width = 0
+    width = used = 0
     for row in order.tolist():
-        if batches and len(batches[-1]) < max_rows and (len(batches[-1]) + 1) * width <= max_tokens:
+        length = int(lengths[row])
+        cost = (len(batches[-1]) + 1) * width if padded and batches else used + length
+        if batches and len(batches[-1]) < max_rows and cost <= max_tokens:
             batches[-1].append(row)
+            used += length
         else:
             batches.append([row])
-            width = int(lengths[row])  # longest first: the first row sets the micro-batch's width
+            width = used = length  # longest first: the first row sets the micro-batch's width
     return [torch.as_tensor(batch, dtype=rows.dtype) for batch in batches]
 
 

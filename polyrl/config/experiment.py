@@ -82,6 +82,19 @@ class ExperimentConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _padding_free_applies(self) -> "ExperimentConfig":
+        """Padding-free rows and shared prompts pack a micro-batch in two different ways, and a
+        compiled decoder layer would recompile for every packed length: an explicit true is refused."""
+        t = self.train
+        clash = "share_prompts: true" if t.share_prompts else "compile: true" if t.compile else None
+        if t.padding_free is True and clash:
+            error = PydanticCustomError("value_error", "padding_free: true cannot run with {clash}; allowed here: {allowed}",
+                                        {"clash": clash, "allowed": "padding_free: false or auto"})
+            raise ValidationError.from_exception_data("ExperimentConfig", [
+                InitErrorDetails(type=error, loc=("train", "padding_free"), input=True)])
+        return self
+
+    @model_validator(mode="after")
     def _share_prompts_applies(self) -> "ExperimentConfig":
         """Shared prompts cut micro-batches by prompt groups; a token budget would be ignored."""
         if self.train.share_prompts and self.train.micro_batch_tokens:

@@ -34,13 +34,20 @@ class TrainConfig(StrictModel):
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(16, ge=1)
     micro_batch_tokens: int | None = Field(
-        None, ge=1, description="Cut the update's micro-batches by token positions (rows × longest row) instead of a row "
-        "count, at most micro_batch_size rows each (verl's use_dynamic_bsz); exact, the loss normaliser spans the mini-batch.")
+        None, ge=1, description="Cut the update's micro-batches by token positions (rows × longest row; with padding_free, "
+        "the rows' own tokens) instead of a row count, at most micro_batch_size rows each (verl's use_dynamic_bsz); exact, "
+        "the loss normaliser spans the mini-batch.")
     share_prompts: bool = Field(
         False, description="The G completions of a prompt run as one packed row in the learner's forward (prompt once, "
         "a 4-D mask keeps completions apart; Prefix Grouper), where a FLOP cost model says it pays. Same log-probs and "
         "gradients up to float rounding; on the 30m update here ×1.28 (21-token completions) and ×1.12 (100-token). Text "
         "policies with sdpa/eager attention; micro-batches are then whole packs (not with micro_batch_tokens).")
+    padding_free: bool | Literal["auto"] = Field(
+        "auto", description="The learner's forwards (update, π_old and reference log-probs) run each micro-batch's rows end "
+        "to end with their own positions and no padding columns (verl's remove-padding, OpenRLHF's packed samples); "
+        "attention stays within each row. Same log-probs, entropy and gradients up to float rounding. Text policies with "
+        "sdpa attention, not with share_prompts or compile. 'auto': on where it applies, else off (recorded as "
+        "runtime.padding_free); true: refused where it cannot apply.")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer updates per rollout batch (off-policy reuse).")
     mini_batches: int = Field(1, ge=1, description="Split each rollout batch into this many optimizer steps per update pass.")
     kl_coef: float = Field(0.0, ge=0)

@@ -48,6 +48,7 @@ class LearnerSettings:
     micro_batch_size: int = 16
     micro_batch_tokens: int | None = None  # with it, micro-batches are cut by computed positions, at most micro_batch_size rows
     share_prompts: bool = False  # a prompt's completions packed into one row with it, where that pays (polyrl.algos.shared_prompts)
+    padding_free: bool = False  # a micro-batch's rows end to end in one forward, no padding columns (polyrl.algos.packing)
     max_grad_norm: float = 1.0
     max_consecutive_nonfinite: int = 3
     temperature: float = 1.0
@@ -213,7 +214,8 @@ class PolicyLearner:
                 if s.share_prompts:
                     micro_batches = shared_prompt_micro_batches(mini, prompts, completion_lengths, s.micro_batch_size, pack_cost_ratio)
                 elif s.micro_batch_tokens:
-                    micro_batches = token_budget_micro_batches(mini, lengths, s.micro_batch_size, s.micro_batch_tokens)
+                    micro_batches = token_budget_micro_batches(mini, lengths, s.micro_batch_size, s.micro_batch_tokens,
+                                                               padded=not s.padding_free)
                 else:
                     micro_batches = length_sorted_micro_batches(mini, lengths, s.micro_batch_size)
                 for micro in micro_batches:
@@ -277,7 +279,7 @@ class PolicyLearner:
             for start in range(0, len(packed), s.micro_batch_size):
                 part = packed.select(slice(start, start + s.micro_batch_size))
                 parts.append(token_logprobs(self.policy, part, temperature=s.temperature, compute_entropy=True,
-                                            share_prompts=s.share_prompts))
+                                            share_prompts=s.share_prompts, padding_free=s.padding_free))
         logprobs = torch.cat([lp for lp, _ in parts])
         entropy = torch.cat([h for _, h in parts])
         old_logprobs = logprobs if batch.old_logprobs is None else batch.old_logprobs[mini]
@@ -292,7 +294,8 @@ class PolicyLearner:
         # The entropy takes part in the gradient only through an entropy bonus; else it is a metric.
         with autocast(self.policy, s.compute_dtype):
             logprobs, entropy = token_logprobs(self.policy, packed, temperature=s.temperature, compute_entropy=True,
-                                               entropy_grad=s.entropy_coef != 0, share_prompts=s.share_prompts)
+                                               entropy_grad=s.entropy_coef != 0, share_prompts=s.share_prompts,
+                                               padding_free=s.padding_free)
         params = self._objective_params(batch, rows)
         if "ref_logprobs" in params:
             params["ref_logprobs"] = params["ref_logprobs"][:, :width]

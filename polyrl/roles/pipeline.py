@@ -54,6 +54,7 @@ class PipelineContext:
     tis_cap: float | None = None  # truncated importance sampling's C; None: off
     modalities: Any = None  # per-modality GAE settings (config.modalities)
     share_prompts: bool = False  # π_old and reference log-probs packed per prompt, as the learner's (train.share_prompts)
+    padding_free: bool = False  # π_old and reference log-probs from rows end to end, as the learner's (train.padding_free)
 
 
 @dataclass
@@ -87,8 +88,8 @@ def _batched(fn: Callable[[PackedBatch], Tensor], packed: PackedBatch, model: to
 
 
 def _logprobs(model: torch.nn.Module, packed: PackedBatch, ctx: PipelineContext) -> Tensor:
-    return _batched(lambda b: token_logprobs(model, b, temperature=ctx.temperature, share_prompts=ctx.share_prompts)[0],
-                    packed, model, ctx)
+    return _batched(lambda b: token_logprobs(model, b, temperature=ctx.temperature, share_prompts=ctx.share_prompts,
+                                             padding_free=ctx.padding_free)[0], packed, model, ctx)
 
 
 # --- the stages, in order ------------------------------------------------------------------------

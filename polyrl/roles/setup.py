@@ -17,7 +17,9 @@ import torch
 from transformers import AutoTokenizer
 
 from polyrl.algos.advantages import get_advantage
+from polyrl.algos.logprobs import logit_scaling
 from polyrl.algos.objectives import get_objective
+from polyrl.algos.packing import PaddingFreeError, padding_free_refusal, use_packed_rows_attention
 from polyrl.algos.shared_prompts import SharePromptsError, sharing_refusal
 from polyrl.config.schema import ConfigError, ExperimentConfig
 from polyrl.data.images import check_model_takes_images
@@ -81,14 +83,31 @@ def accuracy_label(config: ExperimentConfig, labels: list[str]) -> str | None:
     return wanted
 
 
-def _learner_settings(cfg: ExperimentConfig, objective: Any) -> LearnerSettings:
+def resolve_padding_free(setting: bool | str, policy: torch.nn.Module, *, takes_images: bool, share_prompts: bool, compile: bool) -> bool:
+    """``train.padding_free`` for this policy: true is refused where it cannot apply, 'auto' is on
+    exactly where it can (:mod:`polyrl.algos.packing`)."""
+    if setting is False:
+        return False
+    scaling = logit_scaling(policy)
+    refusal = ("share_prompts packs the rows its own way" if share_prompts else
+               "compiled decoder layers (train.compile) would recompile for every packed length" if compile else
+               f"{type(policy).__name__} scales its logits after the head ({', '.join(scaling)})" if scaling else
+               padding_free_refusal(policy, takes_images=takes_images))
+    if refusal is None:
+        return True
+    if setting is True:
+        raise PaddingFreeError(f"train.padding_free: {refusal}; set it to false or auto")
+    return False
+
+
+def _learner_settings(cfg: ExperimentConfig, objective: Any, padding_free: bool = False) -> LearnerSettings:
     t = cfg.train
     return LearnerSettings(
         aggregation=cfg.objective.aggregation or objective.default_aggregation,
         objective_params={**objective.default_params, **cfg.objective.params}, learning_rate=t.learning_rate, betas=tuple(t.betas),
         weight_decay=t.weight_decay, lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
         total_steps=t.steps, updates_per_batch=t.updates_per_batch, mini_batches=t.mini_batches, micro_batch_size=t.micro_batch_size,
-        micro_batch_tokens=t.micro_batch_tokens, share_prompts=t.share_prompts,
+        micro_batch_tokens=t.micro_batch_tokens, share_prompts=t.share_prompts, padding_free=padding_free,
         max_grad_norm=t.max_grad_norm, max_consecutive_nonfinite=t.max_consecutive_nonfinite, temperature=cfg.rollout.temperature,
         max_tokens=cfg.rollout.max_tokens, kl_coef=0.0 if t.kl_in_reward else t.kl_coef, kl_estimator=t.kl_estimator,
         entropy_coef=t.entropy_coef, seed=cfg.seed, compute_dtype=compute_dtype(cfg.model.dtype),
@@ -210,6 +229,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         checkpoint_layers(policy)
     if cfg.train.share_prompts and (refusal := sharing_refusal(policy, takes_images=takes_images)):
         raise SharePromptsError(f"train.share_prompts: {refusal}; set it to false")
+    padding_free = resolve_padding_free(cfg.train.padding_free, policy, takes_images=takes_images,
+                                        share_prompts=cfg.train.share_prompts, compile=cfg.train.compile)
     if cfg.train.compile:
         compile_decoder_layers(policy, takes_images=takes_images)
     if cfg.rollout.compile and engine is None:
@@ -222,6 +243,9 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         reference = auto_model_class(policy_path).from_pretrained(str(policy_path), dtype=torch.float32).to(device).eval()
         reference.requires_grad_(False)
         bf16_learner_attends_in_fp32(reference, dtype)
+    for model in (policy, reference) if padding_free else ():
+        if model is not None:
+            use_packed_rows_attention(model)  # the attention wrapper: per-row on packed forwards, unchanged on padded ones
     objective = get_objective(cfg.objective.name)
     estimator = get_advantage(cfg.advantage.estimator or objective.default_advantage)
     critic = Critic(build_value_model(policy_path, torch.float32).to(device), _critic_settings(cfg)) if "values" in estimator.requires else None
@@ -235,7 +259,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         for module in (reference, critic.model if critic is not None else None):
             if module is not None and module is not policy:
                 route_linears_through_onednn(module)
-    learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective), critic=critic, lora=lora)
+    learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective, padding_free), critic=critic, lora=lora)
     data = cfg.data
     dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
                                   references_field=data.references_field, images_field=data.images_field, limit=data.limit,
@@ -262,6 +286,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
                            "runtime.torch_threads": threads, "runtime.rollout_threads": generate_threads, "runtime.cpu_matmul": cpu_matmul,
                            "runtime.cpu_vendor": cpu_vendor() or "unknown", "runtime.torch_blas": torch_blas(),
                            "runtime.learner_attention": policy.config._attn_implementation if hasattr(policy, "config") else "unknown",
+                           "runtime.padding_free": padding_free,
                            "runtime.engine_startup_s": round(engine_startup_s, 2),
                            "runtime.build_s": round(time.perf_counter() - build_started, 2)})
     r, dynamic = cfg.rollout, cfg.advantage.dynamic_sampling
@@ -276,7 +301,7 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         reuse_old_logprobs=reuses_old_logprobs(cfg), overlong=cfg.advantage.overlong, kl_coef=cfg.train.kl_coef,
         kl_estimator=cfg.train.kl_estimator, kl_in_reward=cfg.train.kl_in_reward,
         tis_cap=r.truncated_importance_sampling.cap if r.truncated_importance_sampling.enabled else None, modalities=cfg.modalities,
-        share_prompts=cfg.train.share_prompts))
+        share_prompts=cfg.train.share_prompts, padding_free=padding_free))
     health = HealthMonitor(cfg.health, check_logprob_gap=r.top_p == 1.0, sampler_dtype=cfg.sampling_dtype)
     models: dict[str, Any] = {"policy": lora if lora is not None else policy, **({"critic": critic.model} if critic is not None else {})}
     optimizers = {"policy": learner.optimizer, **({"critic": critic.optimizer} if critic is not None else {})}

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from learner_helpers import built, changed_fraction, first_batch, snapshot
 from polyrl.core.errors import PolyrlError
+from polyrl.algos.packing import base_attention
 from polyrl.models.attention import FP32_CPU_SDPA
 from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm, save_model_dir
 from polyrl.algos.aggregation import global_loss_normalizer
@@ -39,8 +40,9 @@ def test_bf16_compute_keeps_fp32_master_weights_so_lr_1e_6_moves_most_weights(tm
         metrics = arm.loop().step()
     assert math.isfinite(metrics["actor/loss"]) and metrics["value/updates"] == 1.0
     assert compute and set(compute) == {torch.bfloat16}
-    # Their attention kernels run in fp32 (torch's CPU flash-attention backward is slow in bf16).
-    assert policy.config._attn_implementation == critic.model.config._attn_implementation == FP32_CPU_SDPA
+    # Their attention kernels run in fp32 (torch's CPU flash-attention backward is slow in bf16); the
+    # policy's through the padding-free wrapper (train.padding_free: auto).
+    assert base_attention(policy) == critic.model.config._attn_implementation == FP32_CPU_SDPA
     for model, optimizer in ((policy, arm.learner.optimizer), (critic, arm.critic.optimizer)):
         assert {p.dtype for p in model.parameters()} == {torch.float32}
         assert {s["exp_avg"].dtype for s in optimizer.state.values()} == {torch.float32}

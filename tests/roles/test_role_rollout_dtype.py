@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from polyrl.algos.packing import base_attention
 from polyrl.config.schema import ConfigError, resolve_arms
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
@@ -27,7 +28,7 @@ def test_hf_engine_loads_the_rollout_dtype_and_the_learner_stays_fp32(tmp_path, 
     with built(tmp_path, config) as arm:
         assert arm.collector.engine.model.dtype == torch.bfloat16
         assert {p.dtype for p in arm.learner.policy.parameters()} == {torch.float32}
-        assert arm.learner.policy.config._attn_implementation == "sdpa"  # an fp32 learner keeps torch's own attention
+        assert base_attention(arm.learner.policy) == "sdpa"  # an fp32 learner keeps torch's own attention (wrapped padding-free)
         metrics = arm.loop(printer=lambda _line: None).step()
         assert math.isfinite(metrics["actor/loss"])
 
