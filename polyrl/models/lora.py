@@ -126,8 +126,20 @@ class LoraPolicy:
                 layer = model.get_submodule(owner)
                 value = tensor.detach()
                 if leaf == "weight" and isinstance(layer, LoraLayer) and ADAPTER_NAME in layer.lora_A and not layer.disable_adapters:
-                    value = value + layer.get_delta_weight(ADAPTER_NAME).to(value.dtype)
+                    value = _merged(layer, value)
                 yield f"{owner}.{leaf}", value if dtype is None else value.to(dtype)
+
+
+def _merged(layer: Any, weight: Tensor) -> Tensor:
+    """``W + scale * B A`` as one fused product-and-add (``addmm``) for a plain LoRA Linear;
+    PEFT's ``get_delta_weight`` (which builds B A, scales it, then adds) for anything else."""
+    from peft.tuners.lora import Linear as LoraLinear
+
+    plain = (isinstance(layer, LoraLinear) and not layer.fan_in_fan_out and not layer.use_dora.get(ADAPTER_NAME, False)
+             and layer.lora_A[ADAPTER_NAME].weight.dtype == weight.dtype)
+    if plain:
+        return torch.addmm(weight, layer.lora_B[ADAPTER_NAME].weight, layer.lora_A[ADAPTER_NAME].weight, alpha=layer.scaling[ADAPTER_NAME])
+    return weight + layer.get_delta_weight(ADAPTER_NAME).to(weight.dtype)
 
 
 def write_adapter(lora: LoraPolicy, folder: str | Path, save_tensors: Callable[[dict[str, Tensor], Path], None] | None = None) -> Path:
