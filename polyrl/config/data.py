@@ -23,6 +23,10 @@ class DataConfig(StrictModel):
     images_field: str = Field("images", description="The column of each row's images (paths, or an Image feature); "
                               "rows without it are text-only. One <image> in the prompt per image.")
     limit: int | None = Field(None, ge=1)
+    # Pillow's own default (Image.MAX_IMAGE_PIXELS, polyrl.data.images.DEFAULT_MAX_IMAGE_PIXELS).
+    max_image_pixels: int = Field(89_478_485, ge=1, description="Refuse an image of more pixels (width × height) than this, "
+                                  "read from its header before decoding, naming the row, the file and this limit. Default: "
+                                  "Pillow's own limit, ~89.5 megapixels (9459×9459).")
 
     @model_validator(mode="before")
     @classmethod

@@ -13,12 +13,19 @@ The prompt marks where each image goes with one ``<image>`` placeholder per imag
 own image token). Every row is checked when the data is loaded, before any model is built:
 a missing or unreadable image file, a value of the wrong type, or a placeholder count that
 differs from the image count is a ``DataConfigError`` naming the row and the field.
+
+An image larger than ``data.max_image_pixels`` (default: Pillow's own limit,
+:data:`DEFAULT_MAX_IMAGE_PIXELS`) is refused from its header, before any pixel is decoded,
+naming the row, the file and the limit; Pillow's ``DecompressionBombError`` never reaches the
+user.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -27,6 +34,20 @@ from PIL import Image, UnidentifiedImageError
 from polyrl.data.errors import DataConfigError
 
 IMAGE_PLACEHOLDER = "<image>"
+# Pillow's default Image.MAX_IMAGE_PIXELS (1 GiB of 24-bit pixels / 4 / 3, ~9459×9459): above it
+# Pillow warns, above twice it refuses with DecompressionBombError.
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+
+
+@dataclass
+class ImageCheck:
+    """How data rows' images are checked (``max_pixels``; ``decode``: decode every image, not only
+    verify its file) and what the check saw (``rows`` with images, ``images``)."""
+
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    decode: bool = False
+    rows: int = 0
+    images: int = 0
 
 
 def _where(index: int, field: str, position: int | None) -> str:
@@ -48,9 +69,13 @@ def image_values(row: Mapping[str, Any], field: str, *, index: int) -> list[Any]
     )
 
 
-def open_image(value: Any, *, index: int, field: str, position: int, base_dir: Path | None = None, decode: bool = True) -> Image.Image | None:
-    """One image value -> an RGB PIL image (``decode=False``: only check it, return ``None``)."""
+def open_image(value: Any, *, index: int, field: str, position: int, base_dir: Path | None = None, decode: bool = True,
+               max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Image.Image | None:
+    """One image value -> an RGB PIL image (``decode=False``: only check it, return ``None``);
+    one of more than ``max_pixels`` pixels is refused."""
     where = _where(index, field, position)
+    if isinstance(value, Image.Image):
+        _check_size(value.size, "image", where, max_pixels)
     if isinstance(value, Image.Image):
         return value.convert("RGB") if decode else None
     if isinstance(value, dict) and ("bytes" in value or "path" in value):
@@ -63,28 +88,45 @@ def open_image(value: Any, *, index: int, field: str, position: int, base_dir: P
         else:
             raise DataConfigError(f"{where}: image has neither bytes nor a path")
         if source is not None:
-            return _decode(source, name, where, decode)
+            return _decode(source, name, where, decode, max_pixels)
     if isinstance(value, bytes):
-        return _decode(io.BytesIO(value), "image bytes", where, decode)
+        return _decode(io.BytesIO(value), "image bytes", where, decode, max_pixels)
     if isinstance(value, str):
         path = Path(value).expanduser()
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if not path.is_file():
             raise DataConfigError(f"{where}: image file {value!r} not found ({path.resolve()})")
-        return _decode(path, f"image file {value!r}", where, decode)
+        return _decode(path, f"image file {value!r}", where, decode, max_pixels)
     raise DataConfigError(
         f"{where}: must be an image path, image bytes or a decoded image, got {type(value).__name__}"
     )
 
 
-def _decode(source: Any, name: str, where: str, decode: bool) -> Image.Image | None:
+def _check_size(size: tuple[int, int], name: str, where: str, max_pixels: int) -> None:
+    width, height = size
+    if width * height > max_pixels:
+        raise DataConfigError(f"{where}: {name} is {width}×{height} = {width * height:,} pixels, above the limit data.max_image_pixels = "
+                     f"{max_pixels:,}; shrink the image, or raise data.max_image_pixels if it is meant to be this large")
+
+
+def _decode(source: Any, name: str, where: str, decode: bool, max_pixels: int) -> Image.Image | None:
+    if Image.MAX_IMAGE_PIXELS is not None and max_pixels > Image.MAX_IMAGE_PIXELS:
+        # Pillow refuses above twice its own limit before the size can be read here; a larger
+        # configured limit raises Pillow's (process-wide, never lowered).
+        Image.MAX_IMAGE_PIXELS = max_pixels
     try:
-        with Image.open(source) as image:
-            if not decode:
-                image.verify()
-                return None
-            return image.convert("RGB")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked below, naming the row
+            with Image.open(source) as image:
+                _check_size(image.size, name, where, max_pixels)  # from the header: nothing decoded yet
+                if not decode:
+                    image.verify()
+                    return None
+                return image.convert("RGB")
+    except Image.DecompressionBombError as error:
+        raise DataConfigError(f"{where}: {name} is above the limit data.max_image_pixels = {max_pixels:,} ({error}); shrink the image, "
+                     "or raise data.max_image_pixels if it is meant to be this large") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise DataConfigError(f"{where}: {name} is not a readable image ({type(error).__name__}: {error})") from None
 
@@ -98,17 +140,23 @@ def check_placeholder_count(prompt: str, num_images: int, *, index: int, prompt_
         )
 
 
-def check_rows(rows: Iterable[Mapping[str, Any]], *, prompt_field: str, images_field: str, base_dir: Path | None) -> int:
-    """Check every row's images (type, file, readable, count vs placeholders); return how many rows have images."""
+def check_rows(rows: Iterable[Mapping[str, Any]], *, prompt_field: str, images_field: str, base_dir: Path | None,
+               check: ImageCheck | None = None) -> int:
+    """Check every row's images (type, file, size, readable — decoded with ``check.decode`` —, count vs
+    placeholders); return how many rows have images (``check`` also counts the images)."""
+    check = check or ImageCheck()
     with_images = 0
     for index, row in enumerate(rows):
         values = image_values(row, images_field, index=index)
         for position, value in enumerate(values):
-            open_image(value, index=index, field=images_field, position=position, base_dir=base_dir, decode=False)
+            open_image(value, index=index, field=images_field, position=position, base_dir=base_dir, decode=check.decode,
+                       max_pixels=check.max_pixels)
         prompt = row.get(prompt_field)
         if isinstance(prompt, str):
             check_placeholder_count(prompt, len(values), index=index, prompt_field=prompt_field, images_field=images_field)
         with_images += bool(values)
+        check.images += len(values)
+    check.rows += with_images
     return with_images
 
 

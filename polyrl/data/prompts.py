@@ -160,6 +160,17 @@ def source_has_images(source: str, split: str, *, images_field: str = "images") 
     return path.suffix.lower() == ".parquet" or bool(row[images_field])
 
 
+def may_have_images(source: str, split: str, *, images_field: str = "images") -> bool:
+    """Whether a local data file's rows may carry images: its first row has the image field (even
+    empty: a later row may fill it), or a parquet file has the column. Built-in tasks (their images
+    ship with polyrl and are checked by its tests) and dataset names: ``False``."""
+    if source in BUILTIN_SOURCES:
+        return False
+    path = _resolve_local(source, split)
+    row = _first_row(path, source) if path is not None else None
+    return row is not None and images_field in row
+
+
 def _split_file(source: str, split: str, holdout: float | None, whole_file: bool = False) -> Path | None:
     """The local file of ``split`` (:func:`_resolve_local`), refused when it cannot honour the
     split (:mod:`polyrl.data.splits`); ``None`` for a dataset name, where ``holdout`` is refused.
@@ -220,6 +231,7 @@ def load_prompt_dataset(
     limit: int | None = None,
     holdout: float | None = None,
     whole_file: bool = False,
+    images: image_rows.ImageCheck | None = None,
 ) -> datasets.Dataset:
     """Load one split of a prompt dataset and check that it is usable.
 
@@ -231,7 +243,8 @@ def load_prompt_dataset(
     ``limit`` keeps the first ``limit`` rows. ``holdout`` (a fraction in (0, 1)) splits a single
     local file into ``train`` and ``test`` by a fixed hash of each row (:mod:`polyrl.data.splits`);
     ``whole_file`` takes a single local file whole whatever ``split`` is (an eval dataset that
-    names no split), where otherwise a split the file cannot honour is refused.
+    names no split), where otherwise a split the file cannot honour is refused. ``images`` sets
+    how images are checked (pixel limit, decoding) and counts what was checked.
     """
     if not isinstance(source, str) or not source:
         raise DataConfigError(f"data source must be a non-empty string, got {source!r}")
@@ -279,10 +292,11 @@ def load_prompt_dataset(
         )
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-    return _checked_images(dataset, source, local, prompt_field, images_field)
+    return _checked_images(dataset, source, local, prompt_field, images_field, images or image_rows.ImageCheck())
 
 
-def _checked_images(dataset: datasets.Dataset, source: str, local: Path | None, prompt_field: str, images_field: str) -> datasets.Dataset:
+def _checked_images(dataset: datasets.Dataset, source: str, local: Path | None, prompt_field: str, images_field: str,
+                    check: image_rows.ImageCheck) -> datasets.Dataset:
     """Check every row's images before any model is built (see ``data/images.py``)."""
     if images_field not in dataset.column_names:
         for index, prompt in enumerate(dataset[prompt_field]):
@@ -295,7 +309,7 @@ def _checked_images(dataset: datasets.Dataset, source: str, local: Path | None, 
     # Check encoded bytes/paths without decoding every image.
     raw = dataset.cast_column(images_field, datasets.List(datasets.Image(decode=False))) if isinstance(inner, datasets.Image) and feature is not inner else (
         dataset.cast_column(images_field, datasets.Image(decode=False)) if isinstance(feature, datasets.Image) else dataset)
-    image_rows.check_rows(raw, prompt_field=prompt_field, images_field=images_field, base_dir=base_dir)
+    image_rows.check_rows(raw, prompt_field=prompt_field, images_field=images_field, base_dir=base_dir, check=check)
     if base_dir is None or isinstance(inner, datasets.Image):
         return dataset
 
@@ -328,6 +342,7 @@ def rows_to_prompt_samples(
     answer_field: str = "answer",
     references_field: str = "references",
     images_field: str = "images",
+    max_image_pixels: int = image_rows.DEFAULT_MAX_IMAGE_PIXELS,
 ) -> list[PromptSample]:
     """Dataset rows -> ``PromptSample``s.
 
@@ -349,7 +364,8 @@ def rows_to_prompt_samples(
             PromptSample(
                 prompt=prompt,
                 references=_references(row, answer_field, references_field),
-                images=[image_rows.open_image(v, index=index, field=images_field, position=i) for i, v in enumerate(values)],
+                images=[image_rows.open_image(v, index=index, field=images_field, position=i, max_pixels=max_image_pixels)
+                        for i, v in enumerate(values)],
                 fields=fields,
             )
         )
@@ -365,7 +381,7 @@ class PromptSampler:
     over the same data makes it continue with the identical sequence.
     """
 
-    def __init__(self, samples: Sequence[PromptSample] | datasets.Dataset, *, seed: int = 0, shuffle: bool = True, **fields: str):
+    def __init__(self, samples: Sequence[PromptSample] | datasets.Dataset, *, seed: int = 0, shuffle: bool = True, **fields: Any):
         if isinstance(samples, datasets.Dataset):
             samples = rows_to_prompt_samples(samples, **fields)
         elif fields:

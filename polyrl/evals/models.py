@@ -108,6 +108,27 @@ def _export_matches(target: Path, checkpoint: Path) -> bool:
             and made_from.get("mlflow_run_id") == read_checkpoint_info(checkpoint).get("mlflow_run_id"))
 
 
+def _runs_below(client, run) -> str | None:
+    """For a run that trained nothing itself (an arm's run over seeds, an experiment's run): the
+    runs under it that hold checkpoints, to pick from; ``None`` for any other run."""
+    from polyrl.tracking.mlflow_runs import ARM_TAG, ROLE_TAG, SEED_TAG, find_arm_runs, find_seed_runs
+
+    role, run_id = run.data.tags.get(ROLE_TAG), run.info.run_id
+    if role == "arm":
+        below = [(f"seed {r.data.tags.get(SEED_TAG)}", r) for r in find_seed_runs(client, run.info.experiment_id, run_id)]
+        what = f"run {run_id} is arm {run.data.tags.get(ARM_TAG)!r}'s run over its seeds; each seed's run holds its checkpoints"
+    elif role == "experiment":
+        below = [(f"arm {r.data.tags.get(ARM_TAG)}", r) for r in find_arm_runs(client, run.info.experiment_id, run_id)]
+        what = f"run {run_id} is the experiment's run; its arms' runs hold the checkpoints"
+    else:
+        return None
+    if not below:
+        return None
+    choices = " ".join(f"--model run:{r.info.run_id}" for _, r in below)
+    listed = ", ".join(f"{name}: run:{r.info.run_id} ({r.info.status})" for name, r in below)
+    return f"{what}. Evaluate one of them, or several at once ({choices}): {listed}"
+
+
 def find_run_checkpoint(ref: str, *, tracking_uri: str | None) -> tuple[str, int, Path]:
     """``run:<id>[@<step>]`` → ``(run id, step, checkpoint folder)``: the run's own checkpoint at
     that step (default: its latest), refused with an :class:`EvalError` that says why otherwise."""
@@ -123,7 +144,8 @@ def find_run_checkpoint(ref: str, *, tracking_uri: str | None) -> tuple[str, int
         raise EvalError(f"--model {ref!r}: no MLflow run {run_id!r} in {uri} ({error.message.splitlines()[0]})") from None
     folder = run.data.tags.get(CHECKPOINT_DIR_TAG)
     if not folder:
-        raise EvalError(f"--model {ref!r}: run {run_id} has no {CHECKPOINT_DIR_TAG} tag (is it a polyrl training arm run?)")
+        raise EvalError(f"--model {ref!r}: " + (_runs_below(make_client(uri), run) or
+                                                 f"run {run_id} has no {CHECKPOINT_DIR_TAG} tag (is it a polyrl training arm run?)"))
     steps, others = run_checkpoints(run_id, folder)
     if not steps and others:
         raise EvalError(f"--model {ref!r}: the checkpoints in {folder} belong to another run ({', '.join(sorted(others))}), not "

@@ -18,6 +18,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from polyrl.launch.logs import LOG_FILE, command_logging, eval_log_path, experiment_log_path, quiet_library_environment
 
@@ -34,7 +35,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from polyrl.launch.cli_errors import user_errors
 from polyrl.launch.eval_cli import eval_command
 from polyrl.launch.export_cli import export_command
-from polyrl.launch.ray_submit import submit_command
+from polyrl.launch.ray_submit import MANY_RUNS_HELP, submit_command
 from polyrl.launch.objectives_cli import app as objectives_app
 from polyrl.launch.rewards_cli import app as rewards_app
 
@@ -82,12 +83,19 @@ def validate(
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.steps=5 (repeatable)."),
 ) -> None:
     """Check an experiment YAML without running it; print each arm's resolved key settings."""
+    from polyrl.config.seeds import experiment_seeds
     from polyrl.launch.preflight import preflight
-    from polyrl.launch.runner import validate_file
+    from polyrl.launch.runner import read_yaml, validate_file
+    from polyrl.launch.seeds import MANY_RUNS, plan_line, run_count
 
     with user_errors():
         arms = validate_file(config, set_)
-        preflight(arms, source=str(config))
+        preflight(arms, source=str(config), echo=lambda line: console.print(line, highlight=False))
+        seeds = experiment_seeds(read_yaml(config), source=str(config))
+    console.print(f"runs: {plan_line(arms, seeds)}", highlight=False)
+    if run_count(arms, seeds) > MANY_RUNS:
+        console.print(f"[yellow]more than {MANY_RUNS} runs[/]: seeds: N means N runs of every arm (did you mean seed: N?); "
+                      "polyrl run and submit start them only with --many-runs", highlight=False)
     for arm, cfg in arms.items():
         console.print(
             f"[green]ok[/] arm [cyan]{arm}[/]: objective={cfg.objective.name} "
@@ -109,28 +117,41 @@ def run(
                                                   "instead of refusing it; model, data, seed and tracking changes stay refused."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Run every arm with these seeds: a count (--seeds 3 = 0,1,2) or a list "
                                                             "(--seeds 0,1,2); overrides the YAML's seeds and seed."),
+    many_runs: bool = typer.Option(False, "--many-runs", help=MANY_RUNS_HELP),
+    fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first arm that fails (default: run the other arms, "
+                                                              "then name every failed one and exit 1)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Run every arm of an experiment and log it to MLflow."""
     from polyrl.launch.preflight import preflight_file
-    from polyrl.launch.runner import run_experiment
+    from polyrl.launch.runner import ArmFailedError, run_experiment
 
     with user_errors():
         # Rewards, model folder and data are checked before any MLflow run or model exists.
-        preflight_file(config, set_options=set_, only_arms=arm, runs_here=True)
+        preflight_file(config, set_options=set_, only_arms=arm, runs_here=True, echo=lambda line: console.print(line, highlight=False))
         log_path = experiment_log_path(config, set_)
         if not verbose:
             console.print(f"library logs: {log_path} (--verbose shows them here)", highlight=False)
         with command_logging(log_path, verbose=verbose, command=shlex.join(sys.argv)):
-            result = run_experiment(config, set_options=set_, resume=resume, only_arms=arm or None, console=console,
-                                    show_progress=False if no_progress else None, allow_config_change=allow_config_change,
-                                    seeds_option=seeds)
+            try:
+                result = run_experiment(config, set_options=set_, resume=resume, only_arms=arm or None, console=console,
+                                        show_progress=False if no_progress else None, allow_config_change=allow_config_change,
+                                        seeds_option=seeds, fail_fast=fail_fast, many_runs=many_runs)
+            except ArmFailedError as error:
+                if error.result is not None:  # the arms that finished are reported before the failed ones
+                    _print_summary(error.result)
+                raise
+    _print_summary(result)
+
+
+SUMMARY = (("reward", "reward/mean", ".3f"), ("accuracy", "train/accuracy", ".3f"), ("length", "rollout/response_length/mean", ".1f"))
+
+
+def _print_summary(result) -> None:
+    """Each arm's last values; a metric the arm does not log (accuracy without an accuracy reward) is left out."""
     for name, metrics in result.final_metrics.items():
-        console.print(
-            f"[cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
-            f"accuracy {metrics.get('train/accuracy', float('nan')):.3f} · "
-            f"length {metrics.get('rollout/response_length/mean', float('nan')):.1f}"
-        )
+        shown = [f"{label} {metrics[key]:{spec}}" for label, key, spec in SUMMARY if key in metrics]
+        console.print(f"[cyan]{name}[/]: " + (" · ".join(shown) or "no metrics logged"))
     console.print(f"MLflow: {result.tracking_uri} (parent run {result.parent_run_id})")
     console.print(f"Compare the arms: polyrl compare {result.name}    ·    in the MLflow UI: polyrl ui {result.name} --open")
 
@@ -149,12 +170,19 @@ def compare(
     with user_errors():
         out = out or default_report_dir(experiment)
         result = compare_experiment(experiment, tracking_uri=uri, out_dir=out)
+    for status in result.statuses or []:
+        colour = "green" if status.finished else "red"
+        console.print(f"[{colour}]{status.arm}[/]: {escape(status.describe())}", highlight=False, soft_wrap=True)
     console.print(result.table_markdown)
     console.print(f"\nReport: {result.out_dir / 'report.md'} ({len(result.plot_paths)} plots), also logged to parent run "
                   f"{result.parent_run_id} and shown as its description in the MLflow UI.")
     console.print(f"Compare the arms in MLflow: {result.compare_url}", soft_wrap=True, highlight=False)
     if not is_server_uri(uri):
         console.print(f"(a local store: start the UI first with polyrl ui {experiment})", highlight=False)
+    if result.unfinished:
+        from polyrl.launch.cli_errors import fail
+
+        fail(f"{result.unfinished} (the report says so too)", code=1)
 
 
 @app.command()

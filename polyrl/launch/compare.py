@@ -4,6 +4,8 @@ Reads everything back from MLflow (not from local state), so it works on any exp
 any tracking store, and logs the report to the experiment's parent run: as artifacts under
 ``comparison/`` and as the run's description (what the MLflow UI shows on the run's page).
 An experiment run with ``seeds`` gets the statistics of :mod:`polyrl.launch.seed_report`.
+Every arm the experiment planned is listed with its status (:mod:`polyrl.launch.arm_status`);
+only runs that finished enter the tables, curves and intervals.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from polyrl.core.errors import PolyrlError  # noqa: E402
+from polyrl.launch.arm_status import ArmStatus, arm_status, planned_arms, status_lines, unfinished_summary  # noqa: E402
 from polyrl.launch.report_metrics import (CURVES, TABLE_METRICS, eval_metric_keys, metric_histories,  # noqa: E402
                                           save_curve_plot)
 from polyrl.launch.seed_report import seeded_report  # noqa: E402
@@ -42,8 +45,10 @@ class Comparison:
     plot_paths: list[Path]
     out_dir: Path
     compare_url: str = ""
-    seed_runs: dict[str, dict[int, str]] | None = None  # arm -> seed -> run id, when run with seeds
+    seed_runs: dict[str, dict[int, str]] | None = None  # arm -> seed -> run id (the finished ones), when run with seeds
     verdicts: list[str] | None = None
+    statuses: list[ArmStatus] | None = None  # every planned arm, in order
+    unfinished: str | None = None  # a sentence naming the arms that did not finish; None when all did
 
 
 def _format(value: float | None) -> str:
@@ -102,14 +107,22 @@ def default_report_dir(experiment: str) -> Path:
     return Path("reports") / slugify(experiment)
 
 
-def _arm_runs(client: MlflowClient, experiment: str, tracking_uri: str):
+def _arm_run_objects(client: MlflowClient, experiment: str, tracking_uri: str):
+    """The experiment's newest parent run and its arm runs by arm name."""
     parent = find_parent_run(client, experiment)
     if parent is None:
         raise CompareError(f"no polyrl experiment named {experiment!r} in {tracking_uri}; run it first (polyrl run …)")
     arm_runs = find_arm_runs(client, parent.info.experiment_id, parent.info.run_id)
     if not arm_runs:
-        raise CompareError(f"experiment {experiment!r} (run {parent.info.run_id}) has no arm runs yet")
-    return parent, {run.data.tags.get(ARM_TAG, run.info.run_name): run.info.run_id for run in arm_runs}
+        planned = planned_arms(parent)
+        raise CompareError(f"experiment {experiment!r} (run {parent.info.run_id}, status {parent.info.status}) has no arm runs yet"
+                           + (f"; none of its arms ({', '.join(planned)}) has started" if planned else ""))
+    return parent, {run.data.tags.get(ARM_TAG, run.info.run_name): run for run in arm_runs}
+
+
+def _arm_runs(client: MlflowClient, experiment: str, tracking_uri: str):
+    parent, runs = _arm_run_objects(client, experiment, tracking_uri)
+    return parent, {arm: run.info.run_id for arm, run in runs.items()}
 
 
 def experiment_compare_url(experiment: str, *, tracking_uri: str, base_url: str | None = None) -> str:
@@ -159,17 +172,27 @@ def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str) -> st
 def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Path, log_to_mlflow: bool = True) -> Comparison:
     require_existing_store(tracking_uri)
     client = make_client(tracking_uri)
-    parent, arms = _arm_runs(client, experiment, tracking_uri)
-    seed_runs = {arm: {int(run.data.tags.get("polyrl.seed", "0")): run.info.run_id
-                       for run in find_seed_runs(client, parent.info.experiment_id, run_id)} for arm, run_id in arms.items()}
+    parent, arm_runs = _arm_run_objects(client, experiment, tracking_uri)
+    arms = {arm: run.info.run_id for arm, run in arm_runs.items()}
+    all_seed_runs = {arm: find_seed_runs(client, parent.info.experiment_id, run_id) for arm, run_id in arms.items()}
+    order = list(dict.fromkeys(planned_arms(parent) + list(arm_runs)))
+    statuses = [arm_status(arm, arm_runs.get(arm), all_seed_runs.get(arm)) for arm in order]
+    seed_runs = {arm: {int(run.data.tags.get("polyrl.seed", "0")): run.info.run_id for run in runs}
+                 for arm, runs in all_seed_runs.items() if runs}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if any(seed_runs.values()):
+    # Only runs that finished are compared: a failed, stopped or running one has no final value
+    # (the seed report leaves out and names each seed run that did not finish).
+    if seed_runs:
         report, table, plot_paths, histories, verdicts = seeded_report(client, experiment, parent.info.run_id, tracking_uri,
                                                                      seed_runs, out)
     else:
-        report, table, plot_paths, histories = _single_seed_report(client, experiment, parent.info.run_id, tracking_uri, arms, out)
+        finished = {status.arm for status in statuses if status.finished}
+        report, table, plot_paths, histories = _single_seed_report(client, experiment, parent.info.run_id, tracking_uri,
+                                                                   {arm: run_id for arm, run_id in arms.items() if arm in finished}, out)
         seed_runs, verdicts = None, None
+    unfinished = unfinished_summary(statuses)
+    report = with_status_section(report, statuses, unfinished)
     (out / "report.md").write_text(report)
     url = compare_runs_url(ui_base_url(tracking_uri), parent.info.experiment_id, list(arms.values()))
     if log_to_mlflow:
@@ -177,7 +200,15 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
             client.log_artifact(parent.info.run_id, str(path), "comparison")
         fragment = url[url.index("#"):]
         client.set_tag(parent.info.run_id, NOTE_TAG, ui_note(report, parent_run_id=parent.info.run_id, compare_url_fragment=fragment))
-    return Comparison(experiment, parent.info.run_id, arms, histories, table, plot_paths, out, url, seed_runs, verdicts)
+    return Comparison(experiment, parent.info.run_id, arms, histories, table, plot_paths, out, url, seed_runs, verdicts, statuses,
+                      unfinished)
+
+
+def with_status_section(report: str, statuses: list[ArmStatus], unfinished: str | None) -> str:
+    """The report with an "Arms" section (each arm's status) before its first section."""
+    head, rule, rest = report.partition("\n## ")
+    section = "\n".join(["## Arms", "", *status_lines(statuses), "", f"**{unfinished}.**" if unfinished else "All arms finished.", ""])
+    return f"{head}\n{section}{rule}{rest}"
 
 
 def _single_seed_report(client, experiment, parent_run_id, tracking_uri, arms, out):

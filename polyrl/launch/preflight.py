@@ -5,14 +5,23 @@ Each arm's reward modules are loaded and constructed (not set up: heavy resource
 file, a folder without a tokenizer or a data file without the prompt field is one message in a
 second — before any MLflow run is created or any model loads. Like verl's and TRL's config
 checks, only what is cheap is checked here; dataset names (the Hub) are left to the loader.
+
+One check reads every row: a local data file with an image column has each image of the rows
+an arm trains on (``data.limit``, ``data.holdout``) opened and decoded, and its size held
+against ``data.max_image_pixels``, once per distinct data setting, and how many images that was
+and how long it took is said. It costs what the arm's own data load costs (that load decodes
+every image too, :class:`polyrl.data.prompts.PromptSampler`), and spares a run that would fail
+on row 9,000 after its MLflow runs exist and its policy has loaded.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from polyrl.data.prompts import BUILTIN_SOURCES, DataConfigError, check_prompt_source, source_has_images
+from polyrl.data.images import ImageCheck
+from polyrl.data.prompts import BUILTIN_SOURCES, DataConfigError, check_prompt_source, load_prompt_dataset, may_have_images, source_has_images
 from polyrl.engines.images import model_takes_images
 from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment
 from polyrl.models.paths import check_model_dir
@@ -130,13 +139,47 @@ def image_problems(config: ExperimentConfig) -> list[str]:
             f"(model.builtin.task: {' or '.join(IMAGE_TASKS)}, or an image-text model.path) or text-only data"]
 
 
-def preflight(configs: dict[str, ExperimentConfig], *, source: str, runs_here: bool = False) -> None:
-    """Raise one :class:`ConfigError` listing every problem of every arm (named when not all share it)."""
+ImageRows = dict[tuple, tuple[str | None, ImageCheck, float]]  # data settings -> (problem, what was checked, seconds)
+
+
+def image_row_problem(config: ExperimentConfig, checked: ImageRows) -> str | None:
+    """Open and decode every image of the rows the arm trains on (once per distinct data setting)."""
+    data = config.data
+    if not may_have_images(data.source, data.train_split, images_field=data.images_field):
+        return None
+    key = (data.source, data.train_split, data.prompt_field, data.images_field, data.limit, data.holdout, data.max_image_pixels)
+    if key not in checked:
+        check, started, problem = ImageCheck(max_pixels=data.max_image_pixels, decode=True), time.perf_counter(), None
+        try:
+            load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
+                                references_field=data.references_field, images_field=data.images_field, limit=data.limit,
+                                holdout=data.holdout, images=check)
+        except DataConfigError as error:
+            problem = f"data.source: {error}"
+        checked[key] = (problem, check, time.perf_counter() - started)
+    return checked[key][0]
+
+
+def image_check_lines(checked: ImageRows) -> list[str]:
+    return [f"images: {check.images:,} in {check.rows:,} rows of {source!r} found, decoded and within data.max_image_pixels "
+            f"({max_pixels:,}) in {seconds:.1f} s" for (source, *_, max_pixels), (_, check, seconds) in checked.items() if check.images]
+
+
+def preflight(configs: dict[str, ExperimentConfig], *, source: str, runs_here: bool = False,
+              echo: Callable[[str], None] | None = None) -> None:
+    """Raise one :class:`ConfigError` listing every problem of every arm (named when not all share it);
+    ``echo`` gets a line per image check (how many images, how long)."""
     found: dict[str, list[str]] = {}
+    checked: ImageRows = {}
     for arm, config in configs.items():
-        for problem in arm_problems(config, runs_here=runs_here):
+        problems = arm_problems(config, runs_here=runs_here)
+        if not any(problem.startswith("data.source") for problem in problems):  # the rows load once the source checks pass
+            problems += [problem] if (problem := image_row_problem(config, checked)) else []
+        for problem in problems:
             found.setdefault(problem, []).append(arm)
     if not found:
+        for line in image_check_lines(checked) if echo else []:
+            echo(line)
         return
     lines = [f"{source}: invalid experiment config"]
     for problem, arms in found.items():
@@ -146,9 +189,9 @@ def preflight(configs: dict[str, ExperimentConfig], *, source: str, runs_here: b
 
 
 def preflight_file(path: str | Path, *, set_options: list[str] | None = None, only_arms: list[str] | None = None,
-                   runs_here: bool = False) -> dict[str, Any]:
+                   runs_here: bool = False, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Load an experiment file and run :func:`preflight` on its arms (those in ``only_arms``)."""
     configs = load_experiment(path, set_options=set_options)
     chosen = {arm: config for arm, config in configs.items() if not only_arms or arm in only_arms}
-    preflight(chosen or configs, source=str(path), runs_here=runs_here)
+    preflight(chosen or configs, source=str(path), runs_here=runs_here, echo=echo)
     return configs

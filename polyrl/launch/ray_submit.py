@@ -49,13 +49,16 @@ from polyrl.core.errors import PolyrlError
 from polyrl.config.schema import ConfigError, to_yaml
 from polyrl.launch.ray_workers import DetachedSupervisor, finish_if_running, supervise_arms, worker_env
 from polyrl.launch.run_lock import acquire_lock
-from polyrl.launch.seeds import expand_units, load_plan, start_seeded_arm_run
+from polyrl.launch.seeds import MANY_RUNS, expand_units, load_plan, start_seeded_arm_run
 from polyrl.launch.experiment_folder import STATE_FILE, archive_previous_run, experiment_dir, write_state
 from polyrl.launch.runner import ExperimentResult, start_arm_run, start_experiment_run, yaml_text
 from polyrl.tracking.mlflow_runs import ExperimentTracker, probe_tracking, resolve_tracking_uri
 
 RAY_CLIENT_PORT = 10001
 ADDRESS_PROBE_TIMEOUT_S = 5.0
+
+
+RAY_AUTH_PROBE_TIMEOUT_S = 5.0
 
 
 class RayUnreachableError(PolyrlError):
@@ -104,6 +107,50 @@ def probe_ray_address(address: str, timeout: float = ADDRESS_PROBE_TIMEOUT_S) ->
         ) from None
 
 
+def check_ray_token(address: str) -> None:
+    """Send the token when one is at hand (:func:`send_ray_token`), and refuse in a second, saying
+    how to pass it, when the cluster's GCS rejects the connection for want of the right one
+    (``ray.init`` would retry ~30 s and then call the cluster unreachable)."""
+    sent = send_ray_token(address)
+    endpoint = None if address.startswith("ray://") or address == "auto" else ray_endpoint(address)
+    if endpoint is None:  # Ray Client (ray://) answers through its own server; auto: Ray turns token mode on itself
+        return
+    import ray
+    from ray._raylet import GcsClient
+
+    try:
+        GcsClient(address=f"{endpoint[0]}:{endpoint[1]}").internal_kv_get(b"polyrl-auth-probe", None, timeout=RAY_AUTH_PROBE_TIMEOUT_S)
+    except ray.exceptions.AuthenticationError as error:
+        raise RayUnreachableError(ray_auth_refusal(address, error, sent)) from None
+    except Exception:  # noqa: BLE001 - anything else is ray.init's to report, as before
+        return
+
+
+def send_ray_token(address: str) -> bool:
+    """Turn Ray's token authentication on when a token is at hand; whether one is.
+
+    A Ray head started where ``~/.ray/auth_token`` exists requires that token. ``ray.init`` sends
+    it only in token mode, which it turns on by itself for a cluster it finds (``auto``) but never
+    for an explicit address, so ``--address host:port`` to such a head failed as unreachable. Like
+    ``ray.init("auto")``, a token in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
+    ``~/.ray/auth_token`` now turns token mode on (``RAY_AUTH_MODE``, when set, is left as it is).
+    """
+    try:
+        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+    except ImportError:  # a Ray without token authentication
+        return False
+    return maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def ray_auth_refusal(address: str, error: Exception, token_sent: bool) -> str:
+    said = getattr(error, "message", None) or str(error).split(". ")[0]  # Ray's own help text is replaced by polyrl's
+    sent = ("the token polyrl found was refused" if token_sent else
+            "polyrl found no token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) to send")
+    return (f"--address {address}: the Ray cluster requires token authentication and {sent} ({said}). Pass the head's token "
+            "(its ~/.ray/auth_token, or `ray get-auth-token` there) as RAY_AUTH_TOKEN=<token>, RAY_AUTH_TOKEN_PATH=<file> or in "
+            "~/.ray/auth_token on this machine")
+
+
 # --- what travels to the cluster ----------------------------------------------------------------
 
 
@@ -146,6 +193,7 @@ def submit_experiment(
     wait: bool = True,
     console: Console | None = None,
     seeds_option: str | None = None,
+    many_runs: bool = True,
 ):
     """Submit every arm of an experiment to Ray; returns :class:`polyrl.launch.runner.ExperimentResult`.
 
@@ -160,7 +208,7 @@ def submit_experiment(
     if not wait and address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
         raise ConfigError("--no-wait needs a running Ray cluster (--address auto or ray://host:port): "
                           "a local cluster started by this command stops when the command ends")
-    configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option)
+    configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
     on_cuda = [arm for arm, config in configs.items() if config.train.device.startswith("cuda")]
     if on_cuda and gpus_per_arm <= 0:
         # Ray hides every GPU from a task that asks for none: the arm would fail on the worker.
@@ -177,6 +225,8 @@ def submit_experiment(
                       "other nodes cannot write to it; use an MLflow server (tracking.uri: http://host:5000).")
 
     started_ray = False
+    if remote_cluster and not ray.is_initialized():
+        check_ray_token(address if address is not None else os.environ["RAY_ADDRESS"])
     if not ray.is_initialized():
         try:
             if address is None:
@@ -293,6 +343,9 @@ def _submit_locked(path, configs, seeds, first, tracking_uri, folder, lock, *, p
 _console = Console()
 
 
+MANY_RUNS_HELP = f"Start more than {MANY_RUNS} training runs (arms × seeds) in one command; without it such a plan is refused."
+
+
 def submit_command(
     config: Path = typer.Argument(..., help="Experiment YAML."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.steps=5 (repeatable)."),
@@ -303,13 +356,14 @@ def submit_command(
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the arms (default) or return once submitted (needs --address)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Run every arm with these seeds, each arm × seed a Ray task: a count "
                                                             "(--seeds 3 = 0,1,2) or a list (--seeds 0,1,2); overrides the YAML's seeds and seed."),
+    many_runs: bool = typer.Option(False, "--many-runs", help=MANY_RUNS_HELP),
 ) -> None:
     """Run the arms of an experiment as Ray tasks (local Ray by default), logged to MLflow under one parent run."""
     from polyrl.launch.cli_errors import user_errors
 
     with user_errors():  # ArmFailedError exits 1, every other PolyrlError 2
         result = submit_experiment(config, set_options=set_, address=address, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
-                                   gpus_per_arm=gpus_per_arm, wait=wait, console=_console, seeds_option=seeds)
+                                   gpus_per_arm=gpus_per_arm, wait=wait, console=_console, seeds_option=seeds, many_runs=many_runs)
     for name, metrics in result.final_metrics.items():
         _console.print(
             f"[cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "

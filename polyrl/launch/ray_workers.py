@@ -15,22 +15,16 @@ import socket
 from pathlib import Path
 from typing import Any, Callable
 
-from polyrl.core.errors import PolyrlError
 from polyrl.config.schema import ExperimentConfig
 from polyrl.launch.experiment_folder import read_state, write_state
 from polyrl.launch.run_lock import receive_lock
-from polyrl.launch.runner import train_arm
+from polyrl.launch.runner import ArmFailedError, train_arm
 from polyrl.tracking.mlflow_runs import RunLogger, make_client
+from polyrl.tracking.run_logger import terminate_run
 
 # Environment variables a worker needs to behave like the driver (offline hubs, vLLM mode,
 # MLflow server credentials). A local cluster inherits the driver's environment anyway.
 FORWARDED_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "MLFLOW_", "POLYRL_")
-
-
-class ArmFailedError(PolyrlError, RuntimeError):
-    """One or more arms raised in their Ray task; the message names each arm and its error."""
-
-    exit_code = 1
 
 
 def worker_env() -> dict[str, str]:
@@ -111,10 +105,10 @@ def supervise_arms(jobs: list[dict[str, Any]], *, parallel: bool, task_options: 
                 finish_if_running(client, job["run_id"], "KILLED")
         for arm_run_id in {job["arm_run_id"] for job in jobs if job.get("arm_run_id")}:
             finish_if_running(client, arm_run_id, "KILLED")
-        client.set_terminated(parent_run_id, status="KILLED")
+        terminate_run(client, parent_run_id, "KILLED")
         raise
     _close_seeded_arm_runs(client, jobs, failures)
-    client.set_terminated(parent_run_id, status="FAILED" if failures else "FINISHED")
+    terminate_run(client, parent_run_id, "FAILED" if failures else "FINISHED")
     if failures:
         lines = [f"{key!r} (MLflow run {next(j['run_id'] for j in jobs if j['key'] == key)}) failed: "
                  f"{_root_cause(error)}" for key, error in failures.items()]
@@ -140,7 +134,7 @@ def _close_seeded_arm_runs(client, jobs: list[dict[str, Any]], failures: dict[st
 
 def finish_if_running(client, run_id: str, status: str) -> None:
     if client.get_run(run_id).info.status == "RUNNING":
-        client.set_terminated(run_id, status=status)
+        terminate_run(client, run_id, status)
 
 
 def _root_cause(error: BaseException) -> str:

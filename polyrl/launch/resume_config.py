@@ -7,6 +7,11 @@ key, unless ``--allow-config-change``; then the changes apply from the next step
 records them (a tag on the arm run and the new resolved config as another artifact). Like
 torchtitan and verl, which restore a checkpoint only into the job config it was written with,
 some changes can never apply to a resumed arm; :data:`FROZEN_ON_RESUME` lists them and why.
+
+``train.steps`` may grow, also for an arm that finished (train it longer: it continues from its
+last checkpoint, and a linear or cosine schedule's horizon moves with it, which
+:func:`schedule_note` states and the runner records), but never drop below the step the
+checkpoint has reached.
 """
 
 from __future__ import annotations
@@ -101,12 +106,39 @@ def resume_changes(arm: str, old: dict[str, Any], new: dict[str, Any]) -> list[C
     return changes
 
 
+def steps_change(found: list[ConfigChange]) -> ConfigChange | None:
+    return next((change for change in found if change.key == "train.steps"), None)
+
+
+def extends(found: list[ConfigChange]) -> bool:
+    """Whether these changes raise ``train.steps`` (what lets a finished arm train on)."""
+    change = steps_change(found)
+    return change is not None and isinstance(change.old, int) and isinstance(change.new, int) and change.new > change.old
+
+
+def _never_apply(changed: dict[str, list[ConfigChange]], finished: set[str], resume_steps: dict[str, int]) -> list[str]:
+    """Changes no flag can make apply: fewer steps than the checkpoint has, or a finished arm
+    changed without training it longer."""
+    refused = []
+    for arm, found in changed.items():
+        steps, at = steps_change(found), resume_steps.get(arm, 0)
+        if steps is not None and isinstance(steps.new, int) and steps.new < at:
+            refused.append(f"  - arm {arm!r}: {steps.describe()} is below the step its checkpoint has reached ({at}); a run cannot "
+                           f"be shortened (start a new run without --resume for {steps.new} steps)")
+        elif arm in finished and not extends(found):
+            refused.append(f"  - arm {arm!r} already finished (step {at}), so {describe_changes(found)} cannot apply to it; "
+                           f"to train it longer, raise train.steps above {at} (with --allow-config-change)")
+    return refused
+
+
 def check_resume_changes(changes: dict[str, list[ConfigChange]], *, finished: set[str], allow: bool,
                          resume_steps: dict[str, int]) -> None:
     """Raise :class:`ConfigError` unless every change may apply; ``changes`` maps arm → changes."""
     changed = {arm: found for arm, found in changes.items() if found}
     if not changed:
         return
+    if refused := _never_apply(changed, finished, resume_steps):
+        raise ConfigError("--resume: these config changes cannot apply to the run it continues:\n" + "\n".join(refused))
     if not allow:
         lines = [f"  arm {arm!r} (resumes after step {resume_steps.get(arm, 0)}):" for arm in changed]
         body = "\n".join(line + "".join(f"\n    - {c.describe()}" for c in changed[arm]) for line, arm in zip(lines, changed))
@@ -118,9 +150,7 @@ def check_resume_changes(changes: dict[str, list[ConfigChange]], *, finished: se
     refused = []
     for arm, found in changed.items():
         for change in found:
-            if arm in finished:
-                refused.append(f"  - arm {arm!r} already finished, so {change.describe()} cannot apply to it")
-            elif change.key == CRITIC_KEY:
+            if change.key == CRITIC_KEY:
                 refused.append(f"  - arm {arm!r}: {change.describe()}: the checkpoint's model set (policy with or "
                                "without a value model) cannot change")
             elif (reason := frozen_reason(change.key)) is not None:
@@ -132,3 +162,27 @@ def check_resume_changes(changes: dict[str, list[ConfigChange]], *, finished: se
 
 def describe_changes(changes: list[ConfigChange]) -> str:
     return "; ".join(change.describe() for change in changes)
+
+
+def schedule_note(config: ExperimentConfig, old_steps: int, resume_step: int) -> str:
+    """What a new ``train.steps`` does to the learning-rate schedule from ``resume_step`` on, in words.
+
+    The schedule is a function of the optimizer step and ``train.steps`` (:mod:`polyrl.roles.schedule`),
+    so a linear or cosine decay stretches to the new horizon: the rate rises again at the next step.
+    """
+    from polyrl.roles.schedule import lr_factor
+
+    t, new_steps, at = config.train, config.train.steps, resume_step
+    head = f"train.steps {old_steps} → {new_steps}"
+    if t.lr_schedule == "constant":
+        return f"{head}: the learning-rate schedule is constant, so steps {at + 1}–{new_steps} train at train.learning_rate"
+    per_step = t.updates_per_batch * t.mini_batches  # optimizer steps per training step
+
+    def factor(optimizer_step: int, steps: int) -> float:
+        return lr_factor(optimizer_step, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=steps * per_step,
+                         min_lr_ratio=t.min_lr_ratio)
+
+    return (f"{head}: the {t.lr_schedule} schedule's horizon moves from step {old_steps} to step {new_steps}; the learning rate was "
+            f"{factor(at * per_step, old_steps):.3g} × train.learning_rate at step {at} and is {factor(at * per_step + 1, new_steps):.3g} × "
+            f"at step {at + 1}, decaying to {t.min_lr_ratio:g} × by step {new_steps} (a run planned for {new_steps} steps from the "
+            f"start was at {factor(at * per_step, new_steps):.3g} × at step {at})")

@@ -11,12 +11,14 @@ an unreachable MLflow server is reported before anything loads and is outlived m
 (:mod:`polyrl.tracking.mlflow_runs`); one run per folder (:mod:`polyrl.launch.run_lock`);
 SIGTERM and Ctrl-C stop at a step boundary with a checkpoint (:mod:`polyrl.launch.interrupts`);
 every user-facing error that ends an arm marks its MLflow runs FAILED with the message and,
-when resuming can fix it, says how to resume.
+when resuming can fix it, says how to resume. Arms are independent: an arm that fails does not
+stop the others (unless ``fail_fast``); at the end every failed arm is named with its error and
+the command exits 1 (:class:`ArmFailedError`), and ``--resume`` retrains only those.
 """
 
 from __future__ import annotations
 
-import functools
+import logging
 import shlex
 import signal
 from dataclasses import dataclass, field
@@ -24,16 +26,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from polyrl.core.errors import PolyrlError
-from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint, remove_partial_checkpoints
+from polyrl.roles.checkpoint import latest_checkpoint, remove_partial_checkpoints
 from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml, to_yaml
 from polyrl.config.seeds import experiment_seeds
 from polyrl.launch.experiment_folder import (STATE_FILE, archive_previous_run, check_seeds_on_resume, experiment_dir, read_state,
                                              repoint_archived_runs, resume_plan, write_state)
 from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
-from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes
+from polyrl.launch.arm_runs import (  # noqa: F401 - ArmFailedError and plain_printer: importable from here too
+    ArmFailedError, arm_error_text, arms_failed, close_arm_run, last_logged_metrics, plain_printer, reopen_extended_arms,
+    train_with_progress)
+from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes, schedule_note, steps_change
 from polyrl.launch.run_lock import acquire_lock
 from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, TrackingUnavailableError, probe_tracking, resolve_tracking_uri
 
@@ -47,25 +51,7 @@ class ExperimentResult:
     experiment_dir: Path | None = None
     seeds: list[int] | None = None
     seed_run_ids: dict[str, str] = field(default_factory=dict)  # arm/seed_<s> -> run id
-
-
-def plain_printer(console: Console):
-    """Print lines as they are: health lines start with '[arm]', which rich reads as markup and drops."""
-    return functools.partial(console.print, markup=False, highlight=False)
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.fields[arm]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("reward {task.fields[reward]:>6}  acc {task.fields[accuracy]:>5}  len {task.fields[length]:>5}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
+    failed: dict[str, str] = field(default_factory=dict)  # run key -> the error that ended it
 
 
 # --- steps shared with polyrl submit (distributed.py) -----------------------------------------
@@ -170,12 +156,19 @@ def run_experiment(
     show_progress: bool | None = None,
     allow_config_change: bool = False,
     seeds_option: str | None = None,
+    fail_fast: bool = False,
+    many_runs: bool = True,
 ) -> ExperimentResult:
-    """``seeds_option`` is ``--seeds`` (``"3"`` or ``"0,1,2"``); it overrides the file's seeds."""
+    """``seeds_option`` is ``--seeds`` (``"3"`` or ``"0,1,2"``); it overrides the file's seeds.
+
+    An arm that fails is recorded and the next one starts; once all have run,
+    :class:`ArmFailedError` names every failed arm. ``fail_fast``: the first failure ends the run.
+    ``many_runs=False`` refuses a plan of more than :data:`polyrl.launch.seeds.MANY_RUNS` runs.
+    """
     from polyrl.launch.seeds import load_plan
 
     console = console or Console()
-    configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option)
+    configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
     if only_arms:
         unknown = sorted(set(only_arms) - set(configs))
         if unknown:
@@ -194,7 +187,7 @@ def run_experiment(
     try:
         with StopSignals(echo=console.print) as stop:
             return _run_locked(path, configs, seeds, first, folder, resume=resume, allow_config_change=allow_config_change,
-                               console=console, show_progress=show_progress, stop=stop, where=where)
+                               console=console, show_progress=show_progress, stop=stop, where=where, fail_fast=fail_fast)
     except KeyboardInterrupt as error:
         raise _interrupted(error, folder, where, hint) from None
     except PolyrlError as error:
@@ -221,7 +214,7 @@ def _interrupted(error: KeyboardInterrupt, folder: Path, where: dict[str, Any], 
 
 
 def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_change, console, show_progress, stop: StopSignals,
-                where: dict[str, Any]) -> ExperimentResult:
+                where: dict[str, Any], fail_fast: bool = False) -> ExperimentResult:
     from polyrl.launch.seeds import expand_units, start_seeded_arm_run
 
     state_path = folder / STATE_FILE
@@ -236,6 +229,7 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
     if resume:
         check_seeds_on_resume(state, seeds, first.name)
         changes, resume_steps = resume_plan(unit_configs, folder, state, allow=allow_config_change, echo=console.print)
+        reopen_extended_arms(state, changes, resume_steps, unit_configs, console)
     else:
         # A new run never overwrites an earlier one's checkpoints: keep them beside it.
         archived = archive_previous_run(folder)
@@ -283,11 +277,21 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
                 if stop.requested is not None:
                     raise StopNow(stop.requested)
                 where["arm"] = key
-                _train_unit(unit, tracker, parent.run_id, run_parent, folder, state, state_path, result, changes, resume_steps,
-                            tracking_uri=tracking_uri, resume=resume, console=console, show_progress=show_progress, stop=stop)
+                try:
+                    _train_unit(unit, tracker, parent.run_id, run_parent, folder, state, state_path, result, changes, resume_steps,
+                                tracking_uri=tracking_uri, resume=resume, console=console, show_progress=show_progress, stop=stop)
+                except TrackingUnavailableError:
+                    raise  # the store is away for every arm alike
+                except Exception as error:  # noqa: BLE001 - arms are independent: record it, run the next one
+                    if fail_fast or len(units) == 1:
+                        raise  # nothing else to run: the arm's own error, as it was
+                    result.failed[key] = arm_error_text(error)
+                    _record_run_id(result, state, unit)
+                    logging.getLogger("polyrl.run").info("arm %r failed", key, exc_info=error)  # the traceback: to the log file only
+                    console.print(f"[red]{key}: FAILED[/] ({result.failed[key]}); the other arms continue", highlight=False)
                 where["arm"] = None
             if seeds is not None and unit.seed == seeds[-1]:
-                _close_arm_run(arm, arm_loggers.pop(arm), state, state_path)
+                close_arm_run(arm, arm_loggers.pop(arm), state, state_path, failed=result.failed)
     except TrackingUnavailableError:
         raise  # the parent run cannot be reached to be closed; a resume closes it
     except BaseException as error:
@@ -297,6 +301,8 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
             arm_logger.finish_after_error("KILLED" if killed else "FAILED", message)
         parent.finish_after_error("KILLED" if killed else "FAILED", message)
         raise
+    if result.failed:
+        raise arms_failed(result, parent, len(units))
     parent.finish()
     return result
 
@@ -317,70 +323,24 @@ def _train_unit(unit, tracker, experiment_run_id, run_parent, folder, state, sta
     logger = start_arm_run(tracker, run_parent, unit.arm, unit.config, arm_dir=folder / key, resume_run_id=run_ids.get(key),
                            echo=console.print, config_changes=unit_changes, resume_step=resume_steps.get(key, 0), seed=unit.seed)
     if unit_changes:
-        console.print(f"[cyan]{key}[/]: applying config changes from step {resume_steps.get(key, 0) + 1}: "
-                      f"{describe_changes(unit_changes)}", highlight=False)
+        at = resume_steps.get(key, 0)
+        console.print(f"[cyan]{key}[/]: applying config changes from step {at + 1}: {describe_changes(unit_changes)}", highlight=False)
+        if (steps := steps_change(unit_changes)) is not None and isinstance(steps.old, int):
+            note = schedule_note(unit.config, steps.old, at)
+            console.print(f"[cyan]{key}[/]: {note}", highlight=False)
+            logger.set_tags({f"polyrl.schedule_change.step_{at:06d}": note})
     run_ids[key] = logger.run_id
     state["arm_configs"][key] = config_snapshot(unit.config)
     write_state(state_path, state)
     _record_run_id(result, state, unit)
     history = train_arm(unit.config, arm=unit.arm, arm_dir=folder / key, logger=logger, parent_run_id=experiment_run_id,
                         tracking_uri=tracking_uri, resume=resume,
-                        train=lambda trainer: _train_with_progress(trainer, console, show_progress, stop),
+                        train=lambda trainer: train_with_progress(trainer, console, show_progress, stop),
                         on_resumed=lambda step: console.print(f"[cyan]{key}[/]: resumed from step {step}"))
-    result.final_metrics[key] = history[-1] if history else {}
+    # A resume that trained no step (the run had reached its last step) reports what it logged last.
+    result.final_metrics[key] = history[-1] if history else last_logged_metrics(tracker.client, logger.run_id)
     state["finished"].append(key)
     write_state(state_path, state)
-
-
-def _close_arm_run(arm: str, arm_logger: RunLogger, state: dict[str, Any], state_path: Path) -> None:
-    """All seeds of an arm are done: its run gets the per-step means over seeds and closes."""
-    from polyrl.launch.seeds import log_arm_summary
-
-    seed_run_ids = [run_id for key, run_id in state["runs"].items() if key.split("/seed_")[0] == arm]
-    log_arm_summary(arm_logger, seed_run_ids)
-    arm_logger.finish()
-    state["arms_finished"].append(arm)
-    write_state(state_path, state)
-
-
-def _stop_at_step_end(arm: Any, stop: StopSignals):
-    """A step callback that honours a stop request: checkpoint this step (unless saved), then unwind."""
-
-    def on_step(step: int, metrics: dict[str, float]) -> None:
-        if stop.requested is None or step >= arm.config.train.steps:
-            return  # the arm's last step ends the arm normally; the next arm will not start
-        latest = latest_checkpoint(arm.checkpointer.arm_dir)
-        path = latest if latest is not None and checkpoint_step(latest) == step else arm.checkpointer.save(step)
-        raise StopNow(stop.requested, step=step, checkpoint=str(path))
-
-    return on_step
-
-
-def _train_with_progress(arm: Any, console: Console, show: bool, stop: StopSignals | None = None) -> None:
-    """Run ``arm``'s loop (a :class:`polyrl.roles.setup.Arm`) with a progress bar and stop requests honoured."""
-    total = arm.config.train.steps
-    stop = stop or StopSignals()
-    stop.arm()
-    try:
-        if not show:
-            arm.loop(callbacks=[_stop_at_step_end(arm, stop)]).run()
-            return
-        with _progress(console) as progress:
-            task = progress.add_task("train", total=total, completed=arm.start_step, arm=arm.name, reward="-", accuracy="-",
-                                     length="-")
-
-            def show_step(step: int, metrics: dict[str, float]) -> None:
-                progress.update(
-                    task,
-                    completed=step,
-                    reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
-                    accuracy=f"{metrics.get('train/accuracy', float('nan')):.2f}",
-                    length=f"{metrics.get('rollout/response_length/mean', float('nan')):.1f}",
-                )
-
-            arm.loop(printer=plain_printer(progress.console), callbacks=[show_step, _stop_at_step_end(arm, stop)]).run()
-    finally:
-        stop.armed = False
 
 
 def periodic_evaluator(config: ExperimentConfig):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polyrl.config.schema import ExperimentConfig, flatten, load_experiment, read_yaml
+from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml
 from polyrl.config.seeds import experiment_seeds
 
 
@@ -40,11 +40,35 @@ def expand_units(configs: dict[str, ExperimentConfig], seeds: list[int] | None) 
     return [RunUnit(arm, seed, config.model_copy(update={"seed": seed})) for arm, config in configs.items() for seed in seeds]
 
 
-def load_plan(path: str | Path, *, set_options: list[str] | None = None, seeds_option: str | None = None
-              ) -> tuple[dict[str, ExperimentConfig], list[int] | None]:
-    """Each arm's resolved config and the experiment's seeds (None: one run per arm)."""
+# Above this many training runs, polyrl run and submit want --many-runs: `seeds: 1000` is more
+# often a typo of `seed: 1000` than a plan, and it would start runs for days.
+MANY_RUNS = 100
+
+
+def load_plan(path: str | Path, *, set_options: list[str] | None = None, seeds_option: str | None = None,
+              many_runs: bool = True) -> tuple[dict[str, ExperimentConfig], list[int] | None]:
+    """Each arm's resolved config and the experiment's seeds (None: one run per arm); a plan of
+    more than :data:`MANY_RUNS` runs is refused unless ``many_runs``."""
     configs = load_experiment(path, set_options=set_options)
-    return configs, experiment_seeds(read_yaml(path), source=str(path), option=seeds_option)
+    seeds = experiment_seeds(read_yaml(path), source=str(path), option=seeds_option)
+    if not many_runs and run_count(configs, seeds) > MANY_RUNS:
+        raise ConfigError(f"{path}: {plan_line(configs, seeds)}: more than {MANY_RUNS} runs in one command. seeds: N means N runs of "
+                          "every arm (did you mean seed: N, one run with that seed?); pass --many-runs to start them all")
+    return configs, seeds
+
+
+def run_count(configs: dict[str, ExperimentConfig], seeds: list[int] | None) -> int:
+    return len(configs) * (len(seeds) if seeds is not None else 1)
+
+
+def plan_line(configs: dict[str, ExperimentConfig], seeds: list[int] | None) -> str:
+    """How many training runs and steps an experiment starts, in words."""
+    per_arm = len(seeds) if seeds is not None else 1
+    steps = per_arm * sum(config.train.steps for config in configs.values())
+    if seeds is None:
+        return f"{len(configs)} arm(s), one training run each, {steps:,} training steps in all"
+    return (f"{len(configs)} arm(s) × {per_arm} seed(s) = {run_count(configs, seeds):,} training runs, "
+            f"{steps:,} training steps in all")
 
 
 def start_seeded_arm_run(tracker, parent_run_id: str, arm: str, config: ExperimentConfig, seeds: list[int], folder: Path,
@@ -79,6 +103,7 @@ def mean_over_seeds(histories: list[dict[int, float]]) -> dict[int, float]:
 def log_arm_summary(arm_logger, seed_run_ids: list[str]) -> None:
     """Log the per-step mean over seeds of the headline metrics to the arm's run."""
     client = arm_logger.client
+    arm_logger.logged_steps()  # a reopened arm run (its seeds trained longer) skips the steps it has
     steps: dict[int, dict[str, float]] = {}
     for key in summary_keys():
         histories = [{m.step: m.value for m in client.get_metric_history(run_id, key)} for run_id in seed_run_ids]

@@ -22,7 +22,7 @@ from polyrl.algos.objectives import get_objective
 from polyrl.algos.packing import PaddingFreeError, padding_free_refusal, use_packed_rows_attention
 from polyrl.algos.shared_prompts import SharePromptsError, sharing_refusal
 from polyrl.config.schema import ConfigError, ExperimentConfig
-from polyrl.data.images import check_model_takes_images
+from polyrl.data.images import ImageCheck, check_model_takes_images
 from polyrl.data.prompts import PromptSampler, load_prompt_dataset
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.engines.images import auto_model_class, model_takes_images
@@ -206,7 +206,16 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     if cfg.train.threads:
         set_torch_threads(cfg.train.threads)
     seed_everything(cfg.seed)
+    # The data (every row's images decoded) before any model is built or loaded: a bad row costs seconds.
+    data = cfg.data
+    dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
+                                  references_field=data.references_field, images_field=data.images_field, limit=data.limit,
+                                  holdout=data.holdout, images=ImageCheck(max_pixels=data.max_image_pixels))
+    sampler = PromptSampler(dataset, seed=cfg.seed, prompt_field=data.prompt_field, answer_field=data.answer_field,
+                            references_field=data.references_field, images_field=data.images_field,
+                            max_image_pixels=data.max_image_pixels)
     policy_path = resolve_policy_path(cfg.model)
+    check_model_takes_images(policy_path, sampler.samples, images_field=data.images_field)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_path))
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     dtype = compute_dtype(cfg.model.dtype)
@@ -260,13 +269,6 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
             if module is not None and module is not policy:
                 route_linears_through_onednn(module)
     learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective, padding_free), critic=critic, lora=lora)
-    data = cfg.data
-    dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
-                                  references_field=data.references_field, images_field=data.images_field, limit=data.limit,
-                                  holdout=data.holdout)
-    sampler = PromptSampler(dataset, seed=cfg.seed, prompt_field=data.prompt_field, answer_field=data.answer_field,
-                            references_field=data.references_field, images_field=data.images_field)
-    check_model_takes_images(policy_path, sampler.samples, images_field=data.images_field)
     rewards = CompositeReward(reward_specs(cfg, policy_path, [sample.references for sample in sampler.samples]))
     rewards.setup()
     label = accuracy_label(cfg, rewards.labels)

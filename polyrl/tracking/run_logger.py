@@ -7,7 +7,10 @@ checkpoints and replayed, in order and without duplicate steps, once it answers 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import numbers
 import os
 import time
@@ -161,7 +164,7 @@ class RunLogger:
         if self.buffer is not None and self.buffer.count and not self.flush():
             raise self._unavailable(f"could not close run {self.run_id} as {status}")
         try:
-            self.client.set_terminated(self.run_id, status=status)
+            terminate_run(self.client, self.run_id, status)
         except Exception as error:
             if self.buffer is None or not self._is_outage(error):
                 raise
@@ -271,6 +274,29 @@ class RunLogger:
         kept = f"; {self.buffer.count} logging calls are kept in {self.buffer.path}" if self.buffer is not None and self.buffer.count else ""
         return TrackingUnavailableError(f"MLflow at {self.tracking_uri} is unreachable: {what}{kept}. The checkpoints are "
                                         "saved; once the server answers, resuming uploads the kept calls and closes the run")
+
+
+class _LogLines(io.TextIOBase):
+    """A text stream whose lines go to a logger (so to the run's log file, not the console)."""
+
+    def __init__(self, logger: logging.Logger):
+        self.logger, self.pending = logger, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            if line.strip():
+                self.logger.info(line)
+        return len(text)
+
+
+def terminate_run(client: MlflowClient, run_id: str, status: str) -> None:
+    """``client.set_terminated``, with what MLflow prints on stdout as a server's run ends ("View run
+    … at: …", "View experiment at: …") sent to the log like the rest of the libraries' output:
+    polyrl's console is stdout, and it prints its own links."""
+    with contextlib.redirect_stdout(_LogLines(logging.getLogger("mlflow.tracking"))):
+        client.set_terminated(run_id, status=status)
 
 
 def _retry_seconds() -> float:

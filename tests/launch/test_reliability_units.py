@@ -232,15 +232,48 @@ def test_changes_that_cannot_apply_to_a_resumed_run_are_refused_even_with_the_fl
     old = _snapshot()
     new = _snapshot(seed=1, model={"builtin": {"size": "3m"}, "dtype": "bfloat16"}, data={"limit": 10},
                     train={"steps": 40}, objective={"name": "ppo"})
-    changes = {"main": resume_changes("main", old, new), "done": resume_changes("done", old, _snapshot(train={"steps": 40}))}
+    changes = {"main": resume_changes("main", old, new)}
     with pytest.raises(ConfigError) as caught:
-        check_resume_changes(changes, finished={"done"}, allow=True, resume_steps={"main": 2})
+        check_resume_changes(changes, finished=set(), allow=True, resume_steps={"main": 2})
     message = str(caught.value)
     for line in ("seed: 0 → 1", "model.builtin.size: '0.3m' → '3m'", "model.dtype: 'float32' → 'bfloat16'",
-                 "data.limit: None → 10", "critic (advantage estimator needing values): 'no' → 'yes'",
-                 "arm 'done' already finished, so train.steps: 20 → 40 cannot apply"):
+                 "data.limit: None → 10", "critic (advantage estimator needing values): 'no' → 'yes'"):
         assert line in message, (line, message)
     assert "arm 'main': train.steps" not in message  # more steps for a running arm is fine
+
+
+def test_a_finished_arm_may_train_longer_but_no_run_may_train_fewer_steps_than_its_checkpoint():
+    from polyrl.config.schema import ConfigError
+    from polyrl.launch.resume_config import check_resume_changes, resume_changes
+
+    old = _snapshot(train={"steps": 20})
+    longer = resume_changes("done", old, _snapshot(train={"steps": 40, "learning_rate": 1e-4}))
+    check_resume_changes({"done": longer}, finished={"done"}, allow=True, resume_steps={"done": 20})  # before: refused
+    for new, at, finished, said in (
+        ({"steps": 19}, 20, {"done"}, "arm 'done': train.steps: 20 → 19 is below the step its checkpoint has reached (20)"),
+        ({"steps": 3}, 4, set(), "arm 'done': train.steps: 20 → 3 is below the step its checkpoint has reached (4)"),
+        ({"learning_rate": 1e-4}, 20, {"done"}, "arm 'done' already finished (step 20), so train.learning_rate"),
+    ):
+        for allow in (True, False):  # refused with or without the flag, never suggesting a flag that would refuse
+            with pytest.raises(ConfigError) as caught:
+                check_resume_changes({"done": resume_changes("done", old, _snapshot(train=new))}, finished=finished, allow=allow,
+                                     resume_steps={"done": at})
+            assert said in str(caught.value) and "pass --allow-config-change" not in str(caught.value), str(caught.value)
+
+
+def test_schedule_note_states_the_moved_horizon():
+    from polyrl.config.schema import ExperimentConfig
+    from polyrl.launch.resume_config import schedule_note
+
+    config = ExperimentConfig.model_validate({"name": "e", "train": {"steps": 4, "lr_schedule": "cosine"}})
+    # Cosine, no warm-up, p = (s - 1) / S: the old horizon 2 put step 2 at p = 1/2, factor (1 + cos(pi/2)) / 2 = 0.5;
+    # the new horizon 4 puts step 3 at p = 2/4, factor 0.5 too, and step 2 at p = 1/4: (1 + cos(pi/4)) / 2 = 0.854.
+    assert schedule_note(config, 2, 2) == (
+        "train.steps 2 → 4: the cosine schedule's horizon moves from step 2 to step 4; the learning rate was 0.5 × "
+        "train.learning_rate at step 2 and is 0.5 × at step 3, decaying to 0 × by step 4 (a run planned for 4 steps from the "
+        "start was at 0.854 × at step 2)")
+    constant = ExperimentConfig.model_validate({"name": "e", "train": {"steps": 4}})
+    assert schedule_note(constant, 2, 2) == "train.steps 2 → 4: the learning-rate schedule is constant, so steps 3–4 train at train.learning_rate"
 
 
 # --- 5. an unreachable tracking server is reported at once -------------------------------------

@@ -82,6 +82,21 @@ def mlflow_server(tmp_path):
         process.kill()
 
 
+def test_mlflow_view_run_lines_go_to_the_log_not_the_console(mlflow_server, capsys, caplog):
+    """MLflow prints "View run … at: …" on stdout when a server's run ends; the console is
+    polyrl's (the log file is where library output goes). Before: both lines reached stdout."""
+    tracker = ExperimentTracker(mlflow_server, "quiet")
+    parent = tracker.start_parent("quiet")
+    arm = tracker.start_arm(parent.run_id, "a")
+    with caplog.at_level("INFO", logger="mlflow.tracking"):
+        arm.finish()
+        parent.finish_after_error("FAILED", "x")
+    assert "View run" not in capsys.readouterr().out
+    logged = [record.getMessage() for record in caplog.records if record.name == "mlflow.tracking"]
+    assert any(line.startswith("🏃 View run a at: ") for line in logged), logged
+    assert MlflowClient(mlflow_server).get_run(arm.run_id).info.status == "FINISHED"
+
+
 def test_experiment_with_arms_logs_to_a_real_mlflow_server(tmp_path, tiny_experiment, mlflow_server, monkeypatch, write_experiment):
     monkeypatch.chdir(tmp_path)
     config = tiny_experiment(name="served", train={"steps": 2}, tracking={"uri": mlflow_server, "progress": False})
