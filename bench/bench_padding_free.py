@@ -37,7 +37,7 @@ from polyrl.algos.objectives import get_objective  # noqa: E402
 from polyrl.core.types import Completion  # noqa: E402
 from polyrl.models.text import MODEL_SIZES  # noqa: E402
 from polyrl.roles.batches import LearnerBatch  # noqa: E402
-from polyrl.roles.host_memory import keep_freed_host_memory  # noqa: E402
+from polyrl.runtime.host_memory import keep_freed_host_memory  # noqa: E402
 from polyrl.roles.learner import LearnerSettings, PolicyLearner  # noqa: E402
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -162,7 +162,7 @@ def main() -> None:
     parser.add_argument("--child-padding-free", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    keep_freed_host_memory()  # as a CPU learner's arm does (polyrl.roles.host_memory)
+    keep_freed_host_memory()  # as a CPU learner's arm does (polyrl.runtime.host_memory)
     if args.child:
         child(args)
         return
