@@ -16,6 +16,9 @@ parameters and each layer's post-load processing is re-run). Two things it does 
   version re-processes it is an implementation detail, so every reload also re-runs the tied
   heads' post-load processing (:func:`_refresh_vocab_layers`).
 * Cached KV blocks were computed with the old weights: the prefix cache is reset.
+* A tied head's own name (``lm_head.weight``, the same tensor as the embedding) is not sent:
+  the embedding carries it, and some models' loaders refuse the name (vLLM's Gemma 2 has no
+  ``lm_head`` module at all: "There is no module or parameter named 'lm_head'").
 
 Compiled mode (``enforce_eager=False``, ``rollout.compile``): vLLM runs its torch.compile'd
 forward (on CUDA also CUDA graphs). The in-place reload still reaches it: the compiled graphs
@@ -60,6 +63,11 @@ def request_seed(seed: int | None, prompt_index: int, n: int) -> int | None:
     if seed is None:
         return None
     return (seed * 1_000_003 + prompt_index * n) % (2**31 - 1)
+
+def is_output_head(name: str) -> bool:
+    """The output head's weight name (``lm_head.weight``, or a VLM's ``language_model.lm_head.weight``)."""
+    return name == "lm_head.weight" or name.endswith(".lm_head.weight")
+
 
 def _reload_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]], refresh_output_head: bool) -> int:
     """Runs inside the vLLM worker (in-process: a direct call). Returns the number of tensors."""
@@ -166,6 +174,7 @@ class VLLMRolloutEngine(RolloutEngine):
         )
         self._pending_images: list[tuple[list[int], dict[str, Any] | None]] = []
         self.modality_rule = load_modality_rule(self.model_path, self.tokenizer)
+        self.tied_head = bool(getattr(text_config, "tie_word_embeddings", False))
 
     @property
     def compiled(self) -> bool:
@@ -260,7 +269,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load learner weights into the running engine (see the module docstring)."""
-        weights = [(name, tensor.detach()) for name, tensor in named_tensors]
+        weights = [(name, tensor.detach()) for name, tensor in named_tensors if not (self.tied_head and is_output_head(name))]
         if not weights:
             return
         self.llm.collective_rpc(_reload_into_worker, args=(weights, self.refresh_output_head))
