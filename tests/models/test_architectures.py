@@ -63,14 +63,13 @@ def test_architecture_trains_with_both_engines_resumes_and_evaluates(model_type,
     steps_taken = []
     original_step = loop.TrainingLoop.step
 
-    def step_then_sigterm_in_the_third(self):
-        metrics = original_step(self)
-        steps_taken.append(self.step_index)
-        if len(steps_taken) == 3:  # vllm arm: steps 1, 2; hf arm: step 1
+    def sigterm_during_the_third_step(self):
+        steps_taken.append(self.step_index + 1)
+        if len(steps_taken) == 3:  # vllm arm: steps 1, 2; hf arm: step 1, which then ends with a checkpoint
             os.kill(os.getpid(), signal.SIGTERM)
-        return metrics
+        return original_step(self)
 
-    monkeypatch.setattr(loop.TrainingLoop, "step", step_then_sigterm_in_the_third)
+    monkeypatch.setattr(loop.TrainingLoop, "step", sigterm_during_the_third_step)
     with pytest.raises(RunInterrupted):
         run_experiment(path, console=quiet, show_progress=False)
     result = run_experiment(path, console=quiet, show_progress=False, resume=True)
