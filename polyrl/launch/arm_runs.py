@@ -152,3 +152,13 @@ def train_with_progress(arm: Any, console: Console, show: bool, stop: StopSignal
             arm.loop(printer=plain_printer(progress.console), callbacks=[show_step, _stop_at_step_end(arm, stop)]).run()
     finally:
         stop.armed = False
+
+
+# What the end of polyrl run / submit shows per arm: (label, metric key, format).
+SUMMARY = (("reward", "reward/mean", ".3f"), ("accuracy", "train/accuracy", ".3f"), ("length", "rollout/response_length/mean", ".1f"))
+
+
+def summary_line(name: str, metrics: dict[str, float]) -> str:
+    """An arm's last values; a metric the arm does not log (accuracy without an accuracy reward) is left out, not shown as nan."""
+    shown = [f"{label} {metrics[key]:{spec}}" for label, key, spec in SUMMARY if key in metrics]
+    return f"[cyan]{name}[/]: " + (" · ".join(shown) or "no metrics logged")

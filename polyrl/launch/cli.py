@@ -144,14 +144,11 @@ def run(
     _print_summary(result)
 
 
-SUMMARY = (("reward", "reward/mean", ".3f"), ("accuracy", "train/accuracy", ".3f"), ("length", "rollout/response_length/mean", ".1f"))
-
-
 def _print_summary(result) -> None:
-    """Each arm's last values; a metric the arm does not log (accuracy without an accuracy reward) is left out."""
+    from polyrl.launch.arm_runs import summary_line
+
     for name, metrics in result.final_metrics.items():
-        shown = [f"{label} {metrics[key]:{spec}}" for label, key, spec in SUMMARY if key in metrics]
-        console.print(f"[cyan]{name}[/]: " + (" · ".join(shown) or "no metrics logged"))
+        console.print(summary_line(name, metrics))
     console.print(f"MLflow: {result.tracking_uri} (parent run {result.parent_run_id})")
     console.print(f"Compare the arms: polyrl compare {result.name}    ·    in the MLflow UI: polyrl ui {result.name} --open")
 

@@ -51,6 +51,7 @@ from polyrl.launch.ray_workers import DetachedSupervisor, finish_if_running, sup
 from polyrl.launch.run_lock import acquire_lock
 from polyrl.launch.seeds import MANY_RUNS, expand_units, load_plan, start_seeded_arm_run
 from polyrl.launch.experiment_folder import STATE_FILE, archive_previous_run, experiment_dir, write_state
+from polyrl.launch.arm_runs import summary_line
 from polyrl.launch.runner import ExperimentResult, start_arm_run, start_experiment_run, yaml_text
 from polyrl.tracking.mlflow_runs import ExperimentTracker, probe_tracking, resolve_tracking_uri
 
@@ -365,11 +366,7 @@ def submit_command(
         result = submit_experiment(config, set_options=set_, address=address, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
                                    gpus_per_arm=gpus_per_arm, wait=wait, console=_console, seeds_option=seeds, many_runs=many_runs)
     for name, metrics in result.final_metrics.items():
-        _console.print(
-            f"[cyan]{name}[/]: reward {metrics.get('reward/mean', float('nan')):.3f} · "
-            f"accuracy {metrics.get('train/accuracy', float('nan')):.3f} · "
-            f"length {metrics.get('rollout/response_length/mean', float('nan')):.1f}"
-        )
+        _console.print(summary_line(name, metrics))
     _console.print(f"MLflow: {result.tracking_uri} (parent run {result.parent_run_id})")
     _console.print(f"Compare the arms: polyrl compare {result.name} --tracking-uri {result.tracking_uri}    ·    "
                    f"open the UI: polyrl ui --tracking-uri {result.tracking_uri}")
