@@ -27,6 +27,13 @@ class DataConfig(StrictModel):
     max_image_pixels: int = Field(89_478_485, ge=1, description="Refuse an image of more pixels (width × height) than this, "
                                   "read from its header before decoding, naming the row, the file and this limit. Default: "
                                   "Pillow's own limit, ~89.5 megapixels (9459×9459).")
+    chat_template: bool | None = Field(
+        None, description="Format each prompt through the tokenizer's chat template (a user message, generation prompt "
+        "appended), once, for the sampler, the learner and periodic eval alike; refused for a tokenizer without one. "
+        "Default: on when the rows carry messages_field, else off.")
+    system_prompt: str | None = Field(None, description="A system message before every prompt (chat formatting only).")
+    messages_field: str = Field("messages", description="The column of chat rows: a list of {role, content} messages "
+                                "ending with the user's turn; it may stand in for prompt_field.")
 
     @model_validator(mode="before")
     @classmethod
