@@ -50,6 +50,15 @@ def tiny_arch_dir(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def chat_model_dir(tmp_path_factory) -> Path:
+    """A tiny chat model: BPE tokenizer trained here, Llama-3-style template that writes BOS itself
+    (the tokenizer adds BOS on encode too), end of turn <|eot_id|> != EOS (tests/chat_models.py)."""
+    from chat_models import build_chat_model_dir
+
+    return build_chat_model_dir(tmp_path_factory.mktemp("chat_model") / "model", seed=0)
+
+
 @pytest.fixture
 def mlflow_uri(tmp_path, monkeypatch) -> str:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

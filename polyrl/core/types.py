@@ -21,6 +21,16 @@ class PromptSample:
     images: list[Any] = field(default_factory=list)
     # Every other column of the dataset row (e.g. ``answer``, ``id``), passed to rewards.
     fields: dict[str, Any] = field(default_factory=dict)
+    # Chat prompts (polyrl/data/chat.py): the prompt as the model sees it, template tokens
+    # included, and its token ids, made once; the engines send these ids and the learner scores
+    # them. ``prompt`` stays the user's text, which rewards see. None: ``prompt`` is sent as is.
+    model_prompt: str | None = None
+    prompt_ids: list[int] | None = None
+
+    @property
+    def shown_prompt(self) -> str:
+        """The prompt as the model saw it (sample tables)."""
+        return self.prompt if self.model_prompt is None else self.model_prompt
 
 
 @dataclass

@@ -3,6 +3,8 @@
 ``load_prompt_dataset(source, split)`` accepts
 
 * ``"arithmetic"`` — the synthetic task shipped with polyrl (``polyrl/tasks/data/arithmetic``);
+* ``"arithmetic_chat"`` — the same problems and splits in chat form: each row's ``messages``
+  hold one user question (``polyrl/tasks/arithmetic.py``: ``chat_row``), for chat models;
 * ``"drawing"`` — the shipped drawing task (``polyrl/tasks/data/drawing``);
 * ``"scenes"`` / ``"scenes_captions"`` — the shipped image tasks, VQA and captioning
   (``polyrl/tasks/scenes.py``);
@@ -27,15 +29,18 @@ from typing import Any
 
 import datasets
 
+from polyrl.data import chat
 from polyrl.data import images as image_rows
 from polyrl.data import splits as split_rules
 from polyrl.data.errors import DataConfigError  # re-exported: callers import it from here
 from polyrl.tasks import arithmetic, drawing, scenes
 from polyrl.core.types import PromptSample
 
-BUILTIN_SOURCES = ("arithmetic", "drawing", "scenes", "scenes_captions")
-# The module of each built-in source: its SPLITS and shipped_path(split).
-_BUILTIN_MODULES = {"arithmetic": arithmetic, "drawing": drawing, "scenes": scenes, "scenes_captions": scenes.CAPTIONS}
+BUILTIN_SOURCES = ("arithmetic", "arithmetic_chat", "drawing", "scenes", "scenes_captions")
+# The module of each built-in source: its SPLITS and shipped_path(split) (and map_row(row) for a
+# source in chat form: the shipped rows, mapped).
+_BUILTIN_MODULES = {"arithmetic": arithmetic, "arithmetic_chat": arithmetic.CHAT, "drawing": drawing, "scenes": scenes,
+                    "scenes_captions": scenes.CAPTIONS}
 _FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -120,10 +125,11 @@ def _first_row(path: Path, source: str) -> dict[str, Any] | None:
     return row
 
 
-def check_prompt_source(source: str, split: str, *, prompt_field: str = "prompt", holdout: float | None = None) -> None:
+def check_prompt_source(source: str, split: str, *, prompt_field: str = "prompt", holdout: float | None = None,
+                        messages_field: str | None = None) -> None:
     """What can be checked about a data source without loading it: a local file exists, is
-    not empty, can give ``split``, and its first row has ``prompt_field``. Dataset names are
-    left to the loader."""
+    not empty, can give ``split``, and its first row has ``prompt_field`` (or ``messages_field``,
+    when given: chat rows, :mod:`polyrl.data.chat`). Dataset names are left to the loader."""
     if not isinstance(source, str) or not source:
         raise DataConfigError(f"data source must be a non-empty string, got {source!r}")
     if source in BUILTIN_SOURCES:
@@ -137,11 +143,15 @@ def check_prompt_source(source: str, split: str, *, prompt_field: str = "prompt"
     if path is None:
         return
     row = _first_row(path, source)
-    if row is not None and prompt_field not in row:
+    if row is not None and prompt_field not in row and (messages_field is None or messages_field not in row):
         raise DataConfigError(
-            f"data source {source!r}: prompt field {prompt_field!r} not found in the first row of {path}; "
+            f"data source {source!r}: prompt field {prompt_field!r}{_or_messages(messages_field)} not found in the first row of {path}; "
             f"fields are {sorted(row)}"
         )
+
+
+def _or_messages(messages_field: str | None) -> str:
+    return "" if messages_field is None else f" (or messages field {messages_field!r})"
 
 
 IMAGE_SOURCES = ("scenes", "scenes_captions")
@@ -232,6 +242,7 @@ def load_prompt_dataset(
     holdout: float | None = None,
     whole_file: bool = False,
     images: image_rows.ImageCheck | None = None,
+    messages_field: str | None = None,
 ) -> datasets.Dataset:
     """Load one split of a prompt dataset and check that it is usable.
 
@@ -245,6 +256,8 @@ def load_prompt_dataset(
     ``whole_file`` takes a single local file whole whatever ``split`` is (an eval dataset that
     names no split), where otherwise a split the file cannot honour is refused. ``images`` sets
     how images are checked (pixel limit, decoding) and counts what was checked.
+    ``messages_field`` (chat rows, :mod:`polyrl.data.chat`): a column that may stand in for the
+    prompt column.
     """
     if not isinstance(source, str) or not source:
         raise DataConfigError(f"data source must be a non-empty string, got {source!r}")
@@ -263,6 +276,8 @@ def load_prompt_dataset(
                 f"data source {source!r}: unknown split {split!r}; allowed: {list(module.SPLITS)}"
             )
         dataset = _load_file(module.shipped_path(split), source, split)
+        if hasattr(module, "map_row"):  # a source that is another's rows in a new form (arithmetic_chat)
+            dataset = dataset.map(module.map_row)
     else:
         local = _split_file(source, split, holdout, whole_file)
         if local is not None:
@@ -285,9 +300,9 @@ def load_prompt_dataset(
 
     if len(dataset) == 0:
         raise DataConfigError(f"data source {source!r}: split {split!r} is empty")
-    if prompt_field not in dataset.column_names:
+    if prompt_field not in dataset.column_names and (messages_field is None or messages_field not in dataset.column_names):
         raise DataConfigError(
-            f"data source {source!r}: prompt field {prompt_field!r} not found in split {split!r}; "
+            f"data source {source!r}: prompt field {prompt_field!r}{_or_messages(messages_field)} not found in split {split!r}; "
             f"columns are {dataset.column_names}"
         )
     if limit is not None:
@@ -299,7 +314,7 @@ def _checked_images(dataset: datasets.Dataset, source: str, local: Path | None, 
                     check: image_rows.ImageCheck) -> datasets.Dataset:
     """Check every row's images before any model is built (see ``data/images.py``)."""
     if images_field not in dataset.column_names:
-        for index, prompt in enumerate(dataset[prompt_field]):
+        for index, prompt in enumerate(dataset[prompt_field] if prompt_field in dataset.column_names else []):
             if isinstance(prompt, str) and image_rows.IMAGE_PLACEHOLDER in prompt:
                 image_rows.check_placeholder_count(prompt, 0, index=index, prompt_field=prompt_field, images_field=images_field)
         return dataset
@@ -343,8 +358,13 @@ def rows_to_prompt_samples(
     references_field: str = "references",
     images_field: str = "images",
     max_image_pixels: int = image_rows.DEFAULT_MAX_IMAGE_PIXELS,
+    messages_field: str | None = None,
 ) -> list[PromptSample]:
     """Dataset rows -> ``PromptSample``s.
+
+    A row without ``prompt_field`` but with ``messages_field`` (when given) is a chat row: its
+    prompt is its last user message's text (what rewards see), and the messages stay in
+    ``fields`` for :func:`polyrl.data.chat.format_prompts`.
 
     ``references`` is the ``references_field`` list if present, else ``[answer]``, else ``[]``.
     ``images`` are the ``images_field`` values as RGB PIL images (``data/images.py``).
@@ -353,9 +373,12 @@ def rows_to_prompt_samples(
     """
     samples = []
     for index, row in enumerate(rows):
-        if prompt_field not in row:
+        if prompt_field not in row and messages_field is not None and row.get(messages_field) is not None:
+            prompt = chat.last_user_text(row[messages_field], index=index, field=messages_field)
+        elif prompt_field not in row:
             raise DataConfigError(f"row {index}: prompt field {prompt_field!r} not found; columns are {sorted(row)}")
-        prompt = row[prompt_field]
+        else:
+            prompt = row[prompt_field]
         if not isinstance(prompt, str):
             raise DataConfigError(f"row {index}: prompt field {prompt_field!r} must be a string, got {type(prompt).__name__}")
         fields = {key: value for key, value in row.items() if key not in (prompt_field, references_field, images_field)}

@@ -66,6 +66,10 @@ class RolloutEngine(ABC):
         self.close()
 
     def encode_prompt(self, prompt: PromptSample) -> list[int]:
+        """The ids to send: a chat prompt's own ids (made once by polyrl/data/chat.py, so the
+        template's BOS is never doubled), else the prompt text without added special tokens."""
+        if prompt.prompt_ids is not None:
+            return list(prompt.prompt_ids)
         return list(self.tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"])
 
     # -- images (engines/images.py) ------------------------------------------------------------

@@ -25,6 +25,7 @@ from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines import images as image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids
 from polyrl.engines.modality_marks import load_modality_rule
+from polyrl.engines.stop_tokens import completion_text_ids, stop_token_ids
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -61,7 +62,8 @@ class HFRolloutEngine(RolloutEngine):
         model_class = image_prompts.auto_model_class(self.model_path)
         self.model = model or model_class.from_pretrained(self.model_path, dtype=torch_dtype)
         self.model.to(self.device).eval()
-        self.eos_ids = eos_ids(self.tokenizer, self.model)
+        # EOS, the generation config's EOS ids and the chat template's end of turn (stop_tokens.py).
+        self.eos_ids = set(eos_ids(self.tokenizer, self.model)) | stop_token_ids(self.tokenizer)
         text_config = getattr(self.model.config, "text_config", None) or self.model.config
         self._setup_images(self.model_path, getattr(text_config, "vocab_size", None))
         self.modality_rule = load_modality_rule(self.model_path, self.tokenizer)
@@ -139,7 +141,7 @@ class HFRolloutEngine(RolloutEngine):
                 if stop_length is not None:
                     length, finish = stop_length, "stop"
             ids = tokens[:length].tolist()
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            text = self.tokenizer.decode(completion_text_ids(ids, finish, frozenset(self.eos_ids)), skip_special_tokens=True)
             if settings.stop:
                 cut = [text.find(s) for s in settings.stop if s in text]
                 if cut:

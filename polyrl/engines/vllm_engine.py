@@ -50,6 +50,7 @@ from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines import images as image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids
 from polyrl.engines.modality_marks import load_modality_rule
+from polyrl.engines.stop_tokens import generation_config_eos, stop_token_ids
 
 
 def request_seed(seed: int | None, prompt_index: int, n: int) -> int | None:
@@ -166,6 +167,12 @@ class VLLMRolloutEngine(RolloutEngine):
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_ids = eos_ids(self.tokenizer, None)
+        # vLLM stops at the tokenizer's EOS by itself; the generation config's other EOS ids and the
+        # chat template's end of turn go as stop_token_ids (vLLM keeps the stop token as the last
+        # completion id with its log-prob, and leaves it out of the text). See stop_tokens.py.
+        self.stop_ids = stop_token_ids(self.tokenizer, generation_config_eos(self.model_path))
+        self.eos_ids |= self.stop_ids
+        self._extra_stop_ids = sorted(self.stop_ids - {self.tokenizer.eos_token_id}) or None
         hf_config = self.llm.llm_engine.model_config.hf_config
         text_config = getattr(hf_config, "text_config", None) or hf_config
         self._setup_images(self.model_path, getattr(text_config, "vocab_size", None))
@@ -196,6 +203,7 @@ class VLLMRolloutEngine(RolloutEngine):
             max_tokens=settings.max_tokens,
             seed=request_seed(settings.seed, prompt_index, settings.n),
             stop=list(settings.stop) or None,
+            stop_token_ids=self._extra_stop_ids,
             logprobs=0,  # the sampled token's log-prob only
             flat_logprobs=True,  # flat lists instead of one dict per token: less Python/GC work
             # Image-text models: never sample image/special tokens (the learner masks the same ids).

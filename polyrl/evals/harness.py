@@ -29,6 +29,7 @@ from polyrl.rewards import summary as stats
 from polyrl.evals.coco import coco_caption_metrics
 from polyrl.evals.passk import mean_pass_at_k
 from polyrl.evals.suite import DatasetSpec, EvalError, EvalSuite, load_suite, resolve_source
+from polyrl.data.chat import ChatFormat, chat_in_effect, format_prompts
 from polyrl.data.prompts import load_prompt_dataset, rows_to_prompt_samples
 from polyrl.core.types import Completion, PromptSample
 from polyrl.rewards import CompositeReward, RewardBatch, RewardSpec, run_module
@@ -52,10 +53,24 @@ class _Dataset:
     samples: list[PromptSample]
     accuracy: Any | None = None  # the accuracy reward module, set up
     cider: Any | None = None  # the in-process CIDEr module (caption suites)
+    chat: ChatFormat = ChatFormat()
+    # ``samples`` formatted for one tokenizer (chat prompts), made once per tokenizer.
+    formatted: list[PromptSample] | None = None
+    formatted_for: Any = None
 
 
-def load_samples(spec: DatasetSpec, *, base_dir: Path | None, limit: int | None) -> list[PromptSample]:
-    """The dataset's prompts; ``limit`` (from the CLI or ``eval.limit``) caps the suite's own."""
+def chat_format(spec: DatasetSpec, default: ChatFormat | None) -> ChatFormat:
+    """The dataset's chat settings: its own, else the training run's (``default``: periodic eval
+    formats its prompts as the run's training prompts are)."""
+    own = ChatFormat(spec.chat_template, spec.system_prompt, spec.messages_field, where=f"datasets[{spec.label}]")
+    if default is None or spec.chat_template is not None or spec.system_prompt is not None:
+        return own
+    return ChatFormat(default.chat_template, default.system_prompt, spec.messages_field, where=default.where)
+
+
+def load_samples(spec: DatasetSpec, *, base_dir: Path | None, limit: int | None, messages_field: str | None = None) -> list[PromptSample]:
+    """The dataset's prompts; ``limit`` (from the CLI or ``eval.limit``) caps the suite's own;
+    ``messages_field``: chat rows may carry messages instead of a prompt (:mod:`polyrl.data.chat`)."""
     cap = min(x for x in (spec.limit, limit) if x is not None) if (spec.limit or limit) else None
     dataset = load_prompt_dataset(
         resolve_source(spec.source, base_dir),
@@ -68,31 +83,35 @@ def load_samples(spec: DatasetSpec, *, base_dir: Path | None, limit: int | None)
         holdout=spec.holdout,
         # A dataset that names no split takes a single file whole; a split it names must be honoured.
         whole_file="split" not in spec.model_fields_set and spec.holdout is None,
+        messages_field=messages_field,
     )
     if spec.image_field and spec.image_field not in dataset.column_names:
         raise EvalError(f"datasets[{spec.label}].image_field: column {spec.image_field!r} not in {dataset.column_names}")
     # The prompt loader opens the images (RGB PIL) into PromptSample.images (data/images.py).
     return rows_to_prompt_samples(
         dataset, prompt_field=spec.prompt_field, answer_field=spec.answer_field, references_field=spec.references_field,
-        images_field=spec.image_field or "images",
+        images_field=spec.image_field or "images", messages_field=messages_field,
     )
 
 
 class SuiteRunner:
     """A suite with its data loaded and its metric modules set up, ready to run on engines."""
 
-    def __init__(self, suite: EvalSuite | str | Path, *, limit: int | None = None, base_dir: Path | None = None):
+    def __init__(self, suite: EvalSuite | str | Path, *, limit: int | None = None, base_dir: Path | None = None,
+                 chat: ChatFormat | None = None):
+        """``chat``: the chat settings of datasets that set none (periodic eval: the run's ``data``)."""
         self.suite, found_dir = load_suite(suite)
         self.base_dir = base_dir or found_dir
         self.settings = self.suite.generation.sampling_settings()
-        self.datasets = [self._prepare(spec, limit) for spec in self.suite.datasets]
+        self.datasets = [self._prepare(spec, limit, chat) for spec in self.suite.datasets]
         self.rewards = self._build_rewards(self.suite.metrics.rewards)
 
-    def _prepare(self, spec: DatasetSpec, limit: int | None) -> _Dataset:
+    def _prepare(self, spec: DatasetSpec, limit: int | None, default_chat: ChatFormat | None) -> _Dataset:
         from polyrl.rewards.builtins.accuracy import Accuracy
         from polyrl.rewards.builtins.cider import Cider
 
-        data = _Dataset(spec, load_samples(spec, base_dir=self.base_dir, limit=limit))
+        chat = chat_format(spec, default_chat)
+        data = _Dataset(spec, load_samples(spec, base_dir=self.base_dir, limit=limit, messages_field=chat.rows_messages_field), chat=chat)
         params = self.suite.accuracy_params()
         if params is not None:
             # The dataset's answer column is the gold answer unless the suite says otherwise.
@@ -126,8 +145,9 @@ class SuiteRunner:
         images: list[list[Any]] = []
         counts: dict[str, dict[str, int]] = {}
         for data in self.datasets:
-            groups = self._generate(engine, data)
-            dataset_metrics, dataset_rows = self._score(data, groups)
+            samples = self.prompts(engine, data)
+            groups = self._generate(engine, data, samples)
+            dataset_metrics, dataset_rows = self._score(data, groups, samples)
             metrics.update({f"{data.spec.label}/{k}": v for k, v in dataset_metrics.items()})
             rows.extend(dataset_rows)
             images.extend(list(data.samples[row["prompt_index"]].images) for row in dataset_rows)
@@ -143,9 +163,32 @@ class SuiteRunner:
                 check_model_takes_images(model_dir, data.samples, field=field, images_field=data.spec.image_field or "images")
             except ValueError as error:
                 raise EvalError(f"dataset {data.spec.label!r}: {error}") from None
+        self.check_chat(model_dir)
 
-    def _generate(self, engine: Any, data: _Dataset) -> list[list[Completion]]:
-        groups = engine.generate(data.samples, self.settings)
+    def check_chat(self, model_dir: str | Path) -> None:
+        """Format the chat datasets' prompts with the model's tokenizer now, so a model without a
+        chat template is refused before any engine starts (raises ChatTemplateError)."""
+        chat_datasets = [data for data in self.datasets if chat_in_effect(data.chat, data.samples) or data.chat.system_prompt]
+        if not chat_datasets:
+            return
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        for data in chat_datasets:
+            format_prompts(data.samples, tokenizer, data.chat, model=str(model_dir))
+
+    def prompts(self, engine: Any, data: _Dataset) -> list[PromptSample]:
+        """The dataset's prompts as ``engine``'s model sees them (chat-formatted with its tokenizer
+        when chat formatting is in effect), made once per tokenizer."""
+        tokenizer = getattr(engine, "tokenizer", None)
+        if data.formatted is None or data.formatted_for is not tokenizer:
+            model = str(getattr(engine, "model_path", "the model"))
+            data.formatted = format_prompts(data.samples, tokenizer, data.chat, model=model)
+            data.formatted_for = tokenizer
+        return data.formatted
+
+    def _generate(self, engine: Any, data: _Dataset, samples: list[PromptSample]) -> list[list[Completion]]:
+        groups = engine.generate(samples, self.settings)
         n = self.settings.n
         if len(groups) != len(data.samples) or any(len(g) != n for g in groups):
             raise EvalError(
@@ -154,11 +197,11 @@ class SuiteRunner:
             )
         return groups
 
-    def _score(self, data: _Dataset, groups: list[list[Completion]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    def _score(self, data: _Dataset, groups: list[list[Completion]], samples: list[PromptSample]) -> tuple[dict[str, float], list[dict[str, Any]]]:
         n = self.settings.n
         completions = [c for group in groups for c in group]
-        batch = RewardBatch.from_samples(data.samples, [c.text for c in completions], group_size=n)
-        rows = _base_rows(data, completions, n)
+        batch = RewardBatch.from_samples(samples, [c.text for c in completions], group_size=n)
+        rows = _base_rows(data, samples, completions, n)
         out: dict[str, float] = {}
         if data.accuracy is not None:
             out.update(self._accuracy(data, batch, rows, n))
@@ -200,17 +243,17 @@ class SuiteRunner:
         return out
 
 
-def _base_rows(data: _Dataset, completions: list[Completion], n: int) -> list[dict[str, Any]]:
+def _base_rows(data: _Dataset, samples: list[PromptSample], completions: list[Completion], n: int) -> list[dict[str, Any]]:
     rows = []
     for index, completion in enumerate(completions):
-        sample = data.samples[index // n]
+        sample = samples[index // n]
         rows.append(
             {
                 "dataset": data.spec.label,
                 "prompt_index": index // n,
                 "sample_index": index % n,
                 "id": str(sample.fields.get("id", index // n)),
-                "prompt": sample.prompt,
+                "prompt": sample.shown_prompt,  # as the model saw it: chat template tokens included
                 "completion": completion.text,
                 "answer": None if sample.fields.get(data.spec.answer_field) is None else str(sample.fields[data.spec.answer_field]),
                 "references": list(sample.references),

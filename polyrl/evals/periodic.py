@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from polyrl.data.chat import ChatFormat
 from polyrl.data.splits import overlap_warning
 from polyrl.evals.harness import EvalResult, SuiteRunner
 from polyrl.evals.suite import EvalError
@@ -54,4 +55,6 @@ def make_periodic_evaluator(config: Any) -> PeriodicEvaluator:
     suite = getattr(config.eval, "suite", None)
     if not suite:
         raise EvalError("eval.suite: periodic evaluation needs a suite name or path")
-    return PeriodicEvaluator(SuiteRunner(suite, limit=config.eval.limit))
+    data = config.data  # datasets that set no chat settings are formatted as the run's training prompts
+    chat = ChatFormat(data.chat_template, data.system_prompt, data.messages_field)
+    return PeriodicEvaluator(SuiteRunner(suite, limit=config.eval.limit, chat=chat))

@@ -76,6 +76,11 @@ class DatasetSpec(_Strict):
     # this column when image rollouts exist. Text-only suites leave it unset.
     image_field: str | None = Field(None, description="column holding the prompt's image(s), passed as PromptSample.images")
     limit: int | None = Field(None, ge=1, description="first N rows")
+    chat_template: bool | None = Field(
+        None, description="format prompts through the model's chat template (polyrl/data/chat.py); default: on when the rows "
+        "carry messages_field; inside training, unset means the run's data.chat_template")
+    system_prompt: str | None = Field(None, description="a system message before each prompt (chat formatting only)")
+    messages_field: str = Field("messages", description="the column of chat rows' messages ([{role, content}])")
 
     @field_validator("name")
     @classmethod

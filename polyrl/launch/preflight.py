@@ -16,6 +16,7 @@ on row 9,000 after its MLflow runs exist and its policy has loaded.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -108,12 +109,40 @@ def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[s
         except ConfigError as error:
             problems.append(str(error))
     try:
+        messages_field = None if config.data.chat_template is False else config.data.messages_field
         check_prompt_source(config.data.source, config.data.train_split, prompt_field=config.data.prompt_field,
-                            holdout=config.data.holdout)
+                            holdout=config.data.holdout, messages_field=messages_field)
         problems += image_problems(config)
     except DataConfigError as error:
         problems.append(f"data.source: {error}")
+    return problems + chat_problems(config)
+
+
+def chat_problems(config: ExperimentConfig) -> list[str]:
+    """Chat settings that cannot apply, from what is cheap to see (the rest is refused when the
+    prompts are formatted, polyrl/data/chat.py)."""
+    data, problems = config.data, []
+    if data.system_prompt is not None and data.chat_template is False:
+        problems.append("data.system_prompt: set, but data.chat_template is false (a system prompt is a chat message); "
+                        "set data.chat_template: true, or remove system_prompt")
+    path = config.model.path
+    if data.chat_template and path and Path(path, "config.json").is_file() and not has_chat_template(path):
+        problems.append(f"data.chat_template: true, but the tokenizer of model.path {path!r} has no chat template "
+                        "(no chat_template.jinja, no chat_template in tokenizer_config.json); allowed: chat_template: false, "
+                        "or a model whose tokenizer has one")
     return problems
+
+
+def has_chat_template(model_dir: str | Path) -> bool:
+    """Whether a model folder's tokenizer carries a chat template (the files transformers reads it from)."""
+    folder = Path(model_dir)
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    config = folder / "tokenizer_config.json"
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("chat_template")) if config.is_file() else False
+    except (OSError, ValueError):
+        return True  # unreadable here: leave the verdict to the tokenizer itself when the prompts are formatted
 
 
 def image_problems(config: ExperimentConfig) -> list[str]:

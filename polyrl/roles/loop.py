@@ -48,7 +48,7 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
 
 def sample_rows(rollout: Rollout, scores: Scores) -> list[dict[str, Any]]:
     # "modalities": one letter per completion token (T text, I image), the GAE setting each got.
-    return [{"prompt": p.prompt, "completion": c.text, "reward": s, "length": len(c.completion_ids), "finish_reason": c.finish_reason,
+    return [{"prompt": p.shown_prompt, "completion": c.text, "reward": s, "length": len(c.completion_ids), "finish_reason": c.finish_reason,
              "modalities": modality_string(c.completion_token_modalities)}
             for p, c, s in zip(rollout.prompts, rollout.completions, scores.totals)]
 

@@ -22,8 +22,9 @@ from polyrl.algos.objectives import get_objective
 from polyrl.algos.packing import PaddingFreeError, padding_free_refusal, use_packed_rows_attention
 from polyrl.algos.shared_prompts import SharePromptsError, sharing_refusal
 from polyrl.config.schema import ConfigError, ExperimentConfig
+from polyrl.data.chat import ChatFormat, format_prompts
 from polyrl.data.images import ImageCheck, check_model_takes_images
-from polyrl.data.prompts import PromptSampler, load_prompt_dataset
+from polyrl.data.prompts import PromptSampler, load_prompt_dataset, rows_to_prompt_samples
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.engines.images import auto_model_class, model_takes_images
 from polyrl.models.attention import attend_in_fp32_on_cpu
@@ -176,6 +177,22 @@ class Arm:
         self.collector.close()
 
 
+def chat_format(cfg: ExperimentConfig) -> ChatFormat:
+    """How the training prompts are formatted (:mod:`polyrl.data.chat`)."""
+    return ChatFormat(cfg.data.chat_template, cfg.data.system_prompt, cfg.data.messages_field)
+
+
+def training_rows(cfg: ExperimentConfig) -> list[Any]:
+    """The training split's prompts as the data gives them (chat rows may carry messages instead
+    of a prompt); every row's images are checked and decoded."""
+    data = cfg.data
+    fields = dict(prompt_field=data.prompt_field, answer_field=data.answer_field, references_field=data.references_field,
+                  images_field=data.images_field, messages_field=chat_format(cfg).rows_messages_field)
+    dataset = load_prompt_dataset(data.source, data.train_split, limit=data.limit, holdout=data.holdout,
+                                  images=ImageCheck(max_pixels=data.max_image_pixels), **fields)
+    return rows_to_prompt_samples(dataset, max_image_pixels=data.max_image_pixels, **fields)
+
+
 def bf16_learner_attends_in_fp32(model: torch.nn.Module, dtype: torch.dtype) -> bool:
     """A learner model computing in bf16 on CPU runs its attention kernel in fp32
     (:mod:`polyrl.models.attention`: torch's CPU flash-attention backward is ~6x slower in bf16)."""
@@ -208,15 +225,12 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     seed_everything(cfg.seed)
     # The data (every row's images decoded) before any model is built or loaded: a bad row costs seconds.
     data = cfg.data
-    dataset = load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
-                                  references_field=data.references_field, images_field=data.images_field, limit=data.limit,
-                                  holdout=data.holdout, images=ImageCheck(max_pixels=data.max_image_pixels))
-    sampler = PromptSampler(dataset, seed=cfg.seed, prompt_field=data.prompt_field, answer_field=data.answer_field,
-                            references_field=data.references_field, images_field=data.images_field,
-                            max_image_pixels=data.max_image_pixels)
+    samples = training_rows(cfg)
     policy_path = resolve_policy_path(cfg.model)
-    check_model_takes_images(policy_path, sampler.samples, images_field=data.images_field)
+    check_model_takes_images(policy_path, samples, images_field=data.images_field)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_path))
+    # Chat prompts are formatted here, once, with the policy's tokenizer (data/chat.py).
+    sampler = PromptSampler(format_prompts(samples, tokenizer, chat_format(cfg), model=str(policy_path)), seed=cfg.seed)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     dtype = compute_dtype(cfg.model.dtype)
     # fp32 master weights and optimizer state; model.dtype is the compute dtype (runtime/precision.py).

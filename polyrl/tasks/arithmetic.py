@@ -24,6 +24,14 @@ whether the policy learned the procedure, not a lookup table; a 0.3M-parameter m
 roughly 40 % greedy accuracy after a two-minute warm-up on two cores, which leaves RL room. Train and test rows are disjoint by construction: a problem's split is a
 hash of its prompt, so no prompt can land in both, whatever ``n`` is asked for.
 
+Chat form (the ``arithmetic_chat`` source, for pretrained chat models): the same rows and
+splits, each prompt re-worded as a question in one user message (:func:`chat_row`)::
+
+    What is 37 + 48? Answer with the number only.
+
+The answer check is unchanged (the accuracy reward's ``auto`` extraction falls back to the
+last number when there is no ``####``).
+
 The shipped files ``polyrl/tasks/data/arithmetic/{train,test}.jsonl`` are exactly
 ``make_arithmetic_rows(SHIPPED_SIZES[split], seed=SHIPPED_SEED, split=split)``; regenerate them
 with ``python -m polyrl.tasks.arithmetic``.
@@ -201,6 +209,35 @@ def make_arithmetic_rows(
 SHIPPED = ShippedSplits(DATA_DIR, SHIPPED_SIZES, SHIPPED_SEED, make_arithmetic_rows)
 shipped_path = SHIPPED.path
 read_rows = SHIPPED.read
+
+
+def chat_question(a: int, op: str, b: int) -> str:
+    """The problem as a chat user would ask it: ``What is 37 + 48? Answer with the number only.``"""
+    return f"What is {a} {op} {b}? Answer with the number only."
+
+
+def chat_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A shipped row in chat form: ``prompt`` re-worded as a question, and ``messages`` holding it
+    as the one user message (the data loader formats them through the chat template)."""
+    question = chat_question(*parse_prompt(row["prompt"]))
+    return {"prompt": question, "messages": [{"role": "user", "content": question}]}
+
+
+class _ChatSplits:
+    """The ``arithmetic_chat`` source as the prompt loader sees a task module: the shipped
+    files, each row mapped by :func:`chat_row`."""
+
+    SPLITS = SPLITS
+
+    @staticmethod
+    def shipped_path(split: str) -> Path:
+        return shipped_path(split)
+
+    # The loader maps every shipped row through this (polyrl/data/prompts.py).
+    map_row = staticmethod(chat_row)
+
+
+CHAT = _ChatSplits()
 
 if __name__ == "__main__":
     SHIPPED.regenerate()
