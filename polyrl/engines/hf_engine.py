@@ -25,7 +25,7 @@ from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines import images as image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids
 from polyrl.engines.modality_marks import load_modality_rule
-from polyrl.engines.stop_tokens import completion_text_ids, stop_token_ids
+from polyrl.engines.stop_tokens import completion_text, stop_token_ids
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -141,11 +141,7 @@ class HFRolloutEngine(RolloutEngine):
                 if stop_length is not None:
                     length, finish = stop_length, "stop"
             ids = tokens[:length].tolist()
-            text = self.tokenizer.decode(completion_text_ids(ids, finish, frozenset(self.eos_ids)), skip_special_tokens=True)
-            if settings.stop:
-                cut = [text.find(s) for s in settings.stop if s in text]
-                if cut:
-                    text = text[: min(cut)]
+            text = completion_text(self.tokenizer, ids, finish, self.eos_ids, settings.stop)
             completions.append(
                 Completion(
                     prompt_ids=list(r),

@@ -70,9 +70,13 @@ def stop_token_ids(tokenizer: Any, generation_eos: list[int] | tuple[int, ...] =
     return frozenset(ids)
 
 
-def completion_text_ids(token_ids: list[int], finish_reason: str, stops: frozenset[int]) -> list[int]:
-    """The ids whose text rewards see: without the final stop token (EOS or end of turn), which
-    is a template token even where the tokenizer does not mark it special."""
+def completion_text(tokenizer: Any, token_ids: list[int], finish_reason: str, stops: frozenset[int] | set[int],
+                    stop_strings: list[str] | tuple[str, ...] = ()) -> str:
+    """The text rewards see, by one rule in both engines: the ids decoded without special tokens
+    and without the final stop token (EOS or end of turn, a template token even where the
+    tokenizer does not mark it special), cut before the first stop string."""
     if finish_reason == "stop" and token_ids and token_ids[-1] in stops:
-        return token_ids[:-1]
-    return token_ids
+        token_ids = token_ids[:-1]
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    cuts = [text.find(s) for s in stop_strings if s in text]
+    return text[: min(cuts)] if cuts else text

@@ -50,7 +50,7 @@ from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines import images as image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids
 from polyrl.engines.modality_marks import load_modality_rule
-from polyrl.engines.stop_tokens import generation_config_eos, stop_token_ids
+from polyrl.engines.stop_tokens import completion_text, generation_config_eos, stop_token_ids
 
 
 def request_seed(seed: int | None, prompt_index: int, n: int) -> int | None:
@@ -246,10 +246,11 @@ class VLLMRolloutEngine(RolloutEngine):
         groups: list[list[Completion]] = [[] for _ in prompts]
         pending, self._pending_images = self._pending_images, []
         for owner, out in zip(owners, outputs):
-            groups[owner].extend(self._to_completions(out, *pending[owner]))
+            groups[owner].extend(self._to_completions(out, *pending[owner], stop_strings=settings.stop))
         return groups
 
-    def _to_completions(self, request_output: Any, expected_ids: list[int] | None = None, image_inputs: dict[str, Any] | None = None) -> list[Completion]:
+    def _to_completions(self, request_output: Any, expected_ids: list[int] | None = None, image_inputs: dict[str, Any] | None = None,
+                        stop_strings: list[str] | tuple[str, ...] = ()) -> list[Completion]:
         prompt_ids = list(request_output.prompt_token_ids)
         if image_inputs is not None and prompt_ids != expected_ids:
             raise RuntimeError(
@@ -260,13 +261,16 @@ class VLLMRolloutEngine(RolloutEngine):
         group = []
         for sample in request_output.outputs:
             token_ids = list(sample.token_ids)
+            finish = "length" if sample.finish_reason == "length" else "stop"
             group.append(
                 Completion(
                     prompt_ids=prompt_ids,
                     completion_ids=token_ids,
-                    text=sample.text,
+                    # The HF engine's rule (stop_tokens.completion_text), not vLLM's incremental
+                    # detokenizer: the same ids give rewards the same text in both engines.
+                    text=completion_text(self.tokenizer, token_ids, finish, self.eos_ids, stop_strings),
                     sampling_logprobs=_sampled_logprobs(sample.logprobs, token_ids),
-                    finish_reason="length" if sample.finish_reason == "length" else "stop",
+                    finish_reason=finish,
                     completion_token_modalities=self.completion_modalities(token_ids),
                     **extra,
                 )
