@@ -156,7 +156,7 @@ def test_the_trainer_resolves_the_model_folder_with_the_same_check(tmp_path, ran
     "overrides, fragments",
     [
         ({"data": {"source": "missing.jsonl"}}, ["data.source", "missing.jsonl", "file not found"]),
-        ({"data": {"source": "rows.jsonl", "prompt_field": "question"}}, ["data.source", "prompt field 'question' not found in the first row", "'prompt'"]),
+        ({"data": {"source": "rows.jsonl", "prompt_field": "question"}}, ["data.source", "prompt field 'question' (or messages field 'messages') not found in the first row", "'prompt'"]),
         ({"data": {"source": "empty.jsonl"}}, ["data.source", "empty.jsonl is empty"]),
         ({"rewards": []}, ["rewards: the list is empty"]),
         ({"rewards": [{"module": "length", "params": {"scael": 3}}]}, ["rewards[0]", "bad params {'scael': 3}", "accepted: unit, tokenizer_path, scale"]),
@@ -200,7 +200,7 @@ def test_validate_names_the_arm_whose_data_lacks_the_prompt_field(tmp_path, monk
     write_rows(tmp_path / "rows.jsonl", [{"question": "2+2?", "answer": "4"}])
     config = experiment(tmp_path, data={"source": "rows.jsonl"}, arms={"plain": {}, "fixed": {"data": {"prompt_field": "question"}}})
     code, output = invoke(["validate", write_yaml(tmp_path / "exp.yaml", config)], tmp_path, monkeypatch)
-    assert_one_message(code, output, "prompt field 'prompt' not found", "(arm 'plain')")
+    assert_one_message(code, output, "prompt field 'prompt' (or messages field 'messages') not found", "(arm 'plain')")
     assert "fixed" not in output
 
 
