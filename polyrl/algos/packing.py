@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor
 
+from polyrl.algos.shared_prompts import decoder_and_head_refusal
 from polyrl.core.errors import PolyrlError
 
 __all__ = ["PaddingFreeError", "RowLayout", "base_attention", "padding_free_refusal", "packed_response_hidden", "row_layout", "use_packed_rows_attention"]
@@ -152,10 +153,9 @@ def padding_free_refusal(model: torch.nn.Module, *, takes_images: bool = False) 
     """Why padding-free forwards cannot apply to ``model``, or None when they can."""
     if takes_images:
         return "text policies only; this policy is an image-text model (its image features are placed by padded rows)"
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if decoder is None or head is None or decoder is model:
-        return f"{type(model).__name__} has no separate decoder and output head"
+    if (refusal := decoder_and_head_refusal(model)) is not None:
+        return refusal
+    decoder = model.get_decoder()
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
         return f"{type(decoder).__name__} has no `layers` list (the per-row attention is checked once per layer)"

@@ -196,14 +196,22 @@ def _takes_sdpa_masks(attention: str | None) -> bool:
     return attention is not None and attention in ALL_MASK_ATTENTION_FUNCTIONS and ALL_MASK_ATTENTION_FUNCTIONS[attention] is sdpa_mask
 
 
-def sharing_refusal(model: torch.nn.Module, *, takes_images: bool) -> str | None:
-    """Why ``train.share_prompts`` cannot apply to ``model``, or None when it can."""
-    if takes_images:
-        return "text policies only; this policy is an image-text model"
+def decoder_and_head_refusal(model: torch.nn.Module) -> str | None:
+    """Why ``model`` cannot be run as decoder then output head (both prompt sharing and packed
+    rows gather hidden states between the two), or None when it can."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if decoder is None or head is None or decoder is model:
         return f"{type(model).__name__} has no separate decoder and output head"
+    return None
+
+
+def sharing_refusal(model: torch.nn.Module, *, takes_images: bool) -> str | None:
+    """Why ``train.share_prompts`` cannot apply to ``model``, or None when it can."""
+    if takes_images:
+        return "text policies only; this policy is an image-text model"
+    if (refusal := decoder_and_head_refusal(model)) is not None:
+        return refusal
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if attention != "eager" and not _takes_sdpa_masks(attention):
         return f"needs attention that takes a 4-D mask (sdpa or eager); this policy uses {attention!r}"

@@ -197,20 +197,6 @@ def _split_file(source: str, split: str, holdout: float | None, whole_file: bool
     return path
 
 
-def _holdout_rows(dataset: datasets.Dataset, split: str, fraction: float, prompt_field: str, images_field: str) -> datasets.Dataset:
-    """The rows of ``split`` under a declared hold-out fraction (a fixed hash of each row's content)."""
-    images = None
-    if images_field in dataset.column_names:
-        feature = dataset.features[images_field]
-        inner = getattr(feature, "feature", feature)
-        raw = dataset
-        if isinstance(inner, datasets.Image):  # hash the encoded bytes/paths, not decoded pictures
-            raw = dataset.cast_column(images_field, datasets.List(datasets.Image(decode=False)) if feature is not inner
-                                      else datasets.Image(decode=False))
-        images = raw[images_field]
-    return dataset.select(split_rules.holdout_indices(dataset[prompt_field], images, split, fraction))
-
-
 def _resolve_local(source: str, split: str) -> Path | None:
     """The file to load for a local source, ``None`` when ``source`` is not a local path."""
     path = Path(source).expanduser()
@@ -285,7 +271,7 @@ def load_prompt_dataset(
             if holdout is not None:
                 if prompt_field not in dataset.column_names:
                     raise DataConfigError(f"data source {source!r}: prompt field {prompt_field!r} not found; columns are {dataset.column_names}")
-                dataset = _holdout_rows(dataset, split, holdout, prompt_field, images_field)
+                dataset = split_rules.holdout_rows(dataset, split, holdout, prompt_field, images_field)
         else:
             try:
                 dataset = datasets.load_dataset(source, split=split)

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import datasets
+
 # Words a file name may end in to declare its split (after '.', '_' or '-', or as the whole stem).
 SPLIT_WORDS = ("train", "test", "validation", "valid", "val", "dev", "eval", "heldout", "holdout")
 HOLDOUT_SPLITS = ("train", "test")
@@ -118,3 +120,17 @@ def overlap_warning(label: str, held_out: Sequence[Any], training: Sequence[Any]
         return None
     return (f"eval_overlap: {count} of the {len(held_out)} rows of eval dataset {label!r} are also training rows (same prompt and "
             "images), so its scores partly measure memorisation → evaluate on a split disjoint from data.source's training rows")
+
+
+def holdout_rows(dataset: datasets.Dataset, split: str, fraction: float, prompt_field: str, images_field: str) -> datasets.Dataset:
+    """The rows of ``split`` under a declared hold-out fraction (a fixed hash of each row's content)."""
+    images = None
+    if images_field in dataset.column_names:
+        feature = dataset.features[images_field]
+        inner = getattr(feature, "feature", feature)
+        raw = dataset
+        if isinstance(inner, datasets.Image):  # hash the encoded bytes/paths, not decoded pictures
+            raw = dataset.cast_column(images_field, datasets.List(datasets.Image(decode=False)) if feature is not inner
+                                      else datasets.Image(decode=False))
+        images = raw[images_field]
+    return dataset.select(holdout_indices(dataset[prompt_field], images, split, fraction))
