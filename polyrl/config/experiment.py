@@ -106,6 +106,18 @@ class ExperimentConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _adapter_sync_applies(self) -> "ExperimentConfig":
+        """Only vLLM takes a LoRA adapter apart from the weights (the HF engine would need merged ones)."""
+        lora = self.model.lora
+        if lora is not None and lora.sync == "adapter" and self.rollout.engine != "vllm":
+            error = PydanticCustomError("value_error", "'adapter' sends the adapter through vLLM's LoRA support, but "
+                                        "rollout.engine is {engine}; allowed here: {allowed}",
+                                        {"engine": repr(self.rollout.engine), "allowed": "'merged', or rollout.engine: vllm"})
+            raise ValidationError.from_exception_data("ExperimentConfig", [
+                InitErrorDetails(type=error, loc=("model", "lora", "sync"), input="adapter")])
+        return self
+
+    @model_validator(mode="after")
     def _cpu_matmul_applies(self) -> "ExperimentConfig":
         """An explicit ``train.cpu_matmul: onednn`` that would silently not run is refused here;
         the device and the torch build are checked when the arm is built."""

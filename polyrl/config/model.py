@@ -70,6 +70,11 @@ class LoraConfig(StrictModel):
     target_modules: Literal["all-linear"] | list[str] = Field(
         "all-linear", description="Names of the Linear layers that get adapters (e.g. [q_proj, v_proj]), or 'all-linear' "
         "(every Linear layer but the output head). A name that matches no layer is refused, listing the model's.")
+    sync: Literal["merged", "adapter"] = Field(
+        "merged", description="How the rollout engine gets the policy after each update: 'merged' (W + (alpha/r) B A sent "
+        "as full weights; every engine) or 'adapter' (the adapter alone, through vLLM's LoRA support: vllm engine only, r up "
+        "to 512; on CPU vLLM then runs eager, so rollout.compile is refused with it). Default merged: measured faster on "
+        "CPU (README, bench).")
 
     @field_validator("dropout")
     @classmethod
@@ -96,7 +101,7 @@ class ModelConfig(StrictModel):
     cache_dir: str | None = Field(None, description="Where built-in policies and converted .gguf models are cached; default "
                                   "$POLYRL_CACHE or ~/.cache/polyrl/models.")
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters (PEFT) instead of every weight; the rollout engine "
-                                    "gets merged weights, the KL reference is the base model (adapter off), checkpoints hold the "
+                                    "gets merged weights or the adapter (lora.sync), the KL reference is the base model (adapter off), checkpoints hold the "
                                     "adapter only.")
 
     @model_validator(mode="after")

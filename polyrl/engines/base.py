@@ -52,6 +52,11 @@ class RolloutEngine(ABC):
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy learner weights (Hugging Face parameter names) into the engine."""
 
+    def sync_adapter(self, folder: str) -> None:
+        """Sample from now on with the base weights plus the PEFT adapter folder ``folder``
+        (``model.lora.sync: adapter``); engines without LoRA support refuse."""
+        raise NotImplementedError(f"the {self.name} engine takes no LoRA adapter; model.lora.sync: merged sends merged weights")
+
     def close(self) -> None:  # pragma: no cover - trivial default
         pass
 

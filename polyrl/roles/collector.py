@@ -8,7 +8,10 @@ behind a Ray actor unchanged. It knows nothing of the learner.
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -67,13 +70,26 @@ class RolloutCollector:
         self.rewards = rewards
         self.prompts = prompts
         self.settings = settings
+        self._adapter_dir: Path | None = None
 
     def sync_weights(self, named_tensors: Any) -> None:
         """The learner's new weights, for the next generation."""
         self.engine.sync_weights(named_tensors)
 
+    def sync_adapter(self, write: Callable[[Path], Any]) -> None:
+        """The learner's new LoRA adapter (``model.lora.sync: adapter``): ``write(folder)`` writes
+        it as a PEFT folder, which the engine then loads; one private folder, reused every step."""
+        if self._adapter_dir is None:
+            self._adapter_dir = Path(tempfile.mkdtemp(prefix="polyrl-adapter-"))
+        write(self._adapter_dir)
+        self.engine.sync_adapter(str(self._adapter_dir))
+
     def close(self) -> None:
-        self.engine.close()
+        try:
+            self.engine.close()
+        finally:
+            if self._adapter_dir is not None:
+                shutil.rmtree(self._adapter_dir, ignore_errors=True)
 
     def sampling_settings(self, step: int, round_index: int = 0) -> SamplingSettings:
         s = self.settings

@@ -24,6 +24,7 @@ from polyrl.algos.aggregation import global_loss_normalizer
 from polyrl.algos.logprobs import token_logprobs
 from polyrl.algos.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
 from polyrl.algos.shared_prompts import attention_cost_ratio, row_prompts, shared_prompt_micro_batches
+from polyrl.models.lora import write_adapter
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
 from polyrl.runtime.precision import autocast
@@ -154,6 +155,12 @@ class PolicyLearner:
         if self.lora is not None:
             return self.lora.merged_weights(dtype)
         return ((name, tensor.detach().to(dtype)) for name, tensor in self.policy.state_dict().items())
+
+    def write_adapter(self, folder: Any) -> None:
+        """The LoRA adapter as a PEFT folder (``model.lora.sync: adapter``)."""
+        if self.lora is None:
+            raise RuntimeError("write_adapter: this learner trains no LoRA adapter")
+        write_adapter(self.lora, folder)
 
     # --- the update ---------------------------------------------------------------------------------
 

@@ -53,11 +53,21 @@ def sample_rows(rollout: Rollout, scores: Scores) -> list[dict[str, Any]]:
             for p, c, s in zip(rollout.prompts, rollout.completions, scores.totals)]
 
 
+def sync_policy(collector: Any, learner: Any, engine_dtype: Any, adapter: bool = False) -> None:
+    """The learner's policy into the rollout engine: its LoRA adapter alone (``adapter``,
+    ``model.lora.sync: adapter``) or its weights in the engine's dtype (with LoRA: merged)."""
+    if adapter:
+        collector.sync_adapter(learner.write_adapter)
+    else:
+        collector.sync_weights(learner.weights(engine_dtype))
+
+
 class TrainingLoop:
     def __init__(self, *, arm: str, steps: int, sampler: Any, collector: Any, pipeline: Any, learner: Any, engine_dtype: Any,
                  checkpointer: Checkpointer, hooks: Sequence[Hook] = (), start_step: int = 0,
-                 history: list[dict[str, float]] | None = None):  # fmt: skip
+                 history: list[dict[str, float]] | None = None, adapter_sync: bool = False):  # fmt: skip
         self.arm, self.steps = arm, steps
+        self.adapter_sync = adapter_sync
         self.sampler, self.collector, self.pipeline, self.learner = sampler, collector, pipeline, learner
         self.engine_dtype = engine_dtype
         self.checkpointer = checkpointer
@@ -129,5 +139,6 @@ class TrainingLoop:
             ) from None
 
     def sync(self) -> None:
-        """Push the policy's weights to the rollout engine, in the engine's dtype (rollout.dtype, else model.dtype)."""
-        self.collector.sync_weights(self.learner.weights(self.engine_dtype))
+        """Push the policy to the rollout engine: its weights in the engine's dtype (rollout.dtype, else
+        model.dtype), or its LoRA adapter (model.lora.sync: adapter)."""
+        sync_policy(self.collector, self.learner, self.engine_dtype, adapter=self.adapter_sync)

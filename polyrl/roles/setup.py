@@ -42,7 +42,7 @@ from polyrl.runtime.host_memory import keep_freed_host_memory
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
-from polyrl.roles.loop import TrainingLoop
+from polyrl.roles.loop import TrainingLoop, sync_policy
 from polyrl.roles.pipeline import BatchPipeline, PipelineContext
 from polyrl.runtime.precision import compute_dtype
 
@@ -171,10 +171,15 @@ class Arm:
         return TrainingLoop(arm=self.name, steps=self.config.train.steps, sampler=self.sampler, collector=self.collector,
                             pipeline=self.pipeline, learner=self.learner, engine_dtype=compute_dtype(self.config.sampling_dtype),
                             checkpointer=self.checkpointer, hooks=self.hooks(printer=printer, callbacks=callbacks),
-                            start_step=self.start_step, history=self.history)
+                            start_step=self.start_step, history=self.history, adapter_sync=adapter_sync(self.config))
 
     def close(self) -> None:
         self.collector.close()
+
+
+def adapter_sync(cfg: ExperimentConfig) -> bool:
+    """Whether the engine gets the LoRA adapter alone (``model.lora.sync: adapter``) rather than weights."""
+    return cfg.model.lora is not None and cfg.model.lora.sync == "adapter"
 
 
 def chat_format(cfg: ExperimentConfig) -> ChatFormat:
@@ -290,7 +295,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     if engine is None:
         engine = build_rollout_engine(cfg.rollout.engine, str(policy_path), seed=cfg.seed, dtype=cfg.sampling_dtype,
                                       max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb,
-                                      enforce_eager=not cfg.rollout.compile)
+                                      enforce_eager=not cfg.rollout.compile,
+                                      **({"lora_rank": cfg.model.lora.r} if adapter_sync(cfg) else {}))
     engine_startup_s = time.perf_counter() - engine_started
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
     # wants every core back for its forward/backward passes (or train.threads).
@@ -339,6 +345,6 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
                                  "nonfinite": state.get("nonfinite", {}), "critic_nonfinite": state.get("critic_nonfinite", {})})
         health.load_state_dict(state.get("health", {}))
         # The engine was built from the base weights; it samples in rollout.dtype (else model.dtype), as every later sync.
-        collector.sync_weights(learner.weights(compute_dtype(cfg.sampling_dtype)))
+        sync_policy(collector, learner, compute_dtype(cfg.sampling_dtype), adapter=adapter_sync(cfg))
     learner.apply_optimizer_settings()
     return built

