@@ -91,7 +91,7 @@ def evaluate_models(
         runner.check_model(model.path, field="--model" if model.ref == str(model.path) else f"--model {model.ref!r}, exported to")
     base = Path(out) if out is not None else default_out_dir(runner.suite.name)
     client = make_client(uri)
-    experiment_id = ensure_experiment(client, experiment)
+    experiment_id = ensure_experiment(client, experiment, tracking_uri=uri)
     outcome = EvalOutcome([], [])
     for model in models:
         folder = base if (out is not None and len(models) == 1) else base / model.slug

@@ -27,7 +27,7 @@ from polyrl.launch.report_metrics import (CURVES, TABLE_METRICS, eval_metric_key
                                           save_curve_plot)
 from polyrl.launch.seed_report import seeded_report  # noqa: E402
 from polyrl.tracking.mlflow_runs import (ARM_TAG, NOTE_TAG, find_arm_runs, find_parent_run, find_seed_runs,  # noqa: E402
-                                         make_client)
+                                         make_client, sqlite_store_path)
 from polyrl.tracking.ui_links import compare_runs_url, ui_base_url  # noqa: E402
 
 
@@ -70,11 +70,7 @@ def local_store_path(tracking_uri: str) -> Path | None:
     """The file or folder of a local MLflow store (``sqlite:///…``, ``file:…`` or a bare path);
     ``None`` for a server or an in-memory database."""
     if tracking_uri.startswith("sqlite:"):
-        # SQLAlchemy form: sqlite:///relative.db, sqlite:////absolute.db, sqlite:// (memory).
-        path = tracking_uri[len("sqlite:"):].split("?", 1)[0]
-        if not path.startswith("///") or path == "///":
-            return None
-        return Path(unquote(path[3:]))
+        return sqlite_store_path(tracking_uri)
     parsed = urlparse(tracking_uri)
     if parsed.scheme == "file":
         return Path(unquote(parsed.path))

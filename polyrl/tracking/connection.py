@@ -8,9 +8,11 @@ before it starts (:func:`probe_tracking`).
 from __future__ import annotations
 
 import os
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import unquote
 
 import mlflow
 from mlflow.tracking import MlflowClient
@@ -89,11 +91,38 @@ def make_client(tracking_uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def ensure_experiment(client: MlflowClient, name: str) -> str:
-    """The experiment's id (created or restored), marked as model training for the MLflow UI."""
+def sqlite_store_path(tracking_uri: str) -> Path | None:
+    """The database file of a SQLite store (SQLAlchemy form: ``sqlite:///relative.db``,
+    ``sqlite:////absolute.db``); ``None`` for any other store or an in-memory database."""
+    if not tracking_uri.startswith("sqlite:"):
+        return None
+    path = tracking_uri[len("sqlite:"):].split("?", 1)[0]
+    if not path.startswith("///") or path == "///":
+        return None
+    return Path(unquote(path[3:]))
+
+
+def artifact_location(tracking_uri: str, experiment_name: str) -> str | None:
+    """Where a new experiment of a SQLite store keeps its artifacts: beside the database, in
+    ``<database folder>/mlartifacts/<experiment>``. MLflow's own default for a SQLite store is
+    ``./mlruns`` of whatever folder the process runs in, which scatters one store's artifacts
+    over every folder a command was started from. ``None`` (MLflow decides) for a server,
+    which keeps its own artifact root, and for file stores, which keep artifacts inside."""
+    database = sqlite_store_path(tracking_uri)
+    if database is None:
+        return None
+    folder = re.sub(r"[^A-Za-z0-9_.\-]+", "_", experiment_name).strip("._") or "experiment"
+    return (database.resolve().parent / "mlartifacts" / folder).as_uri()
+
+
+def ensure_experiment(client: MlflowClient, name: str, *, tracking_uri: str | None = None) -> str:
+    """The experiment's id (created or restored), marked as model training for the MLflow UI.
+    Created on a SQLite store (``tracking_uri``), it keeps its artifacts beside the database
+    (:func:`artifact_location`); an existing experiment keeps the location it was created with."""
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        experiment_id = client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        location = artifact_location(tracking_uri, name) if tracking_uri else None
+        experiment_id = client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     else:
         experiment_id = experiment.experiment_id
         if experiment.lifecycle_stage == "deleted":

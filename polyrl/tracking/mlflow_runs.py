@@ -26,12 +26,14 @@ from polyrl.tracking.connection import (  # noqa: F401 - re-exported
     HTTP_DEFAULTS,
     PROBE_TIMEOUT_S,
     TrackingUnavailableError,
+    artifact_location,
     configure_http_timeouts,
     ensure_experiment,
     is_server_uri,
     make_client,
     probe_tracking,
     resolve_tracking_uri,
+    sqlite_store_path,
     unreachable_reason,
 )
 from polyrl.tracking.run_logger import (  # noqa: F401 - re-exported
@@ -67,7 +69,7 @@ class ExperimentTracker:
         probe_tracking(tracking_uri)
         self.client = make_client(tracking_uri)
         self.experiment_name = experiment_name
-        self.experiment_id = self._call(lambda: ensure_experiment(self.client, experiment_name), "open the experiment")
+        self.experiment_id = self._call(lambda: ensure_experiment(self.client, experiment_name, tracking_uri=tracking_uri), "open the experiment")
 
     def _call(self, call: Callable[[], Any], what: str) -> Any:
         """Run a call the run cannot start without; an unreachable server is one clear error."""
