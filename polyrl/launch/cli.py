@@ -158,6 +158,8 @@ def compare(
     experiment: str = typer.Argument(..., help="Experiment name (the YAML's `name`)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Report folder; default reports/<experiment>."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."),
+    results: Optional[Path] = typer.Option(None, "--results", help="Also write the experiment's section of this results "
+                                           "document (e.g. docs/results.md), replacing only that section."),
 ) -> None:
     """Plot the arms of an experiment side by side and tabulate their final values."""
     from polyrl.launch.compare import compare_experiment, default_report_dir
@@ -167,13 +169,20 @@ def compare(
     with user_errors():
         out = out or default_report_dir(experiment)
         result = compare_experiment(experiment, tracking_uri=uri, out_dir=out)
+        if results is not None:
+            from polyrl.launch.results_doc import write_results
+            from polyrl.tracking.mlflow_runs import make_client
+
+            write_results(results, make_client(uri), result)
     for status in result.statuses or []:
         colour = "green" if status.finished else "red"
         console.print(f"[{colour}]{status.arm}[/]: {escape(status.describe())}", highlight=False, soft_wrap=True)
     console.print(result.table_markdown)
     console.print(f"\nReport: {result.out_dir / 'report.md'} ({len(result.plot_paths)} plots), also logged to parent run "
                   f"{result.parent_run_id} and shown as its description in the MLflow UI.")
-    console.print(f"Compare the arms in MLflow: {result.compare_url}", soft_wrap=True, highlight=False)
+    if results is not None:
+        console.print(f"Results: section {experiment!r} of {results} (plots in {results.parent / 'results'})", highlight=False)
+    console.print(f"Compare the arms in MLflow (step curves, one line per arm): {result.compare_url}", soft_wrap=True, highlight=False)
     if not is_server_uri(uri):
         console.print(f"(a local store: start the UI first with polyrl ui {experiment})", highlight=False)
     if result.unfinished:
@@ -184,14 +193,15 @@ def compare(
 
 @app.command()
 def ui(
-    experiment: Optional[str] = typer.Argument(None, help="Experiment name: print (and with --open, open) its compare-runs view."),
+    experiment: Optional[str] = typer.Argument(None, help="Experiment name: print (and with --open, open) the chart view of its arms."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; loopback by default."),
     port: int = typer.Option(5000, help="Port."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."),
     open_browser: bool = typer.Option(False, "--open", help="Open the URL in a web browser."),
 ) -> None:
     """Start the MLflow UI on the experiment store (127.0.0.1 by default), or, for a tracking
-    server, point at it; with EXPERIMENT, the URL of the compare view of its arm runs."""
+    server, point at it; with EXPERIMENT, the URL of the chart view of its arms (step curves,
+    seeds grouped by arm)."""
     from polyrl.launch.compare import experiment_compare_url
     from polyrl.tracking.mlflow_runs import is_server_uri, resolve_tracking_uri
     from polyrl.tracking.ui_links import ui_base_url

@@ -25,8 +25,9 @@ from polyrl.core.errors import PolyrlError  # noqa: E402
 from polyrl.launch.arm_status import ArmStatus, arm_status, planned_arms, status_lines, unfinished_summary  # noqa: E402
 from polyrl.launch.report_metrics import (CURVES, TABLE_METRICS, eval_metric_keys, metric_histories,  # noqa: E402
                                           save_curve_plot)
-from polyrl.launch.seed_report import seeded_report  # noqa: E402
-from polyrl.tracking.mlflow_runs import (ARM_TAG, NOTE_TAG, find_arm_runs, find_parent_run, find_seed_runs,  # noqa: E402
+from polyrl.launch.compare_views import annotate_arm_runs, log_headline_metrics, write_chart_view  # noqa: E402
+from polyrl.launch.seed_report import PAIRWISE_METRICS, finished_seed_runs, metric_name, seeded_report  # noqa: E402
+from polyrl.tracking.mlflow_runs import (ARM_TAG, NOTE_TAG, SEED_TAG, find_arm_runs, find_parent_run, find_seed_runs,  # noqa: E402
                                          make_client, sqlite_store_path)
 from polyrl.tracking.ui_links import compare_runs_url, ui_base_url  # noqa: E402
 
@@ -49,6 +50,8 @@ class Comparison:
     verdicts: list[str] | None = None
     statuses: list[ArmStatus] | None = None  # every planned arm, in order
     unfinished: str | None = None  # a sentence naming the arms that did not finish; None when all did
+    headline: dict[str, float] | None = None  # the figures logged as the parent run's metrics
+    differences: list | None = None  # seed_report.pairwise_rows: (metric, arm a, arm b, difference, Holm p, verdict)
 
 
 def _format(value: float | None) -> str:
@@ -121,14 +124,6 @@ def _arm_runs(client: MlflowClient, experiment: str, tracking_uri: str):
     return parent, {arm: run.info.run_id for arm, run in runs.items()}
 
 
-def experiment_compare_url(experiment: str, *, tracking_uri: str, base_url: str | None = None) -> str:
-    """MLflow's compare-runs view of the newest run of ``experiment``, its arm runs selected."""
-    require_existing_store(tracking_uri)
-    client = make_client(tracking_uri)
-    parent, arms = _arm_runs(client, experiment, tracking_uri)
-    return compare_runs_url(base_url or ui_base_url(tracking_uri), parent.info.experiment_id, list(arms.values()))
-
-
 def plot_curves(histories: dict[str, dict[str, list[tuple[int, float]]]], keys: list[str], titles: dict[str, str], *,
                 experiment: str, out: Path) -> list[Path]:
     """One PNG per metric: a line per arm."""
@@ -152,12 +147,12 @@ def plot_curves(histories: dict[str, dict[str, list[tuple[int, float]]]], keys: 
 def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str) -> str:
     """The report as the parent run's MLflow description: plots read through the server's
     ``get-artifact`` endpoint (a relative link, so it works on whatever host serves the UI),
-    and a link to the compare view of the arm runs. Cut to MLflow's tag length limit."""
+    and a link to the chart view of the arms. Cut to MLflow's tag length limit."""
     def artifact_link(match: re.Match) -> str:
         return f"![{match.group(1)}](get-artifact?path=comparison/{match.group(2)}&run_uuid={parent_run_id})"
 
     body = re.sub(r"!\[([^\]]*)\]\(([^)/]+\.png)\)", artifact_link, report)
-    head = f"[Open the compare view of the arm runs]({compare_url_fragment}) · full report: artifacts `comparison/report.md`\n\n"
+    head = f"[Open the chart view of the arms]({compare_url_fragment}) · full report: artifacts `comparison/report.md`\n\n"
     note = head + body
     limit = 7900  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH is 8000
     if len(note) > limit:
@@ -165,39 +160,81 @@ def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str) -> st
     return note
 
 
+def _view_runs(client: MlflowClient, arms: dict[str, str], seed_runs: dict[str, dict[int, str]]) -> tuple[list[str], bool]:
+    """The runs the chart view shows: the seed runs that count (grouped by arm), else the arm runs."""
+    if seed_runs:
+        kept, _ = finished_seed_runs(client, seed_runs)
+        return [run_id for by_seed in kept.values() for run_id in by_seed.values()], True
+    return list(arms.values()), False
+
+
+def _chart_view(client: MlflowClient, parent, arms: dict[str, str], seed_runs: dict[str, dict[int, str]], base_url: str) -> str:
+    run_ids, grouped = _view_runs(client, arms, seed_runs)
+    return write_chart_view(client, experiment_id=parent.info.experiment_id, parent_run_id=parent.info.run_id, run_ids=run_ids,
+                            eval_keys=eval_metric_keys(client, run_ids), grouped=grouped, base_url=base_url)
+
+
+def _seed_run_ids(client: MlflowClient, parent, arms: dict[str, str]):
+    all_seed_runs = {arm: find_seed_runs(client, parent.info.experiment_id, run_id) for arm, run_id in arms.items()}
+    seed_runs = {arm: {int(run.data.tags.get(SEED_TAG, "0")): run.info.run_id for run in runs}
+                 for arm, runs in all_seed_runs.items() if runs}
+    return all_seed_runs, seed_runs
+
+
+def experiment_compare_url(experiment: str, *, tracking_uri: str, base_url: str | None = None) -> str:
+    """The chart view of the newest run of ``experiment`` (its arms' step curves, seeds grouped
+    by arm), saved on the experiment first (:mod:`polyrl.launch.compare_views`)."""
+    require_existing_store(tracking_uri)
+    client = make_client(tracking_uri)
+    parent, arms = _arm_runs(client, experiment, tracking_uri)
+    _, seed_runs = _seed_run_ids(client, parent, arms)
+    return _chart_view(client, parent, arms, seed_runs, base_url or ui_base_url(tracking_uri))
+
+
 def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Path, log_to_mlflow: bool = True) -> Comparison:
     require_existing_store(tracking_uri)
     client = make_client(tracking_uri)
     parent, arm_runs = _arm_run_objects(client, experiment, tracking_uri)
     arms = {arm: run.info.run_id for arm, run in arm_runs.items()}
-    all_seed_runs = {arm: find_seed_runs(client, parent.info.experiment_id, run_id) for arm, run_id in arms.items()}
+    all_seed_runs, seed_runs = _seed_run_ids(client, parent, arms)
     order = list(dict.fromkeys(planned_arms(parent) + list(arm_runs)))
     statuses = [arm_status(arm, arm_runs.get(arm), all_seed_runs.get(arm)) for arm in order]
-    seed_runs = {arm: {int(run.data.tags.get("polyrl.seed", "0")): run.info.run_id for run in runs}
-                 for arm, runs in all_seed_runs.items() if runs}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Only runs that finished are compared: a failed, stopped or running one has no final value
     # (the seed report leaves out and names each seed run that did not finish).
     if seed_runs:
-        report, table, plot_paths, histories, verdicts = seeded_report(client, experiment, parent.info.run_id, tracking_uri,
-                                                                     seed_runs, out)
+        report, table, plot_paths, histories, rows, headline = seeded_report(client, experiment, parent.info.run_id, tracking_uri,
+                                                                           seed_runs, out)
+        verdicts = [row[5] for row in rows]
     else:
         finished = {status.arm for status in statuses if status.finished}
         report, table, plot_paths, histories = _single_seed_report(client, experiment, parent.info.run_id, tracking_uri,
                                                                    {arm: run_id for arm, run_id in arms.items() if arm in finished}, out)
-        seed_runs, verdicts = None, None
+        headline = single_seed_headline(histories)
+        verdicts, rows = None, []
     unfinished = unfinished_summary(statuses)
     report = with_status_section(report, statuses, unfinished)
     (out / "report.md").write_text(report)
-    url = compare_runs_url(ui_base_url(tracking_uri), parent.info.experiment_id, list(arms.values()))
+    base_url = ui_base_url(tracking_uri)
+    url = compare_runs_url(base_url, parent.info.experiment_id, list(arms.values()))
     if log_to_mlflow:
         for path in plot_paths + [out / "report.md"]:
             client.log_artifact(parent.info.run_id, str(path), "comparison")
+        log_headline_metrics(client, parent.info.run_id, headline)
+        annotate_arm_runs(client, parent.info.experiment_id, arm_runs, all_seed_runs)
+        url = _chart_view(client, parent, arms, seed_runs, base_url)
         fragment = url[url.index("#"):]
         client.set_tag(parent.info.run_id, NOTE_TAG, ui_note(report, parent_run_id=parent.info.run_id, compare_url_fragment=fragment))
-    return Comparison(experiment, parent.info.run_id, arms, histories, table, plot_paths, out, url, seed_runs, verdicts, statuses,
-                      unfinished)
+    return Comparison(experiment, parent.info.run_id, arms, histories, table, plot_paths, out, url, seed_runs or None, verdicts,
+                      statuses, unfinished, headline, rows)
+
+
+def single_seed_headline(histories: dict[str, dict[str, list[tuple[int, float]]]]) -> dict[str, float]:
+    """One seed per arm: each arm's last value of the compared metrics (``<arm>/<key>/final``);
+    no interval (one value)."""
+    return {f"{metric_name(arm)}/{key}/final": points[-1][1] for arm, history in histories.items()
+            for key, points in history.items() if points and (key in PAIRWISE_METRICS or key.startswith("eval/"))}
 
 
 def with_status_section(report: str, statuses: list[ArmStatus], unfinished: str | None) -> str:

@@ -118,6 +118,36 @@ def comparison_note(rows: list[tuple[str, str, str, Difference, float, str]]) ->
             f"method over the {tested} comparisons of this report (family-wise error 5%); the intervals shown are unadjusted.")
 
 
+def metric_name(text: str) -> str:
+    """An arm name as part of an MLflow metric key (letters, digits, ``_ - . /`` and spaces)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_\-. /]+", "_", text)
+
+
+def headline_metrics(histories: SeedHistories, keys: list[str], rows: list[tuple[str, str, str, Difference, float, str]]
+                     ) -> dict[str, float]:
+    """The comparison's headline figures as metrics of the parent run, so the runs table shows
+    and sorts by them: per arm and key the mean over seeds of the final values with its 95%
+    interval (``<arm>/<key>/final``, ``/ci_low``, ``/ci_high``), and per compared pair the
+    difference (``diff/<a>_minus_<b>/<key>/estimate``, ``/ci_low``, ``/ci_high``). Bounds that
+    are undefined (one seed) are left out, not logged as NaN."""
+    out: dict[str, float] = {}
+
+    def put(prefix: str, interval, first: str) -> None:
+        for name, value in ((first, interval.estimate), ("ci_low", interval.low), ("ci_high", interval.high)):
+            if value == value:
+                out[f"{prefix}/{name}"] = float(value)
+
+    for key in keys:
+        for arm, values in finals(histories, key).items():
+            if values:
+                put(f"{metric_name(arm)}/{key}", mean_interval(list(values.values())), "final")
+    for key, first, second, difference, _, _ in rows:
+        put(f"diff/{metric_name(first)}_minus_{metric_name(second)}/{key}", difference.interval, "estimate")
+    return out
+
+
 def plot_bands(histories: SeedHistories, keys: list[str], titles: dict[str, str], *, experiment: str, out: Path) -> list[Path]:
     """One PNG per metric: per arm the mean over seeds and a shaded 95% t-band."""
     paths = []
@@ -144,7 +174,8 @@ def plot_bands(histories: SeedHistories, keys: list[str], titles: dict[str, str]
 
 def seeded_report(client: MlflowClient, experiment: str, parent_run_id: str, tracking_uri: str,
                   seed_runs: dict[str, dict[int, str]], out: Path):
-    """Returns ``(report markdown, final table, plot paths, mean histories, verdict sentences)``.
+    """Returns ``(report markdown, final table, plot paths, mean histories, verdict sentences,
+    headline metrics)``.
 
     Seed runs that did not finish (:func:`finished_seed_runs`) are left out and named."""
     seed_runs, left_out = finished_seed_runs(client, seed_runs)
@@ -193,4 +224,5 @@ def seeded_report(client: MlflowClient, experiment: str, parent_run_id: str, tra
     mean_histories = {arm: {key: list(zip(*curve_band([p for p in runs.values() if p])[:2])) for key, runs in by_key.items()
                             if any(runs.values())}
                       for arm, by_key in histories.items()}
-    return report, table, plot_paths, mean_histories, [row[5] for row in rows]
+    headline_keys = pair_keys + [key for key in eval_keys if not is_eval_score(key) and key in columns]
+    return report, table, plot_paths, mean_histories, rows, headline_metrics(histories, headline_keys, rows)

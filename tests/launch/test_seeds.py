@@ -16,6 +16,7 @@ from polyrl.config.seeds import experiment_seeds, parse_seeds_option
 from polyrl.launch.compare import compare_experiment, experiment_compare_url
 from polyrl.launch.runner import run_experiment
 from polyrl.tracking.mlflow_runs import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_TAG
+from polyrl.tracking.chart_view import load_chart_view, run_ids_in_filter, view_key_in_url
 from polyrl.tracking.ui_links import run_ids_in_compare_url
 
 
@@ -119,11 +120,17 @@ def test_two_seeds_two_arms_make_the_hierarchy_and_a_report_with_bands(tmp_path,
     assert "| reward/mean | grpo − dr_grpo |" in note
     logged = {a.path for a in client.list_artifacts(result.parent_run_id, "comparison")}
     assert {"comparison/report.md", "comparison/reward_mean.png"} <= logged
-    # The compare-runs URL selects exactly the arm runs (not the seed runs, not the parent).
-    assert sorted(run_ids_in_compare_url(comparison.compare_url)) == sorted(result.arm_run_ids.values())
+    # The URL opens MLflow's chart view of the seed runs grouped by arm (one line per arm).
+    assert "compareRunsMode=CHART" in comparison.compare_url
+    state = load_chart_view(client, client.get_run(result.parent_run_id).info.experiment_id, view_key_in_url(comparison.compare_url))
+    assert sorted(run_ids_in_filter(state["searchFilter"])) == sorted(result.seed_run_ids.values())
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "polyrl.arm"}]
+    # The parent run carries the headline figures: grpo's mean final reward over its 2 seeds, with bounds.
+    metrics = client.get_run(result.parent_run_id).data.metrics
+    assert metrics["grpo/reward/mean/final"] == pytest.approx(sum(grpo) / 2)
+    assert metrics["grpo/reward/mean/ci_low"] <= metrics["grpo/reward/mean/final"] <= metrics["grpo/reward/mean/ci_high"]
     url = experiment_compare_url("seeded", tracking_uri=uri, base_url="http://127.0.0.1:5123")
-    assert url.startswith("http://127.0.0.1:5123/#/compare-runs?runs=") and url.endswith("&workflowType=machine_learning")
-    assert sorted(run_ids_in_compare_url(url)) == sorted(result.arm_run_ids.values())
+    assert url.startswith("http://127.0.0.1:5123/#/experiments/") and url.endswith("&workflowType=machine_learning")
 
 
 @pytest.mark.slow

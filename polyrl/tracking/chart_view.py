@@ -1,0 +1,93 @@
+"""A saved chart view of an experiment's runs in the MLflow UI: step curves, one line per arm.
+
+MLflow's experiment page has a chart mode (``compareRunsMode=CHART``) whose state — which
+runs, grouped how, which charts — lives in the browser, except for *shared views*: the UI's
+Share button stores the state as the experiment tag ``mlflow.sharedViewState.<key>`` and
+links to ``…/runs?viewStateShareKey=<key>``. polyrl writes that tag itself, so the URL it
+prints opens with the comparison's curves drawn, no clicks: the runs of one experiment run
+(its seed runs when it has seeds, else its arm runs), grouped by the ``polyrl.arm`` tag (a
+group is drawn as the mean of its runs with their min–max band), and a first chart section
+with the metrics compared. The state's shape is MLflow 3.17's UI (``ExperimentPageUIState``
+and its chart cards, read from the UI bundle): keys it does not know are ignored, and keys it
+lacks take the UI's defaults, so another MLflow version opens the same page with fewer settings.
+"""
+
+from __future__ import annotations
+
+import json
+
+from mlflow.tracking import MlflowClient
+
+SHARED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+SECTION_NAME = "polyrl comparison"
+SECTION_ID = "polyrl-comparison"
+
+
+def view_key(parent_run_id: str) -> str:
+    """One saved view per experiment run; re-running ``polyrl compare`` rewrites it."""
+    return f"polyrl-{parent_run_id}"
+
+
+def line_chart(metric_key: str, index: int) -> dict:
+    """A step-curve card of ``metric_key`` in the comparison section (MLflow's LINE card)."""
+    return {
+        "uuid": f"{SECTION_ID}-{index}", "type": "LINE", "metricSectionId": SECTION_ID, "deleted": False,
+        "isGenerated": False, "runsCountToCompare": 10, "displayName": metric_key, "metricKey": metric_key,
+        "selectedMetricKeys": [metric_key], "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear",
+        "range": {}, "xAxisKey": "step", "selectedXAxisMetricKey": "", "yAxisKey": "metric", "yAxisExpressions": [],
+        "ignoreOutliers": False, "useGlobalXaxisKey": False, "useGlobalLineSmoothing": True,
+    }
+
+
+def run_filter(run_ids: list[str]) -> str:
+    """The runs table's search filter selecting exactly these runs (one experiment run's, not
+    every run the experiment ever had)."""
+    return "attributes.run_id IN (" + ", ".join(f"'{run_id}'" for run_id in run_ids) + ")"
+
+
+def chart_view_state(run_ids: list[str], metric_keys: list[str], *, group_by_tag: str | None) -> dict:
+    """The shared-view state: search facets and UI state of the experiment page."""
+    return {
+        "searchFilter": run_filter(run_ids),
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": True,
+        "compareRunCharts": [line_chart(key, index) for index, key in enumerate(metric_keys)],
+        "compareRunSections": [{"uuid": SECTION_ID, "name": SECTION_NAME, "display": True, "isReordered": False,
+                                "deleted": False, "isGenerated": False}],
+        # Generated sections for the other metrics go below ours, not re-sorted above it.
+        "isAccordionReordered": True,
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": group_by_tag}]}
+        if group_by_tag else None,
+        "groupsExpanded": {},
+        "useGroupedValuesInCharts": True,
+        "hideEmptyCharts": True,
+        "runsHiddenMode": "SHOW_ALL",  # the UI's default draws only the first 10 rows
+        "runListHidden": False,
+        "viewMaximized": False,
+        "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
+    }
+
+
+def save_chart_view(client: MlflowClient, experiment_id: str, key: str, state: dict) -> None:
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG_PREFIX + key, json.dumps(state, separators=(",", ":")))
+
+
+def load_chart_view(client: MlflowClient, experiment_id: str, key: str) -> dict | None:
+    """The saved view's state (``None`` when there is none)."""
+    value = client.get_experiment(experiment_id).tags.get(SHARED_VIEW_TAG_PREFIX + key)
+    return json.loads(value) if value else None
+
+
+def view_key_in_url(url: str) -> str:
+    """The saved view a :func:`polyrl.tracking.ui_links.chart_view_url` opens."""
+    from urllib.parse import parse_qs, unquote, urlparse
+
+    fragment = urlparse(url).fragment
+    return unquote(parse_qs(fragment.split("?", 1)[1])["viewStateShareKey"][0])
+
+
+def run_ids_in_filter(search_filter: str) -> list[str]:
+    """The run ids a :func:`run_filter` selects."""
+    import re
+
+    return re.findall(r"'([0-9a-f]+)'", search_filter)
