@@ -9,7 +9,7 @@ const { chromium } = require('playwright-core');
   const page = await browser.newPage({ viewport: { width: 1400, height: parseInt(height || '900', 10) } });
   await page.goto(url);
   await page.getByText(waitText || 'Run details').first().waitFor({ timeout: 60000 });
-  await page.waitForTimeout(2000);
+  await page.waitForTimeout(5000);  // the charts fetch their histories after the page shows
   const close = page.locator('[data-component-id="mlflow.assistant.chat_panel.close"]');
   if (await close.count()) { await close.first().click(); await page.waitForTimeout(500); }
   if (clickText) {

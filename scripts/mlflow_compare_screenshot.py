@@ -1,10 +1,11 @@
-"""Screenshot MLflow's compare-runs view of a small 2-arm × 2-seed experiment (docs/mlflow_compare.png).
+"""Screenshot the MLflow view ``polyrl compare`` links to, for a small 2-arm × 3-seed experiment
+(docs/mlflow_compare.png): the chart view of the arms, seeds grouped by arm.
 
 Runs the experiment against a real ``mlflow server`` on 127.0.0.1, writes the comparison
-(``polyrl compare``), takes the compare-runs URL polyrl prints, and captures it with headless
-Chromium (the OS package), driven by playwright-core when node has it (it waits for the data
-and closes MLflow's Assistant side panel), else by Chromium's own ``--screenshot``. With
-``--note-out`` also the parent run's page, whose description is the report. Usage::
+(``polyrl compare``), takes the URL polyrl prints, and captures it with headless Chromium (the
+OS package), driven by playwright-core when node has it (it waits for the data and closes
+MLflow's Assistant side panel), else by Chromium's own ``--screenshot``. With ``--note-out``
+also the parent run's page (its headline metrics and the report as description). Usage::
 
     npm install --prefix /tmp/pw playwright-core   # optional
     NODE_PATH=/tmp/pw/node_modules .venv/bin/python scripts/mlflow_compare_screenshot.py \
@@ -28,15 +29,16 @@ import yaml
 
 EXPERIMENT = {
     "name": "mlflow_ui_demo",
-    "description": "GRPO vs Dr.GRPO over 2 seeds, for the MLflow UI screenshot",
-    "seeds": 2,
+    "description": "GRPO vs Dr.GRPO over 3 seeds, for the MLflow UI screenshot",
+    "seeds": 3,
     "model": {"builtin": {"size": "0.3m", "seed": 0}},
     "data": {"source": "arithmetic"},
     "rollout": {"engine": "hf", "prompts_per_step": 4, "samples_per_prompt": 8, "max_tokens": 48},
     "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
-    "train": {"steps": 8, "learning_rate": 2.0e-4, "micro_batch_size": 32, "threads": 1},
-    "tracking": {"progress": False},
-    "checkpoint": {"every": 8, "keep": 1},
+    "train": {"steps": 12, "learning_rate": 2.0e-4, "micro_batch_size": 32, "threads": 1},
+    "tracking": {"progress": False, "sample_table_every": 4},
+    "eval": {"every": 4, "suite": "arithmetic", "limit": 32},
+    "checkpoint": {"every": 12, "keep": 1},
     "arms": {"grpo": {"objective": {"name": "grpo"}}, "dr_grpo": {"objective": {"name": "dr_grpo"}}},
 }
 
@@ -109,10 +111,10 @@ def main() -> None:
         compare = subprocess.run([str(bin_dir / "polyrl"), "compare", EXPERIMENT["name"], "--out", str(work / "report")],
                                  check=True, env=env, cwd=work, capture_output=True, text=True)
         print(compare.stdout)
-        compare_url = next(line.split(": ", 1)[1].strip() for line in compare.stdout.splitlines()
-                           if line.startswith("Compare the arms in MLflow: "))
+        compare_url = next(line.split("): ", 1)[1].strip() for line in compare.stdout.splitlines()
+                           if line.startswith("Compare the arms in MLflow"))
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        capture(compare_url, args.out, wait_text="Run details")
+        capture(compare_url, args.out, wait_text="polyrl comparison", height=1100)
         print(f"screenshot of {compare_url}\n  -> {args.out}")
         if args.note_out is not None:
             from mlflow.tracking import MlflowClient
@@ -121,7 +123,7 @@ def main() -> None:
 
             parent = find_parent_run(MlflowClient(url), EXPERIMENT["name"])
             page = f"{url}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning"
-            capture(page, args.note_out, wait_text="Show more", height=1500, click_text="Show more")
+            capture(page, args.note_out, wait_text="Metrics", height=1300)
             print(f"screenshot of {page}\n  -> {args.note_out}")
     finally:
         server.terminate()

@@ -30,7 +30,11 @@ MLFLOW_BATCH = 1000  # metrics per log_batch call (MLflow's limit)
 
 
 def view_metric_keys(eval_keys: list[str]) -> list[str]:
-    """Held-out scores (accuracies first), held-out lengths, then :data:`VIEW_CURVES`."""
+    """Held-out scores (accuracies first), held-out lengths, then :data:`VIEW_CURVES`. A suite
+    with an accuracy shows it alone: its per-reward means (``eval/<suite>/reward/…``) are what
+    the accuracy already says, or a side term such as a length penalty."""
+    with_accuracy = {key.rsplit("/", 1)[0] for key in eval_keys if key.endswith("/accuracy") and key.count("/") == 2}
+    eval_keys = [key for key in eval_keys if not (key.split("/")[2:3] == ["reward"] and "/".join(key.split("/")[:2]) in with_accuracy)]
     scores = sorted((key for key in eval_keys if is_eval_score(key)), key=lambda key: (not key.endswith("/accuracy"), key))
     lengths = [key for key in eval_keys if not is_eval_score(key)]
     return scores + lengths + list(VIEW_CURVES)

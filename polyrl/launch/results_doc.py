@@ -65,10 +65,21 @@ def setting_lines(params: dict[str, str], objectives: dict[str, str], config_pat
     lines = [f"**Setting.** {' · '.join(parts)}" + (f"; objectives: {arms}" if arms else "")
              + (f"; experiment file `{config_path}`" if config_path else "") + "."]
     if _shown(params.get("model.builtin.size")):
+        lines.append("")
         lines.append(f"**Scale.** polyrl's built-in {params['model.builtin.size']} policy, not a pretrained language model: "
                      "this section shows the pipeline and the comparison working end to end; it is not evidence about "
                      "real models.")
     return lines
+
+
+def shown_path(path: str | None) -> str | None:
+    """The experiment file as the reader can use it: relative to the working folder when inside it."""
+    if not path:
+        return None
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path
 
 
 def figure(final: float | None, low: float | None, high: float | None) -> str:
@@ -169,12 +180,13 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
     end = parent.info.end_time or max((run.info.end_time or 0) for run in arm_runs.values()) or None
     minutes = f"{(end - parent.info.start_time) / 60000:.1f}" if end else "still running"
     plots_dir.mkdir(parents=True, exist_ok=True)
-    wanted = {safe_file_stem(key) for key in keys}
+    for stale in plots_dir.glob("*.png"):  # the folder is this section's: a plot no longer drawn goes
+        stale.unlink()
+    order = {safe_file_stem(key): index for index, key in enumerate(keys)}
     plots = []
-    for path in comparison.plot_paths:
-        if path.stem in wanted:
-            shutil.copyfile(path, plots_dir / path.name)
-            plots.append(f"![{path.stem}]({plots_link}/{path.name})")
+    for path in sorted((p for p in comparison.plot_paths if p.stem in order), key=lambda p: order[p.stem]):
+        shutil.copyfile(path, plots_dir / path.name)
+        plots.append(f"![{path.stem}]({plots_link}/{path.name})")
     rows = headline_rows(comparison.differences or [], keys)
     verdicts = [f"- {row[0]}: {row[5]}" for row in rows] or (
         ["- One seed per arm: no verdict (final values only)."] if not seeded else ["- (no headline metric compared)"])
@@ -185,10 +197,12 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
         f"**Question.** {params.get('description') or '(the experiment has no description)'}",
         "",
         *setting_lines(params, {arm: run.data.params.get("objective.name", "?") for arm, run in by_arm.items()},
-                       parent.data.tags.get("polyrl.config_path")),
+                       shown_path(parent.data.tags.get("polyrl.config_path"))),
         "",
         f"**Seeds.** {seed_text}. **Minutes.** {minutes} (wall clock of the experiment run). **Runs.** MLflow parent run "
-        f"`{comparison.parent_run_id}`; regenerate with `polyrl compare {comparison.experiment} --results …`.",
+        f"`{comparison.parent_run_id}`. **Commands.** `polyrl run {shown_path(parent.data.tags.get('polyrl.config_path')) or '…'}"
+        + (f" --seeds {','.join(map(str, sorted({s for by_seed in comparison.seed_runs.values() for s in by_seed})))}" if seeded else "")
+        + f"`, then `polyrl compare {comparison.experiment} --results …` (rewrites this section).",
         "",
         *unfinished,
         "### Final values" + (f" (mean over seeds [{CONFIDENCE:.0%} CI])" if seeded else " (last logged step)"),
