@@ -6,7 +6,7 @@ const { chromium } = require('playwright-core');
   const [url, out, waitText, height, clickText] = process.argv.slice(2);
   const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'] });
-  const page = await browser.newPage({ viewport: { width: 1400, height: parseInt(height || '900', 10) } });
+  const page = await browser.newPage({ viewport: { width: parseInt(process.env.CAPTURE_WIDTH || '1400', 10), height: parseInt(height || '900', 10) } });
   await page.goto(url);
   await page.getByText(waitText || 'Run details').first().waitFor({ timeout: 60000 });
   await page.waitForTimeout(5000);  // the charts fetch their histories after the page shows

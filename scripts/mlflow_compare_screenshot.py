@@ -9,7 +9,9 @@ also the parent run's page (its headline metrics and the report as description).
 
     npm install --prefix /tmp/pw playwright-core   # optional
     NODE_PATH=/tmp/pw/node_modules .venv/bin/python scripts/mlflow_compare_screenshot.py \
-        --out docs/mlflow_compare.png --note-out docs/mlflow_report_note.png
+        --out docs/mlflow_compare.png --note-out docs/mlflow_parent_run.png
+    # or capture an experiment already run (e.g. make demo's, over seeds), running nothing:
+    ... --store sqlite:///$PWD/mlflow.db --experiment grpo_vs_drgrpo
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/mlflow_compare.png"))
     parser.add_argument("--note-out", type=Path, default=None, help="also capture the parent run's page (its description)")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--store", default=None, help="an existing store (sqlite:///…) to serve instead of running the "
+                        "small experiment; with --experiment, the experiment of it to compare and capture")
+    parser.add_argument("--experiment", default=EXPERIMENT["name"])
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="polyrl_ui_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -97,18 +102,19 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
+                               "--backend-store-uri", args.store or f"sqlite:///{work / 'mlflow.db'}",
                                "--artifacts-destination", str(work / "artifacts"), "--workers", "1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(url)
-        config = dict(EXPERIMENT, checkpoint={**EXPERIMENT["checkpoint"], "dir": str(work / "runs")})
-        (work / "exp.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         env = os.environ | {"MLFLOW_TRACKING_URI": url}
-        started = time.time()
-        subprocess.run([str(bin_dir / "polyrl"), "run", str(work / "exp.yaml"), "--no-progress"], check=True, env=env, cwd=work)
-        print(f"run: {time.time() - started:.0f} s")
-        compare = subprocess.run([str(bin_dir / "polyrl"), "compare", EXPERIMENT["name"], "--out", str(work / "report")],
+        if args.store is None:
+            config = dict(EXPERIMENT, checkpoint={**EXPERIMENT["checkpoint"], "dir": str(work / "runs")})
+            (work / "exp.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            started = time.time()
+            subprocess.run([str(bin_dir / "polyrl"), "run", str(work / "exp.yaml"), "--no-progress"], check=True, env=env, cwd=work)
+            print(f"run: {time.time() - started:.0f} s")
+        compare = subprocess.run([str(bin_dir / "polyrl"), "compare", args.experiment, "--out", str(work / "report")],
                                  check=True, env=env, cwd=work, capture_output=True, text=True)
         print(compare.stdout)
         compare_url = next(line.split("): ", 1)[1].strip() for line in compare.stdout.splitlines()
@@ -121,7 +127,7 @@ def main() -> None:
 
             from polyrl.tracking.mlflow_runs import find_parent_run
 
-            parent = find_parent_run(MlflowClient(url), EXPERIMENT["name"])
+            parent = find_parent_run(MlflowClient(url), args.experiment)
             page = f"{url}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning"
             capture(page, args.note_out, wait_text="Metrics", height=1300)
             print(f"screenshot of {page}\n  -> {args.note_out}")

@@ -25,7 +25,8 @@ from polyrl.core.errors import PolyrlError  # noqa: E402
 from polyrl.launch.arm_status import ArmStatus, arm_status, planned_arms, status_lines, unfinished_summary  # noqa: E402
 from polyrl.launch.report_metrics import (CURVES, TABLE_METRICS, eval_metric_keys, metric_histories,  # noqa: E402
                                           save_curve_plot)
-from polyrl.launch.compare_views import annotate_arm_runs, log_headline_metrics, write_chart_view  # noqa: E402
+from polyrl.launch.compare_views import (annotate_arm_runs, headline_summary, log_headline_metrics,  # noqa: E402
+                                         view_metric_keys, write_chart_view)
 from polyrl.launch.seed_report import PAIRWISE_METRICS, finished_seed_runs, metric_name, seeded_report  # noqa: E402
 from polyrl.tracking.mlflow_runs import (ARM_TAG, NOTE_TAG, SEED_TAG, find_arm_runs, find_parent_run, find_seed_runs,  # noqa: E402
                                          make_client, sqlite_store_path)
@@ -144,7 +145,7 @@ def plot_curves(histories: dict[str, dict[str, list[tuple[int, float]]]], keys: 
     return plot_paths
 
 
-def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str) -> str:
+def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str, summary: str = "") -> str:
     """The report as the parent run's MLflow description: plots read through the server's
     ``get-artifact`` endpoint (a relative link, so it works on whatever host serves the UI),
     and a link to the chart view of the arms. Cut to MLflow's tag length limit."""
@@ -153,6 +154,8 @@ def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str) -> st
 
     body = re.sub(r"!\[([^\]]*)\]\(([^)/]+\.png)\)", artifact_link, report)
     head = f"[Open the chart view of the arms]({compare_url_fragment}) · full report: artifacts `comparison/report.md`\n\n"
+    if summary:  # before the report's title: the UI shows it above "Show more"
+        head += summary + "\n\n"
     note = head + body
     limit = 7900  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH is 8000
     if len(note) > limit:
@@ -160,18 +163,23 @@ def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str) -> st
     return note
 
 
-def _view_runs(client: MlflowClient, arms: dict[str, str], seed_runs: dict[str, dict[int, str]]) -> tuple[list[str], bool]:
-    """The runs the chart view shows: the seed runs that count (grouped by arm), else the arm runs."""
+def _view_runs(client: MlflowClient, arms: dict[str, str], seed_runs: dict[str, dict[int, str]]) -> list[str]:
+    """The runs the chart view shows: the seed runs that count, else the arm runs. They are
+    grouped by arm either way (one run per group without seeds: the UI then gives each arm a
+    group's distinct colour rather than two shades of one)."""
     if seed_runs:
         kept, _ = finished_seed_runs(client, seed_runs)
-        return [run_id for by_seed in kept.values() for run_id in by_seed.values()], True
-    return list(arms.values()), False
+        return [run_id for by_seed in kept.values() for run_id in by_seed.values()]
+    return list(arms.values())
 
 
-def _chart_view(client: MlflowClient, parent, arms: dict[str, str], seed_runs: dict[str, dict[int, str]], base_url: str) -> str:
-    run_ids, grouped = _view_runs(client, arms, seed_runs)
+def _chart_view(client: MlflowClient, parent, arms: dict[str, str], seed_runs: dict[str, dict[int, str]], base_url: str
+                ) -> tuple[str, list[str]]:
+    """The chart view's URL, and the eval metrics of the runs it shows."""
+    run_ids = _view_runs(client, arms, seed_runs)
+    eval_keys = eval_metric_keys(client, run_ids)
     return write_chart_view(client, experiment_id=parent.info.experiment_id, parent_run_id=parent.info.run_id, run_ids=run_ids,
-                            eval_keys=eval_metric_keys(client, run_ids), grouped=grouped, base_url=base_url)
+                            eval_keys=eval_keys, grouped=True, base_url=base_url), eval_keys
 
 
 def _seed_run_ids(client: MlflowClient, parent, arms: dict[str, str]):
@@ -188,7 +196,7 @@ def experiment_compare_url(experiment: str, *, tracking_uri: str, base_url: str 
     client = make_client(tracking_uri)
     parent, arms = _arm_runs(client, experiment, tracking_uri)
     _, seed_runs = _seed_run_ids(client, parent, arms)
-    return _chart_view(client, parent, arms, seed_runs, base_url or ui_base_url(tracking_uri))
+    return _chart_view(client, parent, arms, seed_runs, base_url or ui_base_url(tracking_uri))[0]
 
 
 def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Path, log_to_mlflow: bool = True) -> Comparison:
@@ -223,9 +231,11 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
             client.log_artifact(parent.info.run_id, str(path), "comparison")
         log_headline_metrics(client, parent.info.run_id, headline)
         annotate_arm_runs(client, parent.info.experiment_id, arm_runs, all_seed_runs)
-        url = _chart_view(client, parent, arms, seed_runs, base_url)
+        url, eval_keys = _chart_view(client, parent, arms, seed_runs, base_url)
         fragment = url[url.index("#"):]
-        client.set_tag(parent.info.run_id, NOTE_TAG, ui_note(report, parent_run_id=parent.info.run_id, compare_url_fragment=fragment))
+        summary = headline_summary(headline, list(arms), view_metric_keys(eval_keys))
+        client.set_tag(parent.info.run_id, NOTE_TAG, ui_note(report, parent_run_id=parent.info.run_id, compare_url_fragment=fragment,
+                                                             summary=summary))
     return Comparison(experiment, parent.info.run_id, arms, histories, table, plot_paths, out, url, seed_runs or None, verdicts,
                       statuses, unfinished, headline, rows)
 

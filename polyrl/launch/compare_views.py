@@ -49,6 +49,29 @@ def write_chart_view(client: MlflowClient, *, experiment_id: str, parent_run_id:
     return chart_view_url(base_url, experiment_id, key)
 
 
+def headline_summary(headline: dict[str, float], arms: list[str], keys: list[str], *, most: int = 2) -> str:
+    """One line per headline key (the first ``most`` that were logged), for the top of the parent
+    run's description, which the MLflow UI shows before its "Show more":
+    ``eval/x/accuracy: grpo 0.41 [0.38, 0.44] · dr_grpo 0.44 [0.40, 0.47]``."""
+    from polyrl.launch.seed_report import metric_name
+
+    def shown(arm: str, key: str) -> str | None:
+        base = f"{metric_name(arm)}/{key}"
+        if f"{base}/final" not in headline:
+            return None
+        bounds = f" [{headline[base + '/ci_low']:.3g}, {headline[base + '/ci_high']:.3g}]" if f"{base}/ci_low" in headline else ""
+        return f"{arm} {headline[base + '/final']:.3g}{bounds}"
+
+    lines = []
+    for key in keys:
+        cells = [cell for cell in (shown(arm, key) for arm in arms) if cell]
+        if cells:
+            lines.append(f"**{key}**: " + " · ".join(cells))
+        if len(lines) == most:
+            break
+    return "  \n".join(lines)
+
+
 def log_headline_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float]) -> None:
     now = int(time.time() * 1000)
     batch = [Metric(key, value, now, 0) for key, value in sorted(metrics.items())]

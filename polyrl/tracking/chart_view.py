@@ -49,7 +49,10 @@ def chart_view_state(run_ids: list[str], metric_keys: list[str], *, group_by_tag
     """The shared-view state: search facets and UI state of the experiment page."""
     return {
         "searchFilter": run_filter(run_ids),
-        "orderByKey": "attributes.start_time",
+        # Sorted by anything but start time, the UI neither nests child runs under their parent
+        # nor fetches the parents of the runs shown (sorted by start time, the arm runs went
+        # collapsed under the experiment's run, and each seed group counted its arm's run too).
+        "orderByKey": "tags.`mlflow.runName`",  # the UI's own "Run Name" sort
         "orderByAsc": True,
         "compareRunCharts": [line_chart(key, index) for index, key in enumerate(metric_keys)],
         "compareRunSections": [{"uuid": SECTION_ID, "name": SECTION_NAME, "display": True, "isReordered": False,

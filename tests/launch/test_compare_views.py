@@ -68,6 +68,9 @@ def test_parent_metrics_chart_view_and_sample_links(tmp_path, mlflow_uri):
     charts = [chart["metricKey"] for chart in state["compareRunCharts"]]
     assert charts[:3] == ["eval/arith/accuracy", "rollout/response_length/mean", "reward/mean"]
     assert experiment_compare_url("paired", tracking_uri=mlflow_uri) == comparison.compare_url
+    # The parent run's description opens with the headline, above the UI's "Show more".
+    note = client.get_run(comparison.parent_run_id).data.tags[NOTE_TAG]
+    assert note.split("\n\n")[1].startswith("**eval/arith/accuracy**: grpo 0.2 [-0.0484, 0.448] · dr_grpo 0.17 [")
     # Each arm run links straight to the last sample table of each of its seed runs.
     note = client.get_run(comparison.arms["grpo"]).data.tags[NOTE_TAG]
     for run_id in trained["grpo"]:
