@@ -23,11 +23,11 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from polyrl.core.errors import PolyrlError  # noqa: E402
 from polyrl.launch.arm_status import ArmStatus, arm_status, planned_arms, status_lines, unfinished_summary  # noqa: E402
-from polyrl.launch.report_metrics import (CURVES, TABLE_METRICS, eval_metric_keys, metric_histories,  # noqa: E402
+from polyrl.launch.report_metrics import (CURVES, TABLE_METRICS, eval_metric_keys, headline_keys, metric_histories,  # noqa: E402
                                           save_curve_plot)
 from polyrl.launch.compare_views import (annotate_arm_runs, headline_summary, log_headline_metrics,  # noqa: E402
-                                         view_metric_keys, write_chart_view)
-from polyrl.launch.seed_report import PAIRWISE_METRICS, finished_seed_runs, metric_name, seeded_report  # noqa: E402
+                                         write_chart_view)
+from polyrl.launch.seed_report import finished_seed_runs, metric_name, seeded_report  # noqa: E402
 from polyrl.tracking.mlflow_runs import (ARM_TAG, NOTE_TAG, SEED_TAG, find_arm_runs, find_parent_run, find_seed_runs,  # noqa: E402
                                          make_client, sqlite_store_path)
 from polyrl.tracking.ui_links import compare_runs_url, ui_base_url  # noqa: E402
@@ -233,7 +233,7 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
         annotate_arm_runs(client, parent.info.experiment_id, arm_runs, all_seed_runs)
         url, eval_keys = _chart_view(client, parent, arms, seed_runs, base_url)
         fragment = url[url.index("#"):]
-        summary = headline_summary(headline, list(arms), view_metric_keys(eval_keys))
+        summary = headline_summary(headline, list(arms), headline_keys(eval_keys))
         client.set_tag(parent.info.run_id, NOTE_TAG, ui_note(report, parent_run_id=parent.info.run_id, compare_url_fragment=fragment,
                                                              summary=summary))
     return Comparison(experiment, parent.info.run_id, arms, histories, table, plot_paths, out, url, seed_runs or None, verdicts,
@@ -243,8 +243,9 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
 def single_seed_headline(histories: dict[str, dict[str, list[tuple[int, float]]]]) -> dict[str, float]:
     """One seed per arm: each arm's last value of the compared metrics (``<arm>/<key>/final``);
     no interval (one value)."""
+    keys = set(headline_keys([key for history in histories.values() for key in history if key.startswith("eval/")]))
     return {f"{metric_name(arm)}/{key}/final": points[-1][1] for arm, history in histories.items()
-            for key, points in history.items() if points and (key in PAIRWISE_METRICS or key.startswith("eval/"))}
+            for key, points in history.items() if points and key in keys}
 
 
 def with_status_section(report: str, statuses: list[ArmStatus], unfinished: str | None) -> str:

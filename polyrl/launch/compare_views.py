@@ -18,32 +18,19 @@ import time
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from polyrl.launch.report_metrics import is_eval_score
+from polyrl.launch.report_metrics import headline_keys
 from polyrl.tracking.chart_view import chart_view_state, save_chart_view, view_key
 from polyrl.tracking.mlflow_runs import ARM_TAG, NOTE_TAG
 from polyrl.tracking.ui_links import MODEL_TRAINING_MODE, chart_view_url
 
-# Curves of the view, after the held-out scores: what a researcher comparing objectives reads.
-VIEW_CURVES: tuple[str, ...] = ("rollout/response_length/mean", "reward/mean", "train/accuracy", "actor/entropy")
 SAMPLE_FOLDERS: tuple[tuple[str, str], ...] = (("samples", "training samples"), ("eval_samples", "held-out eval samples"))
 MLFLOW_BATCH = 1000  # metrics per log_batch call (MLflow's limit)
-
-
-def view_metric_keys(eval_keys: list[str]) -> list[str]:
-    """Held-out scores (accuracies first), held-out lengths, then :data:`VIEW_CURVES`. A suite
-    with an accuracy shows it alone: its per-reward means (``eval/<suite>/reward/…``) are what
-    the accuracy already says, or a side term such as a length penalty."""
-    with_accuracy = {key.rsplit("/", 1)[0] for key in eval_keys if key.endswith("/accuracy") and key.count("/") == 2}
-    eval_keys = [key for key in eval_keys if not (key.split("/")[2:3] == ["reward"] and "/".join(key.split("/")[:2]) in with_accuracy)]
-    scores = sorted((key for key in eval_keys if is_eval_score(key)), key=lambda key: (not key.endswith("/accuracy"), key))
-    lengths = [key for key in eval_keys if not is_eval_score(key)]
-    return scores + lengths + list(VIEW_CURVES)
 
 
 def write_chart_view(client: MlflowClient, *, experiment_id: str, parent_run_id: str, run_ids: list[str], eval_keys: list[str],
                      grouped: bool, base_url: str) -> str:
     """Save the chart view of these runs on the experiment and return its URL."""
-    state = chart_view_state(run_ids, view_metric_keys(eval_keys), group_by_tag=ARM_TAG if grouped else None)
+    state = chart_view_state(run_ids, headline_keys(eval_keys), group_by_tag=ARM_TAG if grouped else None)
     key = view_key(parent_run_id)
     save_chart_view(client, experiment_id, key, state)
     return chart_view_url(base_url, experiment_id, key)

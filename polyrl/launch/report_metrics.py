@@ -69,6 +69,23 @@ def is_eval_score(key: str) -> bool:
     return key.startswith("eval/") and not key.endswith("/length/mean")
 
 
+# After the held-out scores and lengths: what a researcher comparing objectives reads.
+HEADLINE_CURVES: tuple[str, ...] = ("rollout/response_length/mean", "reward/mean", "train/accuracy", "actor/entropy")
+
+
+def headline_keys(eval_keys: list[str]) -> list[str]:
+    """The metrics a comparison leads with — the parent run's metrics, the chart view's curves,
+    the results document's columns: held-out scores (accuracies first), held-out lengths, then
+    :data:`HEADLINE_CURVES`. A suite
+    with an accuracy shows it alone: its per-reward means (``eval/<suite>/reward/…``) are what
+    the accuracy already says, or a side term such as a length penalty."""
+    with_accuracy = {key.rsplit("/", 1)[0] for key in eval_keys if key.endswith("/accuracy") and key.count("/") == 2}
+    eval_keys = [key for key in eval_keys if not (key.split("/")[2:3] == ["reward"] and "/".join(key.split("/")[:2]) in with_accuracy)]
+    scores = sorted((key for key in eval_keys if is_eval_score(key)), key=lambda key: (not key.endswith("/accuracy"), key))
+    lengths = [key for key in eval_keys if not is_eval_score(key)]
+    return scores + lengths + list(HEADLINE_CURVES)
+
+
 def safe_file_stem(key: str) -> str:
     """A metric key as a file name that stays inside the report folder (no '/', no '..')."""
     stem = re.sub(r"[^A-Za-z0-9_.\-]+", "_", key).strip(".")

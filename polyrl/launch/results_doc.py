@@ -19,8 +19,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from polyrl.launch.compare_views import view_metric_keys
-from polyrl.launch.report_metrics import eval_metric_keys, safe_file_stem
+from polyrl.launch.report_metrics import eval_metric_keys, headline_keys, safe_file_stem
 from polyrl.launch.seed_report import metric_name
 from polyrl.launch.stats import CONFIDENCE
 
@@ -172,7 +171,7 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
     by_arm = {arm: client.get_run(((comparison.seed_runs or {}).get(arm) and next(iter(comparison.seed_runs[arm].values())))
                                   or run_id) for arm, run_id in comparison.arms.items()}
     params = next(iter(by_arm.values())).data.params
-    keys = view_metric_keys(eval_keys)
+    keys = headline_keys(eval_keys)
     seeded = bool(comparison.seed_runs)
     seeds = {arm: len(by_seed) for arm, by_seed in (comparison.seed_runs or {}).items()}
     seed_text = ("; ".join(f"{arm}: {', '.join(map(str, sorted(by_seed)))}" for arm, by_seed in comparison.seed_runs.items())

@@ -18,7 +18,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from mlflow.tracking import MlflowClient
 
-from polyrl.launch.report_metrics import CURVES, TABLE_METRICS, eval_metric_keys, is_eval_score, metric_histories, save_curve_plot
+from polyrl.launch.report_metrics import (CURVES, TABLE_METRICS, eval_metric_keys, headline_keys, is_eval_score, metric_histories,
+                                          save_curve_plot)
 from polyrl.launch.stats import CONFIDENCE, Difference, arm_difference, curve_band, holm_adjusted, interquartile_mean, mean_interval, verdict
 
 # Metrics whose difference between arms gets a verdict (plus each eval accuracy).
@@ -224,5 +225,5 @@ def seeded_report(client: MlflowClient, experiment: str, parent_run_id: str, tra
     mean_histories = {arm: {key: list(zip(*curve_band([p for p in runs.values() if p])[:2])) for key, runs in by_key.items()
                             if any(runs.values())}
                       for arm, by_key in histories.items()}
-    headline_keys = pair_keys + [key for key in eval_keys if not is_eval_score(key) and key in columns]
-    return report, table, plot_paths, mean_histories, rows, headline_metrics(histories, headline_keys, rows)
+    keys = [key for key in headline_keys(eval_keys) if key in columns]
+    return report, table, plot_paths, mean_histories, rows, headline_metrics(histories, keys, [row for row in rows if row[0] in keys])
