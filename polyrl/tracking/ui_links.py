@@ -1,4 +1,5 @@
-"""Links into the MLflow UI: where it is, and its compare-runs view with chosen runs selected."""
+"""Links into the MLflow UI: where it is, the chart view of an experiment run (polyrl compare and polyrl ui
+print it), and the compare-runs view with chosen runs selected."""
 
 from __future__ import annotations
 
