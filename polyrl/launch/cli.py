@@ -35,9 +35,10 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from polyrl.launch.cli_errors import user_errors
 from polyrl.launch.eval_cli import eval_command
 from polyrl.launch.export_cli import export_command
-from polyrl.launch.ray_submit import MANY_RUNS_HELP, submit_command
 from polyrl.launch.objectives_cli import app as objectives_app
 from polyrl.launch.rewards_cli import app as rewards_app
+from polyrl.launch.scale_cli import scale_model_command
+from polyrl.launch.submit_cli import MANY_RUNS_HELP, jobs_app, submit_command
 
 app = typer.Typer(
     help="polyrl: reinforcement-learning experiments on language and vision-language models.",
@@ -46,6 +47,7 @@ app = typer.Typer(
 )
 app.add_typer(objectives_app, name="objectives")
 app.add_typer(rewards_app, name="rewards")
+app.add_typer(jobs_app, name="jobs")
 console = Console()
 
 VERBOSE_HELP = f"Also show vLLM's, transformers' and other libraries' logs here (always written to {LOG_FILE} in the run folder)."
@@ -69,8 +71,10 @@ def with_verbose(command, log_path_of):
     return wrapper
 
 
-app.command("submit", help="Run an experiment's arms as Ray tasks (local Ray by default, or --address).")(
+app.command("submit", help="Run an experiment's arms as Ray tasks on a local Ray, or (--address) submit it as a Ray job to a cluster.")(
     with_verbose(submit_command, lambda a: experiment_log_path(a["config"], a.get("set_"))))
+app.command("scale-model", help="Predict step time, samples/s and speed-up on many devices from one step's measured phase times.")(
+    scale_model_command)
 app.command("export", help="Write a checkpoint (run:<id>[@step], step_N or arm folder) as a Hugging Face model folder; LoRA runs merged.")(
     export_command)
 app.command("eval", help="Evaluate one or more models (folders or MLflow runs) on an eval suite.")(

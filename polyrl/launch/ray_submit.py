@@ -8,12 +8,13 @@ machine), the tracking URI and its run id; it builds the arm's roles (``train_ar
 :class:`RunLogger` for that run, trains, and marks the run FINISHED (or FAILED). Arms run in
 parallel when the cluster has the CPUs (``--sequential`` runs one at a time).
 
-Where Ray runs:
+Where Ray runs (``polyrl submit --address`` is a Ray job instead: :mod:`polyrl.launch.ray_jobs`):
 
-* no ``--address``: ``ray.init()`` starts (or, with ``RAY_ADDRESS`` set, attaches to) a local
-  cluster with no dashboard; it stops when the command ends. Workers are started with this
-  interpreter, so they import the very ``polyrl`` this driver imports (the installed package).
-* ``--address auto`` or ``ray://host:port``: a running cluster. The local ``polyrl`` package
+* no ``address``: ``ray.init()`` starts (or, with ``RAY_ADDRESS`` set, attaches to) a local
+  cluster on 127.0.0.1 with no dashboard; it stops when the command ends. Workers are started
+  with this interpreter, so they import the very ``polyrl`` this driver imports.
+* ``address`` (``auto``, ``host:port`` or ``ray://host:port``, or ``RAY_ADDRESS``, as inside a
+  Ray job): this process joins a running cluster as its driver. The local ``polyrl`` package
   folder travels to the workers in ``runtime_env={"py_modules": [...]}`` so workers run the
   driver's code; its dependencies (torch, transformers, mlflow, vLLM) must be installed on the
   cluster's nodes. Files the YAML names (model folders, data, reward files, ``checkpoint.dir``)
@@ -31,27 +32,24 @@ it (FAILED if a seed failed).
 
 ``start_experiment_run``, ``start_arm_run`` and ``train_arm`` are the steps ``polyrl run``
 shares with ``polyrl submit``. What runs inside the cluster (an arm's task, the supervision of the
-arms, the detached supervisor of ``--no-wait``) is in :mod:`polyrl.launch.ray_workers`.
+arms) is in :mod:`polyrl.launch.ray_workers`; the commands are in :mod:`polyrl.launch.submit_cli`.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-import typer
 from rich.console import Console
 
 from polyrl.core.errors import PolyrlError
 from polyrl.config.schema import ConfigError, to_yaml
-from polyrl.launch.ray_workers import DetachedSupervisor, finish_if_running, supervise_arms, worker_env
+from polyrl.launch.ray_workers import finish_if_running, supervise_arms, worker_env
 from polyrl.launch.run_lock import acquire_lock
 from polyrl.launch.seeds import MANY_RUNS, expand_units, load_plan, start_seeded_arm_run
 from polyrl.launch.experiment_folder import STATE_FILE, archive_previous_run, experiment_dir, write_state
-from polyrl.launch.arm_runs import summary_line
 from polyrl.launch.runner import ExperimentResult, start_arm_run, start_experiment_run, yaml_text
 from polyrl.tracking.mlflow_runs import ExperimentTracker, probe_tracking, resolve_tracking_uri
 
@@ -191,24 +189,20 @@ def submit_experiment(
     parallel_arms: bool = True,
     cpus_per_arm: float = 1.0,
     gpus_per_arm: float = 0.0,
-    wait: bool = True,
     console: Console | None = None,
     seeds_option: str | None = None,
     many_runs: bool = True,
 ):
     """Submit every arm of an experiment to Ray; returns :class:`polyrl.launch.runner.ExperimentResult`.
 
-    With ``wait=False`` the arms keep running in the cluster under a detached supervisor actor
-    and the result has run ids but no metrics; that needs a running cluster (``address``).
+    This process is the driver and waits for the arms; ``address`` (or ``RAY_ADDRESS``) connects
+    it to a running cluster. To submit and return, see :func:`polyrl.launch.ray_jobs.submit_job`.
     """
     import ray
 
     console = console or Console()
     if cpus_per_arm <= 0:
         raise ConfigError("--cpus-per-arm must be > 0")
-    if not wait and address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
-        raise ConfigError("--no-wait needs a running Ray cluster (--address auto or ray://host:port): "
-                          "a local cluster started by this command stops when the command ends")
     configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
     on_cuda = [arm for arm, config in configs.items() if config.train.device.startswith("cuda")]
     if on_cuda and gpus_per_arm <= 0:
@@ -242,24 +236,24 @@ def submit_experiment(
         started_ray = True
     try:
         return _submit_connected(path, configs, seeds, first, tracking_uri, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
-                                 gpus_per_arm=gpus_per_arm, wait=wait, console=console)
+                                 gpus_per_arm=gpus_per_arm, console=console)
     finally:
         if started_ray:
-            ray.shutdown()  # with --no-wait this only disconnects: the detached supervisor keeps running
+            ray.shutdown()
 
 
-def _submit_connected(path, configs, seeds, first, tracking_uri, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
+def _submit_connected(path, configs, seeds, first, tracking_uri, *, parallel_arms, cpus_per_arm, gpus_per_arm, console):
     folder = experiment_dir(first).resolve()
-    # Held while this driver supervises; a --no-wait submit hands it to the detached supervisor with the arms.
+    # Held while this driver supervises the arms.
     lock = acquire_lock(folder, experiment=first.name, command=f"polyrl submit {path}", echo=console.print)
     try:
-        return _submit_locked(path, configs, seeds, first, tracking_uri, folder, lock, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
-                              gpus_per_arm=gpus_per_arm, wait=wait, console=console)
+        return _submit_locked(path, configs, seeds, first, tracking_uri, folder, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
+                              gpus_per_arm=gpus_per_arm, console=console)
     finally:
         lock.release()
 
 
-def _submit_locked(path, configs, seeds, first, tracking_uri, folder, lock, *, parallel_arms, cpus_per_arm, gpus_per_arm, wait, console):
+def _submit_locked(path, configs, seeds, first, tracking_uri, folder, *, parallel_arms, cpus_per_arm, gpus_per_arm, console):
     import ray
 
     archive_previous_run(folder)  # as polyrl run: a new run never overwrites an earlier one's checkpoints
@@ -309,25 +303,9 @@ def _submit_locked(path, configs, seeds, first, tracking_uri, folder, lock, *, p
                       f"MLflow: {tracking_uri}")
         console.print(f"parent run {parent.run_id} · " + " · ".join(f"{key}: {job_id}" for key, job_id in
                                                                    {job["key"]: job["run_id"] for job in jobs}.items()))
-        if wait:
-            results = supervise_arms(jobs, parallel=parallel_arms, task_options=task_options, tracking_uri=tracking_uri,
+        results = supervise_arms(jobs, parallel=parallel_arms, task_options=task_options, tracking_uri=tracking_uri,
                                  parent_run_id=parent.run_id, state_path=str(state_path), echo=console.print)
-            result.final_metrics = {job["key"]: results[job["key"]]["final_metrics"] for job in jobs}
-        else:
-            supervisor_name = f"polyrl-supervisor-{parent.run_id}"
-            supervisor = ray.remote(DetachedSupervisor).options(name=supervisor_name, namespace="polyrl", lifetime="detached", num_cpus=0,
-                                                                runtime_env=task_options["runtime_env"]).remote()
-            handover = {"folder": str(folder), "experiment": first.name,
-                        "command": f"polyrl submit --no-wait {path}: detached Ray actor {supervisor_name} (namespace polyrl)"}
-            started = supervisor.start.remote(jobs, parallel_arms, task_options, tracking_uri, parent.run_id, str(state_path), handover)
-            lock.release()  # the supervisor is waiting to take it; it starts no arm before it holds it
-            try:
-                ray.get(started)
-            except BaseException:
-                ray.kill(supervisor)  # detached: it would otherwise outlive this failed submission
-                raise
-            console.print(f"submitted; the arms run under the detached actor {supervisor_name} (namespace polyrl), "
-                          f"which holds the experiment folder until they are done; follow them in MLflow")
+        result.final_metrics = {job["key"]: results[job["key"]]["final_metrics"] for job in jobs}
     except BaseException:
         if parent.client.get_run(parent.run_id).info.status == "RUNNING":  # failed before the arms were handed over
             for job in jobs:
@@ -337,41 +315,3 @@ def _submit_locked(path, configs, seeds, first, tracking_uri, folder, lock, *, p
             parent.finish("FAILED")
         raise
     return result
-
-
-# --- the command ------------------------------------------------------------------------------
-
-_console = Console()
-
-
-MANY_RUNS_HELP = f"Start more than {MANY_RUNS} training runs (arms × seeds) in one command; without it such a plan is refused."
-
-
-def submit_command(
-    config: Path = typer.Argument(..., help="Experiment YAML."),
-    set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.steps=5 (repeatable)."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster: 'auto' or ray://host:port. Default: a local Ray cluster (ray.init())."),
-    parallel_arms: bool = typer.Option(True, "--parallel/--sequential", help="Run arms at the same time when the cluster has the CPUs."),
-    cpus_per_arm: float = typer.Option(1.0, "--cpus-per-arm", help="Ray CPUs per arm (also the arm's torch threads unless train.threads is set)."),
-    gpus_per_arm: float = typer.Option(0.0, "--gpus-per-arm", help="Ray GPUs per arm (0: the arm sees no GPU)."),
-    wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the arms (default) or return once submitted (needs --address)."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="Run every arm with these seeds, each arm × seed a Ray task: a count "
-                                                            "(--seeds 3 = 0,1,2) or a list (--seeds 0,1,2); overrides the YAML's seeds and seed."),
-    many_runs: bool = typer.Option(False, "--many-runs", help=MANY_RUNS_HELP),
-) -> None:
-    """Run the arms of an experiment as Ray tasks (local Ray by default), logged to MLflow under one parent run."""
-    from polyrl.launch.cli_errors import user_errors
-
-    with user_errors():  # ArmFailedError exits 1, every other PolyrlError 2
-        result = submit_experiment(config, set_options=set_, address=address, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
-                                   gpus_per_arm=gpus_per_arm, wait=wait, console=_console, seeds_option=seeds, many_runs=many_runs)
-    for name, metrics in result.final_metrics.items():
-        _console.print(summary_line(name, metrics))
-    _console.print(f"MLflow: {result.tracking_uri} (parent run {result.parent_run_id})")
-    _console.print(f"Compare the arms: polyrl compare {result.name} --tracking-uri {result.tracking_uri}    ·    "
-                   f"open the UI: polyrl ui --tracking-uri {result.tracking_uri}")
-
-
-if __name__ == "__main__":  # python -m polyrl.launch.ray_submit exp.yaml
-    typer.run(submit_command)
-    sys.exit(0)

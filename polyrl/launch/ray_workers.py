@@ -1,5 +1,4 @@
-"""The Ray side of ``polyrl submit``: one arm's task, the supervision of an experiment's arms,
-and the detached actor that supervises them after ``polyrl submit --no-wait`` has returned.
+"""The Ray side of ``polyrl submit``: one arm's task and the supervision of an experiment's arms.
 
 An arm's task runs in a Ray worker process of its own (``max_calls=1``: its models and engine go
 with the process). It gets the arm's resolved config as YAML text, never a path, trains it with
@@ -17,7 +16,6 @@ from typing import Any, Callable
 
 from polyrl.config.schema import ExperimentConfig
 from polyrl.launch.experiment_folder import read_state, write_state
-from polyrl.launch.run_lock import receive_lock
 from polyrl.launch.runner import ArmFailedError, train_arm
 from polyrl.tracking.mlflow_runs import RunLogger, make_client
 from polyrl.tracking.run_logger import terminate_run
@@ -61,7 +59,7 @@ def supervise_arms(jobs: list[dict[str, Any]], *, parallel: bool, task_options: 
                    state_path: str | None, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Launch the arm tasks, gather their results, close the parent run; raises ArmFailedError.
 
-    Runs in the driver (``--wait``) or in a detached actor inside the cluster (``--no-wait``).
+    Runs in the driver: the ``polyrl submit`` process, or a Ray job's.
     Every arm runs even if another fails (arms are independent); the parent run is FAILED if any did.
     """
     import ray
@@ -140,27 +138,3 @@ def finish_if_running(client, run_id: str, status: str) -> None:
 def _root_cause(error: BaseException) -> str:
     cause = getattr(error, "cause", None) or error  # ray.exceptions.RayTaskError keeps the arm's exception
     return f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
-
-
-class DetachedSupervisor:
-    """Detached actor that supervises the arms after ``polyrl submit --no-wait`` returns."""
-
-    def start(self, jobs, parallel, task_options, tracking_uri, parent_run_id, state_path, lock_handover) -> str:
-        """Take the experiment folder's lock over from the driver, start supervising in a thread and
-        return at once (the driver may exit right after). No arm starts unless the lock was taken."""
-        import threading
-
-        lock = receive_lock(**lock_handover)
-
-        def supervise() -> None:
-            import ray
-
-            try:
-                supervise_arms(jobs, parallel=parallel, task_options=task_options, tracking_uri=tracking_uri,
-                           parent_run_id=parent_run_id, state_path=state_path)
-            finally:
-                lock.release()  # the arms are done: a new run of the experiment may start
-                ray.kill(ray.get_runtime_context().current_actor)  # a detached actor lives until killed
-
-        threading.Thread(target=supervise, name="polyrl-supervisor", daemon=True).start()
-        return parent_run_id

@@ -131,21 +131,3 @@ def _check_takeover(previous: dict[str, Any], path: Path, experiment: str) -> No
     raise ExperimentLockedError(
         f"experiment {experiment!r}: {path} names {describe_owner(previous)}, which {where} "
         f"(its lock could not be checked from here). If that run is gone, delete {path} and run again")
-
-
-def receive_lock(folder: str | Path, *, experiment: str, command: str = "", within_s: float = 60.0) -> ExperimentLock:
-    """Take the lock a process is handing over (it releases right after asking for this).
-
-    ``polyrl submit --no-wait`` returns while its arms keep running under a detached Ray actor;
-    that actor takes the folder's lock over, so a second run of the experiment is refused until the
-    arms are done instead of archiving their folder under them. The handing process may still hold
-    the lock for a moment: retry until it lets go, then raise the usual error if someone else took it.
-    """
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            return acquire_lock(folder, experiment=experiment, command=command)
-        except ExperimentLockedError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.05)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -66,39 +65,3 @@ def test_submit_two_arms_to_local_ray(tmp_path, tiny_experiment, write_experimen
         assert result.final_metrics[arm]  # the last step's metrics came back through ray.get
     assert len(pids) == 2  # one worker process per arm (max_calls=1)
     assert (result.experiment_dir / "grpo").is_dir() and (result.experiment_dir / "dr_grpo").is_dir()
-
-
-@pytest.mark.slow
-def test_no_wait_hands_the_folder_lock_to_the_supervisor_until_the_arms_are_done(tmp_path, tiny_experiment, write_experiment):
-    """Before: the command let go of the folder lock as it returned, so a second run of the experiment
-    could start and archive the folder of arms that were still running."""
-    ray = pytest.importorskip("ray")
-    from polyrl.launch.run_lock import ExperimentLockedError, acquire_lock
-
-    config = tiny_experiment(train={"steps": 3}, checkpoint={"every": 3})
-    path = write_experiment(tmp_path, config)
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
-    try:
-        result = submit_experiment(path, cpus_per_arm=1, wait=False)
-        client = MlflowClient(result.tracking_uri)
-        assert client.get_run(result.parent_run_id).info.status == "RUNNING"  # returned while the arm runs
-        with pytest.raises(ExperimentLockedError, match=r"already running .*polyrl submit --no-wait .*polyrl-supervisor-"):
-            acquire_lock(result.experiment_dir, experiment=config["name"])
-        deadline = time.monotonic() + 300
-        while client.get_run(result.parent_run_id).info.status == "RUNNING" and time.monotonic() < deadline:
-            time.sleep(1)
-        lock = None
-        while lock is None and time.monotonic() < deadline:  # the supervisor lets go right after closing the runs
-            try:
-                lock = acquire_lock(result.experiment_dir, experiment=config["name"])
-            except ExperimentLockedError:
-                time.sleep(0.5)
-        assert lock is not None, "the supervisor never released the experiment folder"
-        lock.release()
-    finally:
-        ray.shutdown()
-    assert client.get_run(result.parent_run_id).info.status == "FINISHED"
-    (arm_run_id,) = result.arm_run_ids.values()
-    assert client.get_run(arm_run_id).info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(arm_run_id, "train/step")] == [1, 2, 3]

@@ -1,0 +1,157 @@
+"""polyrl submit --address and polyrl jobs: Ray's Job Submission API against a real Ray head
+with its dashboard (job server) on 127.0.0.1, started here and stopped at the end."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from run_control import child_env
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _polyrl(folder: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "polyrl.launch.cli", *args], cwd=folder, env=child_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A Ray head with its dashboard on 127.0.0.1, in the foreground (--block) so that stopping it
+    stops only its own processes (never `ray stop`, which stops every Ray on the machine). Its
+    jobs run `python` from this interpreter's folder, as they would from an activated venv."""
+    gcs_port, dashboard_port = _free_port(), _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must stay short (AF_UNIX: 107 bytes)
+    env = child_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this checkout's polyrl, as in the test process
+    log = Path(temp_dir) / "head.log"
+    with log.open("w") as out:
+        head = subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(gcs_port),
+                                 "--node-ip-address", "127.0.0.1", "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                                 "--dashboard-port", str(dashboard_port), "--num-cpus", "2", "--disable-usage-stats",
+                                 "--temp-dir", temp_dir], env=env, stdout=out, stderr=out)
+    deadline = time.time() + 180
+    while "Ray runtime started" not in log.read_text() and head.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    try:
+        assert head.poll() is None and "Ray runtime started" in log.read_text(), log.read_text()[-3000:]
+        yield {"url": f"http://127.0.0.1:{dashboard_port}", "gcs": f"127.0.0.1:{gcs_port}"}
+    finally:
+        head.send_signal(signal.SIGTERM)  # --block: the head stops the processes it started
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _job_id(output: str) -> str:
+    match = re.search(r"submitted job (polyrl-\S+)", output)
+    assert match, output[-3000:]
+    return match.group(1)
+
+
+@pytest.mark.slow
+def test_submit_list_follow_and_stop_jobs_on_a_real_ray_head(tmp_path, ray_head, tiny_experiment, write_experiment):
+    url = ray_head["url"]
+    # The tiny experiment's MLflow store and checkpoint folder are in tmp_path, the working folder
+    # that travels: both are left out of the upload and pinned to these absolute paths.
+    path = write_experiment(tmp_path, tiny_experiment(name="jobs", train={"steps": 2}, checkpoint={"every": 2}))
+
+    # 1. Submit and follow (the default --wait): the job's output ends with the run's summary; exit 0.
+    done = _polyrl(tmp_path, "submit", path.name, "--address", url)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    first = _job_id(done.stdout)
+    assert "python -m polyrl.launch.cli run exp.yaml --no-progress" in done.stdout
+    assert f"job {first}: SUCCEEDED" in done.stdout
+    assert "MLflow:" in done.stdout and "(parent run" in done.stdout  # polyrl run's own summary, streamed back
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (arm_run,) = [r for r in client.search_runs(client.get_experiment_by_name("jobs").experiment_ids)
+                  if r.data.tags.get("polyrl.arm") == "main"]
+    assert arm_run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(arm_run.info.run_id, "train/step")] == [1, 2]
+    assert (tmp_path / "runs" / "jobs" / "main" / "step_000002").is_dir()  # the checkpoint came home, not into Ray's copy
+
+    # 2. A longer job, submitted without waiting, through the GCS address (its dashboard found via the GCS).
+    done = _polyrl(tmp_path, "submit", path.name, "--address", ray_head["gcs"], "--no-wait", "--set", "train.steps=500")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    second = _job_id(done.stdout)
+    assert f"polyrl jobs stop {second}" in done.stdout
+
+    listed = _polyrl(tmp_path, "jobs", "list", "--address", url)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if "polyrl-jobs-" in line}
+    assert set(rows) == {first, second}, listed.stdout
+    assert "SUCCEEDED" in rows[first] and re.search(r"PENDING|RUNNING", rows[second]), listed.stdout
+
+    stopped = _polyrl(tmp_path, "jobs", "stop", second, "--address", url)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert f"job {second}: STOPPED" in stopped.stdout
+    logs = _polyrl(tmp_path, "jobs", "logs", first, "--address", url)
+    assert logs.returncode == 0 and "(parent run" in logs.stdout, logs.stderr[-3000:]
+    followed = _polyrl(tmp_path, "jobs", "logs", second, "--follow", "--address", url)  # an ended job: its logs, its status
+    assert followed.returncode == 1 and f"job {second}: STOPPED" in followed.stdout, followed.stdout[-2000:]
+
+    unknown = _polyrl(tmp_path, "jobs", "logs", "polyrl-no-such-job", "--address", url)
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr, unknown.stderr[-3000:]
+    assert "job polyrl-no-such-job:" in unknown.stderr
+
+
+@pytest.mark.parametrize("command", [("submit", "exp.yaml", "--address"), ("jobs", "list", "--address")])
+def test_an_unreachable_job_server_fails_in_seconds_naming_it(tmp_path, tiny_experiment, write_experiment, command):
+    write_experiment(tmp_path, tiny_experiment())
+    port = _free_port()  # nothing listens there
+    started = time.monotonic()
+    done = _polyrl(tmp_path, *command, f"http://127.0.0.1:{port}", timeout=120)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in done.stderr and "ray start --head" in done.stderr
+    assert elapsed < 20, elapsed
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_no_wait_without_an_address_is_refused_naming_the_option(tmp_path, tiny_experiment, write_experiment):
+    from polyrl.launch.cli import app
+
+    path = write_experiment(tmp_path, tiny_experiment())
+    result = CliRunner().invoke(app, ["submit", str(path), "--no-wait"])
+    assert result.exit_code == 2
+    assert "--no-wait submits the experiment as a Ray job and needs the cluster's address: --address http://127.0.0.1:8265" in (
+        result.output)
+
+
+def test_job_entrypoint_and_output_paths(tmp_path, tiny_experiment, write_experiment, monkeypatch):
+    from polyrl.config.schema import load_experiment
+    from polyrl.launch.ray_jobs import _inside, job_entrypoint, output_overrides
+
+    assert job_entrypoint("exp.yaml", ["train.steps=5", "rollout.engine=hf"], "0,1", True) == (
+        "python -m polyrl.launch.cli run exp.yaml --no-progress --set train.steps=5 --set rollout.engine=hf --seeds 0,1 --many-runs")
+    monkeypatch.chdir(tmp_path)  # polyrl submit's working folder
+    config = tiny_experiment(tracking={"uri": "sqlite:///mlflow.db"}, checkpoint={"dir": "out"})
+    (first,) = load_experiment(write_experiment(tmp_path, config)).values()
+    overrides, uri = output_overrides(first, tmp_path)
+    # Relative outputs would land in the job's temporary copy of the working folder: pinned here.
+    assert overrides == [f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"checkpoint.dir={tmp_path / 'out'}"]
+    assert uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = tiny_experiment(tracking={"uri": "http://mlflow.example:5000"}, checkpoint={"dir": "/shared/runs"})
+    (first,) = load_experiment(write_experiment(tmp_path, config)).values()
+    assert output_overrides(first, tmp_path) == ([], "http://mlflow.example:5000")  # a server and an absolute folder: as they are
+    assert _inside(tmp_path / "out", tmp_path) == ["/out"] and _inside(Path("/elsewhere"), tmp_path) == []
+    assert _inside(tmp_path, tmp_path) == []  # checkpoint.dir "." must not exclude the whole folder
