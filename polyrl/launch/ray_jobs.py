@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shlex
 import socket
 import time
@@ -144,7 +145,7 @@ def job_client(address: str | None = None):
             return JobSubmissionClient(url)
     except ray.exceptions.AuthenticationError as error:
         raise RayUnreachableError(ray_auth_refusal(address, error, token_sent)) from None
-    except (ConnectionError, RuntimeError, ValueError) as error:
+    except (OSError, RuntimeError, ValueError) as error:  # requests' errors are OSErrors
         raise RayUnreachableError(f"--address {address}: the job server at {url} did not answer as one ({error})") from None
 
 
@@ -153,7 +154,7 @@ def _job_request(job_id: str) -> Iterator[None]:
     try:
         yield
     except RuntimeError as error:  # the client's way of saying the server refused (unknown id, ...)
-        said = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        said = re.sub(r"^Request failed with status code \d+: ", "", str(error).strip()).rstrip(".") or type(error).__name__
         raise JobError(f"job {job_id}: {said}") from None
 
 

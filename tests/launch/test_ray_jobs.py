@@ -111,7 +111,7 @@ def test_submit_list_follow_and_stop_jobs_on_a_real_ray_head(tmp_path, ray_head,
 
     unknown = _polyrl(tmp_path, "jobs", "logs", "polyrl-no-such-job", "--address", url)
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr, unknown.stderr[-3000:]
-    assert "job polyrl-no-such-job:" in unknown.stderr
+    assert "job polyrl-no-such-job: Job polyrl-no-such-job does not exist" in unknown.stderr
 
 
 @pytest.mark.parametrize("command", [("submit", "exp.yaml", "--address"), ("jobs", "list", "--address")])
