@@ -10,7 +10,8 @@ import pytest
 
 POLYRL = str(Path(sys.executable).with_name("polyrl"))
 COMMANDS = [[], ["run"], ["submit"], ["validate"], ["compare"], ["ui"], ["eval"], ["objectives"], ["objectives", "list"],
-            ["rewards"], ["rewards", "list"], ["rewards", "new"], ["rewards", "check"]]
+            ["rewards"], ["rewards", "list"], ["rewards", "new"], ["rewards", "check"], ["jobs"], ["jobs", "list"], ["jobs", "logs"],
+            ["jobs", "stop"], ["scale-model"]]
 
 
 def polyrl(*args, cwd=None):
@@ -20,7 +21,7 @@ def polyrl(*args, cwd=None):
 def test_console_script_runs():
     result = polyrl("--help")
     assert result.returncode == 0, result.stderr
-    for command in ("run", "validate", "compare", "ui", "eval", "objectives", "rewards"):
+    for command in ("run", "validate", "compare", "ui", "eval", "objectives", "rewards", "submit", "jobs", "scale-model"):
         assert command in result.stdout
 
 
