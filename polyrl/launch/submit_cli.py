@@ -106,10 +106,15 @@ def jobs_list(address: Optional[str] = _address_option()) -> None:
     """Every job the cluster knows, oldest first: id, status, experiment, start and end."""
     with user_errors():
         jobs = list_jobs(job_client(address))
-    table = Table("job", "status", "experiment", "started", "ended", "message")
-    for job in jobs:
+    ids = [job.submission_id or job.job_id or "" for job in jobs]
+    table = Table()
+    table.add_column("job", no_wrap=True, min_width=max(map(len, ids), default=3))  # whole ids, to paste into logs/stop
+    table.add_column("status", no_wrap=True, min_width=9)  # SUCCEEDED
+    for name in ("experiment", "started", "ended", "message"):
+        table.add_column(name)
+    for job_id, job in zip(ids, jobs):
         metadata = job.metadata or {}
-        table.add_row(job.submission_id or job.job_id or "", str(job.status.value), metadata.get("polyrl.experiment", ""),
+        table.add_row(job_id, str(job.status.value), metadata.get("polyrl.experiment", ""),
                       _when(job.start_time), _when(job.end_time), escape((job.message or "").strip()[:80]))
     _console.print(table if jobs else "no jobs")
 

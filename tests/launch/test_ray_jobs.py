@@ -69,7 +69,7 @@ def _job_id(output: str) -> str:
 
 
 @pytest.mark.slow
-def test_submit_list_follow_and_stop_jobs_on_a_real_ray_head(tmp_path, ray_head, tiny_experiment, write_experiment):
+def test_submit_list_follow_and_stop_jobs_on_a_real_ray_head(tmp_path, ray_head, tiny_experiment, write_experiment, monkeypatch):
     url = ray_head["url"]
     # The tiny experiment's MLflow store and checkpoint folder are in tmp_path, the working folder
     # that travels: both are left out of the upload and pinned to these absolute paths.
@@ -83,7 +83,7 @@ def test_submit_list_follow_and_stop_jobs_on_a_real_ray_head(tmp_path, ray_head,
     assert f"job {first}: SUCCEEDED" in done.stdout
     assert "MLflow:" in done.stdout and "(parent run" in done.stdout  # polyrl run's own summary, streamed back
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (arm_run,) = [r for r in client.search_runs(client.get_experiment_by_name("jobs").experiment_ids)
+    (arm_run,) = [r for r in client.search_runs([client.get_experiment_by_name("jobs").experiment_id])
                   if r.data.tags.get("polyrl.arm") == "main"]
     assert arm_run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(arm_run.info.run_id, "train/step")] == [1, 2]
@@ -95,23 +95,31 @@ def test_submit_list_follow_and_stop_jobs_on_a_real_ray_head(tmp_path, ray_head,
     second = _job_id(done.stdout)
     assert f"polyrl jobs stop {second}" in done.stdout
 
-    listed = _polyrl(tmp_path, "jobs", "list", "--address", url)
-    assert listed.returncode == 0, listed.stderr[-3000:]
-    rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if "polyrl-jobs-" in line}
-    assert set(rows) == {first, second}, listed.stdout
-    assert "SUCCEEDED" in rows[first] and re.search(r"PENDING|RUNNING", rows[second]), listed.stdout
+    # The jobs commands in this process (each subprocess costs seconds of imports); the client
+    # turns Ray's token mode on as a subprocess would, undone at the end of the test.
+    monkeypatch.setenv("RAY_AUTH_MODE", "token" if (Path.home() / ".ray" / "auth_token").exists() else "disabled")
+    listed = _cli("jobs", "list", "--address", url)
+    assert listed.exit_code == 0, listed.output[-3000:]
+    rows = {line.split("│")[1].strip(): line for line in listed.output.splitlines() if "polyrl-jobs-" in line}
+    assert set(rows) == {first, second}, listed.output
+    assert "SUCCEEDED" in rows[first] and re.search(r"PENDING|RUNNING", rows[second]), listed.output
 
-    stopped = _polyrl(tmp_path, "jobs", "stop", second, "--address", url)
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
-    assert f"job {second}: STOPPED" in stopped.stdout
-    logs = _polyrl(tmp_path, "jobs", "logs", first, "--address", url)
-    assert logs.returncode == 0 and "(parent run" in logs.stdout, logs.stderr[-3000:]
-    followed = _polyrl(tmp_path, "jobs", "logs", second, "--follow", "--address", url)  # an ended job: its logs, its status
-    assert followed.returncode == 1 and f"job {second}: STOPPED" in followed.stdout, followed.stdout[-2000:]
+    stopped = _cli("jobs", "stop", second, "--address", url)
+    assert stopped.exit_code == 0 and f"job {second}: STOPPED" in stopped.output, stopped.output[-3000:]
+    logs = _cli("jobs", "logs", first, "--address", url)
+    assert logs.exit_code == 0 and "(parent run" in logs.output, logs.output[-3000:]
+    followed = _cli("jobs", "logs", second, "--follow", "--address", url)  # an ended job: its logs, its status
+    assert followed.exit_code == 1 and f"job {second}: STOPPED" in followed.output, followed.output[-2000:]
 
-    unknown = _polyrl(tmp_path, "jobs", "logs", "polyrl-no-such-job", "--address", url)
-    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr, unknown.stderr[-3000:]
-    assert "job polyrl-no-such-job: Job polyrl-no-such-job does not exist" in unknown.stderr
+    unknown = _cli("jobs", "logs", "polyrl-no-such-job", "--address", url)
+    assert unknown.exit_code == 2 and "job polyrl-no-such-job: Job polyrl-no-such-job does not exist" in unknown.output, (
+        unknown.output[-3000:])
+
+
+def _cli(*args: str):
+    from polyrl.launch.cli import app
+
+    return CliRunner().invoke(app, list(args))
 
 
 @pytest.mark.parametrize("command", [("submit", "exp.yaml", "--address"), ("jobs", "list", "--address")])
