@@ -17,6 +17,22 @@ class TruncatedImportanceSamplingConfig(StrictModel):
     cap: float = Field(2.0, gt=1.0)
 
 
+class WorkerResourcesConfig(StrictModel):
+    """What each rollout worker (``rollout.workers > 1``) reserves on the Ray cluster, and how they are placed."""
+
+    num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per worker (a fraction shares a core); its torch threads: max(1, int(num_cpus))")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per worker (a fraction shares one, e.g. 0.5 puts two vLLM engines on a GPU)")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement-group strategy of the workers' bundles: PACK fills a node first, SPREAD spreads over nodes")
+    max_restarts: int = Field(3, ge=0, description="times Ray restarts a worker that died (per worker, per run); its prompts go again")
+    ready_timeout_s: float = Field(120.0, gt=0, description="how long to wait for room on the cluster before failing")
+
+
+def _field_error(loc: tuple[str, ...], message: str, value: object, **context: str) -> ValidationError:
+    error = PydanticCustomError("value_error", message, context)
+    return ValidationError.from_exception_data("RolloutConfig", [InitErrorDetails(type=error, loc=loc, input=value)])
+
+
 class RolloutConfig(StrictModel):
     engine: Literal["vllm", "hf"] = "vllm"
     prompts_per_step: int = Field(8, ge=1)
@@ -40,6 +56,12 @@ class RolloutConfig(StrictModel):
         "start-up of ~45 s instead of ~8 s: it pays on runs of more than a few dozen rollout-heavy steps. Weight syncs "
         "reach the compiled model (it reads the same parameters). vllm engine and text policies only.")
     truncated_importance_sampling: TruncatedImportanceSamplingConfig = TruncatedImportanceSamplingConfig()
+    workers: int = Field(
+        1, ge=1, description="rollout engines: 1 runs the engine in this process; N > 1 runs N engines as Ray actors "
+        "(rollout.worker_resources), each generating a contiguous share of every step's prompts with the same per-request "
+        "seeds, so the samples do not depend on N; weights reach every worker after each update.")
+    worker_resources: WorkerResourcesConfig | None = Field(
+        None, description="each rollout worker's Ray resources and placement (rollout.workers > 1; default: 1 CPU, no GPU)")
 
     @model_validator(mode="after")
     def _compile_needs_vllm(self) -> "RolloutConfig":
@@ -48,4 +70,22 @@ class RolloutConfig(StrictModel):
             error = PydanticCustomError("value_error", "compile is vLLM's compiled sampler, but engine is {engine}; allowed here: {allowed}",
                                         {"engine": repr(self.engine), "allowed": "compile: false, or engine: vllm"})
             raise ValidationError.from_exception_data("RolloutConfig", [InitErrorDetails(type=error, loc=("compile",), input=True)])
+        return self
+
+    @model_validator(mode="after")
+    def _workers_settings(self) -> "RolloutConfig":
+        """Settings that only apply to one kind of rollout are refused on the other."""
+        if self.worker_resources is not None and self.workers == 1:
+            raise _field_error(("worker_resources",), "worker_resources applies to rollout workers, but workers is 1 (the "
+                               "in-process engine); allowed here: {allowed}", self.worker_resources.model_dump(),
+                               allowed="workers > 1, or no worker_resources")
+        if self.workers > self.prompts_per_step:
+            raise _field_error(("workers",), "{workers} workers for {prompts} prompts per step: a worker would get no prompt; "
+                               "allowed: {allowed}", self.workers, workers=str(self.workers), prompts=str(self.prompts_per_step),
+                               allowed=f"1 to {self.prompts_per_step} (rollout.prompts_per_step)")
+        if self.threads is not None and self.workers > 1:
+            raise _field_error(("threads",), "threads sets this process's torch threads while the in-process engine generates; "
+                               "rollout workers run {threads_of_workers}; allowed here: {allowed}", self.threads,
+                               threads_of_workers="max(1, int(rollout.worker_resources.num_cpus)) threads each",
+                               allowed="no threads, or workers: 1")
         return self

@@ -55,6 +55,9 @@ class Completion:
     # Token ids the sampler could never sample (image/special tokens of an image-text model).
     # The learner masks the same ids, so both log-probs normalise over the same vocabulary.
     banned_token_ids: tuple[int, ...] = ()
+    # The policy version whose weights sampled it: 0 = the weights the engine started with, then
+    # one more per weight sync (RolloutEngine.update_weights). None: an engine that does not say.
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         if not self.completion_token_modalities:
@@ -80,3 +83,7 @@ class SamplingSettings:
     max_tokens: int = 64
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    # The position of ``prompts[0]`` in the whole batch that the per-request seeds are derived
+    # from (engines/base.py request_seed): a worker pool sends each worker a slice of the batch
+    # with its offset, so a prompt's samples do not depend on how the batch was split.
+    first_prompt_index: int = 0

@@ -20,6 +20,14 @@ the sampling distribution: both pin ``top_k=0`` and no penalties.
 
 After a weight sync, watch ``rollout/logprob_gap``; :meth:`RolloutEngine.verify_sync` checks it
 in one call.
+
+Seeding contract (both engines): sample ``j`` of prompt ``i`` is drawn from its own random
+stream, seeded with ``request_seed(settings.seed, settings.first_prompt_index + i, n) + j``. A
+prompt's samples therefore do not depend on which other prompts share the call, so a batch split
+over several engines (:mod:`polyrl.engines.worker_pool`) samples exactly what one engine would.
+
+Policy versions: an engine starts at version 0 and :meth:`RolloutEngine.update_weights` sets the
+version of the weights it loads; every completion carries the version that sampled it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,19 @@ from polyrl.engines import images as image_prompts
 from polyrl.engines.modality_marks import ImageSpanRule, token_modalities
 
 
+def request_seed(seed: int | None, prompt_index: int, n: int) -> int | None:
+    """The per-request seed of prompt ``prompt_index`` (its ``j``-th sample uses ``+ j``).
+
+    vLLM gives the ``j``-th of ``n`` samples of a request the seed ``request_seed + j``, so
+    requests are spaced ``n`` apart and never share a sample seed within one call. The base is
+    spread by a large odd multiplier so that calls with seeds ``s`` and ``s + 1`` do not
+    reuse each other's sample seeds.
+    """
+    if seed is None:
+        return None
+    return (seed * 1_000_003 + prompt_index * n) % (2**31 - 1)
+
+
 class RolloutEngine(ABC):
     """Generates completions and receives weight updates from the learner."""
 
@@ -43,6 +64,8 @@ class RolloutEngine(ABC):
     # The model directory's rule for which generated tokens are image content (modality_marks.py);
     # None: every generated token is text.
     modality_rule: ImageSpanRule | None = None
+    # The version of the weights it samples with (0: as loaded); update_weights sets it.
+    policy_version: int = 0
 
     @abstractmethod
     def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
@@ -56,6 +79,19 @@ class RolloutEngine(ABC):
         """Sample from now on with the base weights plus the PEFT adapter folder ``folder``
         (``model.lora.sync: adapter``); engines without LoRA support refuse."""
         raise NotImplementedError(f"the {self.name} engine takes no LoRA adapter; model.lora.sync: merged sends merged weights")
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> int:
+        """:meth:`sync_weights`, then record the weights' policy version (default: one more than
+        now), which every later completion carries. Returns the version."""
+        self.sync_weights(named_tensors)
+        self.policy_version = self.policy_version + 1 if version is None else int(version)
+        return self.policy_version
+
+    def update_adapter(self, folder: str, version: int | None = None) -> int:
+        """:meth:`sync_adapter`, then record the policy version as :meth:`update_weights` does."""
+        self.sync_adapter(folder)
+        self.policy_version = self.policy_version + 1 if version is None else int(version)
+        return self.policy_version
 
     def close(self) -> None:  # pragma: no cover - trivial default
         pass

@@ -5,6 +5,14 @@ the token was sampled from (:mod:`polyrl.engines.base`). ``generate`` is called 
 ``top_k=0``, ``repetition_penalty=1`` and one beam, so the model directory's
 ``generation_config`` cannot change the sampling distribution.
 
+Seeding: transformers samples a whole batch from the one global torch generator, so a row's
+tokens would depend on the rows beside it. Instead each row (sample ``j`` of prompt ``i``) draws
+from its own ``torch.Generator`` seeded per request as vLLM does (:func:`request_seed`): the
+last logits processor (:class:`SeededRowSampler`) samples every row's token from the processed
+scores with the row's generator, keeps its log-prob, and leaves only that token for
+``generate``'s greedy pick. Temperature and top-p are applied by transformers' own warpers,
+placed before it. The global torch generator is neither used nor reset.
+
 Image-text models (a ``vision_config`` in the model folder) load with
 ``AutoModelForImageTextToText``; an image prompt is run through the model's processor (expanded
 ids + ``pixel_values``) and a batch may mix image and text-only prompts
@@ -23,7 +31,7 @@ import torch
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines import images as image_prompts
-from polyrl.engines.base import RolloutEngine, eos_ids
+from polyrl.engines.base import RolloutEngine, eos_ids, request_seed
 from polyrl.engines.modality_marks import load_modality_rule
 from polyrl.engines.stop_tokens import completion_text, stop_token_ids
 
@@ -76,16 +84,17 @@ class HFRolloutEngine(RolloutEngine):
         encoded = [self._encode_images(p)[1:] for p in prompts]
         # One row per sample, grouped per prompt: row i*n + j is sample j of prompt i.
         rows = [row for row in encoded for _ in range(settings.n)]
+        base = self.seed if settings.seed is None else settings.seed
+        seeds = [request_seed(base, settings.first_prompt_index + i, settings.n) + j for i in range(len(prompts)) for j in range(settings.n)]
         chunk = self.batch_size or len(rows)
-        generator_seed = self.seed if settings.seed is None else settings.seed
-        torch.manual_seed(generator_seed)
         flat: list[Completion] = []
         for start in range(0, len(rows), chunk):
-            flat.extend(self._generate_rows(rows[start : start + chunk], settings))
+            flat.extend(self._generate_rows(rows[start : start + chunk], settings, seeds[start : start + chunk]))
         return [flat[i * settings.n : (i + 1) * settings.n] for i in range(len(prompts))]
 
     @torch.no_grad()
-    def _generate_rows(self, rows: list[tuple[list[int], dict[str, Any] | None]], settings: SamplingSettings) -> list[Completion]:
+    def _generate_rows(self, rows: list[tuple[list[int], dict[str, Any] | None]], settings: SamplingSettings,
+                       seeds: list[int]) -> list[Completion]:
         width = max(len(r) for r, _ in rows)
         input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -93,20 +102,27 @@ class HFRolloutEngine(RolloutEngine):
             input_ids[i, width - len(r) :] = torch.as_tensor(r)
             attention_mask[i, width - len(r) :] = 1
         greedy = settings.temperature == 0
+        # Sampled rows: SeededRowSampler picks each token and generate's greedy step takes it.
+        sampler = None if greedy else SeededRowSampler(seeds, self.device)
         gen_kwargs: dict[str, Any] = dict(
-            do_sample=not greedy,
+            do_sample=False,
             max_new_tokens=settings.max_tokens,
             eos_token_id=sorted(self.eos_ids) or None,
             pad_token_id=self._pad_id,
             return_dict_in_generate=True,
-            output_scores=True,
-            # Pin every knob so generation_config defaults (top_k=50, penalties) cannot apply.
+            output_scores=greedy,
+            # Pin every knob so generation_config defaults (top_k=50, penalties) cannot apply;
+            # temperature and top-p act through the processors below.
             top_k=0,
-            top_p=settings.top_p if not greedy else 1.0,
-            temperature=settings.temperature if not greedy else 1.0,
+            top_p=1.0,
+            temperature=1.0,
             repetition_penalty=1.0,
             num_beams=1,
         )
+        if sampler is not None:
+            from transformers import LogitsProcessorList
+
+            gen_kwargs["logits_processor"] = LogitsProcessorList(sampling_warpers(settings) + [sampler])
         if settings.stop:
             gen_kwargs["stop_strings"] = list(settings.stop)
             gen_kwargs["tokenizer"] = self.tokenizer
@@ -123,9 +139,11 @@ class HFRolloutEngine(RolloutEngine):
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **gen_kwargs
         )
         new_tokens = out.sequences[:, width:].cpu()  # [B, L]
-        # Processed scores = logits after temperature/top-p: the sampling distribution.
-        scores = torch.stack(out.scores, dim=1).float()  # [B, L, V]
-        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.to(scores.device)[..., None]).squeeze(-1).cpu()
+        if sampler is not None:
+            logprobs = sampler.sampled_logprobs().cpu()  # under the processed scores: the sampling distribution
+        else:
+            scores = torch.stack(out.scores, dim=1).float()  # [B, L, V]
+            logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.to(scores.device)[..., None]).squeeze(-1).cpu()
         completions = []
         eos = torch.tensor(sorted(self.eos_ids)) if self.eos_ids else torch.tensor([], dtype=torch.long)
         is_eos = torch.isin(new_tokens, eos)
@@ -150,6 +168,7 @@ class HFRolloutEngine(RolloutEngine):
                     sampling_logprobs=logprobs[i, :length].tolist(),
                     finish_reason=finish,
                     completion_token_modalities=self.completion_modalities(ids),
+                    policy_version=self.policy_version,
                     **self._image_fields(list(r), image_inputs),
                 )
             )
@@ -167,6 +186,45 @@ class HFRolloutEngine(RolloutEngine):
     def close(self) -> None:
         self.model = None
         gc.collect()
+
+def sampling_warpers(settings: SamplingSettings) -> list[Any]:
+    """transformers' temperature and top-p warpers for ``settings`` (none at 1.0), in the order
+    ``generate`` would apply them when sampling."""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    warpers: list[Any] = []
+    if settings.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(settings.temperature))
+    if settings.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(settings.top_p))
+    return warpers
+
+
+class SeededRowSampler:
+    """The last logits processor: samples each row's next token from the processed scores with
+    the row's own generator and records its log-prob; returns scores that leave only that token
+    (0 for it, -inf elsewhere), so ``generate``'s greedy step takes it.
+
+    A row's stream depends only on its seed: the same prompt and seed sample the same tokens
+    whichever rows share the batch (up to float rounding of a batch of another shape).
+    """
+
+    def __init__(self, seeds: list[int], device: torch.device):
+        self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+        self._logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logprobs = torch.log_softmax(scores.float(), dim=-1)
+        probs = logprobs.exp()
+        chosen = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+        self._logprobs.append(logprobs.gather(-1, chosen[:, None]).squeeze(-1))
+        only = torch.full_like(scores, float("-inf"))
+        return only.scatter_(1, chosen[:, None], 0.0)
+
+    def sampled_logprobs(self) -> torch.Tensor:
+        """``[rows, steps]``: each sampled token's log-prob under the distribution it came from."""
+        return torch.stack(self._logprobs, dim=1)
+
 
 def _stop_string_length(tokenizer: Any, ids: list[int], stops: list[str]) -> int | None:
     """Number of leading tokens of ``ids`` whose text first contains a stop string, or None.

@@ -56,22 +56,10 @@ import torch
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines import images as image_prompts
-from polyrl.engines.base import RolloutEngine, eos_ids
+from polyrl.engines.base import RolloutEngine, eos_ids, request_seed
 from polyrl.engines.modality_marks import load_modality_rule
 from polyrl.engines.stop_tokens import completion_text, generation_config_eos, stop_token_ids
 
-
-def request_seed(seed: int | None, prompt_index: int, n: int) -> int | None:
-    """The per-request seed of prompt ``prompt_index``.
-
-    vLLM gives the ``j``-th of ``n`` samples of a request the seed ``request_seed + j``, so
-    requests are spaced ``n`` apart and never share a sample seed within one call. The base is
-    spread by a large odd multiplier so that calls with seeds ``s`` and ``s + 1`` do not
-    reuse each other's sample seeds.
-    """
-    if seed is None:
-        return None
-    return (seed * 1_000_003 + prompt_index * n) % (2**31 - 1)
 
 def is_output_head(name: str) -> bool:
     """The output head's weight name (``lm_head.weight``, or a VLM's ``language_model.lm_head.weight``)."""
@@ -217,7 +205,7 @@ class VLLMRolloutEngine(RolloutEngine):
             top_p=settings.top_p,
             top_k=0,
             max_tokens=settings.max_tokens,
-            seed=request_seed(settings.seed, prompt_index, settings.n),
+            seed=request_seed(settings.seed, settings.first_prompt_index + prompt_index, settings.n),
             stop=list(settings.stop) or None,
             stop_token_ids=self._extra_stop_ids,
             logprobs=0,  # the sampled token's log-prob only
@@ -288,6 +276,7 @@ class VLLMRolloutEngine(RolloutEngine):
                     sampling_logprobs=_sampled_logprobs(sample.logprobs, token_ids),
                     finish_reason=finish,
                     completion_token_modalities=self.completion_modalities(token_ids),
+                    policy_version=self.policy_version,
                     **extra,
                 )
             )

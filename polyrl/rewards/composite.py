@@ -21,6 +21,15 @@ from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModuleErro
 from polyrl.rewards.registry import build_reward, load_reward_class
 
 
+class RemoteScoring(BaseModel):
+    """The Ray resources of a reward module that scores in an actor of its own."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    num_cpus: float = Field(1.0, gt=0, description="Ray CPUs of the actor (its torch threads: max(1, int(num_cpus)))")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs of the actor (a fraction shares one)")
+
+
 class RewardSpec(BaseModel):
     """One reward term of an experiment: which module, its weight, its parameters."""
 
@@ -36,6 +45,17 @@ class RewardSpec(BaseModel):
     allow_unscored: bool = Field(
         False, description="accept a batch where the module scores no sample (all None); by default that is an error"
     )
+    remote: bool | RemoteScoring = Field(
+        False, description="score in a Ray actor instead of this process (true: 1 CPU; or {num_cpus, num_gpus}): for heavy "
+        "modules such as ppl_fluency; the same module and scores (polyrl/rewards/remote.py)"
+    )
+
+    @property
+    def remote_resources(self) -> RemoteScoring | None:
+        """The actor's resources when the module scores remotely, else None."""
+        if self.remote is False:
+            return None
+        return RemoteScoring() if self.remote is True else self.remote
 
     @field_validator("module")
     @classmethod
@@ -187,7 +207,12 @@ class CompositeReward:
                 raise RewardConfigError(
                     f"two rewards are labelled {label!r}; give one of them a distinct 'name' in the reward spec"
                 )
-            self.modules[label] = spec.build(base_dir=base_dir)
+            module = spec.build(base_dir=base_dir)  # remote too: bad params are named here, not in the actor
+            if spec.remote_resources is not None:
+                from polyrl.rewards.remote import RemoteRewardModule
+
+                module = RemoteRewardModule(spec, base_dir=base_dir, label=label)
+            self.modules[label] = module
             self.weights[label] = spec.weight
             self._policies[label] = spec.on_nonfinite
             self._allow_unscored[label] = spec.allow_unscored
@@ -211,6 +236,13 @@ class CompositeReward:
             except Exception as error:  # noqa: BLE001
                 raise RewardModuleError(f"reward module {label!r} failed in setup: {type(error).__name__}: {error}", label=label) from error
         self._set_up = True
+
+    def close(self) -> None:
+        """Release what modules hold outside this process (a remote module's actor)."""
+        for module in self.modules.values():
+            close = getattr(module, "close", None)
+            if close is not None:
+                close()
 
     def score(self, batch: RewardBatch) -> RewardResult:
         self.setup()

@@ -73,8 +73,20 @@ class RolloutCollector:
         self._adapter_dir: Path | None = None
 
     def sync_weights(self, named_tensors: Any) -> None:
-        """The learner's new weights, for the next generation."""
-        self.engine.sync_weights(named_tensors)
+        """The learner's new weights, for the next generation: the engine's next policy version."""
+        update = getattr(self.engine, "update_weights", None)  # RolloutEngine's; a duck-typed engine only syncs
+        if update is not None:
+            update(named_tensors)
+        else:
+            self.engine.sync_weights(named_tensors)
+
+    def version_metrics(self, completions: list[Any]) -> dict[str, float]:
+        """``rollout/policy_version``: the oldest policy version among ``completions`` (all equal in a
+        synchronous loop); a worker pool's restart and re-sync counters (``rollout/workers/*``)."""
+        versions = [c.policy_version for c in completions if getattr(c, "policy_version", None) is not None]
+        metrics = {"rollout/policy_version": float(min(versions))} if versions else {}
+        worker_metrics = getattr(self.engine, "worker_metrics", None)
+        return {**metrics, **(worker_metrics() if worker_metrics is not None else {})}
 
     def sync_adapter(self, write: Callable[[Path], Any]) -> None:
         """The learner's new LoRA adapter (``model.lora.sync: adapter``): ``write(folder)`` writes
@@ -82,7 +94,11 @@ class RolloutCollector:
         if self._adapter_dir is None:
             self._adapter_dir = Path(tempfile.mkdtemp(prefix="polyrl-adapter-"))
         write(self._adapter_dir)
-        self.engine.sync_adapter(str(self._adapter_dir))
+        update = getattr(self.engine, "update_adapter", None)  # RolloutEngine's: the next policy version too
+        if update is not None:
+            update(str(self._adapter_dir))
+        else:
+            self.engine.sync_adapter(str(self._adapter_dir))
 
     def close(self) -> None:
         try:
@@ -90,6 +106,9 @@ class RolloutCollector:
         finally:
             if self._adapter_dir is not None:
                 shutil.rmtree(self._adapter_dir, ignore_errors=True)
+            close_rewards = getattr(self.rewards, "close", None)  # remote reward modules' actors
+            if close_rewards is not None:
+                close_rewards()
 
     def sampling_settings(self, step: int, round_index: int = 0) -> SamplingSettings:
         s = self.settings
@@ -152,6 +171,7 @@ class RolloutCollector:
             rollout = timed("generate", lambda: self.generate(step))
             scores = timed("score", lambda: self.score(rollout))
             scores.metrics.update(length_metrics(rollout.completions, "rollout"))
+            scores.metrics.update(self.version_metrics(rollout.completions))
             return Collected(rollout, scores, seconds)
         wanted = s.prompts_per_step
         kept: list[tuple[Rollout, Scores]] = []
@@ -176,6 +196,7 @@ class RolloutCollector:
         per_module = {label: [v for s_ in generated for v in s_.per_module[label]] for label in generated[0].per_module}
         metrics = self.reward_metrics(totals, per_module)
         metrics.update(length_metrics(generated_completions, "rollout"))  # every generated sample, as the reward metrics
+        metrics.update(self.version_metrics(generated_completions))
         metrics.update({
             "rollout/dynamic_sampling_rounds": float(rounds),
             "rollout/dynamic_sampling_dropped_groups": float(dropped_groups),

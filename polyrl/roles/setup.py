@@ -217,6 +217,27 @@ def rollout_threads(configured: int | None, *, learner_threads: int) -> int:
     return configured if configured is not None else learner_threads
 
 
+def build_rollout(cfg: ExperimentConfig, policy_path: str | Path, tokenizer: Any) -> RolloutEngine:
+    """The configured rollout engine: in this process (``rollout.workers: 1``), else a pool of
+    ``rollout.workers`` engines as Ray actors (:mod:`polyrl.engines.worker_pool`)."""
+    r = cfg.rollout
+    options = dict(seed=cfg.seed, dtype=cfg.sampling_dtype, max_model_len=r.max_model_len, kv_cache_gb=r.kv_cache_gb,
+                   enforce_eager=not r.compile, **({"lora_rank": cfg.model.lora.r} if adapter_sync(cfg) else {}))
+    if r.workers == 1:
+        return build_rollout_engine(r.engine, str(policy_path), **options)
+    if adapter_sync(cfg):  # the adapter folder is written on the driver's disk, which workers on other nodes cannot read
+        raise ConfigError(f"model.lora.sync: adapter is not supported with rollout.workers: {r.workers}; allowed there: "
+                          "model.lora.sync: merged (the workers then get merged weights)")
+    from polyrl.config.rollout import WorkerResourcesConfig
+    from polyrl.engines.worker_pool import RolloutWorkerPool, WorkerSpec
+
+    resources = r.worker_resources or WorkerResourcesConfig()
+    spec = WorkerSpec(r.engine, str(policy_path), options, num_cpus=resources.num_cpus, num_gpus=resources.num_gpus,
+                      placement_strategy=resources.placement_strategy, max_restarts=resources.max_restarts,
+                      ready_timeout_s=resources.ready_timeout_s)
+    return RolloutWorkerPool(spec, r.workers, seed=cfg.seed, tokenizer=tokenizer)
+
+
 def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger: Any | None = None, evaluator: Any | None = None,
               checkpoint_extra: dict[str, Any] | None = None, resume: bool = False, engine: RolloutEngine | None = None) -> Arm:
     """Build models, engine, data and rewards into roles; restore the latest checkpoint if ``resume``.
@@ -293,10 +314,10 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     label = accuracy_label(cfg, rewards.labels)
     engine_started = time.perf_counter()
     if engine is None:
-        engine = build_rollout_engine(cfg.rollout.engine, str(policy_path), seed=cfg.seed, dtype=cfg.sampling_dtype,
-                                      max_model_len=cfg.rollout.max_model_len, kv_cache_gb=cfg.rollout.kv_cache_gb,
-                                      enforce_eager=not cfg.rollout.compile,
-                                      **({"lora_rank": cfg.model.lora.r} if adapter_sync(cfg) else {}))
+        engine = build_rollout(cfg, policy_path, tokenizer)
+    elif cfg.rollout.workers > 1:
+        raise ConfigError(f"rollout.workers: {cfg.rollout.workers} workers asked for, but the caller passed its own engine; "
+                          "set rollout.workers: 1 or pass no engine")
     engine_startup_s = time.perf_counter() - engine_started
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
     # wants every core back for its forward/backward passes (or train.threads).

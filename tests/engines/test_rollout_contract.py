@@ -81,6 +81,38 @@ def test_deterministic_for_a_seed(setup):
     assert len({tuple(ids) for ids in first[: SETTINGS.n]}) > 1  # the n samples of one prompt differ
 
 
+@pytest.mark.parametrize("settings", [SETTINGS, SamplingSettings(n=3, temperature=0.7, top_p=0.9, max_tokens=24, seed=5)], ids=["t1", "t0.7-p0.9"])
+def test_a_prompts_samples_do_not_depend_on_the_rest_of_the_batch(setup, settings):
+    """Per-request seeds (engines/base.py): generating the prompts in two calls, the second told
+    where its slice starts (first_prompt_index), samples exactly what one call samples. This is
+    what lets rollout workers split a batch without changing it (engines/worker_pool.py).
+    Log-probs agree to float rounding only: a batch of another shape sums in another order (~1e-7),
+    and with top_p < 1 that rounding may move a tail token across the nucleus boundary, which
+    changes the renormaliser by that token's share (seen: 6e-5 here)."""
+    engine, _, _, _ = setup
+    whole = flat(engine.generate(PROMPTS, settings))
+    first = flat(engine.generate(PROMPTS[:1], settings))
+    rest = flat(engine.generate(PROMPTS[1:], SamplingSettings(**{**settings.__dict__, "first_prompt_index": 1})))
+    assert [c.completion_ids for c in whole] == [c.completion_ids for c in first + rest]
+    assert [c.finish_reason for c in whole] == [c.finish_reason for c in first + rest]
+    for a, b in zip(whole, first + rest):
+        assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-5 if settings.top_p == 1 else 1e-3)
+    # The offset is what makes it exact: without it the second call re-uses the first prompt's seeds.
+    unshifted = flat(engine.generate(PROMPTS[1:], settings))
+    assert [c.completion_ids for c in unshifted] != [c.completion_ids for c in whole[settings.n:]]
+
+
+def test_completions_carry_the_policy_version(setup):
+    engine, model, _, _ = setup
+    before = engine.policy_version
+    assert {c.policy_version for c in flat(engine.generate(PROMPTS[:1], SETTINGS))} == {before}
+    try:
+        assert engine.update_weights(model.state_dict().items()) == before + 1  # same weights, next version
+        assert {c.policy_version for c in flat(engine.generate(PROMPTS[:1], SETTINGS))} == {before + 1}
+    finally:
+        engine.update_weights(model.state_dict().items(), version=before)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampler_matches_learner_logprobs(setup, temperature):
     engine, model, tokenizer, _ = setup

@@ -1,0 +1,274 @@
+"""Rollout workers (``rollout.workers: N``): N rollout engines as Ray actors, one engine to the collector.
+
+:class:`RolloutWorkerPool` is a :class:`~polyrl.engines.base.RolloutEngine`: the collector,
+the evaluation hook and ``verify_sync`` use it as they use one in-process engine. Inside, each
+worker is an :class:`EngineWorker` actor holding a ``vllm`` or ``hf`` engine, with its own
+``num_cpus``/``num_gpus``, placed through one Ray placement group (one bundle per worker).
+
+* **Spreading**: a call's prompts are cut into N contiguous slices (sizes differ by at most
+  one); worker k gets slice k with ``first_prompt_index`` set to the slice's start. Engines seed
+  each request from its position in the whole batch (engines/base.py, seeding contract), so the
+  samples are those one engine would draw, whatever N is.
+* **Weight sync**: :meth:`RolloutWorkerPool.update_weights` puts the learner's tensors into
+  Ray's object store once (``ray.put``) and every worker loads them from there, with the new
+  policy version. The pool keeps that object until the next sync, to bring a restarted worker up
+  to date. On CUDA clusters verl and OpenRLHF broadcast through a torch.distributed group
+  instead; this pool does not (untested here: the machine has no GPU).
+* **Versions**: a worker generates only when its weights are the pool's version; otherwise it
+  answers with its version, the pool sends it the current weights and asks again. Every
+  completion carries its version and the pool refuses (:class:`StaleSamplesError`) a result
+  with any other: a stale sample is never returned silently.
+* **Failures**: workers are restartable actors (``max_restarts``); a worker that dies while
+  generating is restarted by Ray (its constructor loads the model folder again, version 0), the
+  pool brings it to the current version and sends the same slice again. The call returns
+  exactly the samples it asked for, each once: a slice's result is taken from one answer only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from polyrl.core.errors import PolyrlError
+from polyrl.core.types import Completion, PromptSample, SamplingSettings
+from polyrl.engines.base import RolloutEngine, build_rollout_engine
+from polyrl.runtime.ray_cluster import acquire_ray, release_ray
+
+
+class WorkerPoolError(PolyrlError, RuntimeError):
+    """The rollout workers cannot do what was asked: no room on the cluster, or a worker that
+    kept failing after its restarts."""
+
+
+class StaleSamplesError(WorkerPoolError):
+    """A worker returned samples of a policy version other than the pool's."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every worker runs and what it reserves on the cluster."""
+
+    engine: str  # "vllm" or "hf"
+    model_path: str
+    options: dict[str, Any] = field(default_factory=dict)  # the engine constructor's keywords
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    placement_strategy: str = "PACK"  # Ray's: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
+    max_restarts: int = 3  # per worker, for the whole run (Ray's actor max_restarts)
+    ready_timeout_s: float = 120.0  # how long the placement group may wait for resources
+
+    def bundle(self) -> dict[str, float]:
+        """One worker's placement-group bundle (Ray refuses zero-valued entries)."""
+        return {key: value for key, value in (("CPU", self.num_cpus), ("GPU", self.num_gpus)) if value > 0}
+
+
+class EngineWorker:
+    """One rollout engine in a Ray actor (the body of the actor class)."""
+
+    def __init__(self, engine: str, model_path: str, options: dict[str, Any], threads: int):
+        torch.set_num_threads(threads)  # its share of the node: the CPUs it reserved
+        self.engine = build_rollout_engine(engine, model_path, **options)  # type: ignore[arg-type]
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]], version: int) -> int:
+        return self.engine.update_weights(weights, version)
+
+    def generate(self, prompts: list[PromptSample], settings: SamplingSettings, version: int) -> tuple[int, list[list[Completion]] | None]:
+        """``(version, groups)``; ``(its own version, None)`` without generating when its weights
+        are not ``version``: the pool must send the right ones first."""
+        if self.engine.policy_version != version:
+            return self.engine.policy_version, None
+        return version, self.engine.generate(prompts, settings)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def contiguous_slices(count: int, parts: int) -> list[tuple[int, int]]:
+    """``count`` items cut into at most ``parts`` contiguous, non-empty ``(start, stop)`` slices
+    whose sizes differ by at most one (the first ones take the remainder)."""
+    size, extra = divmod(count, parts)
+    slices, start = [], 0
+    for k in range(parts):
+        stop = start + size + (1 if k < extra else 0)
+        if stop > start:
+            slices.append((start, stop))
+        start = stop
+    return slices
+
+
+class RolloutWorkerPool(RolloutEngine):
+    """``workers`` engines as Ray actors behind the :class:`RolloutEngine` interface."""
+
+    name = "workers"
+
+    def __init__(self, spec: WorkerSpec, workers: int, *, seed: int = 0, tokenizer: Any = None):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.spec, self.seed = spec, seed
+        self.model_path = spec.model_path
+        self.ray = acquire_ray()
+        self.workers: list[Any] = []
+        self.placement: Any = None
+        self._weights: Any = None  # the object-store copy of the current version's weights
+        self.restarts = self.resyncs = self.missed_syncs = 0
+        try:
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+            self.tokenizer = tokenizer
+            self._start(workers)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, workers: int) -> None:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ray, spec = self.ray, self.spec
+        self.placement = placement_group([spec.bundle()] * workers, strategy=spec.placement_strategy)
+        ready, _ = ray.wait([self.placement.ready()], timeout=spec.ready_timeout_s)
+        if not ready:
+            raise WorkerPoolError(
+                f"rollout.workers: {workers} workers of {spec.bundle()} each (rollout.worker_resources) found no room on the Ray "
+                f"cluster within {spec.ready_timeout_s:.0f} s (its resources: {ray.cluster_resources()}); lower "
+                "rollout.workers or rollout.worker_resources (num_cpus may be a fraction, e.g. 0.5)")
+        actor = ray.remote(EngineWorker)
+        threads = max(1, int(spec.num_cpus))
+        for k in range(workers):
+            options = dict(num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_restarts=spec.max_restarts, max_task_retries=0,
+                           scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=k))
+            self.workers.append(actor.options(**options).remote(spec.engine, spec.model_path, dict(spec.options), threads))
+        self.pids = ray.get([worker.pid.remote() for worker in self.workers])  # waits until every engine is built
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> int:
+        """Put the weights into the object store once; every worker loads them as ``version``.
+
+        A worker that dies meanwhile misses the sync: it is brought up to date (from the kept
+        object) before it generates again.
+        """
+        ray = self.ray
+        version = self.policy_version + 1 if version is None else int(version)
+        weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in named_tensors]
+        self._weights = ray.put(weights)
+        self.policy_version = version
+        loads = [worker.load_weights.remote(self._weights, version) for worker in self.workers]
+        for load in loads:
+            try:
+                ray.get(load)
+            except ray.exceptions.RayActorError:
+                self.missed_syncs += 1
+        return version
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.update_weights(named_tensors)
+
+    def _bring_up_to_date(self, k: int) -> None:
+        """Worker ``k`` (restarted, or one that missed a sync) gets the pool's current weights."""
+        worker = self.workers[k]
+        if self.ray.get(worker.policy_version.remote()) == self.policy_version:
+            return
+        if self._weights is None:
+            raise WorkerPoolError(f"rollout worker {k} samples with policy version {self.ray.get(worker.policy_version.remote())} "
+                                  f"but the pool holds no weights of version {self.policy_version} to send it")
+        self.ray.get(worker.load_weights.remote(self._weights, self.policy_version))
+        self.resyncs += 1
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        ray = self.ray
+        if settings.seed is None:  # one engine would use its own seed: so do the workers, for every slice
+            settings = dataclasses.replace(settings, seed=self.seed)
+        slices = contiguous_slices(len(prompts), len(self.workers))
+        results: dict[int, list[list[Completion]]] = {}
+        failures: dict[int, BaseException] = {}
+        for _ in range(self.spec.max_restarts + 2):
+            todo = [k for k in range(len(slices)) if k not in results]
+            if not todo:
+                break
+            calls = {k: self._generate_slice(k, prompts, settings, slices[k]) for k in todo}
+            for k, call in calls.items():
+                try:
+                    version, groups = ray.get(call)
+                except ray.exceptions.RayActorError as error:
+                    # Died while generating: Ray restarts it; the slice goes again once it has the weights.
+                    self.restarts += 1
+                    failures[k] = error
+                    self._recover(k, failures)
+                    continue
+                if groups is None:
+                    self._recover(k, failures)
+                    continue
+                results[k] = self._checked(k, version, groups, slices[k], settings)
+        missing = [k for k in range(len(slices)) if k not in results]
+        if missing:
+            raise WorkerPoolError(f"rollout workers {missing} did not return their prompts after {self.spec.max_restarts + 2} tries "
+                                  f"(rollout.worker_resources.max_restarts = {self.spec.max_restarts}); last error: "
+                                  f"{failures.get(missing[0], 'stale weights after every re-sync')}")
+        return [group for k in range(len(slices)) for group in results[k]]
+
+    def _generate_slice(self, k: int, prompts: list[PromptSample], settings: SamplingSettings, bounds: tuple[int, int]) -> Any:
+        start, stop = bounds
+        part = dataclasses.replace(settings, first_prompt_index=settings.first_prompt_index + start)
+        return self.workers[k].generate.remote(prompts[start:stop], part, self.policy_version)
+
+    def _recover(self, k: int, failures: dict[int, BaseException]) -> None:
+        try:
+            self._bring_up_to_date(k)
+        except self.ray.exceptions.RayActorError as error:  # died again (or for good): the next try says which
+            failures[k] = error
+
+    def _checked(self, k: int, version: int, groups: list[list[Completion]], bounds: tuple[int, int],
+                 settings: SamplingSettings) -> list[list[Completion]]:
+        """A worker's answer, refused unless it has one group per prompt, all of this version."""
+        stale = sorted({c.policy_version for group in groups for c in group} - {self.policy_version}, key=str)
+        if version != self.policy_version or stale:
+            raise StaleSamplesError(f"rollout worker {k} returned samples of policy version(s) {stale or [version]}; the pool is at "
+                                    f"version {self.policy_version}: refusing stale samples")
+        if len(groups) != bounds[1] - bounds[0] or any(len(group) != settings.n for group in groups):
+            raise WorkerPoolError(f"rollout worker {k} returned {[len(g) for g in groups]} samples for {bounds[1] - bounds[0]} "
+                                  f"prompts x {settings.n}")
+        return groups
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def worker_metrics(self) -> dict[str, float]:
+        """Counters since the start: restarts seen, re-syncs sent, syncs missed (``rollout/workers/*``)."""
+        return {"rollout/workers/restarts": float(self.restarts), "rollout/workers/resyncs": float(self.resyncs),
+                "rollout/workers/missed_syncs": float(self.missed_syncs)}
+
+    def close(self) -> None:
+        ray = getattr(self, "ray", None)
+        if ray is None:
+            return
+        for worker in self.workers:
+            try:
+                ray.get(worker.close.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - a dead worker has nothing to close
+                pass
+            ray.kill(worker, no_restart=True)
+        self.workers = []
+        if self.placement is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement)
+            self.placement = None
+        self._weights = None
+        self.ray = None
+        release_ray()
