@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -206,14 +207,17 @@ class RolloutWorkerPool(RolloutEngine):
             for k, call in calls.items():
                 try:
                     version, groups = ray.get(call)
+                    if groups is None:  # it missed a sync: send the weights, ask again
+                        self._bring_up_to_date(k)
+                        continue
                 except ray.exceptions.RayActorError as error:
-                    # Died while generating: Ray restarts it; the slice goes again once it has the weights.
-                    self.restarts += 1
+                    # Died (while generating or being re-synced): Ray restarts it; the slice goes
+                    # again once it is back with the current weights.
                     failures[k] = error
-                    self._recover(k, failures)
-                    continue
-                if groups is None:
-                    self._recover(k, failures)
+                    try:
+                        self._wait_for_restart(k, error)
+                    except ray.exceptions.RayActorError as again:  # died again while being re-synced: the next try
+                        failures[k] = again
                     continue
                 results[k] = self._checked(k, version, groups, slices[k], settings)
         missing = [k for k in range(len(slices)) if k not in results]
@@ -228,11 +232,23 @@ class RolloutWorkerPool(RolloutEngine):
         part = dataclasses.replace(settings, first_prompt_index=settings.first_prompt_index + start)
         return self.workers[k].generate.remote(prompts[start:stop], part, self.policy_version)
 
-    def _recover(self, k: int, failures: dict[int, BaseException]) -> None:
-        try:
-            self._bring_up_to_date(k)
-        except self.ray.exceptions.RayActorError as error:  # died again (or for good): the next try says which
-            failures[k] = error
+    def _wait_for_restart(self, k: int, error: BaseException) -> None:
+        """Wait until Ray has worker ``k`` back (a restart: a new process, counted), then bring it up to date."""
+        ray, deadline = self.ray, time.monotonic() + self.spec.ready_timeout_s
+        while True:
+            try:
+                pid = ray.get(self.workers[k].pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as again:
+                if time.monotonic() > deadline:
+                    raise WorkerPoolError(f"rollout worker {k} failed ({type(error).__name__}) and did not come back within "
+                                          f"{self.spec.ready_timeout_s:.0f} s (rollout.worker_resources.max_restarts = "
+                                          f"{self.spec.max_restarts}): {again}") from error
+                time.sleep(0.2)
+        if pid != self.pids[k]:
+            self.restarts += 1
+            self.pids[k] = pid
+        self._bring_up_to_date(k)
 
     def _checked(self, k: int, version: int, groups: list[list[Completion]], bounds: tuple[int, int],
                  settings: SamplingSettings) -> list[list[Completion]]:

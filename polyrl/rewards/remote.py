@@ -16,19 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.rewards.base import RewardBatch
+from polyrl.rewards.registry import build_reward, load_reward_class
 from polyrl.runtime.ray_cluster import acquire_ray, release_ray
 
 
 class RewardActor:
     """The body of the reward's Ray actor: one module, built from its spec."""
 
-    def __init__(self, spec: dict[str, Any], base_dir: str | None, threads: int):
+    def __init__(self, spec: dict[str, Any], base_dir: str | None, label: str, threads: int):
         import torch
 
-        from polyrl.rewards.composite import RewardSpec
-
         torch.set_num_threads(threads)
-        self.module = RewardSpec.model_validate(spec).build(base_dir=base_dir)
+        cls = load_reward_class(spec["module"], base_dir=base_dir)
+        self.module = build_reward(cls, spec["params"], ref=spec["module"], label=label)  # as RewardSpec.build does
 
     def setup(self) -> None:
         setup = getattr(self.module, "setup", None)
@@ -55,8 +55,8 @@ class RemoteRewardModule:
         if self.actor is not None:
             return
         ray = self._ray = acquire_ray()
-        actor = ray.remote(RewardActor).options(num_cpus=self.num_cpus, num_gpus=self.num_gpus, name=None)
-        self.actor = actor.remote(self.spec, self.base_dir, max(1, int(self.num_cpus)))
+        actor = ray.remote(RewardActor).options(num_cpus=self.num_cpus, num_gpus=self.num_gpus)
+        self.actor = actor.remote(self.spec, self.base_dir, self.label, max(1, int(self.num_cpus)))
         ray.get(self.actor.setup.remote())  # the module's own setup errors surface here
 
     def score(self, batch: RewardBatch) -> Any:

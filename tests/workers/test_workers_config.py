@@ -1,0 +1,49 @@
+"""``rollout.workers``, ``rollout.worker_resources`` and a reward's ``remote``: accepted settings and
+the refusals, each naming its field path (no Ray needed)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from polyrl.config.schema import ExperimentConfig
+from polyrl.rewards import RewardSpec
+
+
+def load(**rollout):
+    return ExperimentConfig.model_validate({"name": "x", "rollout": {"prompts_per_step": 4, **rollout}})
+
+
+def refusal(**rollout) -> tuple[str, str]:
+    with pytest.raises(ValidationError) as caught:
+        load(**rollout)
+    (error,) = caught.value.errors()
+    return ".".join(str(part) for part in error["loc"]), error["msg"]
+
+
+def test_one_worker_is_the_default_and_workers_take_resources():
+    assert load().rollout.workers == 1 and load().rollout.worker_resources is None
+    config = load(workers=2, worker_resources={"num_cpus": 0.5, "num_gpus": 1, "placement_strategy": "SPREAD"})
+    assert (config.rollout.workers, config.rollout.worker_resources.num_cpus, config.rollout.worker_resources.placement_strategy) == (2, 0.5, "SPREAD")
+
+
+def test_settings_that_cannot_work_are_refused_with_their_field_path():
+    path, message = refusal(worker_resources={"num_cpus": 2})
+    assert path == "rollout.worker_resources" and "workers is 1" in message
+    path, message = refusal(workers=5)
+    assert path == "rollout.workers" and "4 prompts per step" in message and "1 to 4" in message
+    path, message = refusal(workers=2, threads=2)
+    assert path == "rollout.threads" and "worker_resources.num_cpus" in message
+    assert refusal(workers=0)[0] == "rollout.workers"
+    assert refusal(workers=2, worker_resources={"num_cpus": 0})[0] == "rollout.worker_resources.num_cpus"
+    assert refusal(workers=2, worker_resources={"num_gpus": -1})[0] == "rollout.worker_resources.num_gpus"
+    assert refusal(workers=2, worker_resources={"placement_strategy": "RANDOM"})[0] == "rollout.worker_resources.placement_strategy"
+    assert refusal(workers=2, worker_resources={"cpus": 1})[0] == "rollout.worker_resources.cpus"
+
+
+def test_a_reward_scores_remotely_on_request():
+    assert RewardSpec(module="length").remote_resources is None
+    assert RewardSpec(module="length", remote=True).remote_resources.num_cpus == 1.0
+    assert RewardSpec(module="length", remote={"num_cpus": 0.5}).remote_resources.num_cpus == 0.5
+    with pytest.raises(ValidationError, match="num_cpus"):
+        ExperimentConfig.model_validate({"name": "x", "rewards": [{"module": "length", "remote": {"num_cpus": 0}}]})
