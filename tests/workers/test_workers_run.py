@@ -33,7 +33,7 @@ def train(config: dict, arm_dir) -> tuple[list[dict[str, float]], list[list[int]
 
 def test_two_workers_and_a_remote_reward_train_as_the_in_process_run(ray_cluster, tiny_experiment, tmp_path):
     rewards = [{"module": "length", "params": {"unit": "chars"}}, {"module": "ppl_fluency", "weight": 0.1, "params": {"tau": 1.0}}]
-    base = tiny_experiment(train={"steps": 2}, checkpoint={"every": 0}, rewards=rewards)
+    base = tiny_experiment(train={"steps": 2}, rewards=rewards)
     local, local_samples, local_engine = train(base, tmp_path / "one")
     remote_rewards = [rewards[0], {**rewards[1], "remote": {"num_cpus": 0.5}}]
     spread, spread_samples, spread_engine = train({**base, "rollout": {**base["rollout"], "workers": 2}, "rewards": remote_rewards},
