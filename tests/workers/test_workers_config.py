@@ -47,3 +47,15 @@ def test_a_reward_scores_remotely_on_request():
     assert RewardSpec(module="length", remote={"num_cpus": 0.5}).remote_resources.num_cpus == 0.5
     with pytest.raises(ValidationError, match="num_cpus"):
         ExperimentConfig.model_validate({"name": "x", "rewards": [{"module": "length", "remote": {"num_cpus": 0}}]})
+
+
+def test_adapter_sync_is_refused_with_workers(tiny_experiment, tmp_path):
+    """The adapter folder is written on the driver's disk; workers get merged weights instead.
+    Refused before any engine or Ray starts."""
+    from polyrl.config.base import ConfigError
+    from polyrl.roles.setup import build_arm
+
+    config = ExperimentConfig.model_validate(tiny_experiment(rollout={"engine": "vllm", "workers": 2},
+                                                              model={"lora": {"r": 4, "sync": "adapter"}}))
+    with pytest.raises(ConfigError, match="model.lora.sync: adapter is not supported with rollout.workers: 2"):
+        build_arm(config, arm="main", arm_dir=tmp_path / "runs")
