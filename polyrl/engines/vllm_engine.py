@@ -68,15 +68,45 @@ def is_output_head(name: str) -> bool:
 
 def _reload_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]], refresh_output_head: bool) -> int:
     """Runs inside the vLLM worker (in-process: a direct call). Returns the number of tensors."""
-    from polyrl.engines.vllm_quiet import install_weight_sync_filter
+    from polyrl.engines.vllm_quiet import expected_misses, install_weight_sync_filter
 
     install_weight_sync_filter()  # in the worker's process: drops the rotary-cache warning, escalates real misses
     inner = getattr(worker, "worker", None) or worker
     runner = inner.model_runner
-    runner.reload_weights(weights_iterator=iter(weights))
+    with expected_misses(_layers_not_loaded_by_name(runner.get_model(), refresh_output_head)):
+        runner.reload_weights(weights_iterator=iter(weights))
     if refresh_output_head:
         _refresh_vocab_layers(runner.get_model())
     return len(weights)
+
+def _layers_not_loaded_by_name(model: torch.nn.Module, refresh_output_head: bool) -> set[str]:
+    """Class names of the layers a reload cannot reach by name and need not: those whose only own
+    tensors are non-persistent buffers computed from the config (Gemma 3's ``normalizer``), and the
+    tied output heads when :func:`_refresh_vocab_layers` rebuilds them after the reload."""
+    names = set()
+    for module in model.modules():
+        own_buffers = [name for name, _ in module.named_buffers(recurse=False)]
+        if own_buffers and not list(module.parameters(recurse=False)) and set(own_buffers) <= module._non_persistent_buffers_set:
+            names.add(type(module).__name__)
+    if refresh_output_head and _tied_heads(model):
+        names.update(type(head).__name__ for head in _tied_heads(model))
+    return names
+
+
+def _tied_heads(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The output heads (``ParallelLMHead``) that share their weight with an input embedding."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    embeddings = [m for m in model.modules() if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)]
+    heads = []
+    for head in model.modules():
+        weight = getattr(head, "weight", None) if isinstance(head, ParallelLMHead) else None
+        if weight is None or weight.is_meta or weight.numel() == 0:
+            continue
+        if any(e.weight is weight or e.weight.data_ptr() == weight.data_ptr() for e in embeddings):
+            heads.append(head)
+    return heads
+
 
 def _refresh_vocab_layers(model: torch.nn.Module) -> int:
     """Re-run post-load processing of every *tied* output head; returns how many were refreshed.
@@ -90,20 +120,11 @@ def _refresh_vocab_layers(model: torch.nn.Module) -> int:
     see the new values. Re-processing rebuilds it from the current shared weight in every
     case. A no-op off CPU (CUDA heads read ``layer.weight`` directly).
     """
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-
-    embeddings = [m for m in model.modules() if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)]
     refreshed = 0
     with torch.no_grad():
-        for head in model.modules():
-            if not isinstance(head, ParallelLMHead):
-                continue
-            weight = getattr(head, "weight", None)
+        for head in _tied_heads(model):
             method = getattr(head, "quant_method", None)
-            if method is None or weight is None or weight.is_meta or weight.numel() == 0:
-                continue
-            tied = any(e.weight is weight or e.weight.data_ptr() == weight.data_ptr() for e in embeddings)
-            if tied:
+            if method is not None:
                 method.process_weights_after_loading(head)
                 refreshed += 1
     return refreshed

@@ -1,4 +1,4 @@
-"""vLLM's weight-reload warnings: the one that means nothing is dropped, the others are escalated.
+"""vLLM's weight-reload warnings: the ones that mean nothing is dropped, the others are escalated.
 
 After ``model_runner.reload_weights`` vLLM's layer-wise reloader warns "<Layer>: Failed to load
 weights" for every layer that holds loadable tensors none of which came in the iterator. A
@@ -6,7 +6,11 @@ rotary embedding's only tensor is ``cos_sin_cache``, a buffer computed from the 
 theta, positions) that no Hugging Face state dict carries; vLLM puts its own tensor back
 (``_place_kernel_tensors``), so the cache is right and the warning fires at every sync for
 nothing (115 times in one demo). Not sending it cannot avoid it: the model's ``load_weights``
-has no name for that buffer. Any *other* layer in that message kept stale weights — the sampler
+has no name for that buffer. The same holds for any layer whose only own tensors are
+non-persistent buffers computed at start-up (Gemma 3's embedding ``normalizer``), and for a
+*tied* output head (``ParallelLMHead`` sharing the embedding): no tensor is sent under its name,
+and the engine re-runs its post-load processing after every reload. The engine names those
+layers for the duration of a reload (:func:`expected_misses`). Any *other* layer in that message kept stale weights — the sampler
 then differs from the learner — so it is re-emitted on the ``polyrl.weight_sync`` logger, which
 the CLI shows on the terminal, and counted in :data:`WEIGHT_SYNC_FAILURES` (the log-prob gap
 health check measures its effect).
@@ -16,12 +20,27 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 FAILED_LOAD_MESSAGE = "%s: Failed to load weights"
 WEIGHT_SYNC_FAILURES: Counter[str] = Counter()
 
 _escalation = logging.getLogger("polyrl.weight_sync")
+# Layer class names that the reload in progress is known not to load by name (see above).
+_expected_misses: frozenset[str] = frozenset()
+
+
+@contextmanager
+def expected_misses(layer_names: set[str]) -> Iterator[None]:
+    """During one reload: these layers' "Failed to load weights" records are dropped, not escalated."""
+    global _expected_misses
+    before, _expected_misses = _expected_misses, frozenset(layer_names)
+    try:
+        yield
+    finally:
+        _expected_misses = before
 
 
 def _layer_of(record: logging.LogRecord) -> str | None:
@@ -38,7 +57,7 @@ class WeightSyncFilter(logging.Filter):
         layer = _layer_of(record)
         if layer is None:
             return True
-        if "RotaryEmbedding" in layer:
+        if "RotaryEmbedding" in layer or layer in _expected_misses:
             return False
         WEIGHT_SYNC_FAILURES[layer] += 1
         _escalation.warning("weight sync left vLLM layer %s with its previous weights (none of its tensors were sent); "
