@@ -22,9 +22,11 @@ Modes, named for the maths:
 "Number of sequences" counts rows with at least one response token: an all-masked row (e.g. a
 padding row) contributes no loss, so counting it would only shrink the loss.
 
-With data-parallel training, compute the normaliser over the mask of the whole global
-mini-batch (all ranks); if the gradient all-reduce averages over ``world_size`` ranks, multiply the loss by
-``world_size`` (or divide the normaliser by it) so the average becomes a sum.
+With data-parallel training (``train.learner_workers``), each rank computes
+:func:`loss_normalizer_count` over its shard, the counts are all-reduced (summed) and clamped to
+at least 1, which is the normaliser of the whole global mini-batch; the gradients are then
+all-reduced as a sum (if an all-reduce averaged over ``world_size`` ranks instead, the loss would
+have to be multiplied by ``world_size``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,19 @@ def count_sequences(mask: Tensor) -> int:
     return int(mask.bool().any(dim=-1).sum().item())
 
 
+def loss_normalizer_count(mask: Tensor, *, mode: str, max_response_length: int | None = None) -> float:
+    """The raw denominator of ``mode`` over the rows of ``mask`` [B, T] (possibly 0): a count of
+    tokens or sequences (times L_max), so the counts of a mini-batch's parts (data-parallel
+    ranks' shards) add up to the whole mini-batch's. See :func:`global_loss_normalizer`."""
+    check_aggregation_mode(mode)
+    if mode == "token_mean":
+        return float(mask.bool().sum().item())
+    if mode == "seq_sum_constant_norm":
+        length = mask.shape[-1] if max_response_length is None else max_response_length
+        return float(count_sequences(mask) * length)
+    return float(count_sequences(mask))
+
+
 def global_loss_normalizer(
     mask: Tensor, *, mode: str, max_response_length: int | None = None
 ) -> float:
@@ -61,15 +76,7 @@ def global_loss_normalizer(
     matches Dr.GRPO when the batch is padded to the generation limit. Returns at least 1.0 so an
     empty batch yields a zero loss rather than a division by zero.
     """
-    check_aggregation_mode(mode)
-    if mode == "token_mean":
-        normalizer = float(mask.bool().sum().item())
-    elif mode == "seq_sum_constant_norm":
-        length = mask.shape[-1] if max_response_length is None else max_response_length
-        normalizer = float(count_sequences(mask) * length)
-    else:
-        normalizer = float(count_sequences(mask))
-    return max(normalizer, 1.0)
+    return max(loss_normalizer_count(mask, mode=mode, max_response_length=max_response_length), 1.0)
 
 
 def token_weights(mask: Tensor, *, mode: str, dtype: torch.dtype = torch.float32) -> Tensor:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
 import torch
 from torch import Tensor
 from transformers import AutoModelForImageTextToText, AutoModelForTokenClassification
 
-from polyrl.algos.aggregation import global_loss_normalizer
+from polyrl.algos.aggregation import loss_normalizer_count
 from polyrl.algos.logprobs import PackedBatch, image_forward_inputs
 from polyrl.algos.losses import clipped_value_loss
 from polyrl.engines.images import model_takes_images
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NonFiniteGuard, guarded_step
+from polyrl.runtime.data_parallel import LocalGroup
 from polyrl.runtime.precision import autocast
 from polyrl.roles.schedule import apply_optimizer_settings
 
@@ -104,7 +107,10 @@ class CriticSettings:
 
 
 class Critic:
-    def __init__(self, model: torch.nn.Module, settings: CriticSettings):
+    def __init__(self, model: torch.nn.Module, settings: CriticSettings, group: Any | None = None):
+        # ``group``: data-parallel ranks (train.learner_workers) train the critic on their shards
+        # too, with the same global normaliser, summed gradients and global clip norm as the policy.
+        self.group = group if group is not None else LocalGroup()
         # Dropout off, as for the policy: V_old and V_θ are the same function of the weights.
         self.model = model.eval()
         self.settings = settings
@@ -131,16 +137,19 @@ class Critic:
 
     def update(self, batch: LearnerBatch, rows: Tensor, skipped: dict[str, int]) -> dict[str, float]:
         s = self.settings
-        normalizer = global_loss_normalizer(batch.loss_mask[rows], mode="token_mean")
+        shard = self.group.shard(rows, batch.packed.attention_mask.sum(dim=1))
+        normalizer = max(self.group.sum(loss_normalizer_count(batch.loss_mask[shard], mode="token_mean")), 1.0)
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for micro in torch.split(rows, s.micro_batch_size):
+        for micro in torch.split(shard, s.micro_batch_size) if len(shard) else ():
             with autocast(self.model, s.compute_dtype):
                 values = self.model(batch.packed.select(micro))
             loss, _ = clipped_value_loss(values, batch.old_values[micro], batch.returns[micro], batch.loss_mask[micro],
                                          clip_range=s.clip_range, loss_normalizer=normalizer, aggregation="token_mean")
             loss.backward()
             total += float(loss.detach())
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm))
+        self.group.reduce_gradients(self.model.parameters())
+        total = self.group.sum(total)
+        grad_norm = self.group.clip_grad_norm(self.model.parameters(), s.max_grad_norm)
         guarded_step(self.optimizer, self.guard, total, grad_norm, skipped)
         return {"value/loss": total, "value/grad_norm": grad_norm}

@@ -20,13 +20,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from polyrl.algos.aggregation import global_loss_normalizer
+from polyrl.algos.aggregation import loss_normalizer_count
 from polyrl.algos.logprobs import token_logprobs
 from polyrl.algos.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
 from polyrl.algos.shared_prompts import attention_cost_ratio, row_prompts, shared_prompt_micro_batches
 from polyrl.models.lora import write_adapter
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
+from polyrl.runtime.data_parallel import LocalGroup
 from polyrl.runtime.precision import autocast
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
 
@@ -66,7 +67,10 @@ class PolicyLearner:
     ``critic`` (optional) gets each applied policy step and keeps its own cadence."""
 
     def __init__(self, policy: torch.nn.Module, objective: Any, settings: LearnerSettings, critic: Any | None = None,
-                 lora: Any | None = None):
+                 lora: Any | None = None, group: Any | None = None):
+        # ``group`` (polyrl.runtime.data_parallel): this rank's place among data-parallel learner
+        # ranks (train.learner_workers); by default one process, whose collectives do nothing.
+        self.group = group if group is not None else LocalGroup()
         # ``lora`` (a polyrl.models.lora.LoraPolicy whose model is ``policy``): only the adapter
         # trains, and weight syncs send merged weights.
         self.lora = lora
@@ -212,19 +216,24 @@ class PolicyLearner:
             for mini in torch.tensor_split(order, s.mini_batches):
                 if not batch.loss_mask[mini].any():
                     continue  # nothing trains here; momentum and weight decay alone must not move the weights
-                normalizer = global_loss_normalizer(batch.loss_mask[mini], mode=s.aggregation, max_response_length=s.max_tokens)
+                # This rank's rows (all of them in one process); the normaliser is the whole
+                # mini-batch's, its shards' counts summed over the ranks.
+                shard = self.group.shard(mini, lengths)
+                count = loss_normalizer_count(batch.loss_mask[shard], mode=s.aggregation, max_response_length=s.max_tokens)
+                normalizer = max(self.group.sum(count), 1.0)
+                # Over the whole mini-batch on every rank (each holds the batch): BAPO's bounds as in one process.
                 prepared = self.prepare_objective(batch, mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
                 # Rows of similar length share a micro-batch, which then drops its padding columns (exact).
                 # With shared prompts, micro-batches are made of whole packs (a prompt and its completions) instead.
                 if s.share_prompts:
-                    micro_batches = shared_prompt_micro_batches(mini, prompts, completion_lengths, s.micro_batch_size, pack_cost_ratio)
+                    micro_batches = shared_prompt_micro_batches(shard, prompts, completion_lengths, s.micro_batch_size, pack_cost_ratio)
                 elif s.micro_batch_tokens:
-                    micro_batches = token_budget_micro_batches(mini, lengths, s.micro_batch_size, s.micro_batch_tokens,
+                    micro_batches = token_budget_micro_batches(shard, lengths, s.micro_batch_size, s.micro_batch_tokens,
                                                                padded=not s.padding_free)
                 else:
-                    micro_batches = length_sorted_micro_batches(mini, lengths, s.micro_batch_size)
+                    micro_batches = length_sorted_micro_batches(shard, lengths, s.micro_batch_size) if len(shard) else []
                 for micro in micro_batches:
                     loss, metrics, logprobs = self.policy_loss(batch, micro, normalizer, prepared)
                     if batch.old_logprobs is None:
@@ -237,7 +246,11 @@ class PolicyLearner:
                     for key, value in metrics.items():
                         sums[key] += value * tokens
                         weights[key] += tokens
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), s.max_grad_norm))
+                # Gradients and loss summed over the ranks: every rank clips by the global norm,
+                # the guard sees the whole mini-batch's loss, and all apply the same step.
+                self.group.reduce_gradients(self.policy.parameters())
+                mini_loss = self.group.sum(mini_loss)
+                grad_norm = self.group.clip_grad_norm(self.policy.parameters(), s.max_grad_norm)
                 learning_rate = self.learning_rate(self.optimizer_step + 1)
                 applied = guarded_step(self.optimizer, self.guard, mini_loss, grad_norm, skipped, learning_rate)
                 self.optimizer_step += int(applied)
@@ -249,6 +262,7 @@ class PolicyLearner:
                     for key, value in value_metrics.items():
                         sums[key] += value
                         weights[key] += 1
+        sums, weights, sampler_gap_sum = self.group.merge_sums(sums, weights, sampler_gap_sum)
         out = {f"actor/{k}" if not k.startswith(("bapo/", "quadrant/", "value/")) else k: sums[k] / max(weights[k], 1e-12) for k in sums}
         if batch.old_logprobs is None:
             out["rollout/logprob_gap"] = sampler_gap_sum / max(float(batch.packed.response_mask.sum()), 1.0)
