@@ -118,6 +118,20 @@ class ExperimentConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _learner_workers_apply(self) -> "ExperimentConfig":
+        """Settings the data-parallel learner ranks do not build (never run across ranks here) are refused."""
+        t = self.train
+        clash = ("model.lora" if self.model.lora is not None else "train.compile: true" if t.compile else
+                 "train.share_prompts: true" if t.share_prompts else None)
+        if t.learner_workers > 1 and clash:
+            error = PydanticCustomError("value_error", "learner_workers: {workers} cannot run with {clash} (the learner ranks do "
+                                        "not build it); allowed here: {allowed}",
+                                        {"workers": t.learner_workers, "clash": clash, "allowed": f"learner_workers: 1, or no {clash}"})
+            raise ValidationError.from_exception_data("ExperimentConfig", [
+                InitErrorDetails(type=error, loc=("train", "learner_workers"), input=t.learner_workers)])
+        return self
+
+    @model_validator(mode="after")
     def _cpu_matmul_applies(self) -> "ExperimentConfig":
         """An explicit ``train.cpu_matmul: onednn`` that would silently not run is refused here;
         the device and the torch build are checked when the arm is built."""

@@ -63,6 +63,11 @@ class TrainConfig(StrictModel):
         3, ge=1, description="Stop (with a checkpoint of the last good weights) after this many optimizer steps in a row skipped for a NaN/inf loss or gradient norm."
     )
     value: ValueConfig = ValueConfig()
+    learner_workers: int = Field(
+        1, ge=1, description="Learner ranks (data parallel, polyrl.roles.learner_ranks): Ray actors in one torch.distributed "
+        "group (gloo on CPU, NCCL + FSDP2 on CUDA, one GPU each), each training on its shard of every mini-batch with the "
+        "normaliser and gradients summed over the ranks: the same update as one process. 1: the learner in this process. "
+        "Not with model.lora, train.compile or train.share_prompts.")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
     device: str = Field(
         "auto", description="Where the learner's models (policy, reference, critic) live: 'auto' (the first CUDA device when "

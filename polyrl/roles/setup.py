@@ -42,6 +42,7 @@ from polyrl.runtime.host_memory import keep_freed_host_memory
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
+from polyrl.roles.learner_ranks import RankRecipe, start_data_parallel_learner
 from polyrl.roles.loop import TrainingLoop, sync_policy
 from polyrl.roles.pipeline import BatchPipeline, PipelineContext
 from polyrl.runtime.precision import compute_dtype
@@ -174,7 +175,11 @@ class Arm:
                             start_step=self.start_step, history=self.history, adapter_sync=adapter_sync(self.config))
 
     def close(self) -> None:
-        self.collector.close()
+        try:
+            self.collector.close()
+        finally:
+            if hasattr(self.learner, "close"):  # data-parallel learner ranks (and the Ray it started)
+                self.learner.close()
 
 
 def adapter_sync(cfg: ExperimentConfig) -> bool:
@@ -309,6 +314,12 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
             if module is not None and module is not policy:
                 route_linears_through_onednn(module)
     learner = PolicyLearner(policy, objective, _learner_settings(cfg, objective, padding_free), critic=critic, lora=lora)
+    if cfg.train.learner_workers > 1:  # this learner becomes the driver's mirror of rank 0 (roles/learner_ranks.py)
+        learner = start_data_parallel_learner(learner, RankRecipe(
+            policy_path=str(policy_path), objective=cfg.objective.name, settings=learner.settings,
+            critic=critic.settings if critic is not None else None, padding_free=padding_free,
+            gradient_checkpointing=cfg.train.gradient_checkpointing, cpu_matmul=cpu_matmul, threads=cfg.train.threads or 1,
+            cuda=device.type == "cuda"), cfg.train.learner_workers)
     rewards = CompositeReward(reward_specs(cfg, policy_path, [sample.references for sample in sampler.samples]))
     rewards.setup()
     label = accuracy_label(cfg, rewards.labels)

@@ -1,0 +1,76 @@
+"""A run with 2 data-parallel learner ranks (real Ray actors, gloo) through the arm's set-up: its
+checkpoint resumes on 1 rank (and back on 2) where an uninterrupted 2-rank run would be."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+
+from learner_helpers import built, snapshot
+from polyrl.config.schema import ConfigError, resolve_arms
+from polyrl.roles.checkpoint import read_checkpoint_info
+from polyrl.roles.learner_ranks import DataParallelLearner
+
+
+def _config(tiny_experiment, workers: int) -> dict:
+    # PPO: a critic whose weights and AdamW state must cross the checkpoint too; lr 1e-4 keeps
+    # AdamW's float-noise amplification below the tolerance (tests/roles/test_learner_ranks.py).
+    return tiny_experiment(objective={"name": "ppo"}, train={"steps": 3, "learning_rate": 1e-4, "micro_batch_size": 4,
+                                                              "learner_workers": workers, "value": {"learning_rate": 1e-4}},
+                           checkpoint={"every": 2})
+
+
+def _weights(arm) -> dict[str, torch.Tensor]:
+    return {**{f"policy.{k}": v for k, v in snapshot(arm.learner.policy).items()},
+            **{f"critic.{k}": v for k, v in snapshot(arm.critic.model).items()}}
+
+
+def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rel: float) -> bool:
+    return all(float((a[k] - b[k]).norm()) <= rel * float(a[k].norm()) + 1e-12 for k in a)
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(ray_local, tmp_path, tiny_experiment):
+    # 3 steps on 2 ranks, with the checkpoint of step 2 kept aside.
+    folder = tmp_path / "run"
+    checkpoints = folder / "runs" / "main"
+    with built(folder, _config(tiny_experiment, 2)) as arm:
+        assert isinstance(arm.learner, DataParallelLearner) and arm.learner.world_size == 2
+        start = _weights(arm)
+        loop = arm.loop(printer=lambda _: None)
+        history = [loop.step(), loop.step()]
+        assert read_checkpoint_info(checkpoints / "step_000002")["optimizer_step"] == 2
+        shutil.copytree(checkpoints / "step_000002", tmp_path / "step_000002")
+        history.append(loop.step())
+        straight = _weights(arm)
+    assert all(math.isfinite(step["actor/loss"]) and math.isfinite(step["value/loss"]) for step in history)
+    assert not _close(start, straight, 1e-4)  # trained
+
+    # Step 3 again from the step-2 checkpoint, on 1 rank, then on 2.
+    for workers in (1, 2):
+        shutil.rmtree(checkpoints)
+        shutil.copytree(tmp_path / "step_000002", checkpoints / "step_000002")
+        with built(folder, _config(tiny_experiment, workers), resume=True) as arm:
+            assert arm.start_step == 2 and isinstance(arm.learner, DataParallelLearner) == (workers == 2)
+            assert arm.learner.optimizer.state and arm.critic.optimizer.state  # AdamW moments came back
+            metrics = arm.loop(printer=lambda _: None).step()
+            assert metrics["actor/optimizer_steps"] == 3.0
+            # As the uninterrupted run, up to float summation order (1 rank vs 2).
+            assert _close(straight, _weights(arm), 1e-5), workers
+
+
+@pytest.mark.parametrize("clash, message", [
+    ({"model": {"lora": {"r": 4}}}, "model.lora"),
+    ({"train": {"compile": True}}, "train.compile: true"),
+    ({"train": {"share_prompts": True}}, "train.share_prompts: true"),
+])
+def test_settings_the_ranks_do_not_build_are_refused(tiny_experiment, clash, message):
+    config = tiny_experiment(train={"learner_workers": 2})
+    for section, values in clash.items():
+        config.setdefault(section, {}).update(values)
+    with pytest.raises(ConfigError, match=rf"train.learner_workers.*{message}.*allowed here: learner_workers: 1"):
+        resolve_arms(config)
+    with pytest.raises(ConfigError, match=r"train.learner_workers"):
+        resolve_arms(tiny_experiment(train={"learner_workers": 0}))
