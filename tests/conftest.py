@@ -104,19 +104,3 @@ def tiny_experiment(tmp_path, random_policy_dir):
 
     return make
 
-
-@pytest.fixture(scope="session")
-def ray_local():
-    """A real local Ray cluster (2 CPUs, 127.0.0.1, no dashboard), shared by the tests that need
-    one and shut down at the end of the session. Its workers inherit this process's environment
-    (PYTHONPATH included), so actors import this checkout's polyrl."""
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():  # a test started its own: use that one
-        yield ray
-        return
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024, log_to_driver=False,
-             _node_ip_address="127.0.0.1", logging_level="ERROR")
-    try:
-        yield ray
-    finally:
-        ray.shutdown()

@@ -48,6 +48,7 @@ from polyrl.roles.health import NonFiniteStop
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
 from polyrl.runtime.cpu_matmul import route_linears_through_onednn
 from polyrl.runtime.data_parallel import TorchDistributedGroup
+from polyrl.runtime.ray_cluster import acquire_ray, release_ray
 
 __all__ = ["DataParallelLearner", "LearnerRank", "LearnerRanks", "LearnerRanksError", "RankRecipe", "start_data_parallel_learner"]
 
@@ -292,8 +293,9 @@ class DataParallelLearner:
     0's weights, counters and (before a checkpoint) optimizer states.
     """
 
-    def __init__(self, mirror: PolicyLearner, ranks: LearnerRanks, recipe: RankRecipe, *, owns_ray: bool = False):
-        self.mirror, self.ranks, self.owns_ray = mirror, ranks, owns_ray
+    def __init__(self, mirror: PolicyLearner, ranks: LearnerRanks, recipe: RankRecipe, *, holds_ray: bool = False):
+        # ``holds_ray``: this learner acquired the run's Ray (runtime/ray_cluster.py) and releases it on close.
+        self.mirror, self.ranks, self.holds_ray = mirror, ranks, holds_ray
         try:
             ranks.call("build", recipe)
             self.push()  # every rank starts from the mirror's weights (e.g. the critic's random value head)
@@ -371,25 +373,19 @@ class DataParallelLearner:
         if self.ranks.actors:
             self.ranks.call("leave")
             self.ranks.close()
-        if self.owns_ray:
-            import ray
-
-            ray.shutdown()
+        if self.holds_ray:
+            self.holds_ray = False
+            release_ray()
 
 
 def start_data_parallel_learner(mirror: PolicyLearner, recipe: RankRecipe, world_size: int) -> DataParallelLearner:
-    """M ranks for ``mirror``'s learner; starts a local Ray (127.0.0.1, no dashboard) when none is
-    connected, and shuts it down on :meth:`DataParallelLearner.close`."""
-    import ray
-
-    owns_ray = not ray.is_initialized()
-    if owns_ray:
-        ray.init(num_cpus=max(os.cpu_count() or 1, world_size * recipe.threads), include_dashboard=False, log_to_driver=False,
-                 _node_ip_address="127.0.0.1", logging_level="ERROR")
+    """M ranks for ``mirror``'s learner, on the Ray the run is connected to, else a local one
+    (:mod:`polyrl.runtime.ray_cluster`, shared with rollout workers; released on
+    :meth:`DataParallelLearner.close`)."""
+    acquire_ray()
     try:
         ranks = LearnerRanks(world_size, cuda=recipe.cuda, cpus_per_rank=recipe.threads)
-        return DataParallelLearner(mirror, ranks, recipe, owns_ray=owns_ray)
+        return DataParallelLearner(mirror, ranks, recipe, holds_ray=True)
     except BaseException:
-        if owns_ray:
-            ray.shutdown()
+        release_ray()
         raise
