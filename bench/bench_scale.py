@@ -38,9 +38,10 @@ def run_point(config: Path, arm: str, steps: int, point: tuple[int, int, int], f
 
     workers, ranks, staleness = point
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    sets = [f"train.steps={steps}", f"rollout.workers={workers}", f"train.learner_workers={ranks}",
-            f"rollout.max_staleness={staleness}", f"tracking.uri={uri}", f"checkpoint.dir={folder / 'runs'}",
-            f"checkpoint.every={steps}"]
+    sets = [f"train.steps={steps}", f"tracking.uri={uri}", f"checkpoint.dir={folder / 'runs'}", f"checkpoint.every={steps}"]
+    # Only what differs from the defaults: a point needs only its own feature's field.
+    sets += [f"{key}={value}" for key, value, default in (("rollout.workers", workers, 1), ("train.learner_workers", ranks, 1),
+                                                           ("rollout.max_staleness", staleness, 0)) if value != default]
     command = [sys.executable, "-m", "polyrl.launch.cli", "run", str(config), "--arm", arm, "--no-progress"]
     for option in sets:
         command += ["--set", option]
