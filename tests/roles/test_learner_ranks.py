@@ -121,3 +121,26 @@ def test_two_ranks_take_the_single_process_step_on_the_whole_batch(ranks, random
     if critic is not None:
         assert parallel_metrics["value/updates"] == 1.0
         assert parallel_metrics["value/loss"] == pytest.approx(single_metrics["value/loss"], rel=1e-5)
+
+
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_and_leaves_the_weights(ranks, random_policy_dir):
+    """The NaN sits in one row, so only one rank's shard sees it; the guard checks the loss summed
+    over the ranks, so both skip together (no rank steps alone, no collective left waiting)."""
+    import dataclasses
+
+    from polyrl.roles.health import NonFiniteStop
+
+    parallel = _data_parallel(ranks, random_policy_dir, "grpo", {"max_consecutive_nonfinite": 1})
+    batch = _batch(random_policy_dir)
+    nan_batch = dataclasses.replace(batch, advantages=batch.advantages.clone())
+    nan_batch.advantages[0, 0] = float("nan")
+    before = _params(parallel)
+    with pytest.raises(NonFiniteStop) as stop:
+        parallel.update(nan_batch, step_index=0)
+    assert (stop.value.reason, stop.value.consecutive) == ("loss", 1)
+    parallel.pull(optimizers=True)  # rank 0 as it is now
+    assert _worst_relative_difference(before, _params(parallel)) == 0.0 and parallel.optimizer_step == 0
+    parallel.mirror.guard.load_state_dict({"consecutive": 0})
+    parallel.push()
+    metrics = parallel.update(batch, step_index=0)  # the ranks are still in step with each other
+    assert metrics["health/nonfinite_steps"] == 0 and parallel.optimizer_step == 1
