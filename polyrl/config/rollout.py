@@ -62,6 +62,11 @@ class RolloutConfig(StrictModel):
         "seeds, so the samples do not depend on N; weights reach every worker after each update.")
     worker_resources: WorkerResourcesConfig | None = Field(
         None, description="each rollout worker's Ray resources and placement (rollout.workers > 1; default: 1 CPU, no GPU)")
+    max_staleness: int = Field(
+        0, ge=0, description="Asynchronous, off-policy training (polyrl/roles/async_loop.py): generation of the next k "
+        "batches overlaps the current update, and no sample older than k policy versions trains (generation waits rather "
+        "than run further ahead). The ratio's old log-probs are then the sampler's (the behaviour policy). 0: the "
+        "synchronous loop, unchanged.")
 
     @model_validator(mode="after")
     def _compile_needs_vllm(self) -> "RolloutConfig":
@@ -88,4 +93,23 @@ class RolloutConfig(StrictModel):
                                "rollout workers run {threads_of_workers}; allowed here: {allowed}", self.threads,
                                threads_of_workers="max(1, int(rollout.worker_resources.num_cpus)) threads each",
                                allowed="no threads, or workers: 1")
+        return self
+
+    @model_validator(mode="after")
+    def _staleness_needs_full_distribution_and_own_threads(self) -> "RolloutConfig":
+        """Off-policy training reads the sampler's log-probs as the behaviour policy; with top_p < 1
+        they are renormalised over the nucleus, not the policy's own, so every ratio would be off.
+        rollout.threads sets torch's process-wide thread count, which the overlapping update shares."""
+        if not self.max_staleness:
+            return self
+        reason = ("top_p < 1 renormalises the sampler's log-probs over the nucleus, so they are not the behaviour policy's "
+                  "log-probs the ratio needs" if self.top_p < 1 else
+                  "threads sets torch's process-wide thread count, which the update running at the same time would share"
+                  if self.threads is not None else
+                  "its producer drives the in-process engine; generating ahead on rollout workers is not built yet"
+                  if self.workers > 1 else None)
+        if reason is not None:
+            raise _field_error(("max_staleness",), "max_staleness {k} (asynchronous training): {reason}; allowed here: {allowed}",
+                               self.max_staleness, k=str(self.max_staleness), reason=reason,
+                               allowed="max_staleness: 0, or top_p: 1, no threads and workers: 1")
         return self

@@ -40,3 +40,7 @@ class HealthConfig(StrictModel):
     max_logprob_gap: float = Field(
         1e-2, gt=0, description="Warn when rollout/logprob_gap (nats/token) exceeds this: a stale or partial weight sync."
     )
+    # Seed 000 §5.2's two figures for a slow distributed run; checked in asynchronous training (rollout.max_staleness > 0).
+    min_buffer_utilisation: float = Field(0.7, ge=0, le=1, description="Warn when the rollout buffer's mean utilisation (ready "
+                                          "batches when the learner asks for one, over its max_staleness + 1 slots) is below this.")
+    max_sync_share: float = Field(0.15, gt=0, le=1, description="Warn when weight syncs take a larger mean share of the learner's step.")

@@ -92,8 +92,13 @@ def guarded_step(optimizer: Any, guard: NonFiniteGuard, loss: float, grad_norm: 
 
 
 class HealthMonitor:
-    def __init__(self, settings: Any, *, check_logprob_gap: bool = True, sampler_dtype: str = "float32"):
+    def __init__(self, settings: Any, *, check_logprob_gap: bool = True, sampler_dtype: str = "float32", check_overlap: bool = False):
         self.settings = settings
+        # Asynchronous training (rollout.max_staleness > 0): seed 000 §5.2's buffer-utilisation and
+        # communication figures, as running means over the steps that report them.
+        self.check_overlap = check_overlap
+        self.overlap_sums: dict[str, float] = {}
+        self.overlap_counts: dict[str, int] = {}
         # A bf16 sampler differs from the learner by rounding too (~4e-3 nats/token at 30M), so
         # its warning names that cause beside a stale sync.
         self.sampler_dtype = sampler_dtype
@@ -142,12 +147,44 @@ class HealthMonitor:
                 self._first_length = length
             if length < s.min_mean_length or (self._first_length > 4 * s.min_mean_length and length < 0.25 * self._first_length):
                 self._trip("length_collapse", f"mean response length {length:.1f} collapsed (start {self._first_length:.1f}) → check length bias; try Dr.GRPO", warnings)
+        if self.check_overlap:
+            self._check_overlap(metrics, warnings)
         metrics.update({f"health/{name}_trips": float(count) for name, count in self.fired.items()})
         return warnings
 
+    def _running_mean(self, key: str, metrics: dict[str, float]) -> tuple[float, int] | None:
+        if key not in metrics:
+            return None
+        self.overlap_sums[key] = self.overlap_sums.get(key, 0.0) + metrics[key]
+        self.overlap_counts[key] = self.overlap_counts.get(key, 0) + 1
+        return self.overlap_sums[key] / self.overlap_counts[key], self.overlap_counts[key]
+
+    def _check_overlap(self, metrics: dict[str, float], warnings: list[str]) -> None:
+        """Checked on running means from the third report on: one step's value is noisy (with k = 1
+        a step's utilisation is 0, 1/2 or 1)."""
+        s = self.settings
+        utilisation = self._running_mean("async/buffer_utilisation", metrics)
+        if utilisation is not None:
+            metrics["async/buffer_utilisation_mean"] = utilisation[0]
+            if utilisation[1] >= 3 and utilisation[0] < s.min_buffer_utilisation:
+                self._trip("buffer_utilisation", f"rollout buffer utilisation {utilisation[0]:.0%} < {s.min_buffer_utilisation:.0%}: the "
+                           "learner waits for generation → raise rollout.max_staleness, or make generation cheaper (rollout.dtype "
+                           "bfloat16, fewer rollout.max_tokens)", warnings)
+        share = self._running_mean("perf/sync_share", metrics)
+        if share is not None:
+            metrics["perf/sync_share_mean"] = share[0]
+            if share[1] >= 3 and share[0] > s.max_sync_share:
+                self._trip("communication", f"weight syncs take {share[0]:.0%} of a step > {s.max_sync_share:.0%} → sync a smaller "
+                           "dtype (rollout.dtype bfloat16), or train LoRA adapters (model.lora)", warnings)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"fired": dict(self.fired), "first_length": self._first_length}
+        state = {"fired": dict(self.fired), "first_length": self._first_length}
+        if self.check_overlap:
+            state["overlap"] = {"sums": dict(self.overlap_sums), "counts": dict(self.overlap_counts)}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.fired = dict(state.get("fired", {}))
         self._first_length = state.get("first_length")
+        overlap = state.get("overlap", {})
+        self.overlap_sums, self.overlap_counts = dict(overlap.get("sums", {})), dict(overlap.get("counts", {}))

@@ -166,6 +166,11 @@ class Checkpointer(Hook):
         if report.step % self.every == 0 or report.step == self.last_step:
             self.save(report.step)
 
+    def note(self, **state: Any) -> None:
+        """Bookkeeping for every later save, over ``state()``'s (the asynchronous loop's consumed
+        sampler position, which the sampler itself has run past)."""
+        self.extra.update(state)
+
     def save(self, step: int, extra: dict[str, Any] | None = None) -> Path:
         path = save_checkpoint(self.arm_dir / f"step_{step:06d}", step=step, models=self.models, optimizers=self.optimizers,
                                state={**self.state(), **self.extra, **(extra or {})})

@@ -36,7 +36,7 @@ class PhaseTimer:
             self.seconds[phase] += time.perf_counter() - start
 
     def metrics(self) -> dict[str, float]:
-        out = {f"perf/{phase}_s": self.seconds.get(phase, 0.0) for phase in PHASES}
+        out = {f"perf/{phase}_s": self.seconds.get(phase, 0.0) for phase in (*PHASES, *self.seconds)}
         out["perf/step_s"] = sum(self.seconds.values())
         return out
 
@@ -88,7 +88,13 @@ class TrainingLoop:
         collected = self.collector.collect(step)
         for phase, seconds in collected.seconds.items():
             timer.seconds[phase] += seconds
-        rollout, metrics = collected.rollout, dict(collected.scores.metrics)
+        return self.train_on(step, collected, timer, step_start_sampler)
+
+    def train_on(self, step: int, collected: Any, timer: PhaseTimer, step_start_sampler: dict[str, Any],
+                 extra_metrics: dict[str, float] | None = None) -> dict[str, float]:
+        """Step ``step`` on ``collected``: pipeline, update, sync, then the hooks; ``extra_metrics``
+        join the step's metrics before the hooks see them."""
+        rollout, metrics = collected.rollout, {**collected.scores.metrics, **(extra_metrics or {})}
         if len(rollout):  # dynamic sampling may find no informative group: nothing to learn from
             with timer("advantage"):
                 batch = self.pipeline.run(rollout, collected.scores)
@@ -107,6 +113,8 @@ class TrainingLoop:
         self.step_index = step
         report = StepReport(step, metrics, sample_rows(rollout, collected.scores), prompts=list(rollout.prompts),
                             reward_parts=dict(collected.scores.per_module))
+        # The weight sync's share of the step so far (communication, seed 000 §5.2; checked in asynchronous training).
+        metrics["perf/sync_share"] = timer.seconds.get("sync", 0.0) / max(sum(timer.seconds.values()), 1e-9)
         with timer("log"):
             metrics["train/samples_per_s"] = len(rollout) / max(sum(timer.seconds.values()), 1e-9)
             for hook in self.hooks:

@@ -25,7 +25,7 @@ from polyrl.algos.losses import kl_in_reward, kl_penalty, masked_mean, masked_me
 from polyrl.roles.batches import LearnerBatch, Rollout, Scores
 from polyrl.runtime.precision import autocast
 
-__all__ = ["BatchPipeline", "PipelineBatch", "PipelineContext", "STAGES", "run_pipeline", "token_discounts"]
+__all__ = ["BatchPipeline", "behaviour_logprobs", "PipelineBatch", "PipelineContext", "STAGES", "run_pipeline", "token_discounts"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ class PipelineContext:
     modalities: Any = None  # per-modality GAE settings (config.modalities)
     share_prompts: bool = False  # π_old and reference log-probs packed per prompt, as the learner's (train.share_prompts)
     padding_free: bool = False  # π_old and reference log-probs from rows end to end, as the learner's (train.padding_free)
+    # Asynchronous training (rollout.max_staleness > 0): a sample may come from an older policy
+    # than the learner's, so π_old is the behaviour policy, the sampler's log-probs (old_logprobs).
+    behaviour_logprobs: bool = False
 
 
 @dataclass
@@ -100,11 +103,26 @@ def pack(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
 
 
 def old_logprobs(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    if ctx.behaviour_logprobs and ctx.tis_cap is None:
+        # Off-policy (asynchronous) training: the ratio is π_θ / π_behaviour, so clipping and
+        # BAPO's bounds see the real staleness. With truncated importance sampling π_old is instead
+        # the learner's current policy (recomputed below) and the TIS weight min(π_old/π_sampler, C)
+        # carries the staleness: decoupled PPO (Hilton et al. 2021; AReaL, Fu et al. 2025).
+        return b.with_metrics({}, old_logprobs=behaviour_logprobs(b.rollout.completions, b.packed))
     if ctx.reuse_old_logprobs:
         return b
     old = _logprobs(ctx.policy, b.packed, ctx)
     return b.with_metrics({"rollout/logprob_gap": logprob_gap(b.packed.sampling_logprobs, old, b.packed.response_mask.bool())},
                           old_logprobs=old)
+
+
+def behaviour_logprobs(completions: Sequence[Any], packed: PackedBatch) -> Tensor:
+    """The sampler's log-probs of ``packed`` as π_old; refused where an engine gave none (packed
+    as zeros, they would read as probability 1)."""
+    missing = [row for row, c in enumerate(completions) if c.completion_ids and not c.sampling_logprobs]
+    if missing:
+        raise ValueError(f"rollout.max_staleness > 0 trains on the sampler's log-probs, but completions {missing[:5]} have none")
+    return packed.sampling_logprobs.clone()
 
 
 def sequence_rewards(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:

@@ -5,6 +5,7 @@ roles themselves only see their own settings.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import random
@@ -36,6 +37,7 @@ from polyrl.rewards import CompositeReward, load_reward_class
 from polyrl.roles.collector import CollectSettings, RolloutCollector
 from polyrl.runtime.compiled import check_sampler_compile, compile_decoder_layers
 from polyrl.runtime.cpu_matmul import cpu_vendor, resolve_cpu_matmul, route_linears_through_onednn, torch_blas
+from polyrl.roles.async_loop import AsyncTrainingLoop, VersionedEngine
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.runtime.devices import learner_device
 from polyrl.runtime.host_memory import keep_freed_host_memory
@@ -168,8 +170,13 @@ class Arm:
         hooks.append(self.checkpointer)
         return hooks + [Callback(fn) for fn in callbacks]
 
-    def loop(self, *, printer: Callable[[str], None] = print, callbacks: Sequence[Callable[[int, dict[str, float]], None]] = ()) -> TrainingLoop:
-        return TrainingLoop(arm=self.name, steps=self.config.train.steps, sampler=self.sampler, collector=self.collector,
+    def loop(self, *, printer: Callable[[str], None] = print, callbacks: Sequence[Callable[[int, dict[str, float]], None]] = (),
+             max_staleness: int | None = None) -> TrainingLoop:
+        """The arm's loop: asynchronous when ``max_staleness`` (default rollout.max_staleness) is set;
+        an explicit 0 runs the asynchronous machinery in lock-step (tests compare it with the plain loop)."""
+        k = self.config.rollout.max_staleness if max_staleness is None else max_staleness
+        loop_class = functools.partial(AsyncTrainingLoop, max_staleness=k) if k or max_staleness is not None else TrainingLoop
+        return loop_class(arm=self.name, steps=self.config.train.steps, sampler=self.sampler, collector=self.collector,
                             pipeline=self.pipeline, learner=self.learner, engine_dtype=compute_dtype(self.config.sampling_dtype),
                             checkpointer=self.checkpointer, hooks=self.hooks(printer=printer, callbacks=callbacks),
                             start_step=self.start_step, history=self.history, adapter_sync=adapter_sync(self.config))
@@ -329,6 +336,8 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     elif cfg.rollout.workers > 1:
         raise ConfigError(f"rollout.workers: {cfg.rollout.workers} workers asked for, but the caller passed its own engine; "
                           "set rollout.workers: 1 or pass no engine")
+    if cfg.rollout.max_staleness:
+        engine = VersionedEngine(engine)  # one lock for the producer, the syncs and periodic evaluation (roles/async_loop.py)
     engine_startup_s = time.perf_counter() - engine_started
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
     # wants every core back for its forward/backward passes (or train.threads).
@@ -355,8 +364,10 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
         reuse_old_logprobs=reuses_old_logprobs(cfg), overlong=cfg.advantage.overlong, kl_coef=cfg.train.kl_coef,
         kl_estimator=cfg.train.kl_estimator, kl_in_reward=cfg.train.kl_in_reward,
         tis_cap=r.truncated_importance_sampling.cap if r.truncated_importance_sampling.enabled else None, modalities=cfg.modalities,
-        share_prompts=cfg.train.share_prompts, padding_free=padding_free))
-    health = HealthMonitor(cfg.health, check_logprob_gap=r.top_p == 1.0, sampler_dtype=cfg.sampling_dtype)
+        share_prompts=cfg.train.share_prompts, padding_free=padding_free, behaviour_logprobs=r.max_staleness > 0))
+    # Asynchronous training: the sampler/learner gap includes the staleness, so it is no sync check.
+    health = HealthMonitor(cfg.health, check_logprob_gap=r.top_p == 1.0 and not r.max_staleness, sampler_dtype=cfg.sampling_dtype,
+                           check_overlap=r.max_staleness > 0)
     models: dict[str, Any] = {"policy": lora if lora is not None else policy, **({"critic": critic.model} if critic is not None else {})}
     optimizers = {"policy": learner.optimizer, **({"critic": critic.optimizer} if critic is not None else {})}
     checkpointer = Checkpointer(
