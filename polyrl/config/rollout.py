@@ -105,11 +105,9 @@ class RolloutConfig(StrictModel):
         reason = ("top_p < 1 renormalises the sampler's log-probs over the nucleus, so they are not the behaviour policy's "
                   "log-probs the ratio needs" if self.top_p < 1 else
                   "threads sets torch's process-wide thread count, which the update running at the same time would share"
-                  if self.threads is not None else
-                  "its producer drives the in-process engine; generating ahead on rollout workers is not built yet"
-                  if self.workers > 1 else None)
+                  if self.threads is not None else None)
         if reason is not None:
             raise _field_error(("max_staleness",), "max_staleness {k} (asynchronous training): {reason}; allowed here: {allowed}",
                                self.max_staleness, k=str(self.max_staleness), reason=reason,
-                               allowed="max_staleness: 0, or top_p: 1, no threads and workers: 1")
+                               allowed="max_staleness: 0, or top_p: 1 and no threads")
         return self

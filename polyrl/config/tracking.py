@@ -42,5 +42,5 @@ class HealthConfig(StrictModel):
     )
     # Seed 000 §5.2's two figures for a slow distributed run; checked in asynchronous training (rollout.max_staleness > 0).
     min_buffer_utilisation: float = Field(0.7, ge=0, le=1, description="Warn when the rollout buffer's mean utilisation (ready "
-                                          "batches when the learner asks for one, over its max_staleness + 1 slots) is below this.")
+                                          "batches when the learner asks for one, over the max_staleness it may hold) is below this.")
     max_sync_share: float = Field(0.15, gt=0, le=1, description="Warn when weight syncs take a larger mean share of the learner's step.")

@@ -64,7 +64,6 @@ def test_buffer_reports_utilisation_and_hands_a_producer_error_to_the_learner():
 @pytest.mark.parametrize("rollout, fragment", [
     ({"max_staleness": 1, "top_p": 0.9}, "top_p < 1 renormalises"),
     ({"max_staleness": 1, "threads": 1}, "process-wide thread count"),
-    ({"max_staleness": 1, "workers": 2}, "not built yet"),
     ({"max_staleness": -1}, "greater than or equal to 0"),
 ])
 def test_combinations_that_cannot_work_are_refused_with_the_field_path(tiny_experiment, rollout, fragment):
