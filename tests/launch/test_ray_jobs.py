@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from run_control import child_env
+from tests.ray_support import stop_blocking_head
 
 
 def _free_port() -> int:
@@ -54,12 +53,7 @@ def ray_head():
         assert head.poll() is None and "Ray runtime started" in log.read_text(), log.read_text()[-3000:]
         yield {"url": f"http://127.0.0.1:{dashboard_port}", "gcs": f"127.0.0.1:{gcs_port}"}
     finally:
-        head.send_signal(signal.SIGTERM)  # --block: the head stops the processes it started
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        stop_blocking_head(head, temp_dir)
 
 
 def _job_id(output: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from typer.testing import CliRunner
 
 from polyrl.launch.cli import app
 from polyrl.tracking.mlflow_runs import ExperimentTracker
+from tests.ray_support import stop_blocking_head
 
 
 def _invoke(folder: Path, monkeypatch, *args: str) -> tuple[int, str]:
@@ -111,12 +111,7 @@ def token_ray_head(tmp_path):
         address = re.search(r"ray start --address='([^']+)'", log.read_text()).group(1)
         yield address, home
     finally:
-        head.send_signal(signal.SIGTERM)  # --block: the head stops the processes it started
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        stop_blocking_head(head, temp_dir)
 
 
 @pytest.mark.slow

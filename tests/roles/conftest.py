@@ -9,17 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.ray_support import in_process_cluster
+
 
 @pytest.fixture(scope="package")
 def ray_local():
-    """A real local Ray cluster (2 CPUs: one per learner rank; 127.0.0.1, no dashboard). Its
-    workers inherit this process's environment (PYTHONPATH included), so actors import this
-    checkout's polyrl."""
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024, log_to_driver=False,
-                 _node_ip_address="127.0.0.1", logging_level="ERROR")
-    yield ray
-    if started:
-        ray.shutdown()
+    """A real local Ray cluster (2 CPUs: one per learner rank)."""
+    yield from in_process_cluster(num_cpus=2, object_store_mb=100)

@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.ray_support import in_process_cluster
+
 
 @pytest.fixture(scope="package")
 def ray_cluster():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        # 4 logical CPUs on this 2-core machine: two workers of 1 CPU each, the driver's test and a
-        # reward actor fit; nothing runs at once but the step being tested.
-        ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False,
-                 logging_level="ERROR", _node_ip_address="127.0.0.1")
-    yield ray
-    if started:
-        ray.shutdown()
+    # 4 logical CPUs on this 2-core machine: two workers of 1 CPU each, the driver's test and a
+    # reward actor fit; nothing runs at once but the step being tested.
+    yield from in_process_cluster(num_cpus=4, object_store_mb=200)

@@ -1,0 +1,37 @@
+"""Local Ray clusters for the tests: one in-process cluster per test folder, and the stop of a
+foreground ``ray start --head --block`` process. Shared so every folder starts and stops Ray
+the same way (127.0.0.1, no dashboard, quiet, a bounded object store)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import signal
+from typing import Any, Iterator
+
+import pytest
+
+
+def in_process_cluster(*, num_cpus: int, object_store_mb: int) -> Iterator[Any]:
+    """Yields the ``ray`` module with a local cluster up; shuts it down afterwards if it started
+    it. Workers inherit this process's environment (PYTHONPATH included), so actors import this
+    checkout's polyrl."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 1024 * 1024,
+                 log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1")
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def stop_blocking_head(head: subprocess.Popen, temp_dir: Any) -> None:
+    """SIGTERM to a ``ray start --head --block`` process (it stops the processes it started),
+    a kill if it has not exited within a minute, then its temp folder removed."""
+    head.send_signal(signal.SIGTERM)
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        head.kill()
+    shutil.rmtree(temp_dir, ignore_errors=True)
