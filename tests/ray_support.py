@@ -13,16 +13,19 @@ import pytest
 
 
 def in_process_cluster(*, num_cpus: int, object_store_mb: int) -> Iterator[Any]:
-    """Yields the ``ray`` module with a local cluster up; shuts it down afterwards if it started
-    it. Workers inherit this process's environment (PYTHONPATH included), so actors import this
-    checkout's polyrl."""
+    """Yields the ``ray`` module with a fresh local cluster up; shuts it down afterwards. Workers
+    inherit this process's environment (PYTHONPATH included), so actors import this checkout's
+    polyrl."""
     ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 1024 * 1024,
-                 log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1")
-    yield ray
-    if started:
+    # A cluster left connected by an earlier test has another size and maybe placement groups
+    # holding its CPUs: never reuse it, start this module's own.
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 1024 * 1024,
+             log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1")
+    try:
+        yield ray
+    finally:
         ray.shutdown()
 
 

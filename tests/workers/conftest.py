@@ -1,7 +1,7 @@
-"""A local Ray cluster shared by the rollout-worker and remote-reward tests of this folder.
+"""A local Ray cluster shared by the rollout-worker and remote-reward tests of a module.
 
-Package scope: it starts with the first test that asks for it and shuts down when this folder's
-tests are done, so tests elsewhere that start their own Ray (tests/launch) never meet it.
+Module scope, not package scope: these folders have no ``__init__.py``, so a "package" cluster
+lived to the end of the session and other folders' tests met it (see tests/roles/conftest.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from tests.ray_support import in_process_cluster
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def ray_cluster():
     # 4 logical CPUs on this 2-core machine: two workers of 1 CPU each, the driver's test and a
     # reward actor fit; nothing runs at once but the step being tested.
