@@ -84,12 +84,14 @@ class RolloutEngine(ABC):
         """:meth:`sync_weights`, then record the weights' policy version (default: one more than
         now), which every later completion carries. Returns the version."""
         self.sync_weights(named_tensors)
-        self.policy_version = self.policy_version + 1 if version is None else int(version)
-        return self.policy_version
+        return self._record_version(version)
 
     def update_adapter(self, folder: str, version: int | None = None) -> int:
         """:meth:`sync_adapter`, then record the policy version as :meth:`update_weights` does."""
         self.sync_adapter(folder)
+        return self._record_version(version)
+
+    def _record_version(self, version: int | None) -> int:
         self.policy_version = self.policy_version + 1 if version is None else int(version)
         return self.policy_version
 

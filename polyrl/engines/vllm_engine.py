@@ -73,23 +73,24 @@ def _reload_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]], re
     install_weight_sync_filter()  # in the worker's process: drops the rotary-cache warning, escalates real misses
     inner = getattr(worker, "worker", None) or worker
     runner = inner.model_runner
-    with expected_misses(_layers_not_loaded_by_name(runner.get_model(), refresh_output_head)):
+    model = runner.get_model()
+    # One walk finds the tied heads: they are both expected to miss and refreshed after the reload.
+    tied_heads = _tied_heads(model) if refresh_output_head else []
+    with expected_misses(_computed_buffer_layers(model) | {type(head).__name__ for head in tied_heads}):
         runner.reload_weights(weights_iterator=iter(weights))
-    if refresh_output_head:
-        _refresh_vocab_layers(runner.get_model())
+    _refresh_heads(tied_heads)
     return len(weights)
 
-def _layers_not_loaded_by_name(model: torch.nn.Module, refresh_output_head: bool) -> set[str]:
+
+def _computed_buffer_layers(model: torch.nn.Module) -> set[str]:
     """Class names of the layers a reload cannot reach by name and need not: those whose only own
-    tensors are non-persistent buffers computed from the config (Gemma 3's ``normalizer``), and the
-    tied output heads when :func:`_refresh_vocab_layers` rebuilds them after the reload."""
+    tensors are non-persistent buffers computed from the config (Gemma 3's ``normalizer``). (The
+    tied output heads are the other such layers; :func:`_refresh_heads` rebuilds them.)"""
     names = set()
     for module in model.modules():
         own_buffers = [name for name, _ in module.named_buffers(recurse=False)]
         if own_buffers and not list(module.parameters(recurse=False)) and set(own_buffers) <= module._non_persistent_buffers_set:
             names.add(type(module).__name__)
-    if refresh_output_head and _tied_heads(model):
-        names.update(type(head).__name__ for head in _tied_heads(model))
     return names
 
 
@@ -120,14 +121,20 @@ def _refresh_vocab_layers(model: torch.nn.Module) -> int:
     see the new values. Re-processing rebuilds it from the current shared weight in every
     case. A no-op off CPU (CUDA heads read ``layer.weight`` directly).
     """
+    return _refresh_heads(_tied_heads(model))
+
+
+def _refresh_heads(heads: list[torch.nn.Module]) -> int:
+    """Re-run the post-load processing of ``heads`` (tied output heads); returns how many."""
     refreshed = 0
     with torch.no_grad():
-        for head in _tied_heads(model):
+        for head in heads:
             method = getattr(head, "quant_method", None)
             if method is not None:
                 method.process_weights_after_loading(head)
                 refreshed += 1
     return refreshed
+
 
 class VLLMRolloutEngine(RolloutEngine):
     """``vllm.LLM`` in-process, prompts passed as token ids, one request per prompt with ``n`` samples."""
