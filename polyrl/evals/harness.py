@@ -208,6 +208,9 @@ class SuiteRunner:
         if self.suite.metrics.length:
             lengths = [len(c.completion_ids) for c in completions]
             out.update({f"length/{k}": v for k, v in stats.length_stats(lengths, [c.truncated for c in completions]).items()})
+            if data.accuracy is not None:  # length/correct_mean, length/wrong_mean
+                correct = [row["correct"] for row in rows]
+                out.update({f"length/{k}": v for k, v in stats.length_by_correctness(lengths, correct).items()})
         if self.rewards is not None:
             result = self.rewards.score(batch)  # raises RewardModuleError naming the module
             out.update(result.metrics())

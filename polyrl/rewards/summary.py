@@ -51,3 +51,21 @@ def length_stats(lengths: Sequence[int], truncated: Sequence[bool]) -> dict[str,
         "max": float(values.max()),
         "truncated_share": float(np.mean(np.asarray(truncated, dtype=np.float64))),
     }
+
+
+def length_by_correctness(lengths: Sequence[int], values: Sequence[float | None]) -> dict[str, float]:
+    """Mean completion length of the right and of the wrong samples (``correct_mean``,
+    ``wrong_mean``), right as :func:`is_correct` says; unscored samples (``None``) count in
+    neither. A side with no sample is left out rather than logged as 0 (which would read as
+    "answers got empty"). Dr.GRPO's length claim (Liu et al., arXiv 2503.20783 §3) is about the
+    wrong answers: GRPO's per-sequence normalisation lets them grow."""
+    if len(lengths) != len(values):
+        raise ValueError(f"{len(lengths)} lengths for {len(values)} accuracy scores")
+    right = [n for n, v in zip(lengths, values) if v is not None and is_correct(v)]
+    wrong = [n for n, v in zip(lengths, values) if v is not None and not is_correct(v)]
+    out = {}
+    if right:
+        out["correct_mean"] = math.fsum(right) / len(right)
+    if wrong:
+        out["wrong_mean"] = math.fsum(wrong) / len(wrong)
+    return out

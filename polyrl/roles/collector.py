@@ -22,7 +22,7 @@ from polyrl.algos.dapo_data import dapo_dynamic_sampling_keep
 from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.models.cache import torch_threads
 from polyrl.rewards import RewardBatch, RewardResult
-from polyrl.rewards.summary import accuracy_share
+from polyrl.rewards.summary import accuracy_share, length_by_correctness
 from polyrl.roles.batches import Rollout, Scores, length_metrics
 
 __all__ = ["CollectSettings", "Collected", "RolloutCollector", "informative_groups"]
@@ -145,6 +145,14 @@ class RolloutCollector:
             metrics["train/accuracy"] = accuracy_share(per_module[self.settings.accuracy_label])
         return metrics
 
+    def length_by_correctness(self, completions: list[Any], per_module: dict[str, list[float | None]]) -> dict[str, float]:
+        """``rollout/response_length/{correct,wrong}_mean``, right as ``train/accuracy`` counts it."""
+        if self.settings.accuracy_label is None:
+            return {}
+        lengths = [len(c.completion_ids) for c in completions]
+        split = length_by_correctness(lengths, per_module[self.settings.accuracy_label])
+        return {f"rollout/response_length/{k}": v for k, v in split.items()}
+
     def collect(self, step: int) -> Collected:
         """Generate and score; with dynamic sampling, refill until the batch is full.
 
@@ -171,6 +179,7 @@ class RolloutCollector:
             rollout = timed("generate", lambda: self.generate(step))
             scores = timed("score", lambda: self.score(rollout))
             scores.metrics.update(length_metrics(rollout.completions, "rollout"))
+            scores.metrics.update(self.length_by_correctness(rollout.completions, scores.per_module))
             scores.metrics.update(self.version_metrics(rollout.completions))
             return Collected(rollout, scores, seconds)
         wanted = s.prompts_per_step
@@ -196,6 +205,7 @@ class RolloutCollector:
         per_module = {label: [v for s_ in generated for v in s_.per_module[label]] for label in generated[0].per_module}
         metrics = self.reward_metrics(totals, per_module)
         metrics.update(length_metrics(generated_completions, "rollout"))  # every generated sample, as the reward metrics
+        metrics.update(self.length_by_correctness(generated_completions, per_module))
         metrics.update(self.version_metrics(generated_completions))
         metrics.update({
             "rollout/dynamic_sampling_rounds": float(rounds),

@@ -201,6 +201,20 @@ def test_train_accuracy_comes_from_the_reward_the_yaml_names(tmp_path, tiny_expe
             pass
 
 
+def test_rollout_lengths_are_also_logged_for_the_right_and_the_wrong_samples(tmp_path, tiny_experiment):
+    # The verifier is the length reward (len/100 > 0 is "right"): "" is wrong, the rest right.
+    # One token per character: right "abc", "a", "abcdefgh" → (3 + 1 + 8) / 3 = 4.0; wrong: "", "" → 0.0.
+    rewards = [{"module": "length", "name": "verifier", "params": {"unit": "chars"}}]
+    config = tiny_experiment(rewards=rewards, tracking={"accuracy_reward": "verifier"},
+                             rollout={"prompts_per_step": 2, "samples_per_prompt": 3})
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_policy_path(make_config(config).model)))
+    with built(tmp_path, config, engine=ScriptedEngine(tokenizer, [[["abc", "", "a"], ["", "abcdefgh", ""]]])) as arm:
+        metrics = arm.collector.collect(1).scores.metrics
+    assert metrics["train/accuracy"] == 0.5
+    assert metrics["rollout/response_length/correct_mean"] == pytest.approx(4.0)
+    assert metrics["rollout/response_length/wrong_mean"] == 0.0
+
+
 def test_accuracy_is_the_share_of_scored_samples_above_zero():
     # 1 and 2 count, 0 and -1 do not, None is left out: 2 of 4.
     assert accuracy_share([1.0, 0.0, None, 2.0, -1.0]) == 0.5
