@@ -20,12 +20,14 @@ CURVES: tuple[tuple[str, str], ...] = (
     ("reward/mean", "reward"),
     ("train/accuracy", "train accuracy"),
     ("rollout/response_length/mean", "mean response length (tokens)"),
+    ("rollout/response_length/wrong_mean", "mean length of the wrong answers (tokens)"),
     ("actor/entropy", "entropy (nats/token)"),
 )
 TABLE_METRICS: tuple[str, ...] = (
     "reward/mean",
     "train/accuracy",
     "rollout/response_length/mean",
+    "rollout/response_length/wrong_mean",
     "rollout/response_length/clipped_ratio",
     "actor/entropy",
     "actor/approx_kl",
@@ -52,7 +54,7 @@ def metric_histories(client: MlflowClient, run_id: str, keys: list[str]) -> dict
 # Eval metrics worth a curve and a column; the rest stay in MLflow. Besides these, each reward
 # module's own held-out mean (eval/<suite>/reward/<label>/mean): an experiment's headline is
 # often one named reward (the drawing task's per-cell score), not the weighted total.
-EVAL_HEADLINE_SUFFIXES = ("/accuracy", "/length/mean", "/reward/mean", "/coco/CIDEr", "/cider_fast")
+EVAL_HEADLINE_SUFFIXES = ("/accuracy", "/length/mean", "/length/wrong_mean", "/reward/mean", "/coco/CIDEr", "/cider_fast")
 EVAL_REWARD_MEAN = re.compile(r"^eval/[^/]+/reward/[^/]+/mean$")
 
 
@@ -66,7 +68,7 @@ def eval_metric_keys(client: MlflowClient, run_ids: list[str]) -> list[str]:
 
 def is_eval_score(key: str) -> bool:
     """Eval metrics compared between arms (differences with intervals): the scores, not lengths."""
-    return key.startswith("eval/") and not key.endswith("/length/mean")
+    return key.startswith("eval/") and "/length/" not in key
 
 
 # After the held-out scores and lengths: what a researcher comparing objectives reads.

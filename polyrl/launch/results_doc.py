@@ -99,6 +99,21 @@ def headline_table(headline: dict[str, float], arms: list[str], keys: list[str],
     return "\n".join(lines)
 
 
+def change_table(headline: dict[str, float], arms: list[str], keys: list[str]) -> str | None:
+    """| metric | arm | last − first [CI] |: each arm's change of the held-out metrics over training
+    (``<arm>/<key>/change/…`` of the headline, paired within each seed); ``None`` when there is none."""
+    rows = []
+    for key in keys:
+        for arm in arms:
+            parts = [headline.get(f"{metric_name(arm)}/{key}/change/{part}") for part in ("estimate", "ci_low", "ci_high")]
+            if parts[0] is not None:
+                rises = parts[1] is not None and (parts[1] > 0 or parts[2] < 0)
+                rows.append(f"| {key} | {arm} | {figure(*parts)} | {'excludes 0' if rises else 'contains 0'} |")
+    if not rows:
+        return None
+    return "\n".join([f"| metric | arm | last − first [{CONFIDENCE:.0%} CI, paired by seed] | interval |", "|---|---|---|---|", *rows])
+
+
 def differences_table(rows: list) -> str:
     lines = [f"| metric | difference | estimate | {CONFIDENCE:.0%} CI | Holm-adjusted p | verdict |", "|---|---|---|---|---|---|"]
     for key, first, second, difference, adjusted, said in rows:
@@ -208,6 +223,9 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
         "",
         headline_table(comparison.headline or {}, list(comparison.arms), keys, seeds),
         "",
+        *(["### Change over training (held-out: each seed's last value minus its step-0 value)", "", changes, ""]
+          if (changes := change_table(comparison.headline or {}, list(comparison.arms), [k for k in keys if k.startswith("eval/")]))
+          else []),
         *(["### Differences", "", differences_table(rows), ""] if rows else []),
         "### Curves",
         "",

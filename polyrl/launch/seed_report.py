@@ -23,7 +23,8 @@ from polyrl.launch.report_metrics import (CURVES, TABLE_METRICS, eval_metric_key
 from polyrl.launch.stats import CONFIDENCE, Difference, arm_difference, curve_band, holm_adjusted, interquartile_mean, mean_interval, verdict
 
 # Metrics whose difference between arms gets a verdict (plus each eval accuracy).
-PAIRWISE_METRICS: tuple[str, ...] = ("train/accuracy", "reward/mean", "rollout/response_length/mean", "actor/entropy")
+PAIRWISE_METRICS: tuple[str, ...] = ("train/accuracy", "reward/mean", "rollout/response_length/mean", "rollout/response_length/wrong_mean",
+                                     "actor/entropy")
 # Logged at every training step (the loop's timing), so its last step is how far a seed run got.
 STEP_CLOCK = "perf/step_s"
 
@@ -81,6 +82,47 @@ def final_table(histories: SeedHistories, columns: list[str], seed_counts: dict[
     return "\n".join(lines)
 
 
+def change_rows(histories: SeedHistories, keys: list[str]) -> list[tuple[str, str, Difference, float, str]]:
+    """(metric, arm, last − first value with its interval, Holm-adjusted p, verdict) per arm and
+    held-out metric: did the arm move it over training? Each seed's first value is the starting
+    policy (the periodic eval runs at step 0), so the change is paired within the seed; Holm's
+    adjustment runs over these rows (a family of its own, apart from the arm differences)."""
+    found: list[tuple[str, str, Difference]] = []
+    for key in keys:
+        for arm, by_seed in histories.items():
+            runs = {seed: points for seed, points in by_key_seeds(by_seed, key).items() if len(points) >= 2}
+            if runs:
+                found.append((key, arm, arm_difference({s: p[-1][1] for s, p in runs.items()}, {s: p[0][1] for s, p in runs.items()})))
+    adjusted = holm_adjusted([difference.p_value for *_, difference in found])
+    return [(key, arm, difference, p, _change_said(difference, p)) for (key, arm, difference), p in zip(found, adjusted)]
+
+
+def by_key_seeds(by_key: dict[str, dict[int, list[tuple[int, float]]]], key: str) -> dict[int, list[tuple[int, float]]]:
+    return {seed: points for seed, points in by_key.get(key, {}).items() if points}
+
+
+def _change_said(difference: Difference, adjusted_p: float) -> str:
+    interval = difference.interval
+    if interval.low != interval.low:
+        return "one seed: no interval"
+    if interval.contains(0.0):
+        return "no change distinguishable from seed noise (the interval contains 0)"
+    direction = "rose" if interval.estimate > 0 else "fell"
+    held = adjusted_p < 0.05
+    return f"{direction} (the interval excludes 0{'' if held else '; not after Holm correction'})"
+
+
+def change_table(rows: list[tuple[str, str, Difference, float, str]]) -> str:
+    lines = [f"| metric | arm | seeds | last − first | {CONFIDENCE:.0%} CI (paired by seed) | Holm-adjusted p | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for key, arm, difference, adjusted, said in rows:
+        interval = difference.interval
+        shown = "–" if interval.low != interval.low else f"[{interval.low:.3g}, {interval.high:.3g}]"
+        p = "–" if adjusted != adjusted else f"{adjusted:.2g}"
+        lines.append(f"| {key} | {arm} | {interval.n} | {interval.estimate:.3g} | {shown} | {p} | {said} |")
+    return "\n".join(lines)
+
+
 def pairwise_rows(histories: SeedHistories, keys: list[str]) -> list[tuple[str, str, str, Difference, float, str]]:
     """(metric, arm a, arm b, a − b with its interval, Holm-adjusted p, verdict) for each pair of
     arms and each metric; Holm's adjustment runs over all these rows together."""
@@ -126,12 +168,13 @@ def metric_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-. /]+", "_", text)
 
 
-def headline_metrics(histories: SeedHistories, keys: list[str], rows: list[tuple[str, str, str, Difference, float, str]]
-                     ) -> dict[str, float]:
+def headline_metrics(histories: SeedHistories, keys: list[str], rows: list[tuple[str, str, str, Difference, float, str]],
+                     changes: list[tuple[str, str, Difference, float, str]] = ()) -> dict[str, float]:
     """The comparison's headline figures as metrics of the parent run, so the runs table shows
     and sorts by them: per arm and key the mean over seeds of the final values with its 95%
     interval (``<arm>/<key>/final``, ``/ci_low``, ``/ci_high``), and per compared pair the
-    difference (``diff/<a>_minus_<b>/<key>/estimate``, ``/ci_low``, ``/ci_high``). Bounds that
+    difference (``diff/<a>_minus_<b>/<key>/estimate``, ``/ci_low``, ``/ci_high``), and per arm
+    and held-out metric the change over training (``<arm>/<key>/change/estimate``, …). Bounds that
     are undefined (one seed) are left out, not logged as NaN."""
     out: dict[str, float] = {}
 
@@ -146,6 +189,8 @@ def headline_metrics(histories: SeedHistories, keys: list[str], rows: list[tuple
                 put(f"{metric_name(arm)}/{key}", mean_interval(list(values.values())), "final")
     for key, first, second, difference, _, _ in rows:
         put(f"diff/{metric_name(first)}_minus_{metric_name(second)}/{key}", difference.interval, "estimate")
+    for key, arm, difference, _, _ in changes:  # <arm>/<key>/change/{estimate,ci_low,ci_high}
+        put(f"{metric_name(arm)}/{key}/change", difference.interval, "estimate")
     return out
 
 
@@ -194,8 +239,11 @@ def seeded_report(client: MlflowClient, experiment: str, parent_run_id: str, tra
                if any(any(h.values()) for h in (by_key.get(key, {}) for by_key in histories.values()))]
     counts = {arm: len(by_seed) for arm, by_seed in seed_runs.items()}
     table = final_table(histories, columns, counts)
-    pair_keys = [key for key in (*PAIRWISE_METRICS, *[k for k in eval_keys if is_eval_score(k)]) if key in columns]
+    # Held-out scores, and the held-out length of the wrong answers (Dr.GRPO's length claim).
+    pair_keys = [key for key in (*PAIRWISE_METRICS, *[k for k in eval_keys if is_eval_score(k) or k.endswith("/length/wrong_mean")])
+                 if key in columns]
     rows = pairwise_rows(histories, pair_keys)
+    changes = change_rows(histories, [key for key in eval_keys if key in columns])
     seeds_line = " · ".join(f"{arm}: seeds {', '.join(map(str, sorted(by_seed))) or 'none finished'}" for arm, by_seed in seed_runs.items())
     left_out_lines = ["## Seed runs left out (not finished: not in the curves, the table or the differences)", "",
                       *[f"- {line}" for line in left_out], ""] if left_out else []
@@ -217,6 +265,8 @@ def seeded_report(client: MlflowClient, experiment: str, parent_run_id: str, tra
         "A difference whose interval contains 0 is not distinguishable from seed noise at this number of seeds: "
         "more seeds narrow the interval, roughly as 1/√n.",
         "",
+        *([f"## Change over training (held-out metrics: each seed's last value minus its first, the starting policy's)", "",
+           change_table(changes), ""] if changes else []),
         "## Curves (mean over seeds, shaded 95% CI)",
         "",
         *[f"![{p.stem}]({p.name})" for p in plot_paths],
@@ -226,4 +276,5 @@ def seeded_report(client: MlflowClient, experiment: str, parent_run_id: str, tra
                             if any(runs.values())}
                       for arm, by_key in histories.items()}
     keys = [key for key in headline_keys(eval_keys) if key in columns]
-    return report, table, plot_paths, mean_histories, rows, headline_metrics(histories, keys, [row for row in rows if row[0] in keys])
+    return report, table, plot_paths, mean_histories, rows, headline_metrics(histories, keys, [row for row in rows if row[0] in keys],
+                                                                             [row for row in changes if row[0] in keys])

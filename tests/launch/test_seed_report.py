@@ -62,3 +62,37 @@ def test_seed_run_problems_in_words():
     assert seed_run_problem("FAILED", 12, 100) == "FAILED, stopped at step 12 of 100"
     assert seed_run_problem("RUNNING", None, 100) == "RUNNING, no step logged"
     assert seed_run_problem("FINISHED", 12, 100) == "stopped at step 12 of 100"
+
+
+def test_each_arm_gets_its_change_over_training_paired_within_the_seed(tmp_path, mlflow_uri):
+    # Held-out accuracy at step 0 (the starting policy) and at the last step, per seed.
+    # grpo: 0.2→0.5, 0.3→0.5, 0.25→0.6: changes [0.3, 0.2, 0.35], mean 0.28333, sd 0.076376,
+    # se 0.076376/√3 = 0.044096, t(0.975, 2) = 4.3027 → half-width 0.18973: [0.0936, 0.473];
+    # t = 6.425, two-sided p = 0.0234. dr_grpo: changes [0.1, −0.1, 0.0], mean 0: p = 1.
+    # Holm over the 2 rows: 0.0234 × 2 = 0.047 (rose), max(0.047, 1 × 1) = 1.
+    starts, ends = {0: 0.2, 1: 0.3, 2: 0.25}, {"grpo": {0: 0.5, 1: 0.5, 2: 0.6}, "dr_grpo": {0: 0.3, 1: 0.2, 2: 0.25}}
+    tracker = ExperimentTracker(mlflow_uri, "rise")
+    parent = tracker.start_parent("rise")
+    for arm, by_seed in ends.items():
+        arm_run = tracker.start_arm(parent.run_id, arm)
+        for seed, end in by_seed.items():
+            run = tracker.start_arm(arm_run.run_id, arm, seed=seed)
+            run.log_params({"train.steps": STEPS})
+            run.log_step(0, {"eval/x/accuracy": starts[seed]})
+            for step in range(1, STEPS + 1):
+                run.log_step(step, {"reward/mean": 0.0, "perf/step_s": 0.1, **({"eval/x/accuracy": end} if step == STEPS else {})})
+            run.finish()
+        arm_run.finish()
+    parent.finish()
+    comparison = compare_experiment("rise", tracking_uri=mlflow_uri, out_dir=tmp_path / "r", log_to_mlflow=False)
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "| eval/x/accuracy | grpo | 3 | 0.283 | [0.0936, 0.473] | 0.047 | rose (the interval excludes 0) |" in report
+    assert "| eval/x/accuracy | dr_grpo | 3 | 0 | " in report and "no change distinguishable from seed noise" in report
+    assert abs(comparison.headline["grpo/eval/x/accuracy/change/estimate"] - 0.28333) < 1e-4
+    assert abs(comparison.headline["grpo/eval/x/accuracy/change/ci_low"] - 0.0936) < 1e-3
+    # The results document carries the same change, from the headline metrics.
+    from polyrl.launch.results_doc import write_results
+
+    document = write_results(tmp_path / "results.md", MlflowClient(mlflow_uri), comparison).read_text()
+    assert "| eval/x/accuracy | grpo | 0.283 [0.0936, 0.473] | excludes 0 |" in document
+    assert "| eval/x/accuracy | dr_grpo | 0 [" in document and "| contains 0 |" in document

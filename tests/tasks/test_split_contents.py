@@ -11,14 +11,36 @@ import datasets
 import numpy as np
 import pytest
 
-from polyrl.tasks import arithmetic, drawing, scenes
+from polyrl.tasks import arithmetic, drawing, scenes, word_problems
 
 
-@pytest.mark.parametrize("task", [arithmetic, drawing], ids=["arithmetic", "drawing"])
+@pytest.mark.parametrize("task", [arithmetic, drawing, word_problems], ids=["arithmetic", "drawing", "word_problems"])
 def test_text_tasks_share_no_prompt_between_train_and_test(task):
     train = {row["prompt"] for row in task.SHIPPED.read("train")}
     test = {row["prompt"] for row in task.SHIPPED.read("test")}
     assert train and test and not train & test
+
+
+def test_word_problems_share_no_computation_between_train_and_test():
+    # The same kind and numbers under another name or object is the same problem: held out means
+    # no test skeleton is a train skeleton, and the shipped files are what the generator makes.
+    rows = {split: word_problems.SHIPPED.read(split) for split in ("train", "test")}
+    train, test = ({row["skeleton"] for row in rows[split]} for split in ("train", "test"))
+    assert len(train) == 2000 and len(test) == 200 and not train & test
+    assert rows["test"] == word_problems.make_word_problem_rows(200, seed=word_problems.SHIPPED_SEED, split="test")
+    # Every kind is in both splits, and every stored answer is its worked solution's last number.
+    assert {r["kind"] for r in rows["test"]} == {k.name for k in word_problems.KINDS} == {r["kind"] for r in rows["train"]}
+    assert all(r["solution"].endswith(f"Answer: {r['answer']}") for r in rows["train"] + rows["test"])
+
+
+def test_a_word_problem_is_computed_as_its_text_says():
+    kinds = {k.name: k for k in word_problems.KINDS}
+    # 14 + 9 − 6 = 17; 20 − 5 + 3 = 18; 3 × 4 − 2 = 10; 22 + 12 + 16 = 50; 7 + (7 + 5) = 19.
+    assert kinds["buy_give"].solve(14, 9, 6)[0] == 17
+    assert kinds["give_find"].solve(20, 5, 3)[0] == 18
+    assert kinds["bags"].solve(3, 4, 2) == (10, "3 x 4 = 12. 12 - 2 = 10.")
+    assert kinds["three_adds"].solve(22, 12, 16)[0] == 50
+    assert kinds["more_than"].solve(7, 5, 0)[0] == 19
 
 
 def _pixels(path) -> list[bytes]:
