@@ -31,8 +31,10 @@ TABLE_METRICS: tuple[str, ...] = (
     "rollout/response_length/clipped_ratio",
     "actor/entropy",
     "actor/approx_kl",
+    "actor/clip_frac_low",
     "actor/clip_frac_high",
     "actor/pos_loss_share",
+    "actor/positive_share",
     # BAPO's adaptive clip bounds and the positive tokens' share of the loss (absent for other arms: no column)
     "bapo/c_low",
     "bapo/c_high",

@@ -91,6 +91,29 @@ def test_ppo_by_hand():
     assert "kl" not in metrics and "entropy" not in metrics
 
 
+def test_positive_share_is_bapos_balance_at_the_objectives_own_bounds():
+    # |r*A| of the tokens the clip keeps (A>0 with r <= high, A<0 with r >= low):
+    #   (0,0) r 1.5 A +1 · (0,1) r 0.5 A -1 · (1,0) r 1.1 A -2 · (1,1) r 0.7 A +2 · (1,2) r 1.0 A +0.5
+    # PPO [0.8, 1.2]: (0,0) 1.5 > 1.2 and (0,1) 0.5 < 0.8 are left out;
+    #   pos = 0.7*2 + 1.0*0.5 = 1.9, neg = 1.1*2 = 2.2 -> 1.9 / 4.1
+    _, _, metrics = _run("ppo")
+    _close(metrics["positive_share"], 1.9 / 4.1)
+    # DAPO's clip-higher at 1.6 keeps (0,0): pos = 1.5 + 1.9 = 3.4 -> 3.4 / 5.6
+    _, _, metrics = _run("dapo", clip_high=0.6)
+    _close(metrics["positive_share"], 3.4 / 5.6)
+    # ... and a lower bound of 0.4 keeps (0,1): neg = 2.2 + 0.5 = 2.7 -> 1.9 / 4.6
+    _, _, metrics = _run("ppo", clip_low=0.6)
+    _close(metrics["positive_share"], 1.9 / 4.6)
+    # BAPO at its start bounds [0.6, 1.2] (no search: bound_search off) agrees with its own metric:
+    # (0,1) 0.5 < 0.6 is left out, as under PPO -> 1.9 / 4.1
+    _, _, metrics = _run("bapo", bound_search=False)
+    _close(metrics["positive_share"], 1.9 / 4.1)
+    _close(metrics["bapo/positive_share"], 1.9 / 4.1)
+    # no token with A != 0: nothing to balance, the metric is left out rather than logged as 0 or 1
+    _, _, metrics = _run("ppo", advantages=[[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert "positive_share" not in metrics
+
+
 def test_quadrant_threshold_is_a_parameter():
     # threshold 0.58: only (0,0) p 0.6 and (1,2) p 0.9 are high-probability, both A>0
     _, _, metrics = _run("ppo", high_prob_threshold=0.58)
@@ -350,6 +373,7 @@ REQUIRED_METRICS = {
     "ratio_max",
     "approx_kl",
     "pos_loss_share",
+    "positive_share",
     "quadrant/high_prob_pos_adv",
     "quadrant/high_prob_neg_adv",
     "quadrant/low_prob_pos_adv",

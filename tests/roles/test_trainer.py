@@ -26,6 +26,7 @@ REQUIRED_METRICS = [
     "actor/clip_frac_high",
     "actor/approx_kl",
     "actor/pos_loss_share",
+    "actor/positive_share",
     "actor/grad_norm",
     "rollout/logprob_gap",
     *[f"perf/{phase}_s" for phase in ("generate", "score", "advantage", "update", "sync", "log")],

@@ -43,7 +43,10 @@ ratio the objective clips (the sequence ratio, per token, for GSPO); ``approx_kl
 ``(r - 1) - log r``, the k3 estimate of KL(pi_old || pi_theta), unbiased under the pi_old
 samples the update trains on; ``entropy`` when given; ``kl`` when ``ref_logprobs`` is given;
 ``pos_loss_share`` — share of the aggregation-weighted |policy loss| mass carried by A>0 tokens
-among A≠0 tokens (0 when there is no such mass); and the four token quadrants of seed ``000``
+among A≠0 tokens (0 when there is no such mass); ``positive_share`` — BAPO's balance at the
+objective's own bounds, ``pos / (pos + neg)`` of ``|r*A|`` over the tokens the clip keeps (A>0
+with r at most the upper bound, A<0 with r at least the lower one; absent when none contributes),
+so an arm without BAPO's search reports the share BAPO would steer; and the four token quadrants of seed ``000``
 §3.2, ``quadrant/{high,low}_prob_{pos,neg}_adv`` — shares of response tokens with A≠0, where
 "high prob" means ``logprobs >= log(high_prob_threshold)``.
 

@@ -16,10 +16,11 @@ import torch
 from pydantic import model_validator
 from torch import Tensor
 
-from polyrl.algos.losses import masked_mean, zero_masked
+from polyrl.algos.losses import masked_mean
 from polyrl.algos.objectives.common import (
     ObjectiveInputs,
     clipped_surrogate_per_token,
+    kept_contributions,
     token_ratio,
     zero_masked_inputs,
 )
@@ -85,14 +86,7 @@ def bapo_positive_share(ratio: Tensor, advantages: Tensor, mask: Tensor, *, c_lo
     balance, so the search stops). The authors' verl recipe instead counts every token with
     the ratio clamped to the bound (``min(r, c_high)*A`` / ``max(r, c_low)*A``).
     """
-    mask = mask.bool()
-    ratio = zero_masked(ratio.detach(), mask)
-    advantages = zero_masked(advantages.detach(), mask)
-    kept_positive = mask & (advantages > 0) & (ratio <= c_high)
-    kept_negative = mask & (advantages < 0) & (ratio >= c_low)
-    contribution = (ratio * advantages).abs()
-    positive = float(zero_masked(contribution, kept_positive).sum())
-    negative = float(zero_masked(contribution, kept_negative).sum())
+    positive, negative = kept_contributions(ratio, advantages, mask, low_bound=c_low, high_bound=c_high)
     if negative <= 0.0:
         return 1.0
     return positive / (positive + negative)

@@ -74,6 +74,22 @@ def approx_kl_old_to_new(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
 
 
 @torch.no_grad()
+def kept_contributions(ratio: Tensor, advantages: Tensor, mask: Tensor, *, low_bound: float, high_bound: float
+                       ) -> tuple[float, float]:
+    """``(pos, neg)``: the summed ``|r*A|`` of the tokens whose surrogate term the clip keeps,
+    A>0 with ``r <= high_bound`` and A<0 with ``r >= low_bound`` (for those the clipped
+    surrogate is ``r*A``); the tokens the clip zeroes are left out. BAPO (arXiv 2510.18927)
+    balances these two sums; every objective reports their share (``positive_share``)."""
+    mask = mask.bool()
+    ratio = zero_masked(ratio.detach(), mask)
+    advantages = zero_masked(advantages.detach(), mask)
+    contribution = (ratio * advantages).abs()
+    positive = float(zero_masked(contribution, mask & (advantages > 0) & (ratio <= high_bound)).sum())
+    negative = float(zero_masked(contribution, mask & (advantages < 0) & (ratio >= low_bound)).sum())
+    return positive, negative
+
+
+@torch.no_grad()
 def policy_metrics(
     *,
     logprobs: Tensor,
@@ -110,6 +126,11 @@ def policy_metrics(
     signed_mass = zero_masked(loss_mass, mask & (positive | negative)).sum()
     positive_mass = zero_masked(loss_mass, mask & positive).sum()
     metrics["pos_loss_share"] = float(positive_mass / signed_mass) if signed_mass > 0 else 0.0
+    # BAPO's balance at this objective's own bounds, so an arm without BAPO's search reports the
+    # share BAPO would steer; left out when no token contributes (a mean over steps stays honest).
+    kept_positive, kept_negative = kept_contributions(ratio, advantages, mask, low_bound=low_bound, high_bound=high_bound)
+    if kept_positive + kept_negative > 0:
+        metrics["positive_share"] = kept_positive / (kept_positive + kept_negative)
 
     signed = mask & (positive | negative)
     high_prob = logprobs >= math.log(high_prob_threshold)
