@@ -109,9 +109,13 @@ def test_positive_share_is_bapos_balance_at_the_objectives_own_bounds():
     _, _, metrics = _run("bapo", bound_search=False)
     _close(metrics["positive_share"], 1.9 / 4.1)
     _close(metrics["bapo/positive_share"], 1.9 / 4.1)
-    # no token with A != 0: nothing to balance, the metric is left out rather than logged as 0 or 1
+    # no token with A != 0: nothing to balance, the metric is left out rather than logged as 0 or 1,
+    # and so is BAPO's own (its search stops at the value 1.0 there, which is no measured balance)
     _, _, metrics = _run("ppo", advantages=[[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     assert "positive_share" not in metrics
+    _, _, metrics = _run("bapo", advantages=[[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert "positive_share" not in metrics and "bapo/positive_share" not in metrics
+    assert (metrics["bapo/c_low"], metrics["bapo/c_high"]) == (0.6, 1.2)  # still logged: the search stopped at once
 
 
 def test_quadrant_threshold_is_a_parameter():

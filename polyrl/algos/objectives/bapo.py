@@ -183,7 +183,9 @@ def bapo_prepare(
 ) -> dict[str, Any]:
     """BAPO's batch-level choices over a whole mini-batch [B, T] (no gradient).
 
-    Returns ``{"clip_bounds": (c_low, c_high), "positive_share": float, "search_steps": int}``
+    Returns ``{"clip_bounds": (c_low, c_high), "positive_share": float, "search_steps": int,
+    "share_measured": bool}`` (``share_measured``: some token contributes at the chosen bounds, so
+    the share is a measured balance rather than the search's stopping value 1.0)
     plus ``"clip_eps"`` with ``entropy_adaptive_clip``: the entropy-adaptive start bounds use the
     mini-batch's mean entropy, the search (or the fixed start bounds) the mini-batch's ratios,
     and ``positive_share`` (at the chosen bounds) feeds the sigmoid positive weight. Pass the
@@ -218,7 +220,9 @@ def bapo_prepare(
     else:
         c_low, c_high, steps = c_low_start, c_high_start, 0
         positive_share = bapo_positive_share(ratio, advantages, mask, c_low=c_low, c_high=c_high)
-    state.update(clip_bounds=(c_low, c_high), positive_share=positive_share, search_steps=steps)
+    kept_positive, kept_negative = kept_contributions(ratio, advantages, mask, low_bound=c_low, high_bound=c_high)
+    state.update(clip_bounds=(c_low, c_high), positive_share=positive_share, search_steps=steps,
+                 share_measured=kept_positive + kept_negative > 0)
     return state
 
 
@@ -261,6 +265,7 @@ def bapo_loss(
     positive_share: float | None = None,
     search_steps: int | None = None,
     clip_eps: float | None = None,
+    share_measured: bool | None = None,
     **shared: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """BAPO: PPO-clip whose ratio bounds ``[c_low, c_high]`` are searched per mini-batch.
@@ -271,7 +276,7 @@ def bapo_loss(
     ``-min(r*A, clip(r, c_low, c_high)*A)`` (optionally dual-clipped, as the authors' recipe
     does with c=3).
 
-    Batch-level state: ``clip_bounds``, ``positive_share``, ``search_steps`` and ``clip_eps`` are
+    Batch-level state: ``clip_bounds``, ``positive_share``, ``search_steps``, ``share_measured`` and ``clip_eps`` are
     :func:`bapo_prepare`'s output for the whole mini-batch (the trainer passes them to every
     micro-batch). Called alone, without them, the function runs :func:`bapo_prepare` on its own
     inputs. They are not user params. ``bound_search=False`` uses the start bounds as they are.
@@ -294,6 +299,7 @@ def bapo_loss(
         state = bapo_prepare(logprobs, old_logprobs, advantages, mask, entropy=entropy, **own_params)
         clip_bounds, positive_share = state["clip_bounds"], state["positive_share"]
         search_steps, clip_eps = state["search_steps"], state.get("clip_eps")
+        share_measured = state["share_measured"]
     x = ObjectiveInputs.zero_masked(logprobs, old_logprobs, advantages, mask, entropy=entropy,
                                     loss_normalizer=loss_normalizer, aggregation=aggregation, **shared)  # fmt: skip
     ratio, advantages, mask = token_ratio(x.logprobs, x.old_logprobs), x.advantages, x.mask
@@ -320,9 +326,14 @@ def bapo_loss(
         {
             "bapo/c_low": float(c_low),
             "bapo/c_high": float(c_high),
-            "bapo/positive_share": float(positive_share),
             "bapo/search_steps": float(search_steps or 0),
             **extra,
         }
     )
+    # With no kept contribution in the whole mini-batch (every advantage 0: each group all right
+    # or all wrong) the share is the search's stopping value 1.0, not a measured balance; logging
+    # it would pull the share's mean over steps towards 1, so it is left out, as the common
+    # positive_share is. (Decided per mini-batch: a micro-batch of it may hold no contribution.)
+    if share_measured if share_measured is not None else "positive_share" in metrics:
+        metrics["bapo/positive_share"] = float(positive_share)
     return loss, metrics
