@@ -203,8 +203,12 @@ def test_shipped_experiments_validate():
 
     from polyrl.launch.runner import validate_file
 
-    files = sorted(Path(__file__).resolve().parents[2].joinpath("experiments").glob("*.yaml"))
+    # The top level and the claim re-tests (repro/: tiny policy, real/: SmolLM2); evals/ and
+    # snippets/ hold other kinds of files.
+    root = Path(__file__).resolve().parents[2].joinpath("experiments")
+    files = sorted([*root.glob("*.yaml"), *root.glob("repro/*.yaml"), *root.glob("real/*.yaml")])
     assert files, "no shipped experiments"
+    assert {"dapo_clip_higher.yaml", "bapo.yaml"} <= {path.name for path in root.glob("real/*.yaml")}
     for path in files:
         assert validate_file(path), path
 
