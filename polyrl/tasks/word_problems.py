@@ -1,4 +1,4 @@
-"""Two-step arithmetic word problems in chat form, for pretrained chat models.
+"""One- and two-step arithmetic word problems in chat form, for pretrained chat models.
 
 A row is one user question, answered in free-form text whose last number is checked::
 
@@ -12,9 +12,9 @@ own choice: it may reason in a line or in a paragraph, so the response-length cl
 Dr.GRPO (Liu et al., arXiv 2503.20783 §3) have something to act on. The accuracy reward's
 ``auto`` extraction reads ``####``, then ``\\boxed{}``, then the last number of the answer.
 
-Five problem kinds, each two operations on three numbers (``KINDS``): buy-then-give
-(a + b − c), give-then-find (a − b + c), bags (a × b − c), two additions (a + b + c) and
-"more than" (a + (a + b)). A problem's *skeleton* is its kind and its three numbers; names and
+Seven problem kinds (``KINDS``): two of one step, buy (a + b) and give away (a − b), 60% of
+the rows drawn (about 55% of the shipped rows, as repeated one-step skeletons are redrawn); five of two operations on three numbers, buy-then-give (a + b − c), give-then-find
+(a − b + c), bags (a × b − c), two additions (a + b + c) and "more than" (a + (a + b)). A problem's *skeleton* is its kind and its three numbers; names and
 objects are surface. The split is a hash of the skeleton, so no test problem shares its
 computation with any train problem (the same sum with another name is not a new problem).
 
@@ -81,7 +81,27 @@ def _more_than(rng: random.Random) -> tuple[int, int, int]:
     return rng.randint(3, 25), rng.randint(2, 15), 0  # c unused: the second person has a + b
 
 
+def _buy_one(rng: random.Random) -> tuple[int, int, int]:
+    return rng.randint(5, 60), rng.randint(2, 30), 0
+
+
+def _give_one(rng: random.Random) -> tuple[int, int, int]:
+    a = rng.randint(6, 60)
+    return a, rng.randint(1, a - 1), 0
+
+
+# One-step problems (the first two kinds) make most of the task: SmolLM2-135M-Instruct answers
+# 22% of them greedily but 3% of the two-step ones (64 test problems each, measured), and RL
+# needs groups with a right answer to learn from; the two-step kinds leave room above.
+ONE_STEP_KINDS = 2
+ONE_STEP_SHARE = 0.6
 KINDS = (
+    Kind("buy", _buy_one,
+         "{name} has {a} {things}. {pronoun} buys {b} more. How many {things} does {name} have now?",
+         lambda a, b, c: (a + b, f"{a} + {b} = {a + b}.")),
+    Kind("give", _give_one,
+         "{name} has {a} {things}. {pronoun} gives away {b}. How many {things} does {name} have now?",
+         lambda a, b, c: (a - b, f"{a} - {b} = {a - b}.")),
     Kind("buy_give", _buy_give,
          "{name} has {a} {things}. {pronoun} buys {b} more, then gives {c} to a friend. How many {things} does {name} have now?",
          lambda a, b, c: (a + b - c, f"{a} + {b} = {a + b}. {a + b} - {c} = {a + b - c}.")),
@@ -124,7 +144,8 @@ def make_word_problem_rows(n: int, *, seed: int, split: str) -> list[dict[str, A
         attempts += 1
         if attempts > 200 * max(n, 1):
             raise ValueError(f"could not draw {n} distinct {split} word problems")
-        kind = rng.choice(KINDS)
+        one_step = rng.random() < ONE_STEP_SHARE
+        kind = rng.choice(KINDS[:ONE_STEP_KINDS] if one_step else KINDS[ONE_STEP_KINDS:])
         numbers = kind.draw(rng)
         key = skeleton_key(kind.name, numbers)
         if key in seen or problem_split(kind.name, numbers) != split:

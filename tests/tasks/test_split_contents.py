@@ -31,10 +31,13 @@ def test_word_problems_share_no_computation_between_train_and_test():
     # Every kind is in both splits, and every stored answer is its worked solution's last number.
     assert {r["kind"] for r in rows["test"]} == {k.name for k in word_problems.KINDS} == {r["kind"] for r in rows["train"]}
     assert all(r["solution"].endswith(f"Answer: {r['answer']}") for r in rows["train"] + rows["test"])
+    one_step = sum(r["kind"] in ("buy", "give") for r in rows["train"]) / len(rows["train"])
+    assert 0.5 < one_step < 0.65  # ONE_STEP_SHARE = 0.6, less the one-step skeletons drawn twice and redrawn
 
 
 def test_a_word_problem_is_computed_as_its_text_says():
     kinds = {k.name: k for k in word_problems.KINDS}
+    assert kinds["buy"].solve(14, 9, 0) == (23, "14 + 9 = 23.") and kinds["give"].solve(14, 9, 0)[0] == 5
     # 14 + 9 − 6 = 17; 20 − 5 + 3 = 18; 3 × 4 − 2 = 10; 22 + 12 + 16 = 50; 7 + (7 + 5) = 19.
     assert kinds["buy_give"].solve(14, 9, 6)[0] == 17
     assert kinds["give_find"].solve(20, 5, 3)[0] == 18
