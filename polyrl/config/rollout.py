@@ -62,6 +62,11 @@ class RolloutConfig(StrictModel):
         "seeds, so the samples do not depend on N; weights reach every worker after each update.")
     worker_resources: WorkerResourcesConfig | None = Field(
         None, description="each rollout worker's Ray resources and placement (rollout.workers > 1; default: 1 CPU, no GPU)")
+    weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
+        "auto", description="How the learner's weights reach the rollout workers (rollout.workers > 1): 'object_store' "
+        "(Ray's, one host copy per sync), 'broadcast' (a torch.distributed group from the driver's learner to the workers: "
+        "NCCL when the learner and workers are on CUDA, else gloo; polyrl/engines/weight_broadcast.py), 'auto': broadcast "
+        "when both are on CUDA (train.device, rollout.worker_resources.num_gpus), else the object store.")
     max_staleness: int = Field(
         0, ge=0, description="Asynchronous, off-policy training (polyrl/roles/async_loop.py): generation of the next k "
         "batches overlaps the current update, and no sample older than k policy versions trains (generation waits rather "
@@ -88,6 +93,10 @@ class RolloutConfig(StrictModel):
             raise _field_error(("workers",), "{workers} workers for {prompts} prompts per step: a worker would get no prompt; "
                                "allowed: {allowed}", self.workers, workers=str(self.workers), prompts=str(self.prompts_per_step),
                                allowed=f"1 to {self.prompts_per_step} (rollout.prompts_per_step)")
+        if self.weight_sync != "auto" and self.workers == 1:
+            raise _field_error(("weight_sync",), "weight_sync chooses how rollout workers get the weights, but workers is 1 (the "
+                               "in-process engine shares them); allowed here: {allowed}", self.weight_sync,
+                               allowed="auto, or workers > 1")
         if self.threads is not None and self.workers > 1:
             raise _field_error(("threads",), "threads sets this process's torch threads while the in-process engine generates; "
                                "rollout workers run {threads_of_workers}; allowed here: {allowed}", self.threads,

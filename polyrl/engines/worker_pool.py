@@ -9,11 +9,14 @@ worker is an :class:`EngineWorker` actor holding a ``vllm`` or ``hf`` engine, wi
   one); worker k gets slice k with ``first_prompt_index`` set to the slice's start. Engines seed
   each request from its position in the whole batch (engines/base.py, seeding contract), so the
   samples are those one engine would draw, whatever N is.
-* **Weight sync**: :meth:`RolloutWorkerPool.update_weights` puts the learner's tensors into
-  Ray's object store once (``ray.put``) and every worker loads them from there, with the new
-  policy version. The pool keeps that object until the next sync, to bring a restarted worker up
-  to date. On CUDA clusters verl and OpenRLHF broadcast through a torch.distributed group
-  instead; this pool does not (untested here: the machine has no GPU).
+* **Weight sync** (``rollout.weight_sync``): :meth:`RolloutWorkerPool.update_weights` puts the
+  learner's tensors into Ray's object store once (``ray.put``) and every worker loads them from
+  there, with the new policy version. The pool keeps that object until the next sync, to bring
+  a restarted worker up to date. Or, as verl and OpenRLHF do on CUDA clusters, the driver
+  broadcasts them to the workers through a torch.distributed group of its own
+  (:mod:`polyrl.engines.weight_broadcast`; NCCL on CUDA, gloo on CPU): no host copy, so a worker
+  restarted mid-step cannot be brought up to date before the next sync, and the step fails
+  with that said; the group is formed again (restarted workers included) at the next sync.
 * **Versions**: a worker generates only when its weights are the pool's version; otherwise it
   answers with its version, the pool sends it the current weights and asks again. Every
   completion carries its version and the pool refuses (:class:`StaleSamplesError`) a result
@@ -37,6 +40,7 @@ import torch
 from polyrl.core.errors import PolyrlError
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
+from polyrl.engines.weight_broadcast import BroadcastGroup, TensorMeta, tensor_metas
 from polyrl.runtime.ray_cluster import acquire_ray, release_ray
 
 
@@ -60,7 +64,9 @@ class WorkerSpec:
     num_gpus: float = 0.0
     placement_strategy: str = "PACK"  # Ray's: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
     max_restarts: int = 3  # per worker, for the whole run (Ray's actor max_restarts)
-    ready_timeout_s: float = 120.0  # how long the placement group may wait for resources
+    ready_timeout_s: float = 120.0  # how long the placement group may wait for resources (and a broadcast for a worker)
+    weight_sync: str = "object_store"  # or "broadcast" (engines/weight_broadcast.py)
+    broadcast_backend: str = "gloo"  # "nccl" on CUDA
 
     def bundle(self) -> dict[str, float]:
         """One worker's placement-group bundle (Ray refuses zero-valued entries)."""
@@ -82,6 +88,20 @@ class EngineWorker:
 
     def load_weights(self, weights: list[tuple[str, torch.Tensor]], version: int) -> int:
         return self.engine.update_weights(weights, version)
+
+    def join_broadcast(self, address: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+        """Join the driver's weight-broadcast group (leaving a previous one)."""
+        self.leave_broadcast()
+        self.broadcast = BroadcastGroup.join(address, port, rank, world_size, backend, timeout_s)
+
+    def receive_weights(self, metas: list[TensorMeta], version: int) -> int:
+        """Take part in the driver's broadcast of ``metas`` and load what arrives as ``version``."""
+        return self.engine.update_weights(self.broadcast.receive(metas), version)
+
+    def leave_broadcast(self) -> None:
+        if getattr(self, "broadcast", None) is not None:
+            self.broadcast.close()
+            self.broadcast = None
 
     def generate(self, prompts: list[PromptSample], settings: SamplingSettings, version: int) -> tuple[int, list[list[Completion]] | None]:
         """``(version, groups)``; ``(its own version, None)`` without generating when its weights
@@ -121,7 +141,9 @@ class RolloutWorkerPool(RolloutEngine):
         self.workers: list[Any] = []
         self.placement: Any = None
         self._weights: Any = None  # the object-store copy of the current version's weights
-        self.restarts = self.resyncs = self.missed_syncs = 0
+        self._group: BroadcastGroup | None = None  # rollout.weight_sync: broadcast
+        self._group_pids: list[int] = []  # the worker processes in it
+        self.restarts = self.resyncs = self.missed_syncs = self.broadcasts = 0
         try:
             if tokenizer is None:
                 from transformers import AutoTokenizer
@@ -163,6 +185,8 @@ class RolloutWorkerPool(RolloutEngine):
         """
         ray = self.ray
         version = self.policy_version + 1 if version is None else int(version)
+        if self.spec.weight_sync == "broadcast":
+            return self._broadcast_weights(list(named_tensors), version)
         weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in named_tensors]
         self._weights = ray.put(weights)
         self.policy_version = version
@@ -177,34 +201,78 @@ class RolloutWorkerPool(RolloutEngine):
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.update_weights(named_tensors)
 
+    def _broadcast_weights(self, weights: list[tuple[str, torch.Tensor]], version: int) -> int:
+        """Every worker receives ``weights`` by one broadcast per tensor from this process (rank 0)."""
+        ray = self.ray
+        self._weights = None  # no host copy is kept (see the module's docstring)
+        self.policy_version = version
+        try:
+            self._form_group()
+            loads = [worker.receive_weights.remote(tensor_metas(weights), version) for worker in self.workers]
+            self._group.send(tensor for _, tensor in weights)
+            ray.get(loads)
+        except Exception as error:  # noqa: BLE001 - a worker that died mid-broadcast, or a group that timed out
+            self._close_group()
+            self.missed_syncs += 1
+            raise WorkerPoolError(f"rollout.weight_sync: broadcast of policy version {version} to the rollout workers failed "
+                                  f"({type(error).__name__}: {error}); the group is formed again at the next sync") from error
+        self.broadcasts += 1
+        return version
+
+    def _form_group(self) -> None:
+        """The broadcast group of this process and the workers' current processes (again after a restart)."""
+        if self._group is not None and self._group_pids == self.pids:
+            return
+        self._close_group()
+        ray, spec, size = self.ray, self.spec, len(self.workers) + 1
+        address = ray.util.get_node_ip_address()
+        store = BroadcastGroup.host(address, size, spec.ready_timeout_s)
+        joins = [worker.join_broadcast.remote(address, store.port, k + 1, size, spec.broadcast_backend, spec.ready_timeout_s)
+                 for k, worker in enumerate(self.workers)]
+        self._group = BroadcastGroup(store, 0, size, spec.broadcast_backend, spec.ready_timeout_s)  # returns once all joined
+        ray.get(joins)
+        self._group_pids = list(self.pids)
+
+    def _close_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+
     def _bring_up_to_date(self, k: int) -> None:
         """Worker ``k`` (restarted, or one that missed a sync) gets the pool's current weights."""
         worker = self.workers[k]
         if self.ray.get(worker.policy_version.remote()) == self.policy_version:
             return
         if self._weights is None:
+            kept = " (rollout.weight_sync: broadcast keeps no copy)" if self.spec.weight_sync == "broadcast" else ""
             raise WorkerPoolError(f"rollout worker {k} samples with policy version {self.ray.get(worker.policy_version.remote())} "
-                                  f"but the pool holds no weights of version {self.policy_version} to send it")
+                                  f"but the pool holds no weights of version {self.policy_version} to send it{kept}")
         self.ray.get(worker.load_weights.remote(self._weights, self.policy_version))
         self.resyncs += 1
 
     # -- generation ------------------------------------------------------------------------------
 
-    def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
+    def generate(self, prompts: list[PromptSample], settings: SamplingSettings, *,
+                 workers: list[int] | None = None) -> list[list[Completion]]:
+        """Every prompt's completions, the prompts cut into contiguous slices over ``workers``
+        (default: all of them; :meth:`worker_engine` passes one). Safe to call from several
+        threads for disjoint workers: each actor runs its calls one at a time."""
         if not prompts:
             return []
         ray = self.ray
+        chosen = list(range(len(self.workers))) if workers is None else list(workers)
         if settings.seed is None:  # one engine would use its own seed: so do the workers, for every slice
             settings = dataclasses.replace(settings, seed=self.seed)
-        slices = contiguous_slices(len(prompts), len(self.workers))
+        slices = contiguous_slices(len(prompts), len(chosen))
         results: dict[int, list[list[Completion]]] = {}
         failures: dict[int, BaseException] = {}
         for _ in range(self.spec.max_restarts + 2):
-            todo = [k for k in range(len(slices)) if k not in results]
+            todo = [i for i in range(len(slices)) if i not in results]
             if not todo:
                 break
-            calls = {k: self._generate_slice(k, prompts, settings, slices[k]) for k in todo}
-            for k, call in calls.items():
+            calls = {i: self._generate_slice(chosen[i], prompts, settings, slices[i]) for i in todo}
+            for i, call in calls.items():
+                k = chosen[i]
                 try:
                     version, groups = ray.get(call)
                     if groups is None:  # it missed a sync: send the weights, ask again
@@ -213,24 +281,32 @@ class RolloutWorkerPool(RolloutEngine):
                 except ray.exceptions.RayActorError as error:
                     # Died (while generating or being re-synced): Ray restarts it; the slice goes
                     # again once it is back with the current weights.
-                    failures[k] = error
+                    failures[i] = error
                     try:
                         self._wait_for_restart(k, error)
                     except ray.exceptions.RayActorError as again:  # died again while being re-synced: the next try
-                        failures[k] = again
+                        failures[i] = again
                     continue
-                results[k] = self._checked(k, version, groups, slices[k], settings)
-        missing = [k for k in range(len(slices)) if k not in results]
+                results[i] = self._checked(k, version, groups, slices[i], settings)
+        missing = [i for i in range(len(slices)) if i not in results]
         if missing:
-            raise WorkerPoolError(f"rollout workers {missing} did not return their prompts after {self.spec.max_restarts + 2} tries "
-                                  f"(rollout.worker_resources.max_restarts = {self.spec.max_restarts}); last error: "
-                                  f"{failures.get(missing[0], 'stale weights after every re-sync')}")
-        return [group for k in range(len(slices)) for group in results[k]]
+            raise WorkerPoolError(f"rollout workers {[chosen[i] for i in missing]} did not return their prompts after "
+                                  f"{self.spec.max_restarts + 2} tries (rollout.worker_resources.max_restarts = "
+                                  f"{self.spec.max_restarts}); last error: {failures.get(missing[0], 'stale weights after every re-sync')}")
+        return [group for i in range(len(slices)) for group in results[i]]
 
     def _generate_slice(self, k: int, prompts: list[PromptSample], settings: SamplingSettings, bounds: tuple[int, int]) -> Any:
         start, stop = bounds
         part = dataclasses.replace(settings, first_prompt_index=settings.first_prompt_index + start)
         return self.workers[k].generate.remote(prompts[start:stop], part, self.policy_version)
+
+    @property
+    def worker_count(self) -> int:
+        return len(self.workers)
+
+    def worker_engine(self, k: int) -> "WorkerEngine":
+        """Worker ``k`` alone as an engine (asynchronous training's per-worker buffer partitions)."""
+        return WorkerEngine(self, k)
 
     def _wait_for_restart(self, k: int, error: BaseException) -> None:
         """Wait until Ray has worker ``k`` back (a restart: a new process, counted), then bring it up to date."""
@@ -280,6 +356,7 @@ class RolloutWorkerPool(RolloutEngine):
                 pass
             ray.kill(worker, no_restart=True)
         self.workers = []
+        self._close_group()
         if self.placement is not None:
             from ray.util.placement_group import remove_placement_group
 
@@ -288,3 +365,28 @@ class RolloutWorkerPool(RolloutEngine):
         self._weights = None
         self.ray = None
         release_ray()
+
+
+class WorkerEngine:
+    """One worker of a :class:`RolloutWorkerPool` as a rollout engine: it generates whole batches
+    on that worker (with the pool's seeding, version checks and restarts); weights, versions and
+    closing stay the pool's. ``batches`` counts its generate calls."""
+
+    def __init__(self, pool: RolloutWorkerPool, index: int):
+        self.pool, self.index = pool, index
+        self.tokenizer = pool.tokenizer
+        self.batches = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self.pool.policy_version
+
+    def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
+        self.batches += 1
+        return self.pool.generate(prompts, settings, workers=[self.index])
+
+    def worker_metrics(self) -> dict[str, float]:
+        return self.pool.worker_metrics()
+
+    def close(self) -> None:
+        """The pool closes its workers."""

@@ -16,13 +16,17 @@ be on a shared filesystem, and MLflow should be a server (``tracking.uri: http:/
 
 A bad address fails in seconds: the endpoint is probed with a TCP connection first (the client
 would otherwise retry for minutes), and a Ray GCS address (``host:port``, ``auto``) is asked once
-for its dashboard's address.
+for its dashboard's address. Every HTTP request of the client then has a timeout
+(:class:`TimedJobClient`; ``requests`` has none by default): a server that accepts connections
+and never answers fails the command within :data:`FIRST_REPLY_TIMEOUT_S` (the client's first
+request, its version check) or :data:`REPLY_TIMEOUT_S` (later requests), naming the address.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import shlex
@@ -49,6 +53,9 @@ ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # the client lets these
 # and environments, which are large and meaningless on the cluster.
 WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "__pycache__", "*.pyc", "mlflow.db", "mlflow.db-*", "mlruns", "mlartifacts"]
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+CONNECT_TIMEOUT_S = ADDRESS_PROBE_TIMEOUT_S  # a TCP connection to the job server
+FIRST_REPLY_TIMEOUT_S = ADDRESS_PROBE_TIMEOUT_S  # its reply to the version check every client starts with
+REPLY_TIMEOUT_S = 120.0  # any later reply (a submission's upload of the working folder is acknowledged within it)
 
 
 class JobError(ConfigError):
@@ -131,10 +138,36 @@ def _explicit_address() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def job_client(address: str | None = None):
-    """A :class:`JobSubmissionClient` for ``address`` (default: :func:`default_address`)."""
+@functools.cache
+def timed_job_client_class() -> type:
+    """:class:`ray.job_submission.JobSubmissionClient` with a timeout on every request (built on
+    first use: the CLI imports Ray only when a command needs it)."""
+    import requests
     from ray.job_submission import JobSubmissionClient
 
+    class TimedJobClient(JobSubmissionClient):
+        """A job client whose requests time out: ``(CONNECT_TIMEOUT_S, reply)`` seconds, the
+        reply's :data:`FIRST_REPLY_TIMEOUT_S` for the version check, else :attr:`reply_timeout_s`."""
+
+        reply_timeout_s = REPLY_TIMEOUT_S
+
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            reply = FIRST_REPLY_TIMEOUT_S if endpoint == "/api/version" else self.reply_timeout_s
+            kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, reply))
+            try:
+                return super()._do_request(method, endpoint, **kwargs)
+            except requests.exceptions.Timeout as error:
+                waited = "connect" if isinstance(error, requests.exceptions.ConnectTimeout) else "answer"
+                raise RayUnreachableError(
+                    f"the job server at {self._address} did not {waited} within {kwargs['timeout'][0 if waited == 'connect' else 1]:g} s "
+                    f"({method} {endpoint}): a server that accepts connections but does not reply (hung, or not a Ray job "
+                    "server); check the address (the head's dashboard, ray start --head --dashboard-host ...)") from None
+
+    return TimedJobClient
+
+
+def job_client(address: str | None = None):
+    """A job client (:func:`timed_job_client_class`) for ``address`` (default: :func:`default_address`)."""
     import ray
 
     address = address or default_address()
@@ -142,9 +175,11 @@ def job_client(address: str | None = None):
     token_sent = send_ray_token(address)  # token mode on when a token is at hand: the client then sends it
     try:
         with _explicit_address():
-            return JobSubmissionClient(url)
+            return timed_job_client_class()(url)
     except ray.exceptions.AuthenticationError as error:
         raise RayUnreachableError(ray_auth_refusal(address, error, token_sent)) from None
+    except RayUnreachableError as error:  # a request that timed out
+        raise RayUnreachableError(f"--address {address}: {error}") from None
     except (OSError, RuntimeError, ValueError) as error:  # requests' errors are OSErrors
         raise RayUnreachableError(f"--address {address}: the job server at {url} did not answer as one ({error})") from None
 

@@ -7,10 +7,14 @@ generates and scores the batches of steps s+1 … s+k while the learner updates 
 - Staleness bound, by throttling: the producer starts step t only once the engine holds version
   ≥ t − 1 − k, and step t trains at version t − 1, so no sample is more than k versions old and
   none is ever dropped. The learner checks the bound on every batch and refuses a violation.
-- One engine lock: generation (the producer's, and periodic evaluation's) and weight syncs (the
-  learner's, between updates) never interleave on the in-process engine.
-- The buffer holds finished batches per rollout worker (one partition per engine; one engine
-  here, so one partition).
+- Engine locks: generation (a producer's, and periodic evaluation's) and weight syncs (the
+  learner's, between updates) never interleave: a sync takes the engine's lock and every
+  worker's; a producer takes its worker's, evaluation the engine's.
+- The buffer holds finished batches in one partition per rollout worker (``rollout.workers``;
+  one with the in-process engine): each worker's producer thread collects whole steps into its
+  own partition, step t on worker (t − 1) mod N, and the learner draws step t from that
+  partition (:mod:`polyrl.roles.async_partitions`). The producers draw their prompts in step
+  order, so every step gets the prompts and seeds it gets with one engine.
 - The ratio's π_old is the behaviour policy: the pipeline reads the sampler's log-probs
   (:func:`polyrl.roles.pipeline.behaviour_logprobs`), so clipping and BAPO's bounds see the real
   staleness; with truncated importance sampling the TIS weight carries it instead (decoupled PPO).
@@ -33,6 +37,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from polyrl.roles.async_partitions import DrawsClosed, LockedRewards, OrderedDraws, partition_of
+from polyrl.roles.collector import RolloutCollector
 from polyrl.roles.loop import PhaseTimer, TrainingLoop, sync_policy
 
 __all__ = ["AsyncTrainingLoop", "BufferedBatch", "RolloutBuffer", "VersionedEngine", "staleness_metrics"]
@@ -40,13 +46,19 @@ __all__ = ["AsyncTrainingLoop", "BufferedBatch", "RolloutBuffer", "VersionedEngi
 
 class VersionedEngine:
     """A rollout engine behind one lock, with the policy version of its weights; each generated
-    completion is stamped with it. Other attributes pass through to the engine."""
+    completion is stamped with it. Other attributes pass through to the engine.
+
+    A pool of rollout workers (``worker_engine``/``worker_count``, engines/worker_pool.py) also
+    gets one :class:`VersionedEngine` per worker (:attr:`partitions`, each with its own lock),
+    for the per-worker producers; a sync holds every lock and sets every version."""
 
     def __init__(self, engine: Any, version: int = 0):
         self.engine = engine
         self.version = version
         self.lock = threading.Lock()
         self.lock_wait_s = 0.0  # time generate calls waited for a sync (or an evaluation) to finish
+        count = getattr(engine, "worker_count", 1)
+        self.partitions = [VersionedEngine(engine.worker_engine(k), version) for k in range(count)] if count > 1 else [self]
 
     def generate(self, prompts: Any, settings: Any) -> Any:
         asked = time.perf_counter()
@@ -65,14 +77,23 @@ class VersionedEngine:
         record ``version`` as theirs, so no sample is stamped with a version its weights are not.
         Yields the seconds spent waiting for the lock (a generation in progress: no communication)."""
         asked = time.perf_counter()
-        with self.lock:
+        with self.lock, contextlib.ExitStack() as workers:
+            for part in self._other_partitions():
+                workers.enter_context(part.lock)
             yield time.perf_counter() - asked
-            self.version = version
+            for engine in (self, *self._other_partitions()):
+                engine.version = version
 
     def advance(self, version: int) -> None:
         """A step that made no update: the weights are those of ``version`` as they are."""
-        with self.lock:
-            self.version = max(self.version, version)
+        with self.lock, contextlib.ExitStack() as workers:
+            for part in self._other_partitions():
+                workers.enter_context(part.lock)
+            for engine in (self, *self._other_partitions()):
+                engine.version = max(engine.version, version)
+
+    def _other_partitions(self) -> list["VersionedEngine"]:
+        return [part for part in self.partitions if part is not self]
 
     def close(self) -> None:
         self.engine.close()
@@ -88,11 +109,13 @@ class BufferedBatch:
     sampler_before: dict[str, Any]  # the prompt sampler's position before this step's draws
     sampler_after: dict[str, Any]  # ... and after them: what a checkpoint of this step records
     engine_wait_s: float  # the producer's wait for newer weights (throttle and engine lock)
+    partition: int = 0  # the rollout worker that collected it
 
 
 class RolloutBuffer:
-    """Finished batches by step, one partition per rollout worker, and the newest synced policy
-    version the producer throttles on; a producer error reaches the learner's next :meth:`take`."""
+    """Finished batches by step, one partition per rollout worker (step t in partition
+    :func:`~polyrl.roles.async_partitions.partition_of`), and the newest synced policy version the
+    producers throttle on; a producer error reaches the learner's next :meth:`take`."""
 
     def __init__(self, max_staleness: int, version: int, workers: int = 1):
         self.slots = max(max_staleness, 1)  # the k batches generation may run ahead of the learner
@@ -114,22 +137,28 @@ class RolloutBuffer:
         with self.cond:
             self.in_flight.add(step)
 
-    def put(self, batch: BufferedBatch, worker: int = 0) -> None:
+    def put(self, batch: BufferedBatch) -> None:
         with self.cond:
-            self.partitions[worker][batch.step] = batch
+            self.partitions[partition_of(batch.step, len(self.partitions))][batch.step] = batch
             self.in_flight.discard(batch.step)
             self.cond.notify_all()
 
-    def take(self, step: int, worker: int = 0) -> tuple[BufferedBatch, float, float]:
-        """Step ``step``'s batch, the buffer's utilisation when asked (finished batches over the
-        :attr:`slots`, at most 1) and the seconds the learner waited for it."""
+    def held(self) -> list[int]:
+        """Finished batches per partition, now."""
+        with self.cond:
+            return [len(p) for p in self.partitions]
+
+    def take(self, step: int) -> tuple[BufferedBatch, float, float]:
+        """Step ``step``'s batch (from its partition), the buffer's utilisation when asked
+        (finished batches over the :attr:`slots`, at most 1) and the seconds the learner waited."""
         start = time.perf_counter()
+        partition = self.partitions[partition_of(step, len(self.partitions))]
         with self.cond:
             utilisation = min(sum(len(p) for p in self.partitions), self.slots) / self.slots
-            self.cond.wait_for(lambda: self.error is not None or step in self.partitions[worker])
+            self.cond.wait_for(lambda: self.error is not None or step in partition)
             if self.error is not None:
                 raise RuntimeError(f"the rollout producer failed while generating ahead: {self.error}") from self.error
-            return self.partitions[worker].pop(step), utilisation, time.perf_counter() - start
+            return partition.pop(step), utilisation, time.perf_counter() - start
 
     def publish_version(self, version: int) -> None:
         with self.cond:
@@ -185,10 +214,16 @@ class AsyncTrainingLoop(TrainingLoop):
         self._timer = PhaseTimer()
 
     def run(self) -> list[dict[str, float]]:
-        self.engine.version = self.step_index  # the engine holds the learner's weights (built or restored)
-        self.buffer = RolloutBuffer(self.max_staleness, version=self.step_index)
-        producer = threading.Thread(target=self.produce, args=(self.buffer,), name=f"polyrl-rollout-{self.arm}", daemon=True)
-        producer.start()
+        for engine in (self.engine, *self.engine.partitions):  # the learner's weights (built or restored)
+            engine.version = self.step_index
+        partitions = len(self.engine.partitions)
+        self.buffer = RolloutBuffer(self.max_staleness, version=self.step_index, workers=partitions)
+        draws = OrderedDraws(self.sampler, self.step_index + 1, one_draw_per_step=not self.collector.settings.dynamic_sampling)
+        rewards = LockedRewards(self.collector.rewards)
+        producers = [threading.Thread(target=self.produce, args=(self.buffer, draws, k, self.partition_collector(k, draws, rewards)),
+                                      name=f"polyrl-rollout-{self.arm}-{k}", daemon=True) for k in range(partitions)]
+        for producer in producers:
+            producer.start()
         try:
             for hook in self.hooks:
                 hook.start(self.step_index)
@@ -197,24 +232,36 @@ class AsyncTrainingLoop(TrainingLoop):
                 self.step()
         finally:
             self.buffer.close()
-            producer.join()
+            draws.close()
+            for producer in producers:
+                producer.join()
         return self.history
 
-    def produce(self, buffer: RolloutBuffer) -> None:
-        """Collect steps ``step_index + 1 … steps`` in order, each once the engine is recent enough."""
+    def partition_collector(self, partition: int, draws: OrderedDraws, rewards: LockedRewards) -> RolloutCollector:
+        """The arm's collector on one worker's engine, drawing its prompts in step order."""
+        return RolloutCollector(self.engine.partitions[partition], rewards, draws.draw, self.collector.settings)
+
+    def produce(self, buffer: RolloutBuffer, draws: OrderedDraws, partition: int, collector: RolloutCollector) -> None:
+        """Collect this partition's steps among ``step_index + 1 … steps`` in order, each once the
+        engine is recent enough and the step before it has drawn its prompts."""
+        engine = self.engine.partitions[partition]
         try:
             for step in range(self.step_index + 1, self.steps + 1):
+                if partition_of(step, len(buffer.partitions)) != partition:
+                    continue
                 waited = buffer.wait_for_version(step - 1 - self.max_staleness)
                 if waited is None:
                     return
                 buffer.start(step)
-                locked_before = self.engine.lock_wait_s
-                before = self.sampler.state_dict()
-                collected = self.collector.collect(step)
-                buffer.put(BufferedBatch(step, collected, before, self.sampler.state_dict(),
-                                         waited + self.engine.lock_wait_s - locked_before))
+                locked_before = engine.lock_wait_s
+                before = draws.begin(step)
+                collected = collector.collect(step)
+                buffer.put(BufferedBatch(step, collected, before, draws.end(step), waited + engine.lock_wait_s - locked_before, partition))
+        except DrawsClosed:
+            return
         except BaseException as error:  # noqa: BLE001 - handed to the learner, which raises it
             buffer.fail(error)
+            draws.close()  # the other producers stop waiting for a turn this one will never pass
 
     def step(self) -> dict[str, float]:
         step, timer = self.step_index + 1, PhaseTimer()
@@ -231,6 +278,9 @@ class AsyncTrainingLoop(TrainingLoop):
                       "perf/overlapped_score_s": collected.seconds.get("score", 0.0)})
         if step != self._first_step:  # the loop's first batch is always awaited: it says nothing of the balance
             extra["async/buffer_utilisation"] = utilisation
+        if len(self.buffer.partitions) > 1:  # which worker collected it, and what each partition held after the draw
+            extra["async/partition"] = float(batch.partition)
+            extra.update({f"async/partition_{k}/batches": float(n) for k, n in enumerate(self.buffer.held())})
         # What a checkpoint of this step records: the sampler after this batch (the producer has
         # drawn further) and the steps in flight, which a resume regenerates.
         self.checkpointer.note(sampler=batch.sampler_after, async_in_flight=[s for s in self.buffer.pending_steps() if s > step])

@@ -48,6 +48,7 @@ from polyrl.roles.learner_ranks import RankRecipe, start_data_parallel_learner
 from polyrl.roles.loop import TrainingLoop, sync_policy
 from polyrl.roles.pipeline import BatchPipeline, PipelineContext
 from polyrl.runtime.precision import compute_dtype
+from polyrl.runtime.ray_cluster import RayDemand, acquire_ray, release_ray
 
 __all__ = ["Arm", "accuracy_label", "build_arm", "reward_specs", "seed_everything"]
 
@@ -156,6 +157,7 @@ class Arm:
     history: list[dict[str, float]] = field(default_factory=list)
     # Said when the loop starts (health hook): e.g. eval rows that are also training rows.
     data_warnings: list[str] = field(default_factory=list)
+    holds_ray: bool = False  # build_arm acquired Ray for the run's actors (ray_demand); close releases it
 
     def hooks(self, *, printer: Callable[[str], None] = print, callbacks: Sequence[Callable[[int, dict[str, float]], None]] = ()) -> list[Hook]:
         cfg, logger = self.config, self.logger
@@ -185,8 +187,13 @@ class Arm:
         try:
             self.collector.close()
         finally:
-            if hasattr(self.learner, "close"):  # data-parallel learner ranks (and the Ray it started)
-                self.learner.close()
+            try:
+                if hasattr(self.learner, "close"):  # data-parallel learner ranks (and the Ray it started)
+                    self.learner.close()
+            finally:
+                if self.holds_ray:
+                    self.holds_ray = False
+                    release_ray()
 
 
 def adapter_sync(cfg: ExperimentConfig) -> bool:
@@ -243,11 +250,35 @@ def build_rollout(cfg: ExperimentConfig, policy_path: str | Path, tokenizer: Any
     from polyrl.config.rollout import WorkerResourcesConfig
     from polyrl.engines.worker_pool import RolloutWorkerPool, WorkerSpec
 
+    from polyrl.engines.weight_broadcast import resolve_weight_sync
+
     resources = r.worker_resources or WorkerResourcesConfig()
+    sync, backend = resolve_weight_sync(r.weight_sync, learner_cuda=learner_device(cfg.train.device).type == "cuda",
+                                        worker_gpus=resources.num_gpus)
     spec = WorkerSpec(r.engine, str(policy_path), options, num_cpus=resources.num_cpus, num_gpus=resources.num_gpus,
                       placement_strategy=resources.placement_strategy, max_restarts=resources.max_restarts,
-                      ready_timeout_s=resources.ready_timeout_s)
+                      ready_timeout_s=resources.ready_timeout_s, weight_sync=sync, broadcast_backend=backend or "gloo")
     return RolloutWorkerPool(spec, r.workers, seed=cfg.seed, tokenizer=tokenizer)
+
+
+def ray_demand(cfg: ExperimentConfig, *, rollout_workers: bool = True) -> RayDemand:
+    """What the arm reserves on the Ray cluster: rollout workers, learner ranks (one CPU per
+    ``train.threads``, a GPU each on CUDA), remote reward actors (runtime/ray_cluster.py)."""
+    parts = []
+    r, t = cfg.rollout, cfg.train
+    if r.workers > 1 and rollout_workers:
+        from polyrl.config.rollout import WorkerResourcesConfig
+
+        each = r.worker_resources or WorkerResourcesConfig()
+        parts.append((f"rollout.workers {r.workers} × rollout.worker_resources", r.workers * each.num_cpus, r.workers * each.num_gpus))
+    if t.learner_workers > 1:
+        cuda = learner_device(t.device).type == "cuda"
+        parts.append((f"train.learner_workers {t.learner_workers} × train.threads {t.threads or 1}", t.learner_workers * (t.threads or 1),
+                      float(t.learner_workers) if cuda else 0.0))
+    for index, spec in enumerate(cfg.rewards):
+        if spec.remote_resources is not None:
+            parts.append((f"rewards[{index}].remote", spec.remote_resources.num_cpus, spec.remote_resources.num_gpus))
+    return RayDemand(tuple(parts))
 
 
 def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger: Any | None = None, evaluator: Any | None = None,
@@ -255,7 +286,26 @@ def build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     """Build models, engine, data and rewards into roles; restore the latest checkpoint if ``resume``.
 
     ``engine`` replaces the configured rollout engine (its caller closes nothing: :meth:`Arm.close` does).
+    A run with Ray actors first acquires Ray for all of them (:func:`ray_demand`): a local cluster
+    sized for them, or a refusal naming them when the cluster is too small in all.
     """
+    demand = ray_demand(config, rollout_workers=engine is None)
+    if not demand.parts:
+        return _build_arm(config, arm=arm, arm_dir=arm_dir, logger=logger, evaluator=evaluator, checkpoint_extra=checkpoint_extra,
+                          resume=resume, engine=engine)
+    acquire_ray(demand)
+    try:
+        built = _build_arm(config, arm=arm, arm_dir=arm_dir, logger=logger, evaluator=evaluator, checkpoint_extra=checkpoint_extra,
+                           resume=resume, engine=engine)
+    except BaseException:
+        release_ray()
+        raise
+    built.holds_ray = True
+    return built
+
+
+def _build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger: Any | None, evaluator: Any | None,
+               checkpoint_extra: dict[str, Any] | None, resume: bool, engine: RolloutEngine | None) -> Arm:
     cfg = config
     build_started = time.perf_counter()
     if cfg.train.threads:

@@ -157,3 +157,66 @@ def test_job_entrypoint_and_output_paths(tmp_path, tiny_experiment, write_experi
     assert output_overrides(first, tmp_path) == ([], "http://mlflow.example:5000")  # a server and an absolute folder: as they are
     assert _inside(tmp_path / "out", tmp_path) == ["/out"] and _inside(Path("/elsewhere"), tmp_path) == []
     assert _inside(tmp_path, tmp_path) == []  # checkpoint.dir "." must not exclude the whole folder
+
+
+@pytest.mark.parametrize("command", [("submit", "exp.yaml", "--address"), ("jobs", "list", "--address")])
+def test_a_job_server_that_accepts_but_never_answers_fails_in_seconds(tmp_path, tiny_experiment, write_experiment, command):
+    """A real listening socket that never accepts: the kernel completes every TCP handshake (the
+    address probe passes), and the client's first request gets no reply."""
+    write_experiment(tmp_path, tiny_experiment())
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        done = _polyrl(tmp_path, *command, f"http://127.0.0.1:{port}", timeout=90)  # without request timeouts: hangs
+        elapsed = time.monotonic() - started
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"--address http://127.0.0.1:{port}: the job server at http://127.0.0.1:{port} did not answer within 5 s" in (
+        " ".join(done.stderr.split())), done.stderr[-3000:]
+    assert elapsed < 30, elapsed  # 5 s of reply timeout, plus the CLI's start
+    assert not list(tmp_path.rglob("step_*"))  # nothing was run
+
+
+def test_a_job_server_that_stops_answering_after_the_version_check_fails_with_the_request_named():
+    """A real HTTP server on 127.0.0.1 that answers the client's version check, then never
+    answers the job list: the request times out (reply_timeout_s) with a message, no hang."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import ray
+
+    from polyrl.launch.ray_jobs import RayUnreachableError, job_client, list_jobs
+
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/api/version":
+                body = json.dumps({"version": "4", "ray_version": ray.__version__, "ray_commit": ""}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                release.wait(60)  # the hung request
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = job_client(f"http://127.0.0.1:{server.server_address[1]}")
+        client.reply_timeout_s = 1.0
+        started = time.monotonic()
+        with pytest.raises(RayUnreachableError, match=r"did not answer within 1 s \(GET /api/jobs/\)"):
+            list_jobs(client)
+        assert time.monotonic() - started < 10
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()

@@ -61,6 +61,52 @@ def test_buffer_reports_utilisation_and_hands_a_producer_error_to_the_learner():
         buffer.take(3)
 
 
+def test_each_worker_partition_holds_its_own_steps_and_the_learner_draws_them_round_robin():
+    from polyrl.roles.async_loop import BufferedBatch
+    from polyrl.roles.async_partitions import partition_of
+
+    # Two workers: steps 1, 3 to partition 0 and steps 2, 4 to partition 1 ((t - 1) mod 2).
+    assert [partition_of(step, 2) for step in (1, 2, 3, 4)] == [0, 1, 0, 1]
+    buffer = RolloutBuffer(max_staleness=3, version=0, workers=2)
+    for step in (2, 4, 1):
+        buffer.put(BufferedBatch(step, collected=None, sampler_before={}, sampler_after={}, engine_wait_s=0.0,
+                                 partition=partition_of(step, 2)))
+    assert [sorted(p) for p in buffer.partitions] == [[1], [2, 4]] and buffer.held() == [1, 2]
+    batch, utilisation, _ = buffer.take(2)
+    assert (batch.step, batch.partition, utilisation) == (2, 1, 1.0)  # 3 finished over 3 slots
+    assert buffer.held() == [1, 1] and buffer.pending_steps() == [1, 4]
+
+
+def test_partition_producers_draw_their_prompts_in_step_order():
+    import threading
+
+    from polyrl.core.types import PromptSample
+    from polyrl.data.prompts import PromptSampler
+    from polyrl.roles.async_partitions import DrawsClosed, OrderedDraws
+
+    sampler = PromptSampler([PromptSample(prompt=str(i)) for i in range(10)], seed=0)
+    expected = PromptSampler([PromptSample(prompt=str(i)) for i in range(10)], seed=0)
+    first, second = [p.prompt for p in expected.next_batch(3)], [p.prompt for p in expected.next_batch(3)]
+    draws = OrderedDraws(sampler, first_step=1, one_draw_per_step=True)
+    got: dict[int, tuple] = {}
+
+    def collect(step):
+        before = draws.begin(step)
+        prompts = [p.prompt for p in draws.draw(3)]
+        got[step] = (before["index"], prompts, draws.end(step)["index"])
+
+    late = threading.Thread(target=collect, args=(2,))
+    late.start()  # step 2's producer asks first: it must wait for step 1's draw
+    time.sleep(0.2)
+    assert 2 not in got
+    collect(1)
+    late.join(timeout=10)
+    assert got == {1: (0, first, 3), 2: (3, second, 6)}
+    draws.close()
+    with pytest.raises(DrawsClosed):  # a producer waiting for its turn when the loop ends stops
+        draws.begin(5)
+
+
 @pytest.mark.parametrize("rollout, fragment", [
     ({"max_staleness": 1, "top_p": 0.9}, "top_p < 1 renormalises"),
     ({"max_staleness": 1, "threads": 1}, "process-wide thread count"),

@@ -61,6 +61,29 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(ray_local, tmp_pat
             assert _close(straight, _weights(arm), 1e-5), workers
 
 
+def test_a_one_rank_checkpoint_resumes_on_two_ranks(ray_local, tmp_path, tiny_experiment):
+    # 3 steps in one process, the checkpoint of step 2 kept aside; then step 3 again from it on 2 ranks.
+    folder = tmp_path / "run"
+    checkpoints = folder / "runs" / "main"
+    with built(folder, _config(tiny_experiment, 1)) as arm:
+        assert not isinstance(arm.learner, DataParallelLearner)
+        loop = arm.loop(printer=lambda _: None)
+        loop.step(), loop.step()
+        shutil.copytree(checkpoints / "step_000002", tmp_path / "step_000002")
+        loop.step()
+        straight = _weights(arm)
+    shutil.rmtree(checkpoints)
+    shutil.copytree(tmp_path / "step_000002", checkpoints / "step_000002")
+    with built(folder, _config(tiny_experiment, 2), resume=True) as arm:
+        assert arm.start_step == 2 and isinstance(arm.learner, DataParallelLearner) and arm.learner.world_size == 2
+        metrics = arm.loop(printer=lambda _: None).step()
+        assert metrics["actor/optimizer_steps"] == 3.0 and math.isfinite(metrics["actor/loss"])
+        resumed = _weights(arm)
+        states = arm.learner.ranks.call("full_state", False)  # rank 0 its state; rank 1 None
+    assert states[1] is None and all(torch.equal(states[0]["policy"][k], v) for k, v in snapshot(arm.learner.policy).items())
+    assert _close(straight, resumed, 1e-5)  # AdamW moments and critic crossed from 1 rank to 2
+
+
 @pytest.mark.parametrize("clash, message", [
     ({"model": {"lora": {"r": 4}}}, "model.lora"),
     ({"train": {"compile": True}}, "train.compile: true"),
@@ -74,3 +97,25 @@ def test_settings_the_ranks_do_not_build_are_refused(tiny_experiment, clash, mes
         resolve_arms(config)
     with pytest.raises(ConfigError, match=r"train.learner_workers"):
         resolve_arms(tiny_experiment(train={"learner_workers": 0}))
+
+
+def test_asynchronous_training_on_two_learner_ranks(ray_local, tmp_path, tiny_experiment):
+    """rollout.max_staleness 1 with train.learner_workers 2: the producer generates ahead while
+    the ranks update; the engine ends with the ranks' weights (the mirror's), within the bound."""
+    config = tiny_experiment(rollout={"max_staleness": 1}, train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 4,
+                                                                  "learner_workers": 2})
+    with built(tmp_path, config) as arm:
+        assert isinstance(arm.learner, DataParallelLearner) and arm.learner.world_size == 2
+        start = snapshot(arm.learner.policy)
+        history = arm.loop(printer=lambda _: None).run()
+        rank0 = arm.learner.ranks.call("full_state", False)[0]["policy"]
+        engine_model = arm.collector.engine.engine.model  # VersionedEngine around the in-process hf engine
+        engine_weights = {name: p.detach().clone() for name, p in engine_model.named_parameters()}
+        mirror = snapshot(arm.learner.policy)
+    assert len(history) == 3 and all(math.isfinite(h["actor/loss"]) for h in history)
+    assert not _close(start, mirror, 1e-4)  # trained
+    assert all(torch.equal(mirror[name], rank0[name]) for name in mirror)  # the mirror is rank 0
+    assert all(torch.equal(engine_weights[name], mirror[name]) for name in engine_weights)  # the last sync reached the engine
+    for step, h in enumerate(history, start=1):
+        assert h["async/staleness_max"] <= min(1, step - 1)
+        assert h["async/staleness/0"] + h["async/staleness/1"] == h["rollout/samples"]

@@ -138,6 +138,30 @@ def test_a_worker_killed_while_generating_is_restarted_and_its_prompts_sent_agai
     assert_same_samples(groups, reference.generate(prompts, settings))
 
 
+def test_weights_broadcast_over_a_gloo_group_reach_every_worker(engines, random_policy_dir):
+    """rollout.weight_sync: broadcast on CPU: a real gloo group of this process (rank 0) and the
+    two worker actors; nothing goes through the object store. (The workers' processes were
+    replaced by the previous test's kill: the group is formed with the current ones.)"""
+    import dataclasses
+
+    pool, reference = engines
+    pool.spec = dataclasses.replace(pool.spec, weight_sync="broadcast", broadcast_backend="gloo")  # the same workers, the other way
+    try:
+        broadcasts = pool.broadcasts
+        version = sync_both(pool, reference, perturbed_weights(random_policy_dir, seed=6))
+        assert pool.broadcasts == broadcasts + 1 and pool._weights is None and pool._group.world_size == 3
+        groups = pool.generate(PROMPTS, SETTINGS)
+        assert {c.policy_version for c in flat(groups)} == {version}
+        assert_same_samples(groups, reference.generate(PROMPTS, SETTINGS))  # both halves sampled with the broadcast weights
+        group = pool._group
+        version = sync_both(pool, reference, perturbed_weights(random_policy_dir, seed=7))
+        assert pool._group is group and pool.broadcasts == broadcasts + 2  # the group serves every sync
+        assert_same_samples(pool.generate(PROMPTS, SETTINGS), reference.generate(PROMPTS, SETTINGS))
+    finally:
+        pool.spec = dataclasses.replace(pool.spec, weight_sync="object_store")
+        pool._close_group()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_two_vllm_workers_sample_what_one_vllm_engine_samples(ray_cluster, random_policy_dir):

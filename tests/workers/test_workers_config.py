@@ -59,3 +59,33 @@ def test_adapter_sync_is_refused_with_workers(tiny_experiment, tmp_path):
                                                               model={"lora": {"r": 4, "sync": "adapter"}}))
     with pytest.raises(ConfigError, match="model.lora.sync: adapter is not supported with rollout.workers: 2"):
         build_arm(config, arm="main", arm_dir=tmp_path / "runs")
+
+
+def test_the_run_states_every_ray_actor_it_will_reserve(tiny_experiment):
+    from polyrl.config.schema import resolve_arms
+    from polyrl.roles.setup import ray_demand
+
+    config = tiny_experiment(rollout={"workers": 2, "worker_resources": {"num_cpus": 0.5}}, train={"learner_workers": 2},
+                             rewards=[{"module": "length"}, {"module": "ppl_fluency", "remote": {"num_cpus": 0.25}}])
+    demand = ray_demand(resolve_arms(config)["main"])
+    # 2 workers x 0.5 + 2 ranks x 1 (train.threads unset: 1) + 0.25 = 3.25 CPUs.
+    assert demand.parts == (("rollout.workers 2 × rollout.worker_resources", 1.0, 0.0),
+                            ("train.learner_workers 2 × train.threads 1", 2.0, 0.0), ("rewards[1].remote", 0.25, 0.0))
+    assert demand.cpus == 3.25
+    assert ray_demand(resolve_arms(tiny_experiment())["main"]).parts == ()  # one process: no Ray
+
+
+def test_weights_are_broadcast_where_learner_and_workers_are_on_cuda_and_the_choice_is_checked(tiny_experiment):
+    from polyrl.config.schema import ConfigError, resolve_arms
+    from polyrl.engines.weight_broadcast import resolve_weight_sync
+
+    assert resolve_weight_sync("auto", learner_cuda=True, worker_gpus=1.0) == ("broadcast", "nccl")
+    assert resolve_weight_sync("auto", learner_cuda=True, worker_gpus=0.0) == ("object_store", None)  # CPU workers
+    assert resolve_weight_sync("auto", learner_cuda=False, worker_gpus=0.0) == ("object_store", None)  # this machine
+    assert resolve_weight_sync("broadcast", learner_cuda=False, worker_gpus=0.0) == ("broadcast", "gloo")
+    assert resolve_weight_sync("object_store", learner_cuda=True, worker_gpus=1.0) == ("object_store", None)
+    assert resolve_arms(tiny_experiment(rollout={"workers": 2, "weight_sync": "broadcast"}))["main"].rollout.weight_sync == "broadcast"
+    with pytest.raises(ConfigError, match=r"rollout.weight_sync.*workers is 1.*allowed here: auto, or workers > 1"):
+        resolve_arms(tiny_experiment(rollout={"weight_sync": "broadcast"}))
+    with pytest.raises(ConfigError, match=r"rollout.weight_sync"):
+        resolve_arms(tiny_experiment(rollout={"workers": 2, "weight_sync": "nccl"}))

@@ -4,6 +4,8 @@ weights to reach both workers after every update. And a remote reward module sco
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from polyrl.config.schema import ExperimentConfig
@@ -61,3 +63,42 @@ def test_a_remote_reward_module_scores_as_the_local_one(ray_cluster, random_poli
     assert remote.modules["ppl_fluency"].actor is None
     assert scored.per_module["ppl_fluency"] == pytest.approx(local.per_module["ppl_fluency"], rel=1e-6)
     assert all(value is not None and value < 0 for value in scored.per_module["ppl_fluency"])  # a random model is far above tau 1
+
+
+def test_async_workers_collect_whole_steps_into_their_own_buffer_partitions(ray_cluster, tiny_experiment, tmp_path):
+    """rollout.workers 2 with max_staleness 2: worker (t - 1) mod 2 collects step t whole, into its
+    partition; the steps get the prompts of the synchronous in-process run, in order, and step 1
+    (always sampled by version 0) its very samples."""
+    from polyrl.roles.hooks import Callback
+
+    def run(config, folder):
+        arm = build_arm(ExperimentConfig.model_validate(config), arm="main", arm_dir=tmp_path / folder)
+        seen: list[tuple[list[str], list[str]]] = []
+
+        class Record(Callback):
+            def publish(self, report):
+                seen.append(([p.prompt for p in report.prompts], [row["completion"] for row in report.samples]))
+        try:
+            before = {name: p.detach().clone() for name, p in arm.learner.policy.named_parameters()}
+            loop = arm.loop(printer=lambda _: None)
+            loop.hooks.append(Record(lambda *_: None))
+            history = loop.run()
+            changed = any(not p.detach().equal(before[name]) for name, p in arm.learner.policy.named_parameters())
+            engine = getattr(loop, "engine", None)  # the asynchronous loop's: one versioned engine per worker
+            engines = [getattr(part.engine, "batches", None) for part in engine.partitions] if engine is not None else []
+        finally:
+            arm.close()
+        return history, seen, changed, engines
+
+    base = tiny_experiment(train={"steps": 4, "learning_rate": 1e-2})
+    _, reference, _, _ = run(base, "sync")
+    history, seen, changed, batches = run({**base, "rollout": {**base["rollout"], "workers": 2, "max_staleness": 2}}, "async")
+    assert batches == [2, 2]  # each worker generated two whole steps
+    assert [h["async/partition"] for h in history] == [0.0, 1.0, 0.0, 1.0]
+    assert all({"async/partition_0/batches", "async/partition_1/batches"} <= set(h) for h in history)
+    assert [prompts for prompts, _ in seen] == [prompts for prompts, _ in reference]  # step order kept across the workers
+    assert seen[0][1] == reference[0][1]
+    assert changed and all(math.isfinite(h["actor/loss"]) for h in history)
+    for step, h in enumerate(history, start=1):
+        assert h["async/staleness_max"] <= min(2, step - 1)
+        assert sum(h[f"async/staleness/{v}"] for v in range(3)) == h["rollout/samples"]

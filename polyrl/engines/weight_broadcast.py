@@ -1,0 +1,117 @@
+"""Weights from the learner to the rollout workers through a torch.distributed broadcast
+(``rollout.weight_sync: broadcast``), as verl and OpenRLHF send them on CUDA clusters.
+
+The group is a stateless one of its own (a ``TCPStore`` and a ``ProcessGroupGloo`` /
+``ProcessGroupNCCL`` built directly, not ``init_process_group``), so it lives beside any default
+group of the processes (the learner ranks' own). Rank 0 is the driver, which holds the learner's
+weights that a sync sends (with ``train.learner_workers > 1`` the driver's mirror of learner
+rank 0, which takes rank 0's weights after every update); ranks 1 … N are the rollout workers.
+
+A sync sends the tensors' names, shapes and dtypes through Ray (small), then each tensor by one
+broadcast from rank 0; every worker receives into fresh tensors on its device and loads them
+into its engine with the new policy version. Nothing passes through Ray's object store, so a
+CUDA learner's weights go GPU to GPU over NCCL.
+
+Tested here on CPU with gloo (real groups between the driver and Ray actors, tests/workers);
+the NCCL path is the same code with another backend and was NOT run (this machine has no GPU).
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+__all__ = ["BroadcastGroup", "TensorMeta", "resolve_weight_sync", "tensor_metas"]
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "float32", "bfloat16", ...
+
+
+def tensor_metas(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[TensorMeta]:
+    return [TensorMeta(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) for name, tensor in named_tensors]
+
+
+def resolve_weight_sync(setting: str, *, learner_cuda: bool, worker_gpus: float) -> tuple[str, str | None]:
+    """``(way, backend)`` for ``rollout.weight_sync``: 'auto' broadcasts over NCCL when the
+    learner and the workers are on CUDA, else goes through the object store; 'broadcast' uses
+    NCCL there and gloo otherwise (CPU: tests, or a CPU cluster); 'object_store' always does."""
+    on_cuda = learner_cuda and worker_gpus > 0
+    if setting == "object_store" or (setting == "auto" and not on_cuda):
+        return "object_store", None
+    if setting not in ("auto", "broadcast"):
+        raise ValueError(f"rollout.weight_sync: {setting!r}; allowed: auto, object_store, broadcast")
+    return "broadcast", "nccl" if on_cuda else "gloo"
+
+
+class BroadcastGroup:
+    """One member of the broadcast group (rank 0 the sender). Rank 0 creates the rendezvous
+    store (:meth:`host`); the workers join it; every member's constructor returns once all
+    ``world_size`` have joined."""
+
+    def __init__(self, store: Any, rank: int, world_size: int, backend: str, timeout_s: float):
+        import torch.distributed as dist
+
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if backend == "gloo":
+            self.group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        elif backend == "nccl":  # not run here (no GPU)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(store, rank, world_size, options)
+        else:
+            raise ValueError(f"broadcast backend {backend!r}; allowed: gloo, nccl")
+        self.store = store
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+    @staticmethod
+    def host(address: str, world_size: int, timeout_s: float) -> Any:
+        """Rank 0's rendezvous store on ``address`` and a free port (``store.port``)."""
+        import torch.distributed as dist
+
+        return dist.TCPStore(address, 0, world_size, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+    @classmethod
+    def join(cls, address: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> "BroadcastGroup":
+        import torch.distributed as dist
+
+        store = dist.TCPStore(address, port, world_size, False, timeout=datetime.timedelta(seconds=timeout_s))
+        return cls(store, rank, world_size, backend, timeout_s)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self.group.broadcast([tensor], options).wait()
+
+    def send(self, tensors: Iterable[torch.Tensor]) -> int:
+        """Rank 0: every tensor, in order, to every member; the bytes sent (per receiver)."""
+        sent = 0
+        for tensor in tensors:
+            tensor = tensor.detach().to(self.device).contiguous()
+            self._broadcast(tensor)
+            sent += tensor.numel() * tensor.element_size()
+        return sent
+
+    def receive(self, metas: list[TensorMeta]) -> list[tuple[str, torch.Tensor]]:
+        """Ranks 1 …: the tensors ``metas`` describes, as rank 0 sends them."""
+        received = []
+        for meta in metas:
+            tensor = torch.empty(meta.shape, dtype=getattr(torch, meta.dtype), device=self.device)
+            self._broadcast(tensor)
+            received.append((meta.name, tensor))
+        return received
+
+    def close(self) -> None:
+        shutdown = getattr(self.group, "shutdown", None)  # NCCL's communicators; gloo's go with the object
+        if shutdown is not None and self.backend == "nccl":
+            shutdown()
+        self.group = None
