@@ -255,7 +255,7 @@ class RolloutWorkerPool(RolloutEngine):
     def generate(self, prompts: list[PromptSample], settings: SamplingSettings, *,
                  workers: list[int] | None = None) -> list[list[Completion]]:
         """Every prompt's completions, the prompts cut into contiguous slices over ``workers``
-        (default: all of them; :meth:`worker_engine` passes one). Safe to call from several
+        (default: all of them; :meth:`worker_engine` passes its own). Safe to call from several
         threads for disjoint workers: each actor runs its calls one at a time."""
         if not prompts:
             return []
@@ -304,9 +304,9 @@ class RolloutWorkerPool(RolloutEngine):
     def worker_count(self) -> int:
         return len(self.workers)
 
-    def worker_engine(self, k: int) -> "WorkerEngine":
-        """Worker ``k`` alone as an engine (asynchronous training's per-worker buffer partitions)."""
-        return WorkerEngine(self, k)
+    def worker_engine(self, workers: list[int]) -> "WorkerEngine":
+        """These workers alone as an engine (asynchronous training's buffer partitions)."""
+        return WorkerEngine(self, workers)
 
     def _wait_for_restart(self, k: int, error: BaseException) -> None:
         """Wait until Ray has worker ``k`` back (a restart: a new process, counted), then bring it up to date."""
@@ -368,12 +368,12 @@ class RolloutWorkerPool(RolloutEngine):
 
 
 class WorkerEngine:
-    """One worker of a :class:`RolloutWorkerPool` as a rollout engine: it generates whole batches
-    on that worker (with the pool's seeding, version checks and restarts); weights, versions and
+    """Some workers of a :class:`RolloutWorkerPool` as a rollout engine: it cuts each batch over
+    them alone (with the pool's seeding, version checks and restarts); weights, versions and
     closing stay the pool's. ``batches`` counts its generate calls."""
 
-    def __init__(self, pool: RolloutWorkerPool, index: int):
-        self.pool, self.index = pool, index
+    def __init__(self, pool: RolloutWorkerPool, workers: list[int]):
+        self.pool, self.workers = pool, list(workers)
         self.tokenizer = pool.tokenizer
         self.batches = 0
 
@@ -383,7 +383,7 @@ class WorkerEngine:
 
     def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
         self.batches += 1
-        return self.pool.generate(prompts, settings, workers=[self.index])
+        return self.pool.generate(prompts, settings, workers=self.workers)
 
     def worker_metrics(self) -> dict[str, float]:
         return self.pool.worker_metrics()

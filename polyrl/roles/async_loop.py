@@ -10,11 +10,12 @@ generates and scores the batches of steps s+1 … s+k while the learner updates 
 - Engine locks: generation (a producer's, and periodic evaluation's) and weight syncs (the
   learner's, between updates) never interleave: a sync takes the engine's lock and every
   worker's; a producer takes its worker's, evaluation the engine's.
-- The buffer holds finished batches in one partition per rollout worker (``rollout.workers``;
-  one with the in-process engine): each worker's producer thread collects whole steps into its
-  own partition, step t on worker (t − 1) mod N, and the learner draws step t from that
-  partition (:mod:`polyrl.roles.async_partitions`). The producers draw their prompts in step
-  order, so every step gets the prompts and seeds it gets with one engine.
+- The buffer holds finished batches in partitions of the rollout workers (``rollout.workers``;
+  one partition with the in-process engine): min(N, k + 1) partitions, each a group of workers
+  with a producer thread of its own collecting whole steps into it, step t in partition
+  (t − 1) mod P; the learner draws step t from that partition (:mod:`polyrl.roles.async_partitions`).
+  The producers draw their prompts in step order, so every step gets the prompts and seeds it
+  gets with one engine.
 - The ratio's π_old is the behaviour policy: the pipeline reads the sampler's log-probs
   (:func:`polyrl.roles.pipeline.behaviour_logprobs`), so clipping and BAPO's bounds see the real
   staleness; with truncated importance sampling the TIS weight carries it instead (decoupled PPO).
@@ -37,7 +38,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from polyrl.roles.async_partitions import DrawsClosed, LockedRewards, OrderedDraws, partition_of
+from polyrl.roles.async_partitions import DrawsClosed, LockedRewards, OrderedDraws, partition_of, worker_groups
 from polyrl.roles.collector import RolloutCollector
 from polyrl.roles.loop import PhaseTimer, TrainingLoop, sync_policy
 
@@ -48,17 +49,23 @@ class VersionedEngine:
     """A rollout engine behind one lock, with the policy version of its weights; each generated
     completion is stamped with it. Other attributes pass through to the engine.
 
-    A pool of rollout workers (``worker_engine``/``worker_count``, engines/worker_pool.py) also
-    gets one :class:`VersionedEngine` per worker (:attr:`partitions`, each with its own lock),
-    for the per-worker producers; a sync holds every lock and sets every version."""
+    A pool of rollout workers (``worker_engine``/``worker_count``, engines/worker_pool.py) can be
+    split (:meth:`split`) into one :class:`VersionedEngine` per group of workers
+    (:attr:`partitions`, each with its own lock) for the partitions' producers; a sync holds every
+    lock and sets every version."""
 
     def __init__(self, engine: Any, version: int = 0):
         self.engine = engine
         self.version = version
         self.lock = threading.Lock()
         self.lock_wait_s = 0.0  # time generate calls waited for a sync (or an evaluation) to finish
-        count = getattr(engine, "worker_count", 1)
-        self.partitions = [VersionedEngine(engine.worker_engine(k), version) for k in range(count)] if count > 1 else [self]
+        self.partitions: list[VersionedEngine] = [self]
+
+    def split(self, max_staleness: int) -> None:
+        """One partition per group of workers (:func:`~polyrl.roles.async_partitions.worker_groups`);
+        an engine that is not a pool of several workers stays one partition."""
+        groups = worker_groups(getattr(self.engine, "worker_count", 1), max_staleness)
+        self.partitions = [self] if len(groups) <= 1 else [VersionedEngine(self.engine.worker_engine(g), self.version) for g in groups]
 
     def generate(self, prompts: Any, settings: Any) -> Any:
         asked = time.perf_counter()
@@ -208,6 +215,7 @@ class AsyncTrainingLoop(TrainingLoop):
         engine = self.collector.engine
         # The arm wraps the engine before its hooks are built (so periodic evaluation takes the lock too).
         self.engine = engine if isinstance(engine, VersionedEngine) else VersionedEngine(engine)
+        self.engine.split(max_staleness)
         self.collector.engine = self.engine
         self.buffer: RolloutBuffer | None = None
         self._first_step = self.step_index + 1

@@ -2,12 +2,16 @@
 ``rollout.max_staleness: k`` ≥ 1), as seed 000 §3.3 lays it out: each worker collects whole
 batches on its own, into its own partition, and the learner draws them in a fixed order.
 
-- **Which worker collects which step**: step t goes to partition (t − 1) mod N
+- **Partitions**: at most k + 1 steps are ever collected at once (step t waits for policy
+  version t − 1 − k, and the learner trains step s at version s − 1), so there are
+  P = min(N, k + 1) partitions, each a contiguous group of workers (:func:`worker_groups`; one
+  worker each when k + 1 ≥ N) that cuts each of its steps over its workers: every worker stays
+  busy, and k = 0 is one partition of all workers, the synchronous pool.
+- **Which partition collects which step**: step t goes to partition (t − 1) mod P
   (:func:`partition_of`), so the learner's draw order depends on nothing but the step, also
   after a resume. Each partition has its own producer thread, which collects its steps in order
-  on its own worker (:class:`~polyrl.engines.worker_pool.WorkerEngine`): with k ≥ 2 two workers
-  generate two steps at once, where a single producer would cut each step over the workers and
-  wait for the slowest slice.
+  on its own workers (:class:`~polyrl.engines.worker_pool.WorkerEngine`), without waiting for
+  another partition's slower worker.
 - **Prompts in step order** (:class:`OrderedDraws`): the producers share the prompt sampler, and
   step t draws only after step t − 1 has drawn everything it will, so each step gets the prompts
   (and per-request seeds, hence the samples) it gets with one engine, and the sampler positions
@@ -23,7 +27,15 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-__all__ = ["LockedRewards", "OrderedDraws", "partition_of"]
+from polyrl.engines.worker_pool import contiguous_slices
+
+__all__ = ["LockedRewards", "OrderedDraws", "partition_of", "worker_groups"]
+
+
+def worker_groups(workers: int, max_staleness: int) -> list[list[int]]:
+    """The rollout workers of each buffer partition: min(N, k + 1) contiguous groups whose sizes
+    differ by at most one."""
+    return [list(range(start, stop)) for start, stop in contiguous_slices(workers, min(workers, max_staleness + 1))]
 
 
 def partition_of(step: int, partitions: int) -> int:

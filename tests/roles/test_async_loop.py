@@ -63,10 +63,14 @@ def test_buffer_reports_utilisation_and_hands_a_producer_error_to_the_learner():
 
 def test_each_worker_partition_holds_its_own_steps_and_the_learner_draws_them_round_robin():
     from polyrl.roles.async_loop import BufferedBatch
-    from polyrl.roles.async_partitions import partition_of
+    from polyrl.roles.async_partitions import partition_of, worker_groups
 
-    # Two workers: steps 1, 3 to partition 0 and steps 2, 4 to partition 1 ((t - 1) mod 2).
+    # Two partitions: steps 1, 3 to partition 0 and steps 2, 4 to partition 1 ((t - 1) mod 2).
     assert [partition_of(step, 2) for step in (1, 2, 3, 4)] == [0, 1, 0, 1]
+    # At most k + 1 steps are collected at once, so min(N, k + 1) partitions of contiguous workers:
+    # 4 workers at k = 1 -> 2 partitions of 2; at k = 3 -> one worker each; k = 0 -> one of all; 3 at k = 1 -> 2 + 1.
+    assert worker_groups(4, 1) == [[0, 1], [2, 3]] and worker_groups(4, 3) == [[0], [1], [2], [3]]
+    assert worker_groups(4, 0) == [[0, 1, 2, 3]] and worker_groups(3, 1) == [[0, 1], [2]] and worker_groups(1, 2) == [[0]]
     buffer = RolloutBuffer(max_staleness=3, version=0, workers=2)
     for step in (2, 4, 1):
         buffer.put(BufferedBatch(step, collected=None, sampler_before={}, sampler_after={}, engine_wait_s=0.0,
