@@ -9,7 +9,7 @@ generates and scores the batches of steps s+1 … s+k while the learner updates 
   none is ever dropped. The learner checks the bound on every batch and refuses a violation.
 - Engine locks: generation (a producer's, and periodic evaluation's) and weight syncs (the
   learner's, between updates) never interleave: a sync takes the engine's lock and every
-  worker's; a producer takes its worker's, evaluation the engine's.
+  partition's; a producer takes its partition's, evaluation the engine's.
 - The buffer holds finished batches in partitions of the rollout workers (``rollout.workers``;
   one partition with the in-process engine): min(N, k + 1) partitions, each a group of workers
   with a producer thread of its own collecting whole steps into it, step t in partition
@@ -116,17 +116,17 @@ class BufferedBatch:
     sampler_before: dict[str, Any]  # the prompt sampler's position before this step's draws
     sampler_after: dict[str, Any]  # ... and after them: what a checkpoint of this step records
     engine_wait_s: float  # the producer's wait for newer weights (throttle and engine lock)
-    partition: int = 0  # the rollout worker that collected it
+    partition: int = 0  # the buffer partition (group of rollout workers) that collected it
 
 
 class RolloutBuffer:
-    """Finished batches by step, one partition per rollout worker (step t in partition
-    :func:`~polyrl.roles.async_partitions.partition_of`), and the newest synced policy version the
-    producers throttle on; a producer error reaches the learner's next :meth:`take`."""
+    """Finished batches by step, in ``partitions`` (one per group of rollout workers; step t in
+    partition :func:`~polyrl.roles.async_partitions.partition_of`), and the newest synced policy
+    version the producers throttle on; a producer error reaches the learner's next :meth:`take`."""
 
-    def __init__(self, max_staleness: int, version: int, workers: int = 1):
+    def __init__(self, max_staleness: int, version: int, partitions: int = 1):
         self.slots = max(max_staleness, 1)  # the k batches generation may run ahead of the learner
-        self.partitions: list[dict[int, BufferedBatch]] = [{} for _ in range(workers)]
+        self.partitions: list[dict[int, BufferedBatch]] = [{} for _ in range(partitions)]
         self.version = version
         self.in_flight: set[int] = set()
         self.error: BaseException | None = None
@@ -225,7 +225,7 @@ class AsyncTrainingLoop(TrainingLoop):
         for engine in (self.engine, *self.engine.partitions):  # the learner's weights (built or restored)
             engine.version = self.step_index
         partitions = len(self.engine.partitions)
-        self.buffer = RolloutBuffer(self.max_staleness, version=self.step_index, workers=partitions)
+        self.buffer = RolloutBuffer(self.max_staleness, version=self.step_index, partitions=partitions)
         draws = OrderedDraws(self.sampler, self.step_index + 1, one_draw_per_step=not self.collector.settings.dynamic_sampling)
         rewards = LockedRewards(self.collector.rewards)
         producers = [threading.Thread(target=self.produce, args=(self.buffer, draws, k, self.partition_collector(k, draws, rewards)),
@@ -246,7 +246,7 @@ class AsyncTrainingLoop(TrainingLoop):
         return self.history
 
     def partition_collector(self, partition: int, draws: OrderedDraws, rewards: LockedRewards) -> RolloutCollector:
-        """The arm's collector on one worker's engine, drawing its prompts in step order."""
+        """The arm's collector on one partition's workers, drawing its prompts in step order."""
         return RolloutCollector(self.engine.partitions[partition], rewards, draws.draw, self.collector.settings)
 
     def produce(self, buffer: RolloutBuffer, draws: OrderedDraws, partition: int, collector: RolloutCollector) -> None:
@@ -286,7 +286,7 @@ class AsyncTrainingLoop(TrainingLoop):
                       "perf/overlapped_score_s": collected.seconds.get("score", 0.0)})
         if step != self._first_step:  # the loop's first batch is always awaited: it says nothing of the balance
             extra["async/buffer_utilisation"] = utilisation
-        if len(self.buffer.partitions) > 1:  # which worker collected it, and what each partition held after the draw
+        if len(self.buffer.partitions) > 1:  # which partition collected it, and what each one held after the draw
             extra["async/partition"] = float(batch.partition)
             extra.update({f"async/partition_{k}/batches": float(n) for k, n in enumerate(self.buffer.held())})
         # What a checkpoint of this step records: the sampler after this batch (the producer has

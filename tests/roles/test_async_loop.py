@@ -71,7 +71,7 @@ def test_each_worker_partition_holds_its_own_steps_and_the_learner_draws_them_ro
     # 4 workers at k = 1 -> 2 partitions of 2; at k = 3 -> one worker each; k = 0 -> one of all; 3 at k = 1 -> 2 + 1.
     assert worker_groups(4, 1) == [[0, 1], [2, 3]] and worker_groups(4, 3) == [[0], [1], [2], [3]]
     assert worker_groups(4, 0) == [[0, 1, 2, 3]] and worker_groups(3, 1) == [[0, 1], [2]] and worker_groups(1, 2) == [[0]]
-    buffer = RolloutBuffer(max_staleness=3, version=0, workers=2)
+    buffer = RolloutBuffer(max_staleness=3, version=0, partitions=2)
     for step in (2, 4, 1):
         buffer.put(BufferedBatch(step, collected=None, sampler_before={}, sampler_after={}, engine_wait_s=0.0,
                                  partition=partition_of(step, 2)))
