@@ -1,9 +1,12 @@
 """Weights from the learner to the rollout workers through a torch.distributed broadcast
 (``rollout.weight_sync: broadcast``), as verl and OpenRLHF send them on CUDA clusters.
 
-The group is a stateless one of its own (a ``TCPStore`` and a ``ProcessGroupGloo`` /
+The group is a stateless one of its own (a store and a ``ProcessGroupGloo`` /
 ``ProcessGroupNCCL`` built directly, not ``init_process_group``), so it lives beside any default
-group of the processes (the learner ranks' own). Rank 0 is the driver, which holds the learner's
+group of the processes (the learner ranks' own). On one machine (a driver on 127.0.0.1) the
+rendezvous is a ``FileStore`` in a private folder and gloo's sockets are bound to 127.0.0.1, so
+nothing listens beyond the machine; across nodes it is a ``TCPStore`` on the driver's node
+address (torch binds it to every interface: keep the cluster's network private). Rank 0 is the driver, which holds the learner's
 weights that a sync sends (with ``train.learner_workers > 1`` the driver's mirror of learner
 rank 0, which takes rank 0's weights after every update); ranks 1 … N are the rollout workers.
 
@@ -19,12 +22,17 @@ the NCCL path is the same code with another backend and was NOT run (this machin
 from __future__ import annotations
 
 import datetime
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 
-__all__ = ["BroadcastGroup", "TensorMeta", "resolve_weight_sync", "tensor_metas"]
+__all__ = ["BroadcastGroup", "Rendezvous", "TensorMeta", "resolve_weight_sync", "tensor_metas"]
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -50,18 +58,56 @@ def resolve_weight_sync(setting: str, *, learner_cuda: bool, worker_gpus: float)
     return "broadcast", "nccl" if on_cuda else "gloo"
 
 
-class BroadcastGroup:
-    """One member of the broadcast group (rank 0 the sender). Rank 0 creates the rendezvous
-    store (:meth:`host`); the workers join it; every member's constructor returns once all
-    ``world_size`` have joined."""
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the group's members meet: a file on this machine, or the driver's TCP port."""
 
-    def __init__(self, store: Any, rank: int, world_size: int, backend: str, timeout_s: float):
+    address: str  # the driver's node address (gloo's sockets bind to it)
+    world_size: int
+    timeout_s: float
+    file: str = ""  # FileStore (one machine)
+    port: int = 0  # TCPStore (several nodes)
+
+    @classmethod
+    def host(cls, address: str, world_size: int, timeout_s: float) -> tuple["Rendezvous", Any]:
+        """Rank 0's side: the rendezvous and its store."""
         import torch.distributed as dist
 
-        self.rank, self.world_size, self.backend = rank, world_size, backend
-        timeout = datetime.timedelta(seconds=timeout_s)
+        if address in LOOPBACK:
+            file = str(Path(tempfile.mkdtemp(prefix="polyrl-broadcast-")) / "store")
+            return cls(address, world_size, timeout_s, file=file), dist.FileStore(file, world_size)
+        store = dist.TCPStore(address, 0, world_size, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
+        return cls(address, world_size, timeout_s, port=store.port), store
+
+    def store(self) -> Any:
+        """A member's side of the store."""
+        import torch.distributed as dist
+
+        if self.file:
+            return dist.FileStore(self.file, self.world_size)
+        return dist.TCPStore(self.address, self.port, self.world_size, False, timeout=datetime.timedelta(seconds=self.timeout_s))
+
+    def remove(self) -> None:
+        if self.file:
+            shutil.rmtree(Path(self.file).parent, ignore_errors=True)
+
+
+class BroadcastGroup:
+    """One member of the broadcast group (rank 0 the sender). Rank 0 hosts the rendezvous
+    (:meth:`Rendezvous.host`); the workers :meth:`join` it; every member's constructor returns
+    once all ``world_size`` have joined."""
+
+    def __init__(self, store: Any, rank: int, rendezvous: Rendezvous, backend: str):
+        import torch.distributed as dist
+
+        world_size = rendezvous.world_size
+        self.rank, self.world_size, self.backend, self.rendezvous = rank, world_size, backend, rendezvous
+        timeout = datetime.timedelta(seconds=rendezvous.timeout_s)
         if backend == "gloo":
-            self.group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+            options = dist.ProcessGroupGloo._Options()
+            options._timeout = timeout
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=rendezvous.address)]  # its sockets on that address
+            self.group = dist.ProcessGroupGloo(store, rank, world_size, options)
         elif backend == "nccl":  # not run here (no GPU)
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
@@ -71,19 +117,9 @@ class BroadcastGroup:
         self.store = store
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
-    @staticmethod
-    def host(address: str, world_size: int, timeout_s: float) -> Any:
-        """Rank 0's rendezvous store on ``address`` and a free port (``store.port``)."""
-        import torch.distributed as dist
-
-        return dist.TCPStore(address, 0, world_size, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
-
     @classmethod
-    def join(cls, address: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> "BroadcastGroup":
-        import torch.distributed as dist
-
-        store = dist.TCPStore(address, port, world_size, False, timeout=datetime.timedelta(seconds=timeout_s))
-        return cls(store, rank, world_size, backend, timeout_s)
+    def join(cls, rendezvous: Rendezvous, rank: int, backend: str) -> "BroadcastGroup":
+        return cls(rendezvous.store(), rank, rendezvous, backend)
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         import torch.distributed as dist
@@ -115,3 +151,5 @@ class BroadcastGroup:
         if shutdown is not None and self.backend == "nccl":
             shutdown()
         self.group = None
+        if self.rank == 0:
+            self.rendezvous.remove()

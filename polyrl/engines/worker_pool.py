@@ -40,7 +40,7 @@ import torch
 from polyrl.core.errors import PolyrlError
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
-from polyrl.engines.weight_broadcast import BroadcastGroup, TensorMeta, tensor_metas
+from polyrl.engines.weight_broadcast import BroadcastGroup, Rendezvous, TensorMeta, tensor_metas
 from polyrl.runtime.ray_cluster import acquire_ray, release_ray
 
 
@@ -89,10 +89,10 @@ class EngineWorker:
     def load_weights(self, weights: list[tuple[str, torch.Tensor]], version: int) -> int:
         return self.engine.update_weights(weights, version)
 
-    def join_broadcast(self, address: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    def join_broadcast(self, rendezvous: Rendezvous, rank: int, backend: str) -> None:
         """Join the driver's weight-broadcast group (leaving a previous one)."""
         self.leave_broadcast()
-        self.broadcast = BroadcastGroup.join(address, port, rank, world_size, backend, timeout_s)
+        self.broadcast = BroadcastGroup.join(rendezvous, rank, backend)
 
     def receive_weights(self, metas: list[TensorMeta], version: int) -> int:
         """Take part in the driver's broadcast of ``metas`` and load what arrives as ``version``."""
@@ -225,12 +225,14 @@ class RolloutWorkerPool(RolloutEngine):
             return
         self._close_group()
         ray, spec, size = self.ray, self.spec, len(self.workers) + 1
-        address = ray.util.get_node_ip_address()
-        store = BroadcastGroup.host(address, size, spec.ready_timeout_s)
-        joins = [worker.join_broadcast.remote(address, store.port, k + 1, size, spec.broadcast_backend, spec.ready_timeout_s)
-                 for k, worker in enumerate(self.workers)]
-        self._group = BroadcastGroup(store, 0, size, spec.broadcast_backend, spec.ready_timeout_s)  # returns once all joined
-        ray.get(joins)
+        rendezvous, store = Rendezvous.host(ray.util.get_node_ip_address(), size, spec.ready_timeout_s)
+        joins = [worker.join_broadcast.remote(rendezvous, k + 1, spec.broadcast_backend) for k, worker in enumerate(self.workers)]
+        try:
+            self._group = BroadcastGroup(store, 0, rendezvous, spec.broadcast_backend)  # returns once all joined
+            ray.get(joins)
+        except BaseException:
+            rendezvous.remove()
+            raise
         self._group_pids = list(self.pids)
 
     def _close_group(self) -> None:
