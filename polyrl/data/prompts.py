@@ -5,6 +5,8 @@
 * ``"arithmetic"`` — the synthetic task shipped with polyrl (``polyrl/tasks/data/arithmetic``);
 * ``"arithmetic_chat"`` — the same problems and splits in chat form: each row's ``messages``
   hold one user question (``polyrl/tasks/arithmetic.py``: ``chat_row``), for chat models;
+* ``"arithmetic_chat_free"`` — the same, asked as a bare question (``What is 37 + 48?``) whose
+  answer's form and length are the model's (``free_chat_row``);
 * ``"word_problems"`` — two-step arithmetic word problems in chat form, answered in free text
   (``polyrl/tasks/word_problems.py``), for chat models;
 * ``"drawing"`` — the shipped drawing task (``polyrl/tasks/data/drawing``);
@@ -38,10 +40,11 @@ from polyrl.data.errors import DataConfigError  # re-exported: callers import it
 from polyrl.tasks import arithmetic, drawing, scenes, word_problems
 from polyrl.core.types import PromptSample
 
-BUILTIN_SOURCES = ("arithmetic", "arithmetic_chat", "word_problems", "drawing", "scenes", "scenes_captions")
+BUILTIN_SOURCES = ("arithmetic", "arithmetic_chat", "arithmetic_chat_free", "word_problems", "drawing", "scenes", "scenes_captions")
 # The module of each built-in source: its SPLITS and shipped_path(split) (and map_row(row) for a
 # source in chat form: the shipped rows, mapped).
-_BUILTIN_MODULES = {"arithmetic": arithmetic, "arithmetic_chat": arithmetic.CHAT, "word_problems": word_problems, "drawing": drawing, "scenes": scenes,
+_BUILTIN_MODULES = {"arithmetic": arithmetic, "arithmetic_chat": arithmetic.CHAT, "arithmetic_chat_free": arithmetic.CHAT_FREE,
+                    "word_problems": word_problems, "drawing": drawing, "scenes": scenes,
                     "scenes_captions": scenes.CAPTIONS}
 _FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 

@@ -30,7 +30,10 @@ splits, each prompt re-worded as a question in one user message (:func:`chat_row
     What is 37 + 48? Answer with the number only.
 
 The answer check is unchanged (the accuracy reward's ``auto`` extraction falls back to the
-last number when there is no ``####``).
+last number when there is no ``####``). The ``arithmetic_chat_free`` source asks the bare
+question (``What is 37 + 48?``, :func:`free_question`) and leaves the answer's form and length
+to the model: SmolLM2-135M-Instruct answers 34% of 32 test questions greedily, in 30 tokens on
+average, from "37 + 48 = 85." to a paragraph of working.
 
 The shipped files ``polyrl/tasks/data/arithmetic/{train,test}.jsonl`` are exactly
 ``make_arithmetic_rows(SHIPPED_SIZES[split], seed=SHIPPED_SEED, split=split)``; regenerate them
@@ -223,21 +226,36 @@ def chat_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": question, "messages": [{"role": "user", "content": question}]}
 
 
+def free_question(a: int, op: str, b: int) -> str:
+    """The problem as a bare chat question, ``What is 37 + 48?``: how to answer (a number, an
+    equation, a paragraph of working) is the model's choice."""
+    return f"What is {a} {op} {b}?"
+
+
+def free_chat_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A shipped row in chat form with no answer format asked (the ``arithmetic_chat_free`` source)."""
+    question = free_question(*parse_prompt(row["prompt"]))
+    return {"prompt": question, "messages": [{"role": "user", "content": question}]}
+
+
 class _ChatSplits:
-    """The ``arithmetic_chat`` source as the prompt loader sees a task module: the shipped
-    files, each row mapped by :func:`chat_row`."""
+    """A chat-form source as the prompt loader sees a task module: the shipped files, each row
+    mapped by ``map_row`` (``arithmetic_chat``: :func:`chat_row`; ``arithmetic_chat_free``:
+    :func:`free_chat_row`)."""
 
     SPLITS = SPLITS
+
+    def __init__(self, map_row):
+        # The loader maps every shipped row through this (polyrl/data/prompts.py).
+        self.map_row = map_row
 
     @staticmethod
     def shipped_path(split: str) -> Path:
         return shipped_path(split)
 
-    # The loader maps every shipped row through this (polyrl/data/prompts.py).
-    map_row = staticmethod(chat_row)
 
-
-CHAT = _ChatSplits()
+CHAT = _ChatSplits(chat_row)
+CHAT_FREE = _ChatSplits(free_chat_row)
 
 if __name__ == "__main__":
     SHIPPED.regenerate()

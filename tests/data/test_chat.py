@@ -93,6 +93,10 @@ def test_messages_only_rows_and_the_arithmetic_chat_source(tmp_path, tokenizer):
     assert [c.references for c in chat] == [p.references for p in plain] and [c.fields["id"] for c in chat] == [p.fields["id"] for p in plain]
     [formatted] = format_prompts(chat[:1], tokenizer, ChatFormat())
     assert f"user<|end_header_id|>\n\nWhat is {a} {op} {b}?" in formatted.model_prompt
+    # The free form asks the bare question, same problems and answers: the answer's form is the model's.
+    free = rows_to_prompt_samples(load_prompt_dataset("arithmetic_chat_free", "test", limit=5, messages_field="messages"),
+                                  messages_field="messages")
+    assert free[0].prompt == f"What is {a} {op} {b}?" and [f.references for f in free] == [p.references for p in plain]
 
 
 # -- the end of a turn -----------------------------------------------------------------------
