@@ -5,7 +5,9 @@ The real model: ``--pretrained smollm2-135m-instruct`` (SmolLM2-135M-Instruct fr
 ``arithmetic_chat`` prompts through its chat template on both sides: polyrl ``data.chat_template``, TRL's
 conversational prompts), with ``--lora`` for LoRA on both sides (r 16, alpha 32, all-linear; TRL through
 ``peft_config``, the same PEFT ``LoraConfig``). Every worker reports its peak RSS (``ru_maxrss``: polyrl's
-includes its in-process vLLM and KV cache, ``--kv-cache-gb``) and where its step's time goes.
+includes its in-process vLLM and KV cache, ``--kv-cache-gb``, default auto as in polyrl) and where its step's
+time goes; ``--trace-rss`` adds each worker's resident memory per phase (a 10 ms sampler thread; the
+workers and the trace live in ``bench/compare_trl_parts/``).
 Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``--regimes``,
 ``--trl-modes hf hf-compile vllm-colocate``, ``--polyrl-arms eager compile rollout-compile compile-both bf16-sampler`` (polyrl
 eager, with ``train.compile``, with ``rollout.compile``, with both, and with ``rollout.dtype: bfloat16``, interleaved with
@@ -59,14 +61,13 @@ os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # compare_trl_parts: the workers and the RSS trace
 
-PROMPTS, SAMPLES, MICRO_BATCH, LEARNING_RATE = 8, 8, 16, 1e-6
-LORA = {"r": 16, "alpha": 32.0, "target_modules": "all-linear"}  # --lora, the same on both sides
+from compare_trl_parts.rss_trace import RssTrace, format_trace  # noqa: E402
+from compare_trl_parts.workers import LORA, PRECISIONS, PROMPTS, SAMPLES, long_writer_policy, polyrl_worker, trl_worker  # noqa: E402
+
 REGIMES = {"update-heavy": {"max_tokens": 24, "long_writer": False}, "rollout-heavy": {"max_tokens": 192, "long_writer": True}}
 RESULT_MARK = "COMPARE_TRL_RESULT "
-# polyrl's model.dtype per --precision: bf16 is mixed precision on both sides (fp32 weights and
-# AdamW state, bf16 autocast compute; TRL's ``bf16=True``), and polyrl's vLLM samples in bf16.
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 # --polyrl-arms: each a polyrl worker variant interleaved with TRL in one run.
 # Each arm: its label in the tables and the worker options that make it.
 POLYRL_ARMS = {
@@ -80,202 +81,6 @@ ARM_OPTIONS = dict(POLYRL_ARMS.values())
 # --trl-modes: interleaved with the polyrl arms in every round, except vllm-colocate (tried once per regime).
 TRL_MODES = ("hf", "hf-compile", "vllm-colocate")
 TRL_SYSTEMS = tuple(f"trl-{mode}" for mode in TRL_MODES)
-
-
-def arithmetic_rows(chat: bool = False) -> list[dict]:
-    """The arithmetic task's train rows; ``chat``: in the ``arithmetic_chat`` form (one user message)."""
-    from polyrl.tasks.arithmetic import __file__ as task_file
-    from polyrl.tasks.arithmetic import chat_row
-
-    path = Path(task_file).parent / "data" / "arithmetic" / "train.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{**row, **chat_row(row)} for row in rows] if chat else rows
-
-
-def peak_rss_mib() -> float:
-    """This process's resident-set high-water mark (Linux ``ru_maxrss`` is in KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def accuracy_scores(prompts: list[str], completions: list[str], answers: list[str], extract: str = "hash") -> list[float]:
-    from polyrl.rewards import load_reward_class
-    from polyrl.rewards.base import RewardBatch
-
-    reward = load_reward_class("accuracy")(extract=extract)
-    scores = reward.score(RewardBatch(prompts=prompts, completions=completions, references=[[a] for a in answers]))
-    return [0.0 if s is None else float(s) for s in scores]
-
-
-def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
-    """A copy of ``source`` that never ends its answers (same weights elsewhere).
-
-    The residual stream gets one constant dimension: embeddings set it to a constant, every
-    attention/MLP output projection writes 0 into it, so after the final RMSNorm it is positive
-    for every token; the end-of-sequence row of the output head reads only that dimension, with
-    weight ``-push``. Its logit is then far below every other token's.
-    """
-    import shutil
-
-    import torch
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoTokenizer
-
-    shutil.copytree(source, target)
-    weights_path = target / "model.safetensors"
-    weights = load_file(str(weights_path))
-    eos = AutoTokenizer.from_pretrained(str(source)).eos_token_id
-    embed = weights["model.embed_tokens.weight"]
-    embed[:, 0] = 4.0 * embed[:, 1:].abs().mean() * embed.shape[1] ** 0.5
-    for name, tensor in weights.items():
-        if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
-            tensor[0, :] = 0.0
-    head = weights.get("lm_head.weight", embed)
-    if head is embed:
-        raise ValueError("long_writer_policy needs an untied output head")
-    head[eos] = 0.0
-    head[eos, 0] = -push
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(weights_path), metadata={"format": "pt"})
-    return target
-
-
-# --- workers (each in its own process) ---------------------------------------------------------
-
-
-def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
-                  micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
-                  rollout_dtype: str | None = None, rollout_compile: bool = False, chat: bool = False, lora: bool = False,
-                  lora_sync: str = "merged", kv_cache_gb: float = 1.0) -> dict:
-    from polyrl.config.schema import resolve_arms
-    from polyrl.runtime.cpu_matmul import linear_library
-    from polyrl.roles.setup import build_arm
-
-    config = resolve_arms({
-        "name": "compare_trl",
-        "model": {"path": policy, "dtype": PRECISIONS[precision], **({"lora": {**LORA, "sync": lora_sync}} if lora else {})},
-        "data": {"source": "arithmetic_chat", "chat_template": True} if chat else {"source": "arithmetic"},
-        "objective": {"name": "dr_grpo"},
-        "rollout": {"engine": "vllm", "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_tokens": regime["max_tokens"],
-                    "temperature": 1.0, "kv_cache_gb": kv_cache_gb, "dtype": rollout_dtype, "compile": rollout_compile},
-        "rewards": [{"module": "accuracy", "params": {"extract": "auto" if chat else "hash"}}],
-        "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": micro_batch or MICRO_BATCH, "max_grad_norm": 1.0,
-                  "compile": compile, "micro_batch_tokens": micro_batch_tokens, "cpu_matmul": cpu_matmul,
-                  "share_prompts": share_prompts},
-        "tracking": {"progress": False},
-        "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
-    })["main"]
-    arm = build_arm(config, arm="main", arm_dir=Path(tempfile.mkdtemp()) / "main")
-    startup = time.perf_counter() - PROCESS_START
-    loop = arm.loop(printer=lambda _line: None)
-    try:
-        warmup_started = time.perf_counter()
-        for _ in range(3 if compile else 1):  # warm-up (with train.compile: the one-off compilations too)
-            loop.step()
-        warmup_s = time.perf_counter() - warmup_started
-        seconds, lengths, generate, gaps, phases = [], [], [], [], []
-        for _ in range(steps):
-            start = time.perf_counter()
-            metrics = loop.step()
-            seconds.append(time.perf_counter() - start)
-            lengths.append(metrics["rollout/response_length/mean"])
-            generate.append(metrics["perf/generate_s"])
-            gaps.append(metrics["rollout/logprob_gap"])
-            phases.append({k[5:-2]: v for k, v in metrics.items() if k.startswith("perf/") and k.endswith("_s")})
-    finally:
-        arm.close()
-    return {"startup_s": startup, "step_s": seconds, "mean_length": lengths, "samples": PROMPTS * SAMPLES, "generate_s": generate,
-            "phases": phases, "peak_rss_mib": peak_rss_mib(),
-            "warmup_s": warmup_s, "cpu_matmul": linear_library(arm.learner.policy), "logprob_gap": max(gaps)}
-
-
-def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision: str = "fp32", compile: bool = False,
-               chat: bool = False, lora: bool = False) -> dict:
-    import torch
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    rows = arithmetic_rows(chat)
-    # Chat: TRL's conversational prompts (it applies the tokenizer's chat template, as polyrl's data.chat_template).
-    dataset = Dataset.from_list([{"prompt": r["messages"] if chat else r["prompt"], "answer": r["answer"]} for r in rows])
-
-    def accuracy(prompts, completions, answer, **_):
-        if chat:  # conversational: lists of messages
-            prompts, completions = [p[-1]["content"] for p in prompts], [c[-1]["content"] for c in completions]
-        return accuracy_scores(prompts, completions, answer, extract="auto" if chat else "hash")
-
-    class StepClock(TrainerCallback):
-        def __init__(self):
-            self.seconds, self.lengths, self.start = [], [], None
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.start = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.seconds.append(time.perf_counter() - self.start)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "completions/mean_length" in logs:
-                self.lengths.append(float(logs["completions/mean_length"]))
-
-    warmup_steps = 3 if compile else 1  # compiled: the one-off compilations (several, as shapes change) stay out of the rates
-    args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), max_steps=steps + warmup_steps, torch_compile=compile, per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH, num_generations=SAMPLES,
-        max_completion_length=regime["max_tokens"], temperature=1.0, top_p=1.0, learning_rate=LEARNING_RATE, max_grad_norm=1.0,
-        beta=0.0, loss_type="dr_grpo", scale_rewards="none", num_iterations=1, use_cpu=not torch.cuda.is_available(), bf16=precision == "bf16", fp16=False,
-        logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_dropout=True, lr_scheduler_type="constant",
-        warmup_steps=0, use_vllm=use_vllm,
-        **({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3, "vllm_max_model_length": 512} if use_vllm else {}),
-    )
-    clock = StepClock()
-    peft_config = None
-    if lora:
-        from peft import LoraConfig
-        peft_config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"], lora_dropout=0.0, bias="none")
-    trainer = GRPOTrainer(model=policy, reward_funcs=[accuracy], args=args, train_dataset=dataset,
-                          processing_class=AutoTokenizer.from_pretrained(policy), callbacks=[clock], peft_config=peft_config)
-    # Log-probs outside the update's own forward (old/reference log-probs; none with one update per
-    # step and beta 0, as here) are timed apart from the update.
-    logprob_seconds: list[float] = []
-    score = trainer._get_per_token_logps_and_entropies
-
-    def timed_logprobs(*args, **kwargs):
-        if torch.is_grad_enabled():
-            return score(*args, **kwargs)
-        start = time.perf_counter()
-        try:
-            return score(*args, **kwargs)
-        finally:
-            logprob_seconds.append(time.perf_counter() - start)
-
-    trainer._get_per_token_logps_and_entropies = timed_logprobs
-    # Generation's share of TRL's step: its HF path calls the (unwrapped, on CPU the same) model's generate.
-    generate_seconds: list[float] = []
-    model_generate = trainer.model.generate
-
-    def timed_generate(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return model_generate(*args, **kwargs)
-        finally:
-            generate_seconds.append(time.perf_counter() - start)
-
-    if not use_vllm:
-        trainer.model.generate = timed_generate
-    startup = time.perf_counter() - PROCESS_START
-    trainer.train()
-    if compile:  # that the Trainer really ran a compiled forward, not silently eager
-        from torch._dynamo.utils import counters
-        if not counters["stats"]["unique_graphs"]:
-            raise RuntimeError("TRL torch_compile=True compiled no graph")
-    timed = clock.seconds[warmup_steps:]
-    per_step_generate = generate_seconds[-len(timed):] if generate_seconds and len(generate_seconds) == len(clock.seconds) else []
-    return {"startup_s": startup, "step_s": timed, "mean_length": clock.lengths[warmup_steps:], "samples": PROMPTS * SAMPLES,
-            "generate_s": per_step_generate, "warmup_s": sum(clock.seconds[:warmup_steps]), "peak_rss_mib": peak_rss_mib(),
-            "phases": [{"generate": g, "no-grad log-probs": sum(logprob_seconds) / max(len(clock.seconds), 1)} for g in per_step_generate],
-            "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__}
 
 
 # --- the driver --------------------------------------------------------------------------------
@@ -339,6 +144,18 @@ def phase_medians(results: list[dict]) -> dict[str, float]:
     return {name: statistics.median(p.get(name, 0.0) for p in phases) for name in dict.fromkeys(k for p in phases for k in p)}
 
 
+def kv_cache_size(text: str) -> float | str:
+    return text if text == "auto" else float(text)
+
+
+def print_traces(results: dict[str, list[dict]]) -> None:
+    """Each worker's resident memory per phase (``--trace-rss``)."""
+    for system, runs in results.items():
+        for index, run in enumerate(runs):
+            if run.get("rss_trace"):
+                print("\n" + format_trace(run["rss_trace"], f"{system} (round {index}): RSS per phase, ru_maxrss {run['peak_rss_mib']:.0f} MiB"))
+
+
 def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
         if line.startswith("model name"):
@@ -378,7 +195,10 @@ def main() -> None:
                         help="The real model (from polyrl's model cache) with the arithmetic_chat prompts through its chat template")
     parser.add_argument("--lora", action="store_true", help=f"LoRA on both sides ({LORA}; TRL: peft_config)")
     parser.add_argument("--polyrl-lora-sync", choices=["merged", "adapter"], default="merged", help="polyrl's model.lora.sync")
-    parser.add_argument("--kv-cache-gb", type=float, default=1.0, help="polyrl's rollout.kv_cache_gb (part of its peak RSS)")
+    parser.add_argument("--kv-cache-gb", type=kv_cache_size, default="auto",
+                        help="polyrl's rollout.kv_cache_gb: GiB or auto (its default: what one step's generation holds; part of its peak RSS)")
+    parser.add_argument("--trace-rss", action="store_true",
+                        help="each worker samples its RSS every 10 ms and reports it per phase (generate, micro-batches, optimizer step, sync)")
     parser.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)  # the workers' form of --pretrained
     parser.add_argument("--worker", choices=["polyrl", *TRL_SYSTEMS], help=argparse.SUPPRESS)
     parser.add_argument("--regime", choices=list(REGIMES), help=argparse.SUPPRESS)
@@ -386,16 +206,18 @@ def main() -> None:
 
     if args.worker:
         regime = REGIMES[args.regime]
+        trace = RssTrace() if args.trace_rss else None
         if args.worker == "polyrl":
             result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile,
                                    micro_batch_tokens=args.polyrl_micro_batch_tokens, micro_batch=args.polyrl_micro_batch,
                                    cpu_matmul=args.polyrl_cpu_matmul, share_prompts=args.polyrl_share_prompts,
                                    precision=args.precision, rollout_dtype=args.polyrl_rollout_dtype,
                                    rollout_compile=args.polyrl_rollout_compile, chat=args.chat, lora=args.lora,
-                                   lora_sync=args.polyrl_lora_sync, kv_cache_gb=args.kv_cache_gb)
+                                   lora_sync=args.polyrl_lora_sync, kv_cache_gb=args.kv_cache_gb, process_start=PROCESS_START, trace=trace)
         else:
             result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate", precision=args.precision,
-                                compile=args.worker == "trl-hf-compile", chat=args.chat, lora=args.lora)
+                                compile=args.worker == "trl-hf-compile", chat=args.chat, lora=args.lora, process_start=PROCESS_START,
+                                trace=trace)
         print(RESULT_MARK + json.dumps(result), flush=True)
         return
 
@@ -408,7 +230,7 @@ def main() -> None:
         if any(REGIMES[regime]["long_writer"] for regime in args.regimes):
             parser.error("--pretrained: the rollout-heavy regime's long-writer policy needs an untied output head; use --regimes update-heavy")
     policy = args.policy or str(build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"policy-{args.size}", args.size, seed=0))
-    shared = (("--chat",) if args.chat else ()) + (("--lora",) if args.lora else ())
+    shared = (("--chat",) if args.chat else ()) + (("--lora",) if args.lora else ()) + (("--trace-rss",) if args.trace_rss else ())
     polyrl_only = ("--polyrl-lora-sync", args.polyrl_lora_sync, "--kv-cache-gb", str(args.kv_cache_gb))
     import trl
 
@@ -479,6 +301,7 @@ def main() -> None:
                           f"(from mean steps ×{ours['samples_per_s_from_means'] / theirs['samples_per_s_from_means']:.2f}), "
                           f"generated tok/s ×{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}, "
                           f"peak RSS ×{ours['peak_rss_mib'] / theirs['peak_rss_mib']:.2f}")
+        print_traces(results)
 
 
 if __name__ == "__main__":

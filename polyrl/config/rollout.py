@@ -41,7 +41,12 @@ class RolloutConfig(StrictModel):
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(64, ge=1)
     max_model_len: int = Field(512, ge=16)
-    kv_cache_gb: float = Field(1.0, gt=0)
+    kv_cache_gb: float | Literal["auto"] = Field(
+        "auto", description="vLLM's KV cache in GiB, or auto: what one step's generation holds (prompts_per_step x "
+        "samples_per_prompt sequences of the longest training prompt + max_tokens; polyrl/engines/kv_cache.py). On the "
+        "CPU the whole cache is resident memory, so a fixed size above the need is memory the run never uses; below it "
+        "vLLM queues sequences (slower, same samples). With periodic evaluation (eval.every), whose batches are not sized "
+        "here, auto is the former fixed 1 GiB.")
     threads: int | None = Field(
         None, ge=1, description="torch threads while generating (restored for the learner after); default: the learner's count. "
         "Measure before changing it: bench/bench_runtime_env.py, and the run's own perf/generate_s.")
@@ -72,6 +77,13 @@ class RolloutConfig(StrictModel):
         "batches overlaps the current update, and no sample older than k policy versions trains (generation waits rather "
         "than run further ahead). The ratio's old log-probs are then the sampler's (the behaviour policy). 0: the "
         "synchronous loop, unchanged.")
+
+    @model_validator(mode="after")
+    def _positive_kv_cache(self) -> "RolloutConfig":
+        if self.kv_cache_gb != "auto" and not self.kv_cache_gb > 0:
+            raise _field_error(("kv_cache_gb",), "kv_cache_gb must be a positive number of GiB or auto; got {got}", self.kv_cache_gb,
+                               got=repr(self.kv_cache_gb))
+        return self
 
     @model_validator(mode="after")
     def _compile_needs_vllm(self) -> "RolloutConfig":

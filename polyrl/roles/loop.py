@@ -15,6 +15,7 @@ from polyrl.engines.modality_marks import modality_string
 from polyrl.roles.batches import Rollout, Scores, length_metrics
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteStop, NonFiniteTrainingError
 from polyrl.roles.hooks import Checkpointer, Hook, StepReport
+from polyrl.runtime.host_memory import release_freed_host_memory
 
 __all__ = ["PHASES", "PhaseTimer", "TrainingLoop", "length_metrics", "rollout_metrics", "sample_rows"]
 
@@ -88,18 +89,27 @@ class TrainingLoop:
         collected = self.collector.collect(step)
         for phase, seconds in collected.seconds.items():
             timer.seconds[phase] += seconds
-        return self.train_on(step, collected, timer, step_start_sampler)
+        # Synchronous: nothing generates until the sync, so the sampler's weights may go meanwhile.
+        return self.train_on(step, collected, timer, step_start_sampler, release_sampler=not self.adapter_sync)
 
     def train_on(self, step: int, collected: Any, timer: PhaseTimer, step_start_sampler: dict[str, Any],
-                 extra_metrics: dict[str, float] | None = None) -> dict[str, float]:
+                 extra_metrics: dict[str, float] | None = None, release_sampler: bool = False) -> dict[str, float]:
         """Step ``step`` on ``collected``: pipeline, update, sync, then the hooks; ``extra_metrics``
-        join the step's metrics before the hooks see them."""
+        join the step's metrics before the hooks see them. ``release_sampler``: the rollout engine
+        drops its weights for the update (the sync reloads them all; only where nothing generates
+        before that sync)."""
         rollout, metrics = collected.rollout, {**collected.scores.metrics, **(extra_metrics or {})}
         if len(rollout):  # dynamic sampling may find no informative group: nothing to learn from
             with timer("advantage"):
                 batch = self.pipeline.run(rollout, collected.scores)
             with timer("update"):
-                learned = self.learn(batch, step_start_sampler)
+                released = self.free_memory_for_update(release_sampler)
+                try:
+                    learned = self.learn(batch, step_start_sampler)
+                except Exception:
+                    if released:  # the engine samples again, with the weights the learner put itself back to
+                        self.sync()
+                    raise
             with timer("sync"):
                 self.sync()
             metrics.update({**batch.metrics, **learned})
@@ -124,6 +134,15 @@ class TrainingLoop:
             hook.publish(report)
         self.history.append(metrics)
         return metrics
+
+    def free_memory_for_update(self, release_sampler: bool) -> bool:
+        """Before the update, the step's peak: the sampler's weights go (``release_sampler``, an
+        engine with ``release_weights``; vLLM on CPU), then the host memory freed since the last
+        update that glibc still holds (runtime/host_memory.py). Returns whether weights went."""
+        release = getattr(self.collector.engine, "release_weights", None) if release_sampler else None
+        released = bool(release()) if release is not None else False
+        release_freed_host_memory()
+        return released
 
     def learn(self, batch: Any, step_start_sampler: dict[str, Any]) -> dict[str, float]:
         try:

@@ -11,7 +11,7 @@ import time
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ from polyrl.data.images import ImageCheck, check_model_takes_images
 from polyrl.data.prompts import PromptSampler, load_prompt_dataset, rows_to_prompt_samples
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.engines.images import auto_model_class, model_takes_images
+from polyrl.engines.kv_cache import KvCacheNeed
 from polyrl.models.attention import attend_in_fp32_on_cpu
 from polyrl.models.cache import set_torch_threads
 from polyrl.models.gradient_checkpointing import GradientCheckpointingError, checkpoint_layers
@@ -236,11 +237,37 @@ def rollout_threads(configured: int | None, *, learner_threads: int) -> int:
     return configured if configured is not None else learner_threads
 
 
-def build_rollout(cfg: ExperimentConfig, policy_path: str | Path, tokenizer: Any) -> RolloutEngine:
+AUTO_KV_CACHE_GB_WITH_EVAL = 1.0
+
+
+def kv_cache_options(cfg: ExperimentConfig, prompt_lengths: Iterable[int]) -> dict[str, Any]:
+    """``rollout.kv_cache_gb`` as the engine takes it: a size, or (auto) what one step's generation
+    holds, from the longest of ``prompt_lengths`` (token ids, as the engine sends them)."""
+    r = cfg.rollout
+    if r.kv_cache_gb != "auto":
+        return {"kv_cache_gb": r.kv_cache_gb}
+    if cfg.eval.every:  # periodic evaluation's batches are not sized here: the former fixed size, so they do not queue
+        return {"kv_cache_gb": AUTO_KV_CACHE_GB_WITH_EVAL}
+    need = KvCacheNeed(sequences=r.prompts_per_step * r.samples_per_prompt, tokens_per_sequence=max(prompt_lengths, default=0) + r.max_tokens)
+    return {"kv_cache_need": need}
+
+
+def prompt_lengths(samples: Iterable[Any], tokenizer: Any, *, takes_images: bool, max_model_len: int) -> list[int]:
+    """Each training prompt's length in ids as the engine sends it (an image prompt: ``max_model_len``,
+    as vLLM expands its images itself)."""
+    if takes_images:
+        return [max_model_len]
+    samples = list(samples)
+    texts = [s.prompt for s in samples if s.prompt_ids is None]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return [len(s.prompt_ids) for s in samples if s.prompt_ids is not None] + [len(ids) for ids in encoded]
+
+
+def build_rollout(cfg: ExperimentConfig, policy_path: str | Path, tokenizer: Any, prompt_lengths: Iterable[int] = ()) -> RolloutEngine:
     """The configured rollout engine: in this process (``rollout.workers: 1``), else a pool of
     ``rollout.workers`` engines as Ray actors (:mod:`polyrl.engines.worker_pool`)."""
     r = cfg.rollout
-    options = dict(seed=cfg.seed, dtype=cfg.sampling_dtype, max_model_len=r.max_model_len, kv_cache_gb=r.kv_cache_gb,
+    options = dict(seed=cfg.seed, dtype=cfg.sampling_dtype, max_model_len=r.max_model_len, **kv_cache_options(cfg, prompt_lengths),
                    enforce_eager=not r.compile, **({"lora_rank": cfg.model.lora.r} if adapter_sync(cfg) else {}))
     if r.workers == 1:
         return build_rollout_engine(r.engine, str(policy_path), **options)
@@ -382,7 +409,8 @@ def _build_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logge
     label = accuracy_label(cfg, rewards.labels)
     engine_started = time.perf_counter()
     if engine is None:
-        engine = build_rollout(cfg, policy_path, tokenizer)
+        lengths = prompt_lengths(sampler.samples, tokenizer, takes_images=takes_images, max_model_len=cfg.rollout.max_model_len)
+        engine = build_rollout(cfg, policy_path, tokenizer, lengths)
     elif cfg.rollout.workers > 1:
         raise ConfigError(f"rollout.workers: {cfg.rollout.workers} workers asked for, but the caller passed its own engine; "
                           "set rollout.workers: 1 or pass no engine")

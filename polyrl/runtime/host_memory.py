@@ -20,6 +20,15 @@ process, processes alternating with and without):
 
 A 5th-gen Intel Xeon showed no change beyond its noise (stop 17 of this project, 4 pairs).
 
+Freed memory that the next phase cannot reuse is handed back (:func:`release_freed_host_memory`,
+glibc's ``malloc_trim``) once per step, between generation and the update. Measured on
+SmolLM2-135M (fp32, full fine-tuning, 8 × 8 samples, vLLM in-process, ``bench/compare_trl.py
+--trace-rss``): glibc held 1.3 GiB of free chunks when the second update began (2.7 GiB after it),
+which that update did not reuse (its resident memory grew as much as its live allocations):
+the arenas' free chunks left by generation and by the previous update are of other sizes or in
+other threads' arenas. Handing back their whole pages costs no faults in the update (it was not
+using them) and a few milliseconds.
+
 Cost: the process keeps its peak heap instead of returning it between steps, as torch's CUDA
 caching allocator does on a GPU. Applied only where the learner is on the CPU, and only to
 glibc's allocator (a preloaded tcmalloc or jemalloc has its own caches; musl and macOS have no
@@ -32,13 +41,32 @@ import ctypes
 import ctypes.util
 import functools
 
-__all__ = ["keep_freed_host_memory"]
+__all__ = ["keep_freed_host_memory", "release_freed_host_memory"]
 
 # glibc's <malloc.h> parameter numbers.
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 * 2**20  # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit): larger blocks still get their own mmap
 TRIM_THRESHOLD_BYTES = 2**31 - 1  # an int: free memory at the top of the heap stays up to ~2 GiB
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.gnu_get_libc_version  # noqa: B018 - glibc, not musl/macOS
+        libc.malloc_trim  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def release_freed_host_memory() -> bool:
+    """Hand the whole free pages of every glibc arena back to the kernel (``malloc_trim(0)``);
+    the chunks stay free for reuse (a reuse faults its pages in again). Returns whether glibc
+    released anything; False where the allocator is not glibc's."""
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
 @functools.cache  # process-wide, once

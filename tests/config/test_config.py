@@ -261,3 +261,15 @@ def test_polyrl_validate_refuses_bad_typed_params_and_duplicate_keys(tmp_path):
     result = subprocess.run([str(polyrl), "validate", str(duplicate)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "duplicate key 'train' at line 3 (first at line 2)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_kv_cache_is_sized_to_the_run_unless_given_in_gib():
+    from pydantic import ValidationError
+
+    from polyrl.config.rollout import RolloutConfig
+
+    assert RolloutConfig().kv_cache_gb == "auto"
+    assert RolloutConfig(kv_cache_gb=0.5).kv_cache_gb == 0.5
+    for bad in (0, -1.0, "big"):
+        with pytest.raises(ValidationError, match="kv_cache_gb"):
+            RolloutConfig(kv_cache_gb=bad)

@@ -86,13 +86,26 @@ def test_grpo_on_hf_engine_learns_longer_answers_and_logs_every_metric(tmp_path,
 @pytest.mark.slow
 def test_vllm_engine_stays_in_sync_with_the_learner_every_step(tmp_path, tiny_experiment):
     config = tiny_experiment(
-        rollout={"engine": "vllm", "max_tokens": 24},
+        rollout={"engine": "vllm", "max_tokens": 24, "kv_cache_gb": "auto"},
         train={"steps": 4, "learning_rate": 1e-2, "micro_batch_size": 16},
     )
     arm = _arm(tmp_path, config)
+    engine, update = arm.collector.engine, arm.learner.update
+    released_during_updates = []
+
+    def watched_update(*args, **kwargs):  # the sampler's weights are gone while the learner updates
+        released_during_updates.append(engine.released)
+        return update(*args, **kwargs)
+
+    arm.learner.update = watched_update
+    # rollout.kv_cache_gb auto: 4 x 4 sequences of <= 24 + longest prompt tokens, one 128-token block each,
+    # + 1 block vLLM holds back (the fixed 0.25 GiB of the other tests: 2,048 blocks of 128 x 1,024 B for this tiny policy).
+    assert engine.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks == 4 * 4 + 1
     before, history = _run(arm)
     assert _changed(before, arm.learner.policy) > 0
-    # Weights move a lot at lr 1e-2; a stale engine would show a gap of nats after step 1.
+    assert released_during_updates == [True] * 4 and not engine.released
+    # Weights move a lot at lr 1e-2; a stale engine (or one reloaded from released weights wrongly)
+    # would show a gap of nats after step 1.
     gaps = [h["rollout/logprob_gap"] for h in history]
     assert max(gaps) < 1e-3, gaps
     assert history[-1]["reward/mean"] > history[0]["reward/mean"]

@@ -47,3 +47,32 @@ def test_freed_blocks_are_reused_without_page_faults():
     assert default["faults_per_step"] > pages_per_step * 0.9, default  # every block mapped afresh, every step
     assert kept["faults_per_step"] < pages_per_step * 0.05, kept  # the same blocks reused from the heap (seen: 0-205)
     assert kept["done"].startswith("glibc") and "freed memory kept" in kept["done"]
+
+
+TRIM_PROBE = """
+import json, os, torch
+from polyrl.runtime.host_memory import keep_freed_host_memory, release_freed_host_memory
+
+def rss():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+keep_freed_host_memory()
+blocks = [torch.ones(2**20) for _ in range(64)]  # 64 x 4 MiB in the heap (under the 32 MiB mmap threshold)
+held = rss()
+last = blocks[-1]  # the heap's top stays in use: freeing the rest leaves holes no automatic trim reaches
+del blocks
+kept = rss()
+released = release_freed_host_memory()
+print(json.dumps({"held": held, "kept": kept, "after": rss(), "released": released}))
+"""
+
+
+@pytest.mark.skipif(not keep_freed_host_memory().startswith("glibc"), reason="glibc's malloc_trim only")
+def test_release_hands_freed_heap_pages_back_to_the_kernel():
+    done = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, timeout=120, check=True)
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    freed = 63 * 4 * 2**20  # 252 MiB of blocks freed below the one still in use
+    assert probe["held"] - probe["kept"] < 0.1 * freed, probe  # glibc kept them resident
+    assert probe["kept"] - probe["after"] > 0.9 * freed, probe  # malloc_trim gave their pages back
+    assert probe["released"] is True

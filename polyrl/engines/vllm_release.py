@@ -1,0 +1,89 @@
+"""The in-process vLLM engine's weights and KV cache, released for the learner's update.
+
+In the synchronous loop nothing generates between a step's generation and the weight sync that
+ends its update, and the sync replaces every weight: meanwhile the sampler's weights and its KV
+cache are dead data that share the host with the update, the step's memory peak. On the CPU:
+
+* vLLM keeps each Linear layer's weight only inside its oneDNN/SGL matmul handle
+  (``layer.cpu_linear``, built by the layer's post-load processing; the parameter itself is
+  emptied). Releasing drops the handles; the reload re-runs every loaded layer's processing and
+  builds them anew, as every sync does anyway. A layer still without one after the reload is an
+  error, never a silent stale weight.
+* The KV cache is one zero-initialised buffer viewed per layer. Releasing resizes its storage to
+  nothing (the views keep the storage object, as FSDP frees parameter storage); the restore
+  allocates it again and zeroes it, before the prefix cache is reset as after every sync, so no
+  block of the old policy is read.
+
+Measured on SmolLM2-135M-Instruct in fp32: the handles held 622 MiB of live allocations (more than
+the 406 MiB of Linear weights), the KV cache its ``rollout.kv_cache_gb``. Off the CPU nothing is
+released (the weights are the parameters, and the KV cache is on the GPU). Exactness: the tests
+compare the reloaded engine's log-probs with the learner's (< 1e-5 nats/token).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import torch
+
+__all__ = ["RELEASED", "RELEASED_MESSAGE", "EngineReleasedError", "release_into_worker", "restore_after_reload"]
+
+RELEASED_MESSAGE = ("the vLLM engine's weights were released for the learner's update (release_weights); sync the learner's "
+                    "weights before generating")
+
+
+class EngineReleasedError(RuntimeError):
+    """The engine was asked to sample between :meth:`release_weights` and the next sync."""
+
+
+class _ReleasedLinear:
+    """A Linear layer's ``cpu_linear`` between a release and the next reload."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise EngineReleasedError(RELEASED_MESSAGE)
+
+
+RELEASED = _ReleasedLinear()
+
+
+def _kv_storages(runner: Any) -> list[torch.UntypedStorage]:
+    """The distinct storages under the runner's per-layer KV cache views."""
+    storages: dict[int, torch.UntypedStorage] = {}  # by the storage's own address: views share it
+    for cache in getattr(runner, "kv_caches", None) or []:
+        if isinstance(cache, torch.Tensor) and cache.device.type == "cpu":
+            storage = cache.untyped_storage()
+            storages.setdefault(storage._cdata, storage)
+    return list(storages.values())
+
+
+def release_into_worker(worker: Any) -> int:
+    """Runs inside the vLLM worker: drop every CPU matmul handle and the KV cache's memory;
+    returns how many handles went."""
+    runner = (getattr(worker, "worker", None) or worker).model_runner
+    released = 0
+    for module in runner.get_model().modules():
+        if callable(getattr(module, "cpu_linear", None)) and module.cpu_linear is not RELEASED:
+            module.cpu_linear = RELEASED
+            released += 1
+    if released:
+        sizes = getattr(runner, "_polyrl_released_kv", None) or []
+        for storage in _kv_storages(runner):
+            if storage.nbytes():
+                sizes.append((storage, storage.nbytes()))
+                storage.resize_(0)
+        runner._polyrl_released_kv = sizes
+    gc.collect()
+    return released
+
+
+def restore_after_reload(runner: Any, model: torch.nn.Module) -> None:
+    """After a reload: the KV cache's memory back (zeroed), and every handle rebuilt or an error."""
+    for storage, nbytes in getattr(runner, "_polyrl_released_kv", None) or []:
+        storage.resize_(nbytes)
+        torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,)).zero_()
+    runner._polyrl_released_kv = []
+    missed = [name for name, module in model.named_modules() if getattr(module, "cpu_linear", None) is RELEASED]
+    if missed:
+        raise RuntimeError(f"weight sync: {len(missed)} layers released before the update were not reloaded "
+                           f"(e.g. {missed[:3]}); the engine would sample without them")
