@@ -28,6 +28,7 @@ from polyrl.models.lora import write_adapter
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
 from polyrl.runtime.data_parallel import LocalGroup
+from polyrl.runtime.host_memory import release_freed_host_memory
 from polyrl.runtime.precision import autocast
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
 
@@ -234,13 +235,17 @@ class PolicyLearner:
                                                                padded=not s.padding_free)
                 else:
                     micro_batches = length_sorted_micro_batches(shard, lengths, s.micro_batch_size) if len(shard) else []
-                for micro in micro_batches:
+                for index, micro in enumerate(micro_batches):
                     loss, metrics, logprobs = self.policy_loss(batch, micro, normalizer, prepared)
                     if batch.old_logprobs is None:
                         width = logprobs.shape[1]
                         sampler_gap_sum += float((logprobs.detach() - batch.packed.sampling_logprobs[micro][:, :width]).abs()
                                                  .mul(batch.packed.response_mask[micro][:, :width]).sum())
                     loss.backward()
+                    if index == 0:
+                        # The first backward allocated the gradients among the freed activations: the heap's
+                        # holes between them are handed back, not kept resident (runtime/host_memory.py).
+                        release_freed_host_memory()
                     mini_loss += float(loss.detach())
                     tokens = float(batch.loss_mask[micro].sum())
                     for key, value in metrics.items():
@@ -262,6 +267,9 @@ class PolicyLearner:
                     for key, value in value_metrics.items():
                         sums[key] += value
                         weights[key] += 1
+        # The gradients are dead until the next update's first backward re-creates them: freed now,
+        # not at its start, they do not share the host with the weight sync and the next generation.
+        self.optimizer.zero_grad(set_to_none=True)
         sums, weights, sampler_gap_sum = self.group.merge_sums(sums, weights, sampler_gap_sum)
         out = {f"actor/{k}" if not k.startswith(("bapo/", "quadrant/", "value/")) else k: sums[k] / max(weights[k], 1e-12) for k in sums}
         if batch.old_logprobs is None:

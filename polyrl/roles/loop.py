@@ -111,6 +111,7 @@ class TrainingLoop:
                         self.sync()
                     raise
             with timer("sync"):
+                release_freed_host_memory()  # what the update freed, before the sync rebuilds the sampler
                 self.sync()
             metrics.update({**batch.metrics, **learned})
         # rollout/...: every generated sample (the collector's, over all dynamic-sampling rounds),
@@ -139,7 +140,7 @@ class TrainingLoop:
         """Before the update, the step's peak: the sampler's weights go (``release_sampler``, an
         engine with ``release_weights``; vLLM on CPU), then the host memory freed since the last
         update that glibc still holds (runtime/host_memory.py). Returns whether weights went."""
-        release = getattr(self.collector.engine, "release_weights", None) if release_sampler else None
+        release = getattr(getattr(self.collector, "engine", None), "release_weights", None) if release_sampler else None
         released = bool(release()) if release is not None else False
         release_freed_host_memory()
         return released

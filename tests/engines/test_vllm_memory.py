@@ -13,7 +13,7 @@ pytest.importorskip("vllm")
 
 from polyrl.engines.base import build_rollout_engine  # noqa: E402
 from polyrl.engines.kv_cache import KvCacheNeed  # noqa: E402
-from polyrl.engines.vllm_engine import RELEASED  # noqa: E402
+from polyrl.engines.vllm_release import RELEASED  # noqa: E402
 from polyrl.models.text import build_random_text_model_dir  # noqa: E402
 from rollout_models import PROMPTS, SETTINGS, perturbed  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
