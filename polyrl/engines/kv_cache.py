@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
-__all__ = ["KvCacheNeed", "default_block_size", "kv_bytes_per_token", "kv_cache_bytes"]
+__all__ = ["KvCacheNeed", "default_block_size", "kv_bytes_per_token", "kv_cache_bytes", "kv_cache_request", "prompt_lengths"]
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+AUTO_KV_CACHE_GB_WITH_EVAL = 1.0  # with periodic evaluation, whose batches are not sized here: the former fixed size
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,27 @@ def kv_cache_bytes(text_config: Any, dtype: str, need: KvCacheNeed, *, max_model
     tokens = min(need.tokens_per_sequence, max_model_len)
     blocks = max(need.sequences * math.ceil(tokens / block_size), math.ceil(max_model_len / block_size)) + 1
     return blocks * block_size * kv_bytes_per_token(text_config, dtype)
+
+
+def kv_cache_request(kv_cache_gb: float | str, *, sequences: int, max_tokens: int, prompt_lengths: Iterable[int],
+                     periodic_eval: bool = False) -> dict[str, Any]:
+    """``rollout.kv_cache_gb`` as the engines take it: a size (``kv_cache_gb``), or for ``auto`` what
+    one generation call holds (``kv_cache_need``: ``sequences`` of the longest of ``prompt_lengths``
+    + ``max_tokens``); with ``periodic_eval``, ``auto`` is the former fixed 1 GiB, so evaluation
+    batches (not sized here) do not queue."""
+    if kv_cache_gb != "auto":
+        return {"kv_cache_gb": kv_cache_gb}
+    if periodic_eval:
+        return {"kv_cache_gb": AUTO_KV_CACHE_GB_WITH_EVAL}
+    return {"kv_cache_need": KvCacheNeed(sequences=sequences, tokens_per_sequence=max(prompt_lengths, default=0) + max_tokens)}
+
+
+def prompt_lengths(samples: Iterable[Any], tokenizer: Any, *, takes_images: bool, max_model_len: int) -> list[int]:
+    """Each prompt's length in ids as an engine sends it (a chat prompt's own ids, else the text
+    without added special tokens); an image prompt counts ``max_model_len`` (vLLM expands its images)."""
+    if takes_images:
+        return [max_model_len]
+    samples = list(samples)
+    texts = [s.prompt for s in samples if s.prompt_ids is None]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return [len(s.prompt_ids) for s in samples if s.prompt_ids is not None] + [len(ids) for ids in encoded]

@@ -28,7 +28,7 @@ from polyrl.data.images import ImageCheck, check_model_takes_images
 from polyrl.data.prompts import PromptSampler, load_prompt_dataset, rows_to_prompt_samples
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.engines.images import auto_model_class, model_takes_images
-from polyrl.engines.kv_cache import KvCacheNeed
+from polyrl.engines.kv_cache import kv_cache_request, prompt_lengths
 from polyrl.models.attention import attend_in_fp32_on_cpu
 from polyrl.models.cache import set_torch_threads
 from polyrl.models.gradient_checkpointing import GradientCheckpointingError, checkpoint_layers
@@ -237,37 +237,14 @@ def rollout_threads(configured: int | None, *, learner_threads: int) -> int:
     return configured if configured is not None else learner_threads
 
 
-AUTO_KV_CACHE_GB_WITH_EVAL = 1.0
-
-
-def kv_cache_options(cfg: ExperimentConfig, prompt_lengths: Iterable[int]) -> dict[str, Any]:
-    """``rollout.kv_cache_gb`` as the engine takes it: a size, or (auto) what one step's generation
-    holds, from the longest of ``prompt_lengths`` (token ids, as the engine sends them)."""
-    r = cfg.rollout
-    if r.kv_cache_gb != "auto":
-        return {"kv_cache_gb": r.kv_cache_gb}
-    if cfg.eval.every:  # periodic evaluation's batches are not sized here: the former fixed size, so they do not queue
-        return {"kv_cache_gb": AUTO_KV_CACHE_GB_WITH_EVAL}
-    need = KvCacheNeed(sequences=r.prompts_per_step * r.samples_per_prompt, tokens_per_sequence=max(prompt_lengths, default=0) + r.max_tokens)
-    return {"kv_cache_need": need}
-
-
-def prompt_lengths(samples: Iterable[Any], tokenizer: Any, *, takes_images: bool, max_model_len: int) -> list[int]:
-    """Each training prompt's length in ids as the engine sends it (an image prompt: ``max_model_len``,
-    as vLLM expands its images itself)."""
-    if takes_images:
-        return [max_model_len]
-    samples = list(samples)
-    texts = [s.prompt for s in samples if s.prompt_ids is None]
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    return [len(s.prompt_ids) for s in samples if s.prompt_ids is not None] + [len(ids) for ids in encoded]
-
-
-def build_rollout(cfg: ExperimentConfig, policy_path: str | Path, tokenizer: Any, prompt_lengths: Iterable[int] = ()) -> RolloutEngine:
+def build_rollout(cfg: ExperimentConfig, policy_path: str | Path, tokenizer: Any, lengths: Iterable[int] = ()) -> RolloutEngine:
     """The configured rollout engine: in this process (``rollout.workers: 1``), else a pool of
-    ``rollout.workers`` engines as Ray actors (:mod:`polyrl.engines.worker_pool`)."""
+    ``rollout.workers`` engines as Ray actors (:mod:`polyrl.engines.worker_pool`); ``lengths``: the
+    training prompts' (``rollout.kv_cache_gb: auto``, engines/kv_cache.py)."""
     r = cfg.rollout
-    options = dict(seed=cfg.seed, dtype=cfg.sampling_dtype, max_model_len=r.max_model_len, **kv_cache_options(cfg, prompt_lengths),
+    kv_cache = kv_cache_request(r.kv_cache_gb, sequences=r.prompts_per_step * r.samples_per_prompt, max_tokens=r.max_tokens,
+                                prompt_lengths=lengths, periodic_eval=bool(cfg.eval.every))
+    options = dict(seed=cfg.seed, dtype=cfg.sampling_dtype, max_model_len=r.max_model_len, **kv_cache,
                    enforce_eager=not r.compile, **({"lora_rank": cfg.model.lora.r} if adapter_sync(cfg) else {}))
     if r.workers == 1:
         return build_rollout_engine(r.engine, str(policy_path), **options)

@@ -34,3 +34,24 @@ def test_one_longest_sequence_always_fits_and_none_is_longer_than_the_model_allo
     assert kv_cache_bytes(SMOLLM2, "float32", KvCacheNeed(2, 10), max_model_len=512, block_size=16) == 33 * 16 * 46_080
     # A sequence is cut at max_model_len: 4 sequences of (at most) 128 tokens = 4 blocks of 128, + 1.
     assert kv_cache_bytes(SMOLLM2, "float32", KvCacheNeed(4, 10_000), max_model_len=128, block_size=128) == 5 * 128 * 46_080
+
+
+def test_the_setting_becomes_a_size_or_a_need():
+    from polyrl.engines.kv_cache import kv_cache_request
+
+    assert kv_cache_request(0.5, sequences=64, max_tokens=24, prompt_lengths=[50]) == {"kv_cache_gb": 0.5}
+    assert kv_cache_request("auto", sequences=64, max_tokens=24, prompt_lengths=[12, 50, 31]) == {
+        "kv_cache_need": KvCacheNeed(sequences=64, tokens_per_sequence=74)}  # the longest prompt, 50, + 24
+    # Periodic evaluation's batches are not sized here: the former fixed 1 GiB.
+    assert kv_cache_request("auto", sequences=64, max_tokens=24, prompt_lengths=[50], periodic_eval=True) == {"kv_cache_gb": 1.0}
+
+
+def test_prompt_lengths_are_the_ids_an_engine_sends():
+    from polyrl.core.types import PromptSample
+    from polyrl.engines.kv_cache import prompt_lengths
+    from polyrl.models.text import build_char_tokenizer
+
+    samples = [PromptSample(prompt="12+7="), PromptSample(prompt="ignored", prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8])]
+    # The char tokenizer: one id per character, no special tokens added ("12+7=": 5 ids).
+    assert sorted(prompt_lengths(samples, build_char_tokenizer(), takes_images=False, max_model_len=512)) == [5, 8]
+    assert prompt_lengths(samples, None, takes_images=True, max_model_len=512) == [512]
