@@ -346,8 +346,10 @@ class VLLMRolloutEngine(RolloutEngine):
         """Drop the sampler's weights and KV cache memory until the next :meth:`sync_weights`
         (:mod:`polyrl.engines.vllm_release`); returns how many layers' weights were dropped: 0 where
         nothing applies (off CPU, a compiled engine whose graphs may hold the handles, an engine
-        serving a LoRA adapter on its base weights)."""
-        if torch.cuda.is_available() or self.compiled or self.llm.llm_engine.vllm_config.lora_config:
+        serving a LoRA adapter on its base weights, an image-text model: its vision tower's
+        reload after a release was not tested)."""
+        lora = self.llm.llm_engine.vllm_config.lora_config
+        if torch.cuda.is_available() or self.compiled or lora or self.processor is not None:
             return 0
         released = sum(self.llm.collective_rpc(release_into_worker))
         self.released = self.released or released > 0
