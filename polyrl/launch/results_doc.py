@@ -33,7 +33,7 @@ arms share seeds, Holm-corrected verdicts (see the README, "Reading the comparis
 """
 # Params shown as the setting, in this order, when the arm runs have them (the flattened config).
 SETTING_PARAMS: tuple[str, ...] = (
-    "model.builtin.size", "model.path", "model.lora.rank", "data.source", "data.chat_template", "rollout.engine",
+    "model.builtin.name", "model.builtin.size", "model.path", "model.lora.rank", "data.source", "data.chat_template", "rollout.engine",
     "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.max_tokens", "rollout.temperature", "train.steps",
     "train.learning_rate", "eval.suite", "eval.every",
 )
@@ -59,6 +59,11 @@ def _shown(value: str | None) -> bool:
 
 
 def setting_lines(params: dict[str, str], objectives: dict[str, str], config_path: str | None) -> list[str]:
+    params = dict(params)
+    if _shown(params.get("model.builtin.name")):
+        # A named pretrained model: the built-in fields of the tiny policies are unused defaults
+        # (the flattened config still holds size 0.3m), and must not be read as the policy.
+        params = {key: value for key, value in params.items() if not key.startswith("model.builtin.") or key == "model.builtin.name"}
     parts = [f"`{key}={params[key]}`" for key in SETTING_PARAMS if _shown(params.get(key))]
     arms = ", ".join(f"{arm}: `{objective}`" for arm, objective in objectives.items())
     lines = [f"**Setting.** {' · '.join(parts)}" + (f"; objectives: {arms}" if arms else "")

@@ -109,3 +109,16 @@ def test_results_section_is_written_and_only_its_section_is_rewritten(tmp_path, 
     assert "A note written by hand." in again and again.count(markers("single")[0]) == 1
     assert "| grpo | 1 | 0.05 |" in again and "| grpo | 1 | 0.04 |" not in again
     assert again.split(markers("seeded")[0])[1].split(markers("seeded")[1])[0] == seeded
+
+
+def test_a_named_pretrained_model_is_not_described_as_the_tiny_builtin_policy():
+    from polyrl.launch.results_doc import setting_lines
+
+    # The flattened config of `model: {builtin: {name: smollm2-135m-instruct}}` still holds the tiny
+    # policies' default size (0.3m): the section must name the model and make no "built-in 0.3m" claim.
+    params = {"model.builtin.name": "smollm2-135m-instruct", "model.builtin.size": "0.3m", "model.builtin.task": "arithmetic",
+              "data.source": "arithmetic_chat_free"}
+    text = "\n".join(setting_lines(params, {"grpo": "grpo"}, None))
+    assert "`model.builtin.name=smollm2-135m-instruct`" in text and "0.3m" not in text and "**Scale.**" not in text
+    tiny = "\n".join(setting_lines({"model.builtin.size": "0.3m", "model.builtin.name": "None"}, {}, None))
+    assert "`model.builtin.size=0.3m`" in tiny and "**Scale.** polyrl's built-in 0.3m policy" in tiny
