@@ -90,15 +90,11 @@ def change_rows(histories: SeedHistories, keys: list[str]) -> list[tuple[str, st
     found: list[tuple[str, str, Difference]] = []
     for key in keys:
         for arm, by_seed in histories.items():
-            runs = {seed: points for seed, points in by_key_seeds(by_seed, key).items() if len(points) >= 2}
+            runs = {seed: points for seed, points in by_seed.get(key, {}).items() if len(points) >= 2}
             if runs:
                 found.append((key, arm, arm_difference({s: p[-1][1] for s, p in runs.items()}, {s: p[0][1] for s, p in runs.items()})))
     adjusted = holm_adjusted([difference.p_value for *_, difference in found])
     return [(key, arm, difference, p, _change_said(difference, p)) for (key, arm, difference), p in zip(found, adjusted)]
-
-
-def by_key_seeds(by_key: dict[str, dict[int, list[tuple[int, float]]]], key: str) -> dict[int, list[tuple[int, float]]]:
-    return {seed: points for seed, points in by_key.get(key, {}).items() if points}
 
 
 def _change_said(difference: Difference, adjusted_p: float) -> str:
@@ -108,8 +104,7 @@ def _change_said(difference: Difference, adjusted_p: float) -> str:
     if interval.contains(0.0):
         return "no change distinguishable from seed noise (the interval contains 0)"
     direction = "rose" if interval.estimate > 0 else "fell"
-    held = adjusted_p < 0.05
-    return f"{direction} (the interval excludes 0{'' if held else '; not after Holm correction'})"
+    return f"{direction} (the interval excludes 0{'' if adjusted_p < 0.05 else '; not after Holm correction'})"
 
 
 def change_table(rows: list[tuple[str, str, Difference, float, str]]) -> str:
