@@ -1,7 +1,7 @@
 """One experiment over (rollout workers, learner ranks, staleness), measured and predicted.
 
 Run: ``python bench/bench_scale.py [experiments/grpo_vs_drgrpo.yaml] [--arm grpo] [--steps 12]
-[--grid 1,1,0 2,1,0 1,2,0 1,1,1]``.
+[--set model.builtin.size=3m] [--grid 1,1,0 2,1,0 1,2,0 1,1,1]``.
 
 Each grid point is one ``polyrl run`` of the arm in a fresh process, with ``--set
 rollout.workers=W --set train.learner_workers=R --set rollout.max_staleness=K`` (and the
@@ -33,12 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def run_point(config: Path, arm: str, steps: int, point: tuple[int, int, int], folder: Path) -> dict:
+def run_point(config: Path, arm: str, steps: int, point: tuple[int, int, int], folder: Path, extra: list[str]) -> dict:
     from mlflow.tracking import MlflowClient
 
     workers, ranks, staleness = point
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    sets = [f"train.steps={steps}", f"tracking.uri={uri}", f"checkpoint.dir={folder / 'runs'}", f"checkpoint.every={steps}"]
+    sets = [*extra, f"train.steps={steps}", f"tracking.uri={uri}", f"checkpoint.dir={folder / 'runs'}", f"checkpoint.every={steps}"]
     # Only what differs from the defaults: a point needs only its own feature's field.
     sets += [f"{key}={value}" for key, value, default in (("rollout.workers", workers, 1), ("train.learner_workers", ranks, 1),
                                                            ("rollout.max_staleness", staleness, 0)) if value != default]
@@ -70,6 +70,8 @@ def main() -> None:
     parser.add_argument("config", nargs="?", default=str(ROOT / "experiments" / "grpo_vs_drgrpo.yaml"))
     parser.add_argument("--arm", default="grpo")
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
+                        help="passed to every point's `polyrl run` (e.g. model.builtin.size=3m), before the bench's own")
     parser.add_argument("--grid", nargs="+", default=["1,1,0", "2,1,0", "1,2,0", "1,1,1"], help="workers,ranks,staleness points")
     args = parser.parse_args()
 
@@ -79,7 +81,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_scale_") as tmp:
         for index, point in enumerate(points):
-            result = run_point(Path(args.config), args.arm, args.steps, point, Path(tmp) / str(index))
+            result = run_point(Path(args.config), args.arm, args.steps, point, Path(tmp) / str(index), args.sets)
             results.append(result)
             said = result.get("error") or f"{result['step_s']:.3f} s/step"
             print(f"{point}: {said} ({result['wall_s']:.0f} s)", flush=True)
@@ -92,7 +94,7 @@ def main() -> None:
     outside = max(0.0, base["step_s"] - sum(p.values()))
     times = PhaseTimes(generate=p["generate"], score=p["score"], logprobs=p["advantage"], update=p["update"], sync=p["sync"],
                        log=p["log"] + outside, prompts=base["prompts"], samples=round(base["samples"]))
-    print(f"\n{args.config} arm {args.arm}, {args.steps} steps, phase means from step 2 of the first point: "
+    print(f"\n{args.config} arm {args.arm}" + "".join(f" --set {s}" for s in args.sets) + f", {args.steps} steps, phase means from step 2 of the first point: "
           + ", ".join(f"{k} {v:.3f} s" for k, v in p.items()) + f", outside the phases {outside:.3f} s")
     print("| workers, ranks, k | measured s/step | samples/s | predicted samples/s | vs first point | generate s | update s |")
     print("|---|---|---|---|---|---|---|")
