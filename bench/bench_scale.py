@@ -62,6 +62,7 @@ def run_point(config: Path, arm: str, steps: int, point: tuple[int, int, int], f
 
     phases = {phase: mean(f"perf/{phase}_s") for phase in ("generate", "score", "advantage", "update", "sync", "log")}
     return {"point": point, "step_s": statistics.median(spacing) if spacing else float("nan"), "samples": mean("rollout/samples"),
+            "sync_share": mean("perf/sync_share"),
             "prompts": int(run.data.params["rollout.prompts_per_step"]), "phases": phases, "wall_s": wall}
 
 
@@ -96,19 +97,20 @@ def main() -> None:
                        log=p["log"] + outside, prompts=base["prompts"], samples=round(base["samples"]))
     print(f"\n{args.config} arm {args.arm}" + "".join(f" --set {s}" for s in args.sets) + f", {args.steps} steps, phase means from step 2 of the first point: "
           + ", ".join(f"{k} {v:.3f} s" for k, v in p.items()) + f", outside the phases {outside:.3f} s")
-    print("| workers, ranks, k | measured s/step | samples/s | predicted samples/s | vs first point | generate s | update s |")
-    print("|---|---|---|---|---|---|---|")
+    # sync share: the weight sync's mean share of the learner's step (the seed's communication figure, §5.2: <= 15%).
+    print("| workers, ranks, k | measured s/step | samples/s | predicted samples/s | vs first point | generate s | update s | sync share |")
+    print("|---|---|---|---|---|---|---|---|")
     for result in results:
         w, r, k = result["point"]
         if "error" in result:
-            print(f"| {w}, {r}, {k} | failed: {result['error']} | | | | | |")
+            print(f"| {w}, {r}, {k} | failed: {result['error']} | | | | | | |")
             continue
         # Engines on the ranks' devices when there is one of each per device, else on their own.
         predicted = predict(times, Cluster(workers=w, learner_ranks=r, staleness=k, colocated=(k == 0 and w == r)))
         measured = result["samples"] / result["step_s"]
         first = base["samples"] / base["step_s"]
         print(f"| {w}, {r}, {k} | {result['step_s']:.3f} | {measured:.1f} | {predicted.samples_per_s:.1f} | "
-              f"{measured / first - 1:+.0%} | {result['phases']['generate']:.3f} | {result['phases']['update']:.3f} |")
+              f"{measured / first - 1:+.0%} | {result['phases']['generate']:.3f} | {result['phases']['update']:.3f} | {result['sync_share']:.1%} |")
 
 
 if __name__ == "__main__":

@@ -37,3 +37,23 @@ def test_the_matmul_peak_is_measured_on_the_learners_device():
     with pytest.raises(ValueError, match="CPU library"):
         bench_matmul.product("onednn", 4, 4, 4, device="meta")
     assert bench_matmul.gflops(16, 16, 16, seconds=0.001, repeats=1, device="cpu") > 0
+
+
+def test_the_trim_arms_skip_exactly_the_heap_trims_they_name(monkeypatch):
+    """compare_trl's trim arms (the A/B of runtime/host_memory.py): ``between-phases`` removes only
+    the learner's trim after a mini-batch's first backward, ``none`` the loop's trims as well."""
+    import polyrl.roles.learner as learner
+    import polyrl.roles.loop as loop
+    from polyrl.runtime.host_memory import release_freed_host_memory
+
+    monkeypatch.syspath_prepend(str(BENCH[0].parent))
+    from compare_trl_parts.workers import skip_host_trims
+
+    for module in (learner, loop):  # restored after the test
+        monkeypatch.setattr(module, "release_freed_host_memory", release_freed_host_memory)
+    skip_host_trims("between-phases")
+    assert learner.release_freed_host_memory is not release_freed_host_memory
+    assert loop.release_freed_host_memory is release_freed_host_memory
+    assert learner.release_freed_host_memory() is False
+    skip_host_trims("none")
+    assert loop.release_freed_host_memory is not release_freed_host_memory
