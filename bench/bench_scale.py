@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
                         help="passed to every point's `polyrl run` (e.g. model.builtin.size=3m), before the bench's own")
+    parser.add_argument("--keep", metavar="DIR", default=None, help="keep each point's MLflow store and checkpoints under DIR/<index>")
     parser.add_argument("--grid", nargs="+", default=["1,1,0", "2,1,0", "1,2,0", "1,1,1"], help="workers,ranks,staleness points")
     args = parser.parse_args()
 
@@ -80,7 +81,8 @@ def main() -> None:
 
     points = [tuple(int(x) for x in p.split(",")) for p in args.grid]
     results = []
-    with tempfile.TemporaryDirectory(prefix="bench_scale_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench_scale_") as scratch:
+        tmp = args.keep or scratch
         for index, point in enumerate(points):
             result = run_point(Path(args.config), args.arm, args.steps, point, Path(tmp) / str(index), args.sets)
             results.append(result)

@@ -36,9 +36,9 @@ COLLAPSE_NATS = 0.1  # the health check's entropy_collapse threshold (polyrl/rol
 SEED_WINDOW = 0.03  # seed 000 §4: the positive share fluctuates within ±0.03 of its target
 LAST_STEPS = 10  # train accuracy of one 64-sample step is noisy: average the last few
 
-KEYS = ("actor/entropy", "bapo/positive_share", "actor/pos_loss_share", "bapo/c_low", "bapo/c_high",
-        "actor/clip_frac_low", "actor/clip_frac_high", "quadrant/low_prob_pos_adv", "train/accuracy",
-        "eval/arithmetic/accuracy")
+KEYS = ("actor/entropy", "bapo/positive_share", "actor/positive_share", "actor/pos_loss_share", "bapo/c_low", "bapo/c_high",
+        "actor/clip_frac_low", "actor/clip_frac_high", "quadrant/low_prob_pos_adv", "train/accuracy")
+EVAL_KEY = "eval/arithmetic/accuracy"  # --eval-key: the held-out accuracy of the run's suite
 
 
 def history(client, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -57,7 +57,7 @@ def first_step_below(points: list[tuple[int, float]], threshold: float) -> float
     return float(points[-1][0] + 1) if points else math.nan
 
 
-def summarise(h: dict[str, list[tuple[int, float]]], target: float) -> dict[str, float]:
+def summarise(h: dict[str, list[tuple[int, float]]], target: float, eval_key: str = EVAL_KEY) -> dict[str, float]:
     """One seed run's summaries; quantities whose metric the run did not log (an objective
     other than bapo has no ``bapo/*``) are left out."""
     def has(key: str) -> bool:
@@ -76,6 +76,10 @@ def summarise(h: dict[str, list[tuple[int, float]]], target: float) -> dict[str,
         out["bapo/positive_share, mean abs(share − target)"] = np.abs(share - target).mean()
         out[f"steps with positive share within ±{SEED_WINDOW} of target (share)"] = (np.abs(share - target) <= SEED_WINDOW).mean()
         out["steps with positive share below target (share)"] = (share < target).mean()
+    if has("actor/positive_share"):  # every objective's positive share at its own bounds (BAPO's balance)
+        share = values(h["actor/positive_share"])
+        out["actor/positive_share, mean"] = share.mean()
+        out["actor/positive_share, mean abs(share − target)"] = np.abs(share - target).mean()
     for key, name in (("actor/pos_loss_share", "actor/pos_loss_share, mean"), ("bapo/c_low", "bapo/c_low, mean"),
                       ("bapo/c_high", "bapo/c_high, mean"), ("actor/clip_frac_low", "clip_frac_low, mean"),
                       ("actor/clip_frac_high", "clip_frac_high, mean"),
@@ -85,8 +89,8 @@ def summarise(h: dict[str, list[tuple[int, float]]], target: float) -> dict[str,
     if has("train/accuracy"):
         out[f"train accuracy, mean of last {LAST_STEPS} steps"] = values(h["train/accuracy"])[-LAST_STEPS:].mean()
         out["train accuracy, last step"] = values(h["train/accuracy"])[-1]
-    if has("eval/arithmetic/accuracy"):
-        evals = h["eval/arithmetic/accuracy"]
+    if has(eval_key):
+        evals = h[eval_key]
         out["held-out accuracy, first eval"] = evals[0][1]
         out["held-out accuracy, last eval"] = evals[-1][1]
     return out
@@ -121,6 +125,20 @@ def difference_table(summaries: dict[str, dict[int, dict[str, float]]]) -> list[
         lines += ["", f"* the interval excludes 0 and the difference holds after Holm's correction over the {tested} rows", "",
                   *verdicts]
     return lines
+
+
+def print_tables(summaries: dict[str, dict[int, dict[str, float]]], pairs: list[str] | None) -> None:
+    """One difference table per ``A:B`` pair (each Holm-corrected over its own rows), or the
+    table of all arms (with the difference of the first two, as before) without pairs."""
+    if not pairs:
+        print("\n" + "\n".join(difference_table(summaries)))
+        return
+    for pair in pairs:
+        a, _, b = pair.partition(":")
+        missing = [arm for arm in (a, b) if arm not in summaries]
+        if missing:
+            raise SystemExit(f"--pairs {pair}: no finished runs of arm(s) {', '.join(missing)}; arms: {', '.join(summaries)}")
+        print(f"\n### {a} vs {b}\n\n" + "\n".join(difference_table({a: summaries[a], b: summaries[b]})))
 
 
 def read_summary(path: Path) -> dict[str, dict[int, dict[str, float]]]:
@@ -172,9 +190,12 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.5, help="the bapo arm's target_positive_share")
     parser.add_argument("--out", type=Path, default=None, help="folder for the two plots")
     parser.add_argument("--from-summary", type=Path, default=None, help="recompute the table from a summary.md's per-seed lines")
+    parser.add_argument("--eval-key", default=EVAL_KEY, help="the held-out accuracy metric (eval/<suite>/accuracy)")
+    parser.add_argument("--pairs", nargs="+", default=None, metavar="A:B",
+                        help="arm pairs to difference, one table each, Holm over that table's rows (default: the first two arms)")
     args = parser.parse_args()
     if args.from_summary is not None:
-        print("\n".join(difference_table(read_summary(args.from_summary))))
+        print_tables(read_summary(args.from_summary), args.pairs)
         return
     client = make_client(args.tracking_uri)
     parent = find_parent_run(client, args.experiment)
@@ -188,13 +209,19 @@ def main() -> None:
             if seed_run.info.status != "FINISHED":  # a failed or unfinished seed's "final" values are not final
                 print(f"left out: {arm} seed {seed_run.data.tags.get(SEED_TAG)} ({seed_run.info.status})")
                 continue
-            h = {key: history(client, seed_run.info.run_id, key) for key in KEYS}
+            h = {key: history(client, seed_run.info.run_id, key) for key in (*KEYS, args.eval_key)}
             histories.setdefault(arm, []).append(h)
-            summary = summarise(h, args.target)
+            summary = summarise(h, args.target, args.eval_key)
             summaries.setdefault(arm, {})[int(seed_run.data.tags.get(SEED_TAG, "0"))] = summary
             print(f"{arm} seed {seed_run.data.tags.get(SEED_TAG)}: steps {len(h['actor/entropy'])}, "
                   + ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
-    print("\n" + "\n".join(difference_table(summaries)))
+    print_tables(summaries, args.pairs)
+    if args.out is not None and args.pairs:  # the whole course of each arm: entropy and the positive share at its own bounds
+        args.out.mkdir(parents=True, exist_ok=True)
+        band_plot(histories, ["actor/entropy"], f"{args.experiment}: entropy (actor/entropy)", args.out / "actor_entropy.png")
+        band_plot(histories, ["actor/positive_share"], f"{args.experiment}: positive share at each objective's bounds",
+                  args.out / "actor_positive_share.png", target=args.target)
+        print(f"\nplots: {args.out}/actor_entropy.png, {args.out}/actor_positive_share.png")
     if args.out is not None and any(h["bapo/positive_share"] for seeds in histories.values() for h in seeds):
         args.out.mkdir(parents=True, exist_ok=True)
         band_plot(histories, ["bapo/positive_share"], f"{args.experiment}: positive share (bapo/positive_share)",

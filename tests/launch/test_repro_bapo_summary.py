@@ -18,6 +18,7 @@ def test_summarise_bapo_history_by_hand(summary_module):
         "bapo/positive_share": [(1, 0.52), (2, 0.46), (3, 0.50), (4, 0.60)],
         "train/accuracy": [(1, 0.25), (2, 0.50), (3, 0.75), (4, 1.0)],
         "eval/arithmetic/accuracy": [(0, 0.35), (4, 0.40)],
+        "actor/positive_share": [(1, 0.40), (2, 0.70)],
     }
     out = summary_module.summarise(history, target=0.5)
     # entropy mean (0.15 + 0.12 + 0.09 + 0.08) / 4 = 0.44 / 4 = 0.11; first value < 0.1 at step 3
@@ -32,6 +33,13 @@ def test_summarise_bapo_history_by_hand(summary_module):
     # fewer than 10 steps: the "last 10" mean is over all 4: 2.5 / 4 = 0.625
     assert out["train accuracy, mean of last 10 steps"] == pytest.approx(0.625, abs=1e-12)
     assert (out["held-out accuracy, first eval"], out["held-out accuracy, last eval"]) == (0.35, 0.40)
+    # every objective's share at its own bounds: mean (0.40 + 0.70) / 2 = 0.55; |0.40 - 0.5| = 0.10, |0.70 - 0.5| = 0.20 -> 0.15
+    assert out["actor/positive_share, mean"] == pytest.approx(0.55, abs=1e-12)
+    assert out["actor/positive_share, mean abs(share − target)"] == pytest.approx(0.15, abs=1e-12)
+    # another suite's held-out accuracy is read by its own key
+    chat = summary_module.summarise({"eval/arithmetic_chat/accuracy": [(0, 0.28), (12, 0.5)]}, target=0.5,
+                                    eval_key="eval/arithmetic_chat/accuracy")
+    assert (chat["held-out accuracy, first eval"], chat["held-out accuracy, last eval"]) == (0.28, 0.5)
 
 
 def test_summarise_leaves_out_what_a_run_did_not_log(summary_module):
@@ -56,3 +64,15 @@ def test_the_difference_table_is_paired_by_seed_and_holm_corrected(summary_modul
                         for seed, v in by_seed.items()])
     (tmp_path / "summary.md").write_text(text)
     assert summary_module.read_summary(tmp_path / "summary.md") == summaries
+
+
+def test_pairs_give_one_table_each(summary_module, capsys):
+    # arms a, b, c: the pair c:b differences only those two (per-seed c - b of "q" = 1, 1, 1: interval [1, 1]).
+    summaries = {"a": {0: {"q": 10.0}, 1: {"q": 20.0}}, "b": {0: {"q": 8.0}, 1: {"q": 17.0}},
+                 "c": {0: {"q": 9.0}, 1: {"q": 18.0}}}
+    summary_module.print_tables(summaries, ["c:b", "a:b"])
+    out = capsys.readouterr().out
+    assert "### c vs b" in out and "### a vs b" in out and "c − b" in out and "a − b" in out
+    assert "+1 [1, 1] (paired)" in out
+    with pytest.raises(SystemExit, match="no finished runs of arm"):
+        summary_module.print_tables(summaries, ["a:z"])
