@@ -1,7 +1,7 @@
 """One experiment over (rollout workers, learner ranks, staleness), measured and predicted.
 
 Run: ``python bench/bench_scale.py [experiments/grpo_vs_drgrpo.yaml] [--arm grpo] [--steps 12]
-[--set model.builtin.size=3m] [--grid 1,1,0 2,1,0 1,2,0 1,1,1]``.
+[--set model.builtin.size=3m] [--rounds 2] [--grid 1,1,0 2,1,0 1,2,0 1,1,1]``.
 
 Each grid point is one ``polyrl run`` of the arm in a fresh process, with ``--set
 rollout.workers=W --set train.learner_workers=R --set rollout.max_staleness=K`` (and the
@@ -66,6 +66,19 @@ def run_point(config: Path, arm: str, steps: int, point: tuple[int, int, int], f
             "prompts": int(run.data.params["rollout.prompts_per_step"]), "phases": phases, "wall_s": wall}
 
 
+def combine(runs: list[dict]) -> dict:
+    """One point over its rounds: the median step, the mean phase times and shares; a failed
+    round fails the point (its error is the first one's)."""
+    failed = [run for run in runs if "error" in run]
+    if failed:
+        return failed[0]
+    return {"point": runs[0]["point"], "step_s": statistics.median(run["step_s"] for run in runs),
+            "rounds": [run["step_s"] for run in runs], "samples": statistics.fmean(run["samples"] for run in runs),
+            "sync_share": statistics.fmean(run["sync_share"] for run in runs), "prompts": runs[0]["prompts"],
+            "phases": {phase: statistics.fmean(run["phases"][phase] for run in runs) for phase in runs[0]["phases"]},
+            "wall_s": sum(run["wall_s"] for run in runs)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?", default=str(ROOT / "experiments" / "grpo_vs_drgrpo.yaml"))
@@ -74,20 +87,27 @@ def main() -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
                         help="passed to every point's `polyrl run` (e.g. model.builtin.size=3m), before the bench's own")
     parser.add_argument("--keep", metavar="DIR", default=None, help="keep each point's MLflow store and checkpoints under DIR/<index>")
+    parser.add_argument("--rounds", type=int, default=1, help="run the grid this many times, interleaved; the table gives "
+                        "each point's median step and every round's")
     parser.add_argument("--grid", nargs="+", default=["1,1,0", "2,1,0", "1,2,0", "1,1,1"], help="workers,ranks,staleness points")
     args = parser.parse_args()
 
     from polyrl.launch.scale_model import Cluster, PhaseTimes, predict
 
     points = [tuple(int(x) for x in p.split(",")) for p in args.grid]
-    results = []
+    rounds: list[list[dict]] = [[] for _ in points]
     with tempfile.TemporaryDirectory(prefix="bench_scale_") as scratch:
         tmp = args.keep or scratch
-        for index, point in enumerate(points):
-            result = run_point(Path(args.config), args.arm, args.steps, point, Path(tmp) / str(index), args.sets)
-            results.append(result)
-            said = result.get("error") or f"{result['step_s']:.3f} s/step"
-            print(f"{point}: {said} ({result['wall_s']:.0f} s)", flush=True)
+        for round_index in range(args.rounds):
+            # Each round starts one point later, so no point always runs first (or right after the slowest).
+            shift = round_index % len(points)
+            for index in [*range(shift, len(points)), *range(shift)]:
+                point = points[index]
+                result = run_point(Path(args.config), args.arm, args.steps, point, Path(tmp) / f"{index}-{round_index}", args.sets)
+                rounds[index].append(result)
+                said = result.get("error") or f"{result['step_s']:.3f} s/step"
+                print(f"round {round_index} {point}: {said} ({result['wall_s']:.0f} s)", flush=True)
+    results = [combine(runs) for runs in rounds]
     base = results[0]
     if "error" in base:
         raise SystemExit(f"the first point {base['point']} failed: {base['error']}")
@@ -100,7 +120,8 @@ def main() -> None:
     print(f"\n{args.config} arm {args.arm}" + "".join(f" --set {s}" for s in args.sets) + f", {args.steps} steps, phase means from step 2 of the first point: "
           + ", ".join(f"{k} {v:.3f} s" for k, v in p.items()) + f", outside the phases {outside:.3f} s")
     # sync share: the weight sync's mean share of the learner's step (the seed's communication figure, §5.2: <= 15%).
-    print("| workers, ranks, k | measured s/step | samples/s | predicted samples/s | vs first point | generate s | update s | sync share |")
+    print("| workers, ranks, k | measured s/step (median; rounds) | samples/s | predicted samples/s | vs first point | generate s "
+          "| update s | sync share |")
     print("|---|---|---|---|---|---|---|---|")
     for result in results:
         w, r, k = result["point"]
@@ -111,7 +132,8 @@ def main() -> None:
         predicted = predict(times, Cluster(workers=w, learner_ranks=r, staleness=k, colocated=(k == 0 and w == r)))
         measured = result["samples"] / result["step_s"]
         first = base["samples"] / base["step_s"]
-        print(f"| {w}, {r}, {k} | {result['step_s']:.3f} | {measured:.1f} | {predicted.samples_per_s:.1f} | "
+        each = ", ".join(f"{x:.3f}" for x in result["rounds"])
+        print(f"| {w}, {r}, {k} | {result['step_s']:.3f} ({each}) | {measured:.1f} | {predicted.samples_per_s:.1f} | "
               f"{measured / first - 1:+.0%} | {result['phases']['generate']:.3f} | {result['phases']['update']:.3f} | {result['sync_share']:.1%} |")
 
 

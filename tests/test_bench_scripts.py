@@ -57,3 +57,22 @@ def test_the_trim_arms_skip_exactly_the_heap_trims_they_name(monkeypatch):
     assert learner.release_freed_host_memory() is False
     skip_host_trims("none")
     assert loop.release_freed_host_memory is not release_freed_host_memory
+
+
+def test_bench_scale_combines_a_points_rounds(monkeypatch):
+    """bench_scale --rounds: a point's step is the median of its rounds, its phases the mean; a
+    failed round fails the point."""
+    monkeypatch.syspath_prepend(str(BENCH[0].parent))
+    import bench_scale
+
+    def run(step_s, generate, share):
+        return {"point": (2, 1, 0), "step_s": step_s, "samples": 64.0, "sync_share": share, "prompts": 8,
+                "phases": {"generate": generate}, "wall_s": 10.0}
+
+    combined = bench_scale.combine([run(1.0, 0.4, 0.1), run(3.0, 0.6, 0.2), run(1.2, 0.5, 0.3)])
+    # median of 1.0, 3.0, 1.2 = 1.2; generate (0.4 + 0.6 + 0.5) / 3 = 0.5; share (0.1 + 0.2 + 0.3) / 3 = 0.2
+    assert combined["step_s"] == 1.2 and combined["rounds"] == [1.0, 3.0, 1.2]
+    assert abs(combined["phases"]["generate"] - 0.5) < 1e-12 and abs(combined["sync_share"] - 0.2) < 1e-12
+    assert combined["wall_s"] == 30.0
+    failed = {"point": (2, 1, 0), "error": "boom", "wall_s": 1.0}
+    assert bench_scale.combine([run(1.0, 0.4, 0.1), failed]) is failed
