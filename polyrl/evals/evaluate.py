@@ -95,7 +95,9 @@ def evaluate_models(
     outcome = EvalOutcome([], [])
     for model in models:
         folder = base if (out is not None and len(models) == 1) else base / model.slug
-        report, result = _evaluate_one(model, runner, engine, client, experiment_id, uri, folder, limit)
+        # A run's model reads the suite's prompts as its training prompts were formatted (evals/models.py).
+        own = runner if model.chat is None else SuiteRunner(suite, limit=limit, chat=model.chat)
+        report, result = _evaluate_one(model, own, engine, client, experiment_id, uri, folder, limit)
         outcome.reports.append(report)
         outcome.report_dirs.append(folder)
         outcome.results.append(result)

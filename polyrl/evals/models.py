@@ -11,6 +11,11 @@ id stored inside it is that run's; the archived copies are searched too, and a f
 another run's weights is refused, naming that run. The chosen checkpoint is exported once
 (:func:`polyrl.roles.checkpoint.export_model_dir`) into ``<cache>/eval-exports/<run>/step_<n>``;
 later evals reuse the export while it was made from the same run's checkpoint.
+
+A run's model is asked as it was trained: a suite dataset that sets no chat settings of its own
+formats its prompts with the run's ``data.chat_template`` and ``data.system_prompt`` (read from
+the checkpoint's resolved config), as periodic evaluation inside that run did. Without this a
+run trained on chat-formatted prompts would be scored on raw ones, silently.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from polyrl.data.chat import ChatFormat
 from polyrl.evals.suite import EvalError
 
 RUN_PREFIX = "run:"
@@ -34,6 +40,7 @@ class ResolvedModel:
     slug: str  # folder-safe name for reports
     run_id: str | None = None
     step: int | None = None
+    chat: ChatFormat | None = None  # a run's own data chat settings (None: a folder, or a run that stored none)
 
 
 def slugify(text: str) -> str:
@@ -170,4 +177,17 @@ def _resolve_run(ref: str, *, tracking_uri: str | None, cache_dir: Path) -> Reso
             export_model_dir(checkpoint, target)
         except (FileNotFoundError, KeyError) as error:
             raise EvalError(f"--model {ref!r}: could not export checkpoint {checkpoint}: {error}") from error
-    return ResolvedModel(ref=ref, path=target.resolve(), slug=slugify(f"run-{run_id[:12]}-step{step}"), run_id=run_id, step=step)
+    return ResolvedModel(ref=ref, path=target.resolve(), slug=slugify(f"run-{run_id[:12]}-step{step}"), run_id=run_id, step=step,
+                         chat=run_chat_format(checkpoint))
+
+
+def run_chat_format(checkpoint: Path) -> ChatFormat | None:
+    """The chat settings the run's training prompts were formatted with (its resolved config's
+    ``data``, stored in the checkpoint); None when the checkpoint holds no config."""
+    from polyrl.roles.checkpoint import read_checkpoint_info
+
+    data = (read_checkpoint_info(checkpoint).get("config") or {}).get("data")
+    if not isinstance(data, dict):
+        return None
+    return ChatFormat(data.get("chat_template"), data.get("system_prompt"), data.get("messages_field", "messages"),
+                      where="the run's data (its checkpoint's config)")

@@ -204,3 +204,33 @@ def test_eval_of_a_lora_run_loads_base_plus_adapter(app, tmp_path, small_suite, 
         got = exported(input_ids=ids).logits
     assert (want - base).abs().max() > 1e-3
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_eval_of_a_run_formats_prompts_as_the_run_was_trained(app, tmp_path, small_suite, chat_model_dir, eval_tracking):
+    """A run trained with data.chat_template (and a system prompt) is asked the suite's plain
+    prompts through its chat template, with its system prompt, as its periodic evals were; the
+    model folder itself, evaluated on the same suite, gets the raw prompts."""
+    from mlflow.tracking import MlflowClient
+    from transformers import AutoModelForCausalLM
+
+    from polyrl.roles.checkpoint import save_checkpoint
+
+    model = AutoModelForCausalLM.from_pretrained(str(chat_model_dir))
+    arm_dir = tmp_path / "runs" / "exp" / "chat"
+    config = {"data": {"chat_template": True, "system_prompt": "Answer briefly.", "messages_field": "messages"}}
+    save_checkpoint(arm_dir / "step_000001", step=1, models={"policy": model}, optimizers={},
+                    state={"policy_path": str(chat_model_dir), "config": config})
+    client = MlflowClient(eval_tracking)
+    train_run = client.create_run(client.create_experiment("train-chat"), tags={"polyrl.checkpoint_dir": str(arm_dir)}).info.run_id
+    prompts = {}
+    for name, ref in (("run", f"run:{train_run}"), ("folder", str(chat_model_dir))):
+        out = tmp_path / f"out-{name}"
+        code, output = _invoke(app, ["--model", ref, "--suite", str(small_suite), "--engine", "hf", "--out", str(out),
+                                     "--cache-dir", str(tmp_path / "exports")])
+        assert code == 0, output
+        run = client.get_run(json.loads((out / "report.json").read_text())["mlflow_run_id"])
+        table = json.loads(open(client.download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read())
+        column = table["columns"].index("prompt")  # MLflow's table: columns and rows of values
+        prompts[name] = [row[column] for row in table["data"]]
+    assert all("Answer briefly." in p and "<|start_header_id|>" in p for p in prompts["run"]) and "Q: 0+1=? A:" in prompts["run"][0]
+    assert prompts["folder"][0].startswith("Q: 0+1=? A:") and "<|start_header_id|>" not in prompts["folder"][0]
