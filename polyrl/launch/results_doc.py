@@ -199,12 +199,15 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
     end = parent.info.end_time or max((run.info.end_time or 0) for run in arm_runs.values()) or None
     minutes = f"{(end - parent.info.start_time) / 60000:.1f}" if end else "still running"
     plots_dir.mkdir(parents=True, exist_ok=True)
+    drawn = {path.resolve() for path in comparison.plot_paths}
     for stale in plots_dir.glob("*.png"):  # the folder is this section's: a plot no longer drawn goes
-        stale.unlink()
+        if stale.resolve() not in drawn:  # (with `--out` = this folder the report's own plots are here)
+            stale.unlink()
     order = {safe_file_stem(key): index for index, key in enumerate(keys)}
     plots = []
     for path in sorted((p for p in comparison.plot_paths if p.stem in order), key=lambda p: order[p.stem]):
-        shutil.copyfile(path, plots_dir / path.name)
+        if path.resolve() != (plots_dir / path.name).resolve():
+            shutil.copyfile(path, plots_dir / path.name)
         plots.append(f"![{path.stem}]({plots_link}/{path.name})")
     rows = headline_rows(comparison.differences or [], keys)
     verdicts = [f"- {row[0]}: {row[5]}" for row in rows] or (

@@ -96,3 +96,19 @@ def test_each_arm_gets_its_change_over_training_paired_within_the_seed(tmp_path,
     document = write_results(tmp_path / "results.md", MlflowClient(mlflow_uri), comparison).read_text()
     assert "| eval/x/accuracy | grpo | 0.283 [0.0936, 0.473] | excludes 0 |" in document
     assert "| eval/x/accuracy | dr_grpo | 0 [" in document and "| contains 0 |" in document
+
+
+def test_results_plots_survive_a_report_written_into_the_results_folder(tmp_path, mlflow_uri):
+    """`polyrl compare NAME --out docs/results/NAME --results docs/results.md`: the report's plots
+    are already where the section's plots go; they are kept (not deleted as stale, then copied
+    from nowhere)."""
+    from polyrl.launch.results_doc import write_results
+
+    _experiment(mlflow_uri, "same_folder", {"a": {0: 1.0, 1: 2.0}, "b": {0: 1.5, 1: 2.5}})
+    folder = tmp_path / "results" / "same_folder"
+    comparison = compare_experiment("same_folder", tracking_uri=mlflow_uri, out_dir=folder, log_to_mlflow=False)
+    drawn = sorted(p.name for p in folder.glob("*.png"))
+    assert drawn
+    document = write_results(tmp_path / "results.md", MlflowClient(mlflow_uri), comparison).read_text()
+    assert sorted(p.name for p in folder.glob("*.png")) == drawn
+    assert "](results/same_folder/reward_mean.png)" in document
