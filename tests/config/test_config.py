@@ -208,7 +208,7 @@ def test_shipped_experiments_validate():
     root = Path(__file__).resolve().parents[2].joinpath("experiments")
     files = sorted([*root.glob("*.yaml"), *root.glob("repro/*.yaml"), *root.glob("real/*.yaml")])
     assert files, "no shipped experiments"
-    assert {"dapo_clip_higher.yaml", "bapo.yaml"} <= {path.name for path in root.glob("real/*.yaml")}
+    assert {"clip_bounds.yaml", "grpo_vs_drgrpo.yaml"} <= {path.name for path in root.glob("real/*.yaml")}
     for path in files:
         assert validate_file(path), path
 
