@@ -11,8 +11,8 @@ workers and the trace live in ``bench/compare_trl_parts/``).
 Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``--regimes``,
 ``--trl-modes hf hf-compile vllm-colocate``, ``--polyrl-arms eager compile rollout-compile compile-both bf16-sampler`` (polyrl
 eager, with ``train.compile``, with ``rollout.compile``, with both, and with ``rollout.dtype: bfloat16``, interleaved with
-TRL in one run; ``trim-between-phases`` and ``no-trim``: polyrl without the learner's heap trim after each mini-batch's
-first backward, and without any heap trim, the A/B of ``polyrl/runtime/host_memory.py``), ``--polyrl-share-prompts``
+TRL in one run; ``no-trim``: polyrl without its heap trims before the update and the sync, the A/B of
+``polyrl/runtime/host_memory.py``), ``--polyrl-share-prompts``
 (``train.share_prompts`` for the polyrl arms), ``--precision fp32|bf16``, ``--polyrl-rollout-dtype``
 (polyrl's ``rollout.dtype``: e.g. bf16 sampling under an fp32 learner; not the same work as TRL's
 fp32 sampling, so report it apart).
@@ -78,8 +78,7 @@ POLYRL_ARMS = {
     "rollout-compile": ("polyrl-rollout-compile", ["--polyrl-rollout-compile"]),  # rollout.compile (vLLM's compiled sampler)
     "compile-both": ("polyrl-compile-both", ["--polyrl-compile", "--polyrl-rollout-compile"]),
     "bf16-sampler": ("polyrl-bf16-sampler", ["--polyrl-rollout-dtype", "bfloat16"]),  # bf16 sampling under the fp32 learner
-    # The heap trims' A/B (runtime/host_memory.py): without the one after each mini-batch's first backward; without any.
-    "trim-between-phases": ("polyrl-trim-between-phases", ["--polyrl-host-trim", "between-phases"]),
+    # The heap trims' A/B (runtime/host_memory.py): without the loop's trims before the update and the sync.
     "no-trim": ("polyrl-no-trim", ["--polyrl-host-trim", "none"]),
 }
 ARM_OPTIONS = dict(POLYRL_ARMS.values())
@@ -202,7 +201,7 @@ def main() -> None:
     parser.add_argument("--polyrl-lora-sync", choices=["merged", "adapter"], default="merged", help="polyrl's model.lora.sync")
     parser.add_argument("--kv-cache-gb", type=kv_cache_size, default="auto",
                         help="polyrl's rollout.kv_cache_gb: GiB or auto (its default: what one step's generation holds; part of its peak RSS)")
-    parser.add_argument("--polyrl-host-trim", choices=["all", "between-phases", "none"], default="all",
+    parser.add_argument("--polyrl-host-trim", choices=["all", "none"], default="all",
                         help=argparse.SUPPRESS)  # the trim arms' worker option (POLYRL_ARMS)
     parser.add_argument("--trace-rss", action="store_true",
                         help="each worker samples its RSS every 10 ms and reports it per phase (generate, micro-batches, optimizer step, sync)")
@@ -213,8 +212,8 @@ def main() -> None:
 
     if args.worker:
         regime = REGIMES[args.regime]
-        if args.worker == "polyrl" and args.polyrl_host_trim != "all":
-            skip_host_trims(args.polyrl_host_trim)
+        if args.worker == "polyrl" and args.polyrl_host_trim == "none":
+            skip_host_trims()
         trace = RssTrace() if args.trace_rss else None
         if args.worker == "polyrl":
             result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile,

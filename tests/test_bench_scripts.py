@@ -39,24 +39,18 @@ def test_the_matmul_peak_is_measured_on_the_learners_device():
     assert bench_matmul.gflops(16, 16, 16, seconds=0.001, repeats=1, device="cpu") > 0
 
 
-def test_the_trim_arms_skip_exactly_the_heap_trims_they_name(monkeypatch):
-    """compare_trl's trim arms (the A/B of runtime/host_memory.py): ``between-phases`` removes only
-    the learner's trim after a mini-batch's first backward, ``none`` the loop's trims as well."""
-    import polyrl.roles.learner as learner
+def test_the_no_trim_arm_skips_the_loops_heap_trims(monkeypatch):
+    """compare_trl's no-trim arm (the A/B of runtime/host_memory.py) makes the loop's trims no-ops."""
     import polyrl.roles.loop as loop
     from polyrl.runtime.host_memory import release_freed_host_memory
 
     monkeypatch.syspath_prepend(str(BENCH[0].parent))
     from compare_trl_parts.workers import skip_host_trims
 
-    for module in (learner, loop):  # restored after the test
-        monkeypatch.setattr(module, "release_freed_host_memory", release_freed_host_memory)
-    skip_host_trims("between-phases")
-    assert learner.release_freed_host_memory is not release_freed_host_memory
-    assert loop.release_freed_host_memory is release_freed_host_memory
-    assert learner.release_freed_host_memory() is False
-    skip_host_trims("none")
+    monkeypatch.setattr(loop, "release_freed_host_memory", release_freed_host_memory)  # restored after the test
+    skip_host_trims()
     assert loop.release_freed_host_memory is not release_freed_host_memory
+    assert loop.release_freed_host_memory() is False
 
 
 def test_bench_scale_combines_a_points_rounds(monkeypatch):

@@ -75,19 +75,15 @@ def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
     return target
 
 
-def skip_host_trims(where: str) -> None:
-    """The bench's A/B of polyrl's heap trims: replace the learner's (``between-phases``: the one
-    after each mini-batch's first backward) or every caller's (``none``) with a no-op, in this
-    worker process only."""
-    import polyrl.roles.learner as learner
+def skip_host_trims() -> None:
+    """The bench's A/B of polyrl's heap trims: the loop's (before the update and before the
+    sync) become no-ops, in this worker process only."""
     import polyrl.roles.loop as loop
 
     def skipped() -> bool:
         return False
 
-    learner.release_freed_host_memory = skipped
-    if where == "none":
-        loop.release_freed_host_memory = skipped
+    loop.release_freed_host_memory = skipped
 
 
 def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,

@@ -28,7 +28,6 @@ from polyrl.models.lora import write_adapter
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
 from polyrl.runtime.data_parallel import LocalGroup
-from polyrl.runtime.host_memory import release_freed_host_memory
 from polyrl.runtime.precision import autocast
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
 
@@ -235,17 +234,15 @@ class PolicyLearner:
                                                                padded=not s.padding_free)
                 else:
                     micro_batches = length_sorted_micro_batches(shard, lengths, s.micro_batch_size) if len(shard) else []
-                for index, micro in enumerate(micro_batches):
+                for micro in micro_batches:
                     loss, metrics, logprobs = self.policy_loss(batch, micro, normalizer, prepared)
                     if batch.old_logprobs is None:
                         width = logprobs.shape[1]
                         sampler_gap_sum += float((logprobs.detach() - batch.packed.sampling_logprobs[micro][:, :width]).abs()
                                                  .mul(batch.packed.response_mask[micro][:, :width]).sum())
+                    # No heap trim in here: handing pages back after a mini-batch's first backward made the
+                    # next micro-batches fault them in again, for no lower peak (runtime/host_memory.py).
                     loss.backward()
-                    if index == 0:
-                        # The first backward allocated the gradients among the freed activations: the heap's
-                        # holes between them are handed back, not kept resident (runtime/host_memory.py).
-                        release_freed_host_memory()
                     mini_loss += float(loss.detach())
                     tokens = float(batch.loss_mask[micro].sum())
                     for key, value in metrics.items():

@@ -21,17 +21,19 @@ process, processes alternating with and without):
 A 5th-gen Intel Xeon showed no change beyond its noise (stop 17 of this project, 4 pairs).
 
 Freed memory that the next phase cannot reuse is handed back (:func:`release_freed_host_memory`,
-glibc's ``malloc_trim``): before each update, after each mini-batch's first backward, and before
-the weight sync. Measured on SmolLM2-135M (fp32, full fine-tuning, 8 × 8 samples, vLLM
-in-process, ``bench/compare_trl.py --trace-rss``, glibc's ``mallinfo2``): glibc held 1.3 GiB of
-free chunks when the second update began and 2.6 GiB after it, resident, that the update did not
-reuse (its resident set grew as much as its live allocations): chunks freed by generation and by
-the previous update, of other sizes, and the holes the first backward leaves, where it allocates
-the gradients among the activations it frees (the second micro-batch then grew the resident set
-by ~0.9 GiB while its live allocations grew by 0.5). Handing back whole free pages keeps the
-chunks for reuse; a reuse faults its pages in again, so the later micro-batches still reuse the
-first's memory without faults. The time it costs was not measured under the lock (expected: the
-faults of one micro-batch's activations per step, a fraction of a second at 135M).
+glibc's ``malloc_trim``): before each update and before the weight sync. Measured on SmolLM2-135M
+(fp32, full fine-tuning, 8 × 8 samples, vLLM in-process, ``bench/compare_trl.py --trace-rss``,
+glibc's ``mallinfo2``): glibc held 1.3 GiB of free chunks when the second update began and
+2.6 GiB after it, resident, that the update did not reuse: chunks freed by generation and by the
+previous update, of other sizes. Handing back whole free pages keeps the chunks for reuse (a
+reuse faults its pages in again).
+
+A third trim, after each mini-batch's first backward (to hand back the holes it leaves among the
+activations), was removed: in one interleaved ``compare_trl`` round on the 2-core AMD EPYC
+(2026-12-03, fp32 full cell) the update took 37.3 s with it against 26.3 s without, for the same
+peak RSS (5905 vs 5892 MiB): the next micro-batches faulted the pages in again. Without any trim
+the step was 32.3 s (update 23.9 s) with a peak of 6188 MiB, so the two that stay cost ~10% of
+the step for ~0.3 GiB less peak.
 """
 
 from __future__ import annotations
