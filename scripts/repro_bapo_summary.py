@@ -70,16 +70,16 @@ def summarise(h: dict[str, list[tuple[int, float]]], target: float, eval_key: st
         out["entropy, mean over steps"] = entropy.mean()
         out[f"entropy, mean of last {LAST_STEPS} steps"] = entropy[-LAST_STEPS:].mean()
         out[f"first step with entropy < {COLLAPSE_NATS}"] = first_step_below(h["actor/entropy"], COLLAPSE_NATS)
-    if has("bapo/positive_share"):
-        share = values(h["bapo/positive_share"])
-        out["bapo/positive_share, mean"] = share.mean()
-        out["bapo/positive_share, mean abs(share − target)"] = np.abs(share - target).mean()
-        out[f"steps with positive share within ±{SEED_WINDOW} of target (share)"] = (np.abs(share - target) <= SEED_WINDOW).mean()
-        out["steps with positive share below target (share)"] = (share < target).mean()
-    if has("actor/positive_share"):  # every objective's positive share at its own bounds (BAPO's balance)
-        share = values(h["actor/positive_share"])
-        out["actor/positive_share, mean"] = share.mean()
-        out["actor/positive_share, mean abs(share − target)"] = np.abs(share - target).mean()
+    # BAPO's share (the one its search steers) and every objective's share at its own bounds.
+    for key in ("bapo/positive_share", "actor/positive_share"):
+        if not has(key):
+            continue
+        share = values(h[key])
+        out[f"{key}, mean"] = share.mean()
+        out[f"{key}, mean abs(share − target)"] = np.abs(share - target).mean()
+        if key == "bapo/positive_share":
+            out[f"steps with positive share within ±{SEED_WINDOW} of target (share)"] = (np.abs(share - target) <= SEED_WINDOW).mean()
+            out["steps with positive share below target (share)"] = (share < target).mean()
     for key, name in (("actor/pos_loss_share", "actor/pos_loss_share, mean"), ("bapo/c_low", "bapo/c_low, mean"),
                       ("bapo/c_high", "bapo/c_high, mean"), ("actor/clip_frac_low", "clip_frac_low, mean"),
                       ("actor/clip_frac_high", "clip_frac_high, mean"),

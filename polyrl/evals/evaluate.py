@@ -87,6 +87,7 @@ def evaluate_models(
     models = [resolve_model(ref, tracking_uri=uri, cache_dir=cache_dir) for ref in model_refs]
     _unique_slugs(models)
     runner = SuiteRunner(suite, limit=limit)
+    runners = {None: runner}  # keyed by a run model's chat format (None: the suite's own settings)
     for model in models:
         runner.check_model(model.path, field="--model" if model.ref == str(model.path) else f"--model {model.ref!r}, exported to")
     base = Path(out) if out is not None else default_out_dir(runner.suite.name)
@@ -96,7 +97,9 @@ def evaluate_models(
     for model in models:
         folder = base if (out is not None and len(models) == 1) else base / model.slug
         # A run's model reads the suite's prompts as its training prompts were formatted (evals/models.py).
-        own = runner if model.chat is None else SuiteRunner(suite, limit=limit, chat=model.chat)
+        if model.chat not in runners:  # one runner per distinct chat format: the suite's prompts are read once for each
+            runners[model.chat] = SuiteRunner(suite, limit=limit, chat=model.chat)
+        own = runners[model.chat]
         report, result = _evaluate_one(model, own, engine, client, experiment_id, uri, folder, limit)
         outcome.reports.append(report)
         outcome.report_dirs.append(folder)
