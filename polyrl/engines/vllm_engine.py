@@ -63,7 +63,8 @@ from polyrl.engines.base import RolloutEngine, eos_ids, request_seed
 from polyrl.engines.kv_cache import KvCacheNeed, default_block_size, kv_cache_bytes
 from polyrl.engines.modality_marks import load_modality_rule
 from polyrl.engines.stop_tokens import completion_text, generation_config_eos, stop_token_ids
-from polyrl.engines.vllm_release import RELEASED_MESSAGE, EngineReleasedError, release_into_worker, restore_after_reload
+from polyrl.engines.vllm_release import (RELEASED_MESSAGE, EngineReleasedError, release_into_worker, restore_after_reload,
+                                         restore_before_reload)
 
 
 def is_output_head(name: str) -> bool:
@@ -79,6 +80,7 @@ def _reload_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]], re
     inner = getattr(worker, "worker", None) or worker
     runner = inner.model_runner
     model = runner.get_model()
+    restore_before_reload(runner)  # released parameters' memory back first: the reload copies into it
     # One walk finds the tied heads: they are both expected to miss and refreshed after the reload.
     tied_heads = _tied_heads(model) if refresh_output_head else []
     with expected_misses(_computed_buffer_layers(model) | {type(head).__name__ for head in tied_heads}):

@@ -9,6 +9,11 @@ cache are dead data that share the host with the update, the step's memory peak.
   emptied). Releasing drops the handles; the reload re-runs every loaded layer's processing and
   builds them anew, as every sync does anyway. A layer still without one after the reload is an
   error, never a silent stale weight.
+* Every parameter that still holds memory (the input embedding, tied to the output head or not,
+  an untied head, the norms) likewise: its storage is resized to nothing, and allocated again
+  (zeroed) *before* the reload, which copies the new values into the same storage. A parameter
+  the reload then misses would stay zero: vLLM names it and polyrl's sync filter
+  (``vllm_quiet``) turns that into an error.
 * The KV cache is one zero-initialised buffer viewed per layer. Releasing resizes its storage to
   nothing (the views keep the storage object, as FSDP frees parameter storage); the restore
   allocates it again and zeroes it, before the prefix cache is reset as after every sync, so no
@@ -28,7 +33,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["RELEASED", "RELEASED_MESSAGE", "EngineReleasedError", "release_into_worker", "restore_after_reload"]
+__all__ = ["RELEASED", "RELEASED_MESSAGE", "EngineReleasedError", "release_into_worker", "restore_after_reload",
+           "restore_before_reload"]
 
 RELEASED_MESSAGE = ("the vLLM engine's weights were released for the learner's update (release_weights); sync the learner's "
                     "weights before generating")
@@ -58,6 +64,18 @@ def _kv_storages(runner: Any) -> list[torch.UntypedStorage]:
     return list(storages.values())
 
 
+def _parameter_storages(model: torch.nn.Module) -> list[torch.UntypedStorage]:
+    """The distinct CPU storages under the model's parameters that still hold memory (tied
+    parameters share one)."""
+    storages: dict[int, torch.UntypedStorage] = {}
+    for parameter in model.parameters():
+        if parameter.device.type == "cpu" and not parameter.is_meta:
+            storage = parameter.untyped_storage()
+            if storage.nbytes():
+                storages.setdefault(storage._cdata, storage)
+    return list(storages.values())
+
+
 def release_into_worker(worker: Any) -> int:
     """Runs inside the vLLM worker: drop every CPU matmul handle and the KV cache's memory;
     returns how many handles went."""
@@ -74,15 +92,31 @@ def release_into_worker(worker: Any) -> int:
                 sizes.append((storage, storage.nbytes()))
                 storage.resize_(0)
         runner._polyrl_released_kv = sizes
+        parameters = getattr(runner, "_polyrl_released_parameters", None) or []
+        for storage in _parameter_storages(runner.get_model()):
+            parameters.append((storage, storage.nbytes()))
+            storage.resize_(0)
+        runner._polyrl_released_parameters = parameters
     gc.collect()
     return released
+
+
+def _reallocate_zeroed(storage: torch.UntypedStorage, nbytes: int) -> None:
+    storage.resize_(nbytes)
+    torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,)).zero_()
+
+
+def restore_before_reload(runner: Any) -> None:
+    """Before a reload: the released parameters' memory back (zeroed), for the reload to copy into."""
+    for storage, nbytes in getattr(runner, "_polyrl_released_parameters", None) or []:
+        _reallocate_zeroed(storage, nbytes)
+    runner._polyrl_released_parameters = []
 
 
 def restore_after_reload(runner: Any, model: torch.nn.Module) -> None:
     """After a reload: the KV cache's memory back (zeroed), and every handle rebuilt or an error."""
     for storage, nbytes in getattr(runner, "_polyrl_released_kv", None) or []:
-        storage.resize_(nbytes)
-        torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,)).zero_()
+        _reallocate_zeroed(storage, nbytes)
     runner._polyrl_released_kv = []
     missed = [name for name, module in model.named_modules() if getattr(module, "cpu_linear", None) is RELEASED]
     if missed:

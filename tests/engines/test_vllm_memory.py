@@ -50,6 +50,11 @@ def _handles(worker) -> list[str]:
             and module.cpu_linear is not RELEASED]
 
 
+def _parameters_holding_memory(worker) -> list[str]:
+    model = (getattr(worker, "worker", None) or worker).model_runner.get_model()
+    return [name for name, parameter in model.named_parameters() if parameter.untyped_storage().nbytes()]
+
+
 def test_kv_cache_holds_one_generation_call_and_no_more(engine_3m):
     engine, _ = engine_3m
     cache = engine.llm.llm_engine.vllm_config.cache_config
@@ -74,6 +79,8 @@ def test_released_weights_free_their_memory_refuse_to_sample_and_come_back_exact
     # Every Linear layer's handle held its weight (vLLM keeps none elsewhere), and the KV cache went: at least that much.
     assert freed > 0.9 * (linear_bytes + kv_bytes), (freed, linear_bytes, kv_bytes)
     assert engine.llm.collective_rpc(_handles)[0] == []
+    # Nor do the parameters outside the handles (the embedding, tied to the head here; the norms).
+    assert engine.llm.collective_rpc(_parameters_holding_memory)[0] == []
     with pytest.raises(RuntimeError, match="released for the learner's update"):
         engine.generate(PROMPTS, SETTINGS)
     new = perturbed(model, seed=5)

@@ -118,9 +118,12 @@ def _sample_and_gap(engine, model, tokenizer, seed: int) -> float:
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_tied_and_untied_heads_follow_a_sync(model_type, tied, tiny_arch_dir):
+@pytest.mark.parametrize("released", [False, True], ids=["kept", "released"])
+def test_tied_and_untied_heads_follow_a_sync(model_type, tied, released, tiny_arch_dir):
     """Only the output head moves (tied: the embedding it shares); after a sync the sampler
-    agrees with the new head (<= 1e-5) and no longer with the old one (a stale head would)."""
+    agrees with the new head (<= 1e-5) and no longer with the old one (a stale head would).
+    ``released``: the engine's weights were dropped for an update first, as the synchronous
+    CPU loop does (polyrl/engines/vllm_release.py): the embedding and head come back from the sync."""
     import copy
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -139,6 +142,8 @@ def test_tied_and_untied_heads_follow_a_sync(model_type, tied, tiny_arch_dir):
     try:
         assert _sample_and_gap(engine, old, tokenizer, seed=1) <= MAX_GAP
         misses_before = sum(WEIGHT_SYNC_FAILURES.values())
+        if released:
+            assert engine.release_weights() > 0
         engine.sync_weights(new.state_dict().items())
         # A tied head is refreshed from the embedding, not loaded by name: vLLM's "failed to load"
         # record for it is expected and must not reach the user as a stale-weights warning.
