@@ -12,7 +12,7 @@ Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``-
 ``--trl-modes hf hf-compile vllm-colocate``, ``--polyrl-arms eager compile rollout-compile compile-both bf16-sampler`` (polyrl
 eager, with ``train.compile``, with ``rollout.compile``, with both, and with ``rollout.dtype: bfloat16``, interleaved with
 TRL in one run; ``no-trim``: polyrl without its heap trims before the update and the sync, the A/B of
-``polyrl/runtime/host_memory.py``), ``--polyrl-share-prompts``
+``polyrl/runtime/host_memory.py``; ``arenas-2``: polyrl under ``MALLOC_ARENA_MAX=2``), ``--polyrl-share-prompts``
 (``train.share_prompts`` for the polyrl arms), ``--precision fp32|bf16``, ``--polyrl-rollout-dtype``
 (polyrl's ``rollout.dtype``: e.g. bf16 sampling under an fp32 learner; not the same work as TRL's
 fp32 sampling, so report it apart).
@@ -80,8 +80,12 @@ POLYRL_ARMS = {
     "bf16-sampler": ("polyrl-bf16-sampler", ["--polyrl-rollout-dtype", "bfloat16"]),  # bf16 sampling under the fp32 learner
     # The heap trims' A/B (runtime/host_memory.py): without the loop's trims before the update and the sync.
     "no-trim": ("polyrl-no-trim", ["--polyrl-host-trim", "none"]),
+    # glibc's malloc arenas capped (MALLOC_ARENA_MAX, read at process start): freed memory of one
+    # thread's arena is not reused by another's, so fewer arenas may hold less freed memory resident.
+    "arenas-2": ("polyrl-arenas-2", []),
 }
 ARM_OPTIONS = dict(POLYRL_ARMS.values())
+ARM_ENVIRONMENT = {"polyrl-arenas-2": {"MALLOC_ARENA_MAX": "2"}}  # an arm's worker environment, beside its options
 # --trl-modes: interleaved with the polyrl arms in every round, except vllm-colocate (tried once per regime).
 TRL_MODES = ("hf", "hf-compile", "vllm-colocate")
 TRL_SYSTEMS = tuple(f"trl-{mode}" for mode in TRL_MODES)
@@ -97,6 +101,7 @@ def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
     """One worker process's result; ``shared_options`` go to every system's worker (--chat, --lora),
     ``polyrl_options`` to polyrl's only."""
     arm_options = ARM_OPTIONS.get(system, [])
+    environment = {**os.environ, **ARM_ENVIRONMENT.get(system, {})}
     if system in ARM_OPTIONS:  # a polyrl arm: the polyrl worker with its options
         system = "polyrl"
     command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps),
@@ -114,7 +119,8 @@ def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
     command += [*shared_options, *(polyrl_options if system == "polyrl" else ())]
     command += arm_options  # last: argparse keeps the last value, so an arm's own option wins over the run-wide one
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp())
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp(),
+                              env=environment)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     for line in done.stdout.splitlines():
