@@ -28,6 +28,7 @@ from polyrl.models.lora import write_adapter
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
 from polyrl.runtime.data_parallel import LocalGroup
+from polyrl.runtime.gradient_buffers import update_gradients
 from polyrl.runtime.precision import autocast
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
 
@@ -176,12 +177,18 @@ class PolicyLearner:
         and a resume would train that part twice. The copy is made only where such a stop can
         happen (:meth:`stop_may_follow_an_applied_step`)."""
         snapshot = self._snapshot() if self.stop_may_follow_an_applied_step() else None
+        # The gradients' memory before any activation's, reused by every mini-batch (runtime/gradient_buffers.py).
+        self._gradients = update_gradients(self.policy.parameters(), sharded=self.group.shards_parameters)
         try:
             return self._update(batch, step_index)
         except NonFiniteStop:
             if snapshot is not None:
                 self._restore(snapshot)
             raise
+        finally:
+            # Freed now, not at the next update's start: dead until then, they would share the host
+            # with the weight sync and the next generation.
+            self._gradients.close()
 
     def _update(self, batch: LearnerBatch, step_index: int = 0) -> dict[str, float]:
         """Several optimizer passes over the rollout batch, each split into mini-batches (one
@@ -223,7 +230,7 @@ class PolicyLearner:
                 normalizer = max(self.group.sum(count), 1.0)
                 # Over the whole mini-batch on every rank (each holds the batch): BAPO's bounds as in one process.
                 prepared = self.prepare_objective(batch, mini)
-                self.optimizer.zero_grad(set_to_none=True)
+                self._gradients.start_mini_batch()
                 mini_loss = 0.0
                 # Rows of similar length share a micro-batch, which then drops its padding columns (exact).
                 # With shared prompts, micro-batches are made of whole packs (a prompt and its completions) instead.
@@ -248,6 +255,8 @@ class PolicyLearner:
                     for key, value in metrics.items():
                         sums[key] += value * tokens
                         weights[key] += tokens
+                # A parameter this mini-batch did not reach has no gradient, as without the buffers.
+                self._gradients.drop_unreached()
                 # Gradients and loss summed over the ranks: every rank clips by the global norm,
                 # the guard sees the whole mini-batch's loss, and all apply the same step.
                 self.group.reduce_gradients(self.policy.parameters())
@@ -264,9 +273,6 @@ class PolicyLearner:
                     for key, value in value_metrics.items():
                         sums[key] += value
                         weights[key] += 1
-        # The gradients are dead until the next update's first backward re-creates them: freed now,
-        # not at its start, they do not share the host with the weight sync and the next generation.
-        self.optimizer.zero_grad(set_to_none=True)
         sums, weights, sampler_gap_sum = self.group.merge_sums(sums, weights, sampler_gap_sum)
         out = {f"actor/{k}" if not k.startswith(("bapo/", "quadrant/", "value/")) else k: sums[k] / max(weights[k], 1e-12) for k in sums}
         if batch.old_logprobs is None:
