@@ -12,7 +12,7 @@ Options: ``--size 3m|30m`` (or ``--policy DIR``), ``--steps``, ``--rounds``, ``-
 ``--trl-modes hf hf-compile vllm-colocate``, ``--polyrl-arms eager compile rollout-compile compile-both bf16-sampler`` (polyrl
 eager, with ``train.compile``, with ``rollout.compile``, with both, and with ``rollout.dtype: bfloat16``, interleaved with
 TRL in one run; ``no-trim``: polyrl without its heap trims before the update and the sync, the A/B of
-``polyrl/runtime/host_memory.py``; ``arenas-2``: polyrl under ``MALLOC_ARENA_MAX=2``), ``--polyrl-share-prompts``
+``polyrl/runtime/host_memory.py``; ``arenas-2``: polyrl under ``MALLOC_ARENA_MAX=2``; ``default-malloc``: glibc's default thresholds), ``--polyrl-share-prompts``
 (``train.share_prompts`` for the polyrl arms), ``--precision fp32|bf16``, ``--polyrl-rollout-dtype``
 (polyrl's ``rollout.dtype``: e.g. bf16 sampling under an fp32 learner; not the same work as TRL's
 fp32 sampling, so report it apart).
@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT / "bench"))  # compare_trl_parts: the workers and th
 
 from compare_trl_parts.rss_trace import RssTrace, format_trace  # noqa: E402
 from compare_trl_parts.workers import (  # noqa: E402
-    LORA, PRECISIONS, PROMPTS, SAMPLES, long_writer_policy, polyrl_worker, skip_host_trims, trl_worker)
+    LORA, PRECISIONS, PROMPTS, SAMPLES, default_host_allocator, long_writer_policy, polyrl_worker, skip_host_trims, trl_worker)
 
 REGIMES = {"update-heavy": {"max_tokens": 24, "long_writer": False}, "rollout-heavy": {"max_tokens": 192, "long_writer": True}}
 RESULT_MARK = "COMPARE_TRL_RESULT "
@@ -83,6 +83,8 @@ POLYRL_ARMS = {
     # glibc's malloc arenas capped (MALLOC_ARENA_MAX, read at process start): freed memory of one
     # thread's arena is not reused by another's, so fewer arenas may hold less freed memory resident.
     "arenas-2": ("polyrl-arenas-2", []),
+    # glibc's default mmap and trim thresholds instead of polyrl's raised ones (runtime/host_memory.py).
+    "default-malloc": ("polyrl-default-malloc", ["--polyrl-default-malloc"]),
 }
 ARM_OPTIONS = dict(POLYRL_ARMS.values())
 ARM_ENVIRONMENT = {"polyrl-arenas-2": {"MALLOC_ARENA_MAX": "2"}}  # an arm's worker environment, beside its options
@@ -209,6 +211,7 @@ def main() -> None:
                         help="polyrl's rollout.kv_cache_gb: GiB or auto (its default: what one step's generation holds; part of its peak RSS)")
     parser.add_argument("--polyrl-host-trim", choices=["all", "none"], default="all",
                         help=argparse.SUPPRESS)  # the trim arms' worker option (POLYRL_ARMS)
+    parser.add_argument("--polyrl-default-malloc", action="store_true", help=argparse.SUPPRESS)  # the default-malloc arm's worker option
     parser.add_argument("--trace-rss", action="store_true",
                         help="each worker samples its RSS every 10 ms and reports it per phase (generate, micro-batches, optimizer step, sync)")
     parser.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)  # the workers' form of --pretrained
@@ -220,6 +223,8 @@ def main() -> None:
         regime = REGIMES[args.regime]
         if args.worker == "polyrl" and args.polyrl_host_trim == "none":
             skip_host_trims()
+        if args.worker == "polyrl" and args.polyrl_default_malloc:
+            default_host_allocator()
         trace = RssTrace() if args.trace_rss else None
         if args.worker == "polyrl":
             result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile,

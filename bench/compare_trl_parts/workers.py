@@ -86,6 +86,14 @@ def skip_host_trims() -> None:
     loop.release_freed_host_memory = skipped
 
 
+def default_host_allocator() -> None:
+    """The bench's A/B of polyrl's raised glibc thresholds (runtime/host_memory.py): glibc's
+    defaults kept, in this worker process only."""
+    import polyrl.roles.setup as setup
+
+    setup.keep_freed_host_memory = lambda: "unchanged: compare_trl's default-malloc arm"
+
+
 def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
                   micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
                   rollout_dtype: str | None = None, rollout_compile: bool = False, chat: bool = False, lora: bool = False,
