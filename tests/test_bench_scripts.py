@@ -53,6 +53,21 @@ def test_the_no_trim_arm_skips_the_loops_heap_trims(monkeypatch):
     assert loop.release_freed_host_memory() is False
 
 
+def test_the_default_malloc_arm_leaves_glibcs_thresholds_alone(monkeypatch):
+    """compare_trl's default-malloc arm (the other A/B of runtime/host_memory.py): the run's set-up
+    no longer raises glibc's mmap and trim thresholds, and records that it did not."""
+    import polyrl.roles.setup as setup
+    from polyrl.runtime.host_memory import keep_freed_host_memory
+
+    monkeypatch.syspath_prepend(str(BENCH[0].parent))
+    from compare_trl_parts.workers import default_host_allocator
+
+    monkeypatch.setattr(setup, "keep_freed_host_memory", keep_freed_host_memory)  # restored after the test
+    default_host_allocator()
+    assert setup.keep_freed_host_memory is not keep_freed_host_memory
+    assert setup.keep_freed_host_memory().startswith("unchanged")
+
+
 def test_bench_scale_combines_a_points_rounds(monkeypatch):
     """bench_scale --rounds: a point's step is the median of its rounds, its phases the mean; a
     failed round fails the point."""
