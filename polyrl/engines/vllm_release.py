@@ -54,26 +54,25 @@ class _ReleasedLinear:
 RELEASED = _ReleasedLinear()
 
 
-def _kv_storages(runner: Any) -> list[torch.UntypedStorage]:
-    """The distinct storages under the runner's per-layer KV cache views."""
-    storages: dict[int, torch.UntypedStorage] = {}  # by the storage's own address: views share it
-    for cache in getattr(runner, "kv_caches", None) or []:
-        if isinstance(cache, torch.Tensor) and cache.device.type == "cpu":
-            storage = cache.untyped_storage()
-            storages.setdefault(storage._cdata, storage)
-    return list(storages.values())
-
-
-def _parameter_storages(model: torch.nn.Module) -> list[torch.UntypedStorage]:
-    """The distinct CPU storages under the model's parameters that still hold memory (tied
-    parameters share one)."""
+def _distinct_storages(tensors: Any) -> list[torch.UntypedStorage]:
+    """The distinct CPU storages under ``tensors`` that hold memory (views and tied parameters
+    share one; keyed by the storage's own address)."""
     storages: dict[int, torch.UntypedStorage] = {}
-    for parameter in model.parameters():
-        if parameter.device.type == "cpu" and not parameter.is_meta:
-            storage = parameter.untyped_storage()
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu" and not tensor.is_meta:
+            storage = tensor.untyped_storage()
             if storage.nbytes():
                 storages.setdefault(storage._cdata, storage)
     return list(storages.values())
+
+
+def _release(runner: Any, attribute: str, tensors: Any) -> None:
+    """Resize the storages under ``tensors`` to nothing; their sizes go to ``runner.<attribute>``."""
+    released = getattr(runner, attribute, None) or []
+    for storage in _distinct_storages(tensors):
+        released.append((storage, storage.nbytes()))
+        storage.resize_(0)
+    setattr(runner, attribute, released)
 
 
 def release_into_worker(worker: Any) -> int:
@@ -86,17 +85,8 @@ def release_into_worker(worker: Any) -> int:
             module.cpu_linear = RELEASED
             released += 1
     if released:
-        sizes = getattr(runner, "_polyrl_released_kv", None) or []
-        for storage in _kv_storages(runner):
-            if storage.nbytes():
-                sizes.append((storage, storage.nbytes()))
-                storage.resize_(0)
-        runner._polyrl_released_kv = sizes
-        parameters = getattr(runner, "_polyrl_released_parameters", None) or []
-        for storage in _parameter_storages(runner.get_model()):
-            parameters.append((storage, storage.nbytes()))
-            storage.resize_(0)
-        runner._polyrl_released_parameters = parameters
+        _release(runner, "_polyrl_released_kv", getattr(runner, "kv_caches", None) or [])
+        _release(runner, "_polyrl_released_parameters", runner.get_model().parameters())
     gc.collect()
     return released
 

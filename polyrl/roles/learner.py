@@ -28,7 +28,7 @@ from polyrl.models.lora import write_adapter
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
 from polyrl.runtime.data_parallel import LocalGroup
-from polyrl.runtime.gradient_buffers import update_gradients
+from polyrl.runtime.gradient_buffers import AutogradGradients, GradientBuffers, update_gradients
 from polyrl.runtime.precision import autocast
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
 
@@ -178,9 +178,9 @@ class PolicyLearner:
         happen (:meth:`stop_may_follow_an_applied_step`)."""
         snapshot = self._snapshot() if self.stop_may_follow_an_applied_step() else None
         # The gradients' memory before any activation's, reused by every mini-batch (runtime/gradient_buffers.py).
-        self._gradients = update_gradients(self.policy.parameters(), sharded=self.group.shards_parameters)
+        gradients = update_gradients(self.policy.parameters(), sharded=self.group.shards_parameters)
         try:
-            return self._update(batch, step_index)
+            return self._update(batch, gradients, step_index)
         except NonFiniteStop:
             if snapshot is not None:
                 self._restore(snapshot)
@@ -188,9 +188,9 @@ class PolicyLearner:
         finally:
             # Freed now, not at the next update's start: dead until then, they would share the host
             # with the weight sync and the next generation.
-            self._gradients.close()
+            gradients.close()
 
-    def _update(self, batch: LearnerBatch, step_index: int = 0) -> dict[str, float]:
+    def _update(self, batch: LearnerBatch, gradients: GradientBuffers | AutogradGradients, step_index: int = 0) -> dict[str, float]:
         """Several optimizer passes over the rollout batch, each split into mini-batches (one
         optimizer step each) whose gradients accumulate over micro-batches.
 
@@ -230,7 +230,7 @@ class PolicyLearner:
                 normalizer = max(self.group.sum(count), 1.0)
                 # Over the whole mini-batch on every rank (each holds the batch): BAPO's bounds as in one process.
                 prepared = self.prepare_objective(batch, mini)
-                self._gradients.start_mini_batch()
+                gradients.start_mini_batch()
                 mini_loss = 0.0
                 # Rows of similar length share a micro-batch, which then drops its padding columns (exact).
                 # With shared prompts, micro-batches are made of whole packs (a prompt and its completions) instead.
@@ -256,7 +256,7 @@ class PolicyLearner:
                         sums[key] += value * tokens
                         weights[key] += tokens
                 # A parameter this mini-batch did not reach has no gradient, as without the buffers.
-                self._gradients.drop_unreached()
+                gradients.drop_unreached()
                 # Gradients and loss summed over the ranks: every rank clips by the global norm,
                 # the guard sees the whole mini-batch's loss, and all apply the same step.
                 self.group.reduce_gradients(self.policy.parameters())

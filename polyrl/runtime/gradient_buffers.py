@@ -9,7 +9,7 @@ SmolLM2-135M (fp32, full fine-tuning, ``bench/compare_trl.py --trace-rss``, 2026
 update's second micro-batch grew the resident set by ~0.8 GiB for ~0.5 GiB more live memory
 (the gradients), and glibc held 1.2-1.5 GiB of freed memory during the update (TRL: 0.4-0.7).
 
-Here every trainable parameter's gradient is allocated (zeroed) when the update begins, before
+Here every trainable parameter's gradient is allocated when the update begins, before
 any activation, and zeroed in place for each mini-batch: backward adds into it (autograd
 accumulates in place into an existing gradient). A parameter no backward of the mini-batch
 reached gets ``grad = None`` back before the optimizer step, as without the buffers: AdamW skips
@@ -33,7 +33,7 @@ class GradientBuffers:
 
     def __init__(self, parameters: Iterable[Tensor]) -> None:
         self.parameters = [p for p in parameters if p.requires_grad]
-        self.buffers = [torch.zeros_like(p) for p in self.parameters]
+        self.buffers = [torch.empty_like(p) for p in self.parameters]  # zeroed by start_mini_batch, before any backward
         self.reached: set[int] = set()
         self.hooks = [p.register_post_accumulate_grad_hook(self._mark) for p in self.parameters]
 
