@@ -22,6 +22,9 @@ the arithmetic task's train prompts, 8 prompts × 8 samples per step, Dr.GRPO (n
 advantages, constant loss normaliser; TRL ``loss_type="dr_grpo"``, ``scale_rewards="none"``),
 no KL (β = 0), one optimizer step per batch in micro-batches of 16, lr 1e-6, grad-norm clip 1,
 AdamW (0.9, 0.999), temperature 1, fp32 (or ``--precision bf16``: mixed precision on both sides),
+no activation checkpointing (or ``--gradient-checkpointing`` on both sides; TRL's ``GRPOConfig`` defaults it
+on, so it is pinned: before 2026-12-03 it was not, and every TRL figure until then had TRL recomputing
+its activations while polyrl did not),
 the accuracy reward (polyrl's own class in both),
 the machine's default torch threads. Two regimes:
 
@@ -206,6 +209,9 @@ def main() -> None:
     parser.add_argument("--pretrained", choices=["smollm2-135m-instruct"], default=None,
                         help="The real model (from polyrl's model cache) with the arithmetic_chat prompts through its chat template")
     parser.add_argument("--lora", action="store_true", help=f"LoRA on both sides ({LORA}; TRL: peft_config)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="activation checkpointing on both sides (polyrl train.gradient_checkpointing, TRL gradient_checkpointing); "
+                             "default off on both (TRL's GRPOConfig would turn it on, polyrl's default is off)")
     parser.add_argument("--polyrl-lora-sync", choices=["merged", "adapter"], default="merged", help="polyrl's model.lora.sync")
     parser.add_argument("--kv-cache-gb", type=kv_cache_size, default="auto",
                         help="polyrl's rollout.kv_cache_gb: GiB or auto (its default: what one step's generation holds; part of its peak RSS)")
@@ -232,11 +238,12 @@ def main() -> None:
                                    cpu_matmul=args.polyrl_cpu_matmul, share_prompts=args.polyrl_share_prompts,
                                    precision=args.precision, rollout_dtype=args.polyrl_rollout_dtype,
                                    rollout_compile=args.polyrl_rollout_compile, chat=args.chat, lora=args.lora,
-                                   lora_sync=args.polyrl_lora_sync, kv_cache_gb=args.kv_cache_gb, process_start=PROCESS_START, trace=trace)
+                                   lora_sync=args.polyrl_lora_sync, kv_cache_gb=args.kv_cache_gb,
+                                   gradient_checkpointing=args.gradient_checkpointing, process_start=PROCESS_START, trace=trace)
         else:
             result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate", precision=args.precision,
-                                compile=args.worker == "trl-hf-compile", chat=args.chat, lora=args.lora, process_start=PROCESS_START,
-                                trace=trace)
+                                compile=args.worker == "trl-hf-compile", chat=args.chat, lora=args.lora,
+                                gradient_checkpointing=args.gradient_checkpointing, process_start=PROCESS_START, trace=trace)
         print(RESULT_MARK + json.dumps(result), flush=True)
         return
 
@@ -249,13 +256,14 @@ def main() -> None:
         if any(REGIMES[regime]["long_writer"] for regime in args.regimes):
             parser.error("--pretrained: the rollout-heavy regime's long-writer policy needs an untied output head; use --regimes update-heavy")
     policy = args.policy or str(build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"policy-{args.size}", args.size, seed=0))
-    shared = (("--chat",) if args.chat else ()) + (("--lora",) if args.lora else ()) + (("--trace-rss",) if args.trace_rss else ())
+    shared = ((("--chat",) if args.chat else ()) + (("--lora",) if args.lora else ()) + (("--trace-rss",) if args.trace_rss else ())
+              + (("--gradient-checkpointing",) if args.gradient_checkpointing else ()))
     polyrl_only = ("--polyrl-lora-sync", args.polyrl_lora_sync, "--kv-cache-gb", str(args.kv_cache_gb))
     import trl
 
     print(f"# polyrl vs TRL {trl.__version__} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); policy {policy}; "
           f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, {args.precision}{f', LoRA {LORA} (polyrl sync {args.polyrl_lora_sync})' if args.lora else ''}"
-          f"{', chat prompts' if args.chat else ''}; CPU {cpu_model()}, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds"
+          f"{', chat prompts' if args.chat else ''}, gradient checkpointing {'on' if args.gradient_checkpointing else 'off'} on both sides; CPU {cpu_model()}, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds"
           f"{'; polyrl with train.share_prompts' if args.polyrl_share_prompts else ''}"
           f"{f'; polyrl samples in {args.polyrl_rollout_dtype} (rollout.dtype)' if args.polyrl_rollout_dtype else ''}")
     long_policy = None

@@ -85,3 +85,19 @@ def test_bench_scale_combines_a_points_rounds(monkeypatch):
     assert combined["wall_s"] == 30.0
     failed = {"point": (2, 1, 0), "error": "boom", "wall_s": 1.0}
     assert bench_scale.combine([run(1.0, 0.4, 0.1), failed]) is failed
+
+
+def test_compare_trl_runs_both_sides_with_the_same_activation_checkpointing(monkeypatch):
+    """TRL's GRPOConfig turns gradient checkpointing on by default, polyrl's default is off: the
+    bench pins one setting for both sides (before, TRL recomputed its activations and polyrl did
+    not, so every speed and memory ratio compared different work)."""
+    monkeypatch.syspath_prepend(str(BENCH[0].parent))
+    from compare_trl_parts.workers import polyrl_settings, trl_settings
+
+    regime = {"max_tokens": 24}
+    for on in (False, True):
+        assert polyrl_settings("policy", regime, gradient_checkpointing=on)["train"]["gradient_checkpointing"] is on
+        assert trl_settings(regime, 3, gradient_checkpointing=on)["gradient_checkpointing"] is on
+    trl = pytest.importorskip("trl")  # the bench extra; where it is installed, TRL's own config object agrees
+    assert trl.GRPOConfig(**trl_settings(regime, 3, gradient_checkpointing=False)).gradient_checkpointing is False
+    assert trl.GRPOConfig(**trl_settings(regime, 3, gradient_checkpointing=True)).gradient_checkpointing is True

@@ -94,16 +94,12 @@ def default_host_allocator() -> None:
     setup.keep_freed_host_memory = lambda: "unchanged: compare_trl's default-malloc arm"
 
 
-def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
-                  micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
-                  rollout_dtype: str | None = None, rollout_compile: bool = False, chat: bool = False, lora: bool = False,
-                  lora_sync: str = "merged", kv_cache_gb: float | str = "auto", process_start: float = 0.0,
-                  trace: Any = None) -> dict:
-    from polyrl.config.schema import resolve_arms
-    from polyrl.runtime.cpu_matmul import linear_library
-    from polyrl.roles.setup import build_arm
-
-    config = resolve_arms({
+def polyrl_settings(policy: str, regime: dict, *, compile: bool = False, micro_batch_tokens: int | None = None,
+                    micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
+                    rollout_dtype: str | None = None, rollout_compile: bool = False, chat: bool = False, lora: bool = False,
+                    lora_sync: str = "merged", kv_cache_gb: float | str = "auto", gradient_checkpointing: bool = False) -> dict:
+    """polyrl's experiment settings for the compared work (one arm, ``main``)."""
+    return {
         "name": "compare_trl",
         "model": {"path": policy, "dtype": PRECISIONS[precision], **({"lora": {**LORA, "sync": lora_sync}} if lora else {})},
         "data": {"source": "arithmetic_chat", "chat_template": True} if chat else {"source": "arithmetic"},
@@ -113,10 +109,27 @@ def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, 
         "rewards": [{"module": "accuracy", "params": {"extract": "auto" if chat else "hash"}}],
         "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": micro_batch or MICRO_BATCH, "max_grad_norm": 1.0,
                   "compile": compile, "micro_batch_tokens": micro_batch_tokens, "cpu_matmul": cpu_matmul,
+                  "gradient_checkpointing": gradient_checkpointing,
                   "share_prompts": share_prompts},
         "tracking": {"progress": False},
         "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
-    })["main"]
+    }
+
+
+def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
+                  micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
+                  rollout_dtype: str | None = None, rollout_compile: bool = False, chat: bool = False, lora: bool = False,
+                  lora_sync: str = "merged", kv_cache_gb: float | str = "auto", gradient_checkpointing: bool = False,
+                  process_start: float = 0.0, trace: Any = None) -> dict:
+    from polyrl.config.schema import resolve_arms
+    from polyrl.runtime.cpu_matmul import linear_library
+    from polyrl.roles.setup import build_arm
+
+    config = resolve_arms(polyrl_settings(policy, regime, compile=compile, micro_batch_tokens=micro_batch_tokens, micro_batch=micro_batch,
+                                          cpu_matmul=cpu_matmul, share_prompts=share_prompts, precision=precision,
+                                          rollout_dtype=rollout_dtype, rollout_compile=rollout_compile, chat=chat, lora=lora,
+                                          lora_sync=lora_sync, kv_cache_gb=kv_cache_gb,
+                                          gradient_checkpointing=gradient_checkpointing))["main"]
     with trace.phase("build the arm") if trace else contextlib.nullcontext():
         arm = build_arm(config, arm="main", arm_dir=Path(tempfile.mkdtemp()) / "main")
     startup = time.perf_counter() - process_start
@@ -157,8 +170,29 @@ def trace_polyrl(trace: Any, loop: Any) -> None:
     trace.wrap(loop, "sync", "sync")
 
 
+def trl_settings(regime: dict, total_steps: int, *, use_vllm: bool = False, precision: str = "fp32", compile: bool = False,
+                 gradient_checkpointing: bool = False) -> dict:
+    """TRL ``GRPOConfig`` keyword arguments for the compared work (the same as :func:`polyrl_settings`)."""
+    import torch
+
+    return dict(
+        output_dir=tempfile.mkdtemp(), max_steps=total_steps, torch_compile=compile, per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH, num_generations=SAMPLES,
+        max_completion_length=regime["max_tokens"], temperature=1.0, top_p=1.0, learning_rate=LEARNING_RATE, max_grad_norm=1.0,
+        beta=0.0, loss_type="dr_grpo", scale_rewards="none", num_iterations=1, use_cpu=not torch.cuda.is_available(), bf16=precision == "bf16", fp16=False,
+        logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_dropout=True, lr_scheduler_type="constant",
+        warmup_steps=0, use_vllm=use_vllm,
+        # Pinned: TRL's GRPOConfig turns gradient checkpointing on by default (TrainingArguments: off), and
+        # polyrl's default is off. Left at TRL's default, TRL recomputed every layer's activations in the
+        # backward, polyrl did not: not the same work (TRL slower, with less memory).
+        gradient_checkpointing=gradient_checkpointing,
+        **({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3, "vllm_max_model_length": 512} if use_vllm else {}),
+    )
+
+
 def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision: str = "fp32", compile: bool = False,
-               chat: bool = False, lora: bool = False, process_start: float = 0.0, trace: Any = None) -> dict:
+               chat: bool = False, lora: bool = False, gradient_checkpointing: bool = False, process_start: float = 0.0,
+               trace: Any = None) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -188,15 +222,8 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision:
                 self.lengths.append(float(logs["completions/mean_length"]))
 
     warmup_steps = 3 if compile else 1  # compiled: the one-off compilations (several, as shapes change) stay out of the rates
-    args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), max_steps=steps + warmup_steps, torch_compile=compile, per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH, num_generations=SAMPLES,
-        max_completion_length=regime["max_tokens"], temperature=1.0, top_p=1.0, learning_rate=LEARNING_RATE, max_grad_norm=1.0,
-        beta=0.0, loss_type="dr_grpo", scale_rewards="none", num_iterations=1, use_cpu=not torch.cuda.is_available(), bf16=precision == "bf16", fp16=False,
-        logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_dropout=True, lr_scheduler_type="constant",
-        warmup_steps=0, use_vllm=use_vllm,
-        **({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3, "vllm_max_model_length": 512} if use_vllm else {}),
-    )
+    args = GRPOConfig(**trl_settings(regime, steps + warmup_steps, use_vllm=use_vllm, precision=precision, compile=compile,
+                                     gradient_checkpointing=gradient_checkpointing))
     clock = StepClock()
     callbacks = [clock, trl_trace_callback(trace)] if trace else [clock]
     peft_config = None
