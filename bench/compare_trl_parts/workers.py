@@ -116,20 +116,14 @@ def polyrl_settings(policy: str, regime: dict, *, compile: bool = False, micro_b
     }
 
 
-def polyrl_worker(policy: str, regime: dict, steps: int, compile: bool = False, micro_batch_tokens: int | None = None,
-                  micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
-                  rollout_dtype: str | None = None, rollout_compile: bool = False, chat: bool = False, lora: bool = False,
-                  lora_sync: str = "merged", kv_cache_gb: float | str = "auto", gradient_checkpointing: bool = False,
-                  process_start: float = 0.0, trace: Any = None) -> dict:
+def polyrl_worker(policy: str, regime: dict, steps: int, *, process_start: float = 0.0, trace: Any = None, **settings: Any) -> dict:
+    """One polyrl arm built from :func:`polyrl_settings` (``settings`` are its keyword arguments), timed."""
     from polyrl.config.schema import resolve_arms
     from polyrl.runtime.cpu_matmul import linear_library
     from polyrl.roles.setup import build_arm
 
-    config = resolve_arms(polyrl_settings(policy, regime, compile=compile, micro_batch_tokens=micro_batch_tokens, micro_batch=micro_batch,
-                                          cpu_matmul=cpu_matmul, share_prompts=share_prompts, precision=precision,
-                                          rollout_dtype=rollout_dtype, rollout_compile=rollout_compile, chat=chat, lora=lora,
-                                          lora_sync=lora_sync, kv_cache_gb=kv_cache_gb,
-                                          gradient_checkpointing=gradient_checkpointing))["main"]
+    compile = settings.get("compile", False)
+    config = resolve_arms(polyrl_settings(policy, regime, **settings))["main"]
     with trace.phase("build the arm") if trace else contextlib.nullcontext():
         arm = build_arm(config, arm="main", arm_dir=Path(tempfile.mkdtemp()) / "main")
     startup = time.perf_counter() - process_start
