@@ -98,6 +98,15 @@ def test_compare_trl_runs_both_sides_with_the_same_activation_checkpointing(monk
     for on in (False, True):
         assert polyrl_settings("policy", regime, gradient_checkpointing=on)["train"]["gradient_checkpointing"] is on
         assert trl_settings(regime, 3, gradient_checkpointing=on)["gradient_checkpointing"] is on
-    trl = pytest.importorskip("trl")  # the bench extra; where it is installed, TRL's own config object agrees
+
+
+def test_trls_own_config_object_keeps_the_pinned_checkpointing(monkeypatch):
+    """Where the bench extra is installed, TRL's GRPOConfig built from the bench's settings has the
+    value the bench pinned, not its own default (on)."""
+    trl = pytest.importorskip("trl")
+    monkeypatch.syspath_prepend(str(BENCH[0].parent))
+    from compare_trl_parts.workers import trl_settings
+
+    regime = {"max_tokens": 24}
     assert trl.GRPOConfig(**trl_settings(regime, 3, gradient_checkpointing=False)).gradient_checkpointing is False
     assert trl.GRPOConfig(**trl_settings(regime, 3, gradient_checkpointing=True)).gradient_checkpointing is True
