@@ -7,6 +7,20 @@ cd "$(dirname "$0")/.."
 
 VENV=.venv
 PYTHON=${PYTHON:-python3}
+
+# A new .venv takes about 4.6 GB (torch, vLLM and their libraries) plus pip's downloads on the
+# way. On a full disk pip fails half-way through some wheel with a bare OSError, so check first
+# and say what is needed. Only a first install is checked: a rerun adds little or nothing.
+NEED_GB=${POLYRL_SETUP_NEED_GB:-6}
+if [ ! -x "$VENV/bin/python" ]; then
+  free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
+  if [ -n "$free_kb" ] && [ "$free_kb" -lt $((NEED_GB * 1024 * 1024)) ]; then
+    echo "setup: $((free_kb / 1024 / 1024)) GB free on $(df -P . | awk 'NR == 2 {print $6}');" \
+         "a new .venv needs about $NEED_GB GB (torch, vLLM and their libraries)." \
+         "Free some space (old virtual environments, /tmp) and run it again." >&2
+    exit 1
+  fi
+fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
 
