@@ -12,6 +12,9 @@ PYTHON=${PYTHON:-python3}
 # way. On a full disk pip fails half-way through some wheel with a bare OSError, so check first
 # and say what is needed. Only a first install is checked: a rerun adds little or nothing.
 NEED_GB=${POLYRL_SETUP_NEED_GB:-6}
+case "$NEED_GB" in
+  ''|*[!0-9]*) echo "setup: POLYRL_SETUP_NEED_GB must be a whole number of GB, got '$NEED_GB'" >&2; exit 1 ;;
+esac
 if [ ! -x "$VENV/bin/python" ]; then
   free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
   if [ -n "$free_kb" ] && [ "$free_kb" -lt $((NEED_GB * 1024 * 1024)) ]; then
