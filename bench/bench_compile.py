@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from polyrl.models.cache import set_torch_threads  # noqa: E402
-from polyrl.models.text import build_random_text_model_dir  # noqa: E402
+from polyrl.policies.text import build_random_text_model_dir  # noqa: E402
 from polyrl.runtime.compiled import compile_decoder_layers  # noqa: E402
 from polyrl.runtime.cpu_matmul import cpu_vendor, onednn_available, resolve_cpu_matmul, route_linears_through_onednn  # noqa: E402
+from polyrl.runtime.threads import set_torch_threads  # noqa: E402
 
 LENGTHS = (120, 112, 104, 96)
 
@@ -86,14 +86,21 @@ def main() -> None:
         for arm in arms:
             arm.rates.append(2 * 16 * LENGTHS[index % len(LENGTHS)] / arm.step(index))
     eager = arms[0]
-    print(f"{args.size} policy, {args.threads} threads, micro-batches 16 × {'/'.join(map(str, LENGTHS))} tokens, "
-          f"{args.steps} timed steps each, interleaved")
+    print(
+        f"{args.size} policy, {args.threads} threads, micro-batches 16 × {'/'.join(map(str, LENGTHS))} tokens, "
+        f"{args.steps} timed steps each, interleaved"
+    )
     for arm in arms:
         ratios = [rate / base for rate, base in zip(arm.rates, eager.rates)]
-        note = {"eager": "(torch's BLAS)", "oneDNN": "(eager, linears on oneDNN)",
-                "compiled": f"(linears: {library}, train.cpu_matmul auto's choice on this {cpu_vendor() or 'unknown'} CPU)"}[arm.name]
-        print(f"{arm.name:9} warm-up {first[arm.name]:6.1f} s   steady {statistics.median(arm.rates):8,.0f} tok/s   "
-              f"×{statistics.median(ratios):.2f} (per round {min(ratios):.2f}–{max(ratios):.2f})   {note}")
+        note = {
+            "eager": "(torch's BLAS)",
+            "oneDNN": "(eager, linears on oneDNN)",
+            "compiled": f"(linears: {library}, train.cpu_matmul auto's choice on this {cpu_vendor() or 'unknown'} CPU)",
+        }[arm.name]
+        print(
+            f"{arm.name:9} warm-up {first[arm.name]:6.1f} s   steady {statistics.median(arm.rates):8,.0f} tok/s   "
+            f"×{statistics.median(ratios):.2f} (per round {min(ratios):.2f}–{max(ratios):.2f})   {note}"
+        )
 
 
 if __name__ == "__main__":

@@ -27,12 +27,14 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM's INFO lines (its whole engine config, per engine) would bury the figures
+os.environ.setdefault(
+    "VLLM_CONFIGURE_LOGGING", "0"
+)  # vLLM's INFO lines (its whole engine config, per engine) would bury the figures
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from polyrl.models.text import build_char_tokenizer, build_tiny_qwen2, count_parameters, save_model_dir  # noqa: E402
+from polyrl.policies.text import build_char_tokenizer, build_tiny_qwen2, count_parameters, save_model_dir  # noqa: E402
 
 PROMPT_TEXTS = [f"{a}+{b}=" for a in range(16) for b in range(8)]  # 128 distinct short prompts
 
@@ -41,8 +43,14 @@ def bench_hf(model, tokenizer, dtype: torch.dtype, n_seqs: int, new_tokens: int,
     model = model.to(dtype).eval()
     batch = tokenizer(PROMPT_TEXTS[:n_seqs], return_tensors="pt", padding=True, add_special_tokens=False)
     kwargs = dict(
-        do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        do_sample=True,
+        top_k=0,
+        top_p=1.0,
+        temperature=1.0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     rates = []
     with torch.no_grad():
@@ -81,7 +89,10 @@ def bench_wrapper(engine, n_prompts: int, n_samples: int, new_tokens: int, repea
     settings = SamplingSettings(n=n_samples, temperature=1.0, max_tokens=new_tokens, seed=7)
     inputs, params, _ = engine.build_requests(prompts, settings)
     # Bare: the same prompts and seeds, no log-probs, default output handling.
-    bare_params = [SamplingParams(n=p.n, temperature=p.temperature, top_p=p.top_p, top_k=0, max_tokens=p.max_tokens, seed=p.seed) for p in params]
+    bare_params = [
+        SamplingParams(n=p.n, temperature=p.temperature, top_p=p.top_p, top_k=0, max_tokens=p.max_tokens, seed=p.seed)
+        for p in params
+    ]
 
     def run_wrapper() -> int:
         return sum(len(c.completion_ids) for g in engine.generate(prompts, settings) for c in g)

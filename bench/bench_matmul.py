@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from polyrl.models.text import MODEL_SIZES  # noqa: E402
+from polyrl.policies.text import MODEL_SIZES  # noqa: E402
 
 
 def learner_shapes(size: str, tokens: int) -> list[tuple[str, int, int, int]]:
@@ -64,8 +64,17 @@ def product(library: str, m: int, k: int, n: int, dtype: torch.dtype = torch.flo
     return lambda: onednn_linear(a, weight)
 
 
-def gflops(m: int, k: int, n: int, *, library: str = "torch", seconds: float = 0.25, repeats: int = 3,
-           dtype: torch.dtype = torch.float32, device: str = "cpu") -> float:
+def gflops(
+    m: int,
+    k: int,
+    n: int,
+    *,
+    library: str = "torch",
+    seconds: float = 0.25,
+    repeats: int = 3,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> float:
     """Median GFLOP/s of ``a @ b`` with ``a: m×k``, ``b: k×n``, each repeat timed over ~``seconds``."""
     run = product(library, m, k, n, dtype, device)
     # A GPU runs products asynchronously: time up to the point where they are done, not queued.
@@ -107,21 +116,34 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch._C.set_num_threads(previous)
 
 
-def measure(size: str, tokens: int, threads: int, square: int = 2048, library: str = "torch",
-            dtype: torch.dtype = torch.float32, device: str = "cpu") -> dict[str, float]:
+def measure(
+    size: str,
+    tokens: int,
+    threads: int,
+    square: int = 2048,
+    library: str = "torch",
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> dict[str, float]:
     with torch_threads(threads):
-        rows = {name: gflops(m, k, n, library=library, dtype=dtype, device=device) for name, m, k, n in learner_shapes(size, tokens)}
+        rows = {
+            name: gflops(m, k, n, library=library, dtype=dtype, device=device) for name, m, k, n in learner_shapes(size, tokens)
+        }
         rows[f"square {square}"] = gflops(square, square, square, library=library, seconds=0.5, dtype=dtype, device=device)
         return rows
 
 
-def measure_peaks(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None,
-                  dtype: torch.dtype = torch.float32, device: str = "cpu") -> dict[str, float]:
+def measure_peaks(
+    size: str = "30m", tokens: int = 16 * 53, threads: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> dict[str, float]:
     """Per GEMM library, the best GFLOP/s of the learner's shapes and a large square at ``threads``
     on ``device`` (the learner's: an update on a GPU is put against that GPU's peak, not the CPU's)."""
-    return {library: max(measure(size, tokens, threads or torch.get_num_threads(), library=library, dtype=dtype,
-                                 device=device).values())
-            for library in available_libraries(dtype, device)}
+    return {
+        library: max(
+            measure(size, tokens, threads or torch.get_num_threads(), library=library, dtype=dtype, device=device).values()
+        )
+        for library in available_libraries(dtype, device)
+    }
 
 
 def measure_peak(size: str = "30m", tokens: int = 16 * 53, threads: int | None = None) -> float:
@@ -132,12 +154,16 @@ def measure_peak(size: str = "30m", tokens: int = 16 * 53, threads: int | None =
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="30m", choices=sorted(MODEL_SIZES))
-    parser.add_argument("--tokens", type=int, default=16 * 53, help="Rows of a micro-batch (default 16 sequences × 53 positions).")
+    parser.add_argument(
+        "--tokens", type=int, default=16 * 53, help="Rows of a micro-batch (default 16 sequences × 53 positions)."
+    )
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--square", type=int, default=2048)
     args = parser.parse_args()
-    print(f"# fp32 matmul GFLOP/s, torch {torch.__version__}, {args.size} learner shapes at {args.tokens} rows, "
-          f"square {args.square}")
+    print(
+        f"# fp32 matmul GFLOP/s, torch {torch.__version__}, {args.size} learner shapes at {args.tokens} rows, "
+        f"square {args.square}"
+    )
     columns = [(library, t) for library in available_libraries() for t in args.threads]
     results = {column: measure(args.size, args.tokens, column[1], args.square, library=column[0]) for column in columns}
     names = list(next(iter(results.values())))
@@ -148,8 +174,11 @@ def main() -> None:
     print("| **peak** | " + " | ".join(f"**{max(results[column].values()):.1f}**" for column in columns) + " |")
     for t in args.threads:
         best = {library: max(results[(library, t)].values()) for library in available_libraries()}
-        print(f"\n{t} thread{'s' if t > 1 else ''}: machine peak {max(best.values()):.1f} GFLOP/s ("
-              + ", ".join(f"{library} {value:.1f}" for library, value in best.items()) + ")")
+        print(
+            f"\n{t} thread{'s' if t > 1 else ''}: machine peak {max(best.values()):.1f} GFLOP/s ("
+            + ", ".join(f"{library} {value:.1f}" for library, value in best.items())
+            + ")"
+        )
 
 
 if __name__ == "__main__":

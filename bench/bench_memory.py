@@ -56,17 +56,25 @@ def worker(policy: str, mode: str, steps: int, prompts: int, samples: int, max_t
     model = {"builtin": {"name": policy}} if pretrained else {"builtin": {"size": policy, "warmup_steps": 0}}
     if mode != "full":
         model["lora"] = {**LORA, "sync": "adapter" if mode == "lora-adapter" else "merged"}
-    config = resolve_arms({
-        "name": "bench_memory", "model": model,
-        "data": {"source": "arithmetic_chat", "chat_template": True} if pretrained else {"source": "arithmetic"},
-        "objective": {"name": "dr_grpo"},
-        "rollout": {"engine": "vllm", "prompts_per_step": prompts, "samples_per_prompt": samples, "max_tokens": max_tokens,
-                    "kv_cache_gb": kv_cache_gb},
-        "rewards": [{"module": "accuracy", "params": {"extract": "auto"}}],
-        "train": {"steps": 10_000, "learning_rate": 1e-6, "micro_batch_size": 16, "max_grad_norm": 1.0},
-        "tracking": {"progress": False},
-        "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
-    })["main"]
+    config = resolve_arms(
+        {
+            "name": "bench_memory",
+            "model": model,
+            "data": {"source": "arithmetic_chat", "chat_template": True} if pretrained else {"source": "arithmetic"},
+            "objective": {"name": "dr_grpo"},
+            "rollout": {
+                "engine": "vllm",
+                "prompts_per_step": prompts,
+                "samples_per_prompt": samples,
+                "max_tokens": max_tokens,
+                "kv_cache_gb": kv_cache_gb,
+            },
+            "rewards": [{"module": "accuracy", "params": {"extract": "auto"}}],
+            "train": {"steps": 10_000, "learning_rate": 1e-6, "micro_batch_size": 16, "max_grad_norm": 1.0},
+            "tracking": {"progress": False},
+            "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
+        }
+    )["main"]
     arm = build_arm(config, arm="main", arm_dir=Path(tempfile.mkdtemp()) / "main")
     startup_s, startup_rss = time.perf_counter() - PROCESS_START, peak_rss_mib()
     parameters = sum(p.numel() for p in arm.learner.policy.parameters())
@@ -83,21 +91,43 @@ def worker(policy: str, mode: str, steps: int, prompts: int, samples: int, max_t
             phases.append({phase: metrics.get(f"perf/{phase}_s", 0.0) for phase in PHASES})
     finally:
         arm.close()
-    return {"parameters": parameters, "trainable": trainable, "step_s": seconds, "mean_length": statistics.mean(lengths),
-            "phases": {p: statistics.median(x[p] for x in phases) for p in PHASES}, "startup_s": startup_s,
-            "startup_rss_mib": startup_rss, "peak_rss_mib": peak_rss_mib()}
+    return {
+        "parameters": parameters,
+        "trainable": trainable,
+        "step_s": seconds,
+        "mean_length": statistics.mean(lengths),
+        "phases": {p: statistics.median(x[p] for x in phases) for p in PHASES},
+        "startup_s": startup_s,
+        "startup_rss_mib": startup_rss,
+        "peak_rss_mib": peak_rss_mib(),
+    }
 
 
 def run_worker(policy: str, mode: str, args: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, "--worker", policy, mode, "--steps", str(args.steps), "--prompts", str(args.prompts),
-               "--samples", str(args.samples), "--max-tokens", str(args.max_tokens), "--kv-cache-gb", str(args.kv_cache_gb)]
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        policy,
+        mode,
+        "--steps",
+        str(args.steps),
+        "--prompts",
+        str(args.prompts),
+        "--samples",
+        str(args.samples),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--kv-cache-gb",
+        str(args.kv_cache_gb),
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, cwd=tempfile.mkdtemp())
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {args.timeout} s"}
     for line in done.stdout.splitlines():
         if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK):])
+            return json.loads(line[len(RESULT_MARK) :])
     return {"error": f"exit {done.returncode}: " + " | ".join(done.stderr.splitlines()[-5:])[-1000:]}
 
 
@@ -112,8 +142,13 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policies", nargs="+", default=["3m", "30m", *PRETRAINED], choices=["3m", "30m", *PRETRAINED])
-    parser.add_argument("--modes", nargs="+", default=["full", "lora"], choices=["full", "lora", "lora-adapter"],
-                        help="lora: merged-weights sync (the default model.lora.sync); lora-adapter: model.lora.sync adapter")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["full", "lora"],
+        choices=["full", "lora", "lora-adapter"],
+        help="lora: merged-weights sync (the default model.lora.sync); lora-adapter: model.lora.sync adapter",
+    )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=8)
@@ -130,30 +165,38 @@ def main() -> None:
         return
 
     saved = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() else {}
-    print(f"# bench_memory: {os.cpu_count()} cores, {args.prompts}×{args.samples} samples/step, max {args.max_tokens} new tokens, "
-          f"KV cache {args.kv_cache_gb} GiB, fp32, {args.steps} timed steps after 1 warm-up")
+    print(
+        f"# bench_memory: {os.cpu_count()} cores, {args.prompts}×{args.samples} samples/step, max {args.max_tokens} new tokens, "
+        f"KV cache {args.kv_cache_gb} GiB, fp32, {args.steps} timed steps after 1 warm-up"
+    )
     for policy in args.policies:
         for mode in args.modes:
             saved[f"{policy}/{mode}"] = run_worker(policy, mode, args)
             if args.json:
                 Path(args.json).write_text(json.dumps(saved, indent=1))
-    print("\n| policy | mode | parameters (trainable) | step s | generate s | advantage s | update s | sync s | mean length | "
-          "peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "\n| policy | mode | parameters (trainable) | step s | generate s | advantage s | update s | sync s | mean length | "
+        "peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
     for key, r in saved.items():
         policy, mode = key.split("/")
         if "error" in r:
             print(f"| {policy} | {mode} | {r['error'][:200]} | | | | | | | |")
             continue
         ph = r["phases"]
-        print(f"| {policy} | {mode} | {r['parameters'] / 1e6:.1f}M ({r['trainable'] / 1e6:.2f}M) | {statistics.median(r['step_s']):.2f} | "
-              f"{ph['generate']:.2f} | {ph['advantage']:.2f} | {ph['update']:.2f} | {ph['sync']:.2f} | {r['mean_length']:.1f} | "
-              f"{r['peak_rss_mib']:.0f} |")
+        print(
+            f"| {policy} | {mode} | {r['parameters'] / 1e6:.1f}M ({r['trainable'] / 1e6:.2f}M) | {statistics.median(r['step_s']):.2f} | "
+            f"{ph['generate']:.2f} | {ph['advantage']:.2f} | {ph['update']:.2f} | {ph['sync']:.2f} | {r['mean_length']:.1f} | "
+            f"{r['peak_rss_mib']:.0f} |"
+        )
     full = [(r["parameters"], r["peak_rss_mib"]) for k, r in saved.items() if k.endswith("/full") and "error" not in r]
     if len({x for x, _ in full}) >= 2:
         fixed, per_param = fit_line(full)
         largest = (args.budget_gib * 1024 - fixed) / per_param
-        print(f"\nFull fine-tuning, fitted: peak RSS ≈ {fixed:.0f} MiB + {per_param * 2**20:.1f} B/parameter; the largest policy "
-              f"whose peak fits {args.budget_gib:.0f} GiB (extrapolated, same batch and KV cache): ≈ {largest / 1e6:.0f}M parameters")
+        print(
+            f"\nFull fine-tuning, fitted: peak RSS ≈ {fixed:.0f} MiB + {per_param * 2**20:.1f} B/parameter; the largest policy "
+            f"whose peak fits {args.budget_gib:.0f} GiB (extrapolated, same batch and KV cache): ≈ {largest / 1e6:.0f}M parameters"
+        )
 
 
 if __name__ == "__main__":

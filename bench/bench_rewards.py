@@ -69,7 +69,7 @@ def main() -> None:
 
     import torch
 
-    from polyrl.models.text import build_random_text_model_dir
+    from polyrl.policies.text import build_random_text_model_dir
 
     batch, corpus = make_batch(args.samples)
     with tempfile.TemporaryDirectory() as tmp:

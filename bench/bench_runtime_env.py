@@ -54,7 +54,7 @@ def child(policy: str, seqs: int, new_tokens: int, thread_counts: list[int]) -> 
     from vllm.inputs import TokensPrompt
 
     from polyrl.engines.vllm_engine import VLLMRolloutEngine
-    from polyrl.models.cache import set_torch_threads
+    from polyrl.runtime.threads import set_torch_threads
 
     engine = VLLMRolloutEngine(policy, kv_cache_gb=1.0, max_model_len=512)
     prompts = [TokensPrompt(prompt_token_ids=[5 + (i % 40), 7, 9 + (i % 13)]) for i in range(seqs)]
@@ -104,7 +104,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from polyrl.models.text import build_random_text_model_dir
+    from polyrl.policies.text import build_random_text_model_dir
 
     policy = str(build_random_text_model_dir(Path(tempfile.mkdtemp()) / "policy", size=args.size))
     found = {name: libs for name, libs in variants().items() if not args.variants or name in args.variants}
@@ -114,15 +114,26 @@ def main() -> None:
             env = dict(os.environ)
             if libraries:
                 env["LD_PRELOAD"] = ":".join(libraries + ([env["LD_PRELOAD"]] if env.get("LD_PRELOAD") else []))
-            command = [sys.executable, __file__, "--child", policy, name, "--seqs", str(args.seqs),
-                       "--new-tokens", str(args.new_tokens), "--threads", *map(str, args.threads)]
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                policy,
+                name,
+                "--seqs",
+                str(args.seqs),
+                "--new-tokens",
+                str(args.new_tokens),
+                "--threads",
+                *map(str, args.threads),
+            ]
             done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tempfile.mkdtemp())
-            line = next((l for l in done.stdout.splitlines() if l.startswith(RESULT_MARK)), None)
+            line = next((row for row in done.stdout.splitlines() if row.startswith(RESULT_MARK)), None)
             if line is None:
                 tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-4:])
                 print(f"round {round_index + 1} {name}: failed: {tail[-600:]}")
                 continue
-            results[name].append(json.loads(line[len(RESULT_MARK):]))
+            results[name].append(json.loads(line[len(RESULT_MARK) :]))
             print(f"round {round_index + 1} {name}: {results[name][-1]}", flush=True)
 
     print(f"\n{args.size} policy, {args.seqs} sequences x {args.new_tokens} tokens, median of {args.rounds} interleaved rounds")

@@ -43,13 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from bench_matmul import available_libraries, gflops, learner_shapes, measure, measure_peaks, torch_threads  # noqa: E402
+
 from polyrl.config.schema import load_experiment, resolve_arms  # noqa: E402
-from polyrl.runtime.cpu_matmul import linear_library, timed_products  # noqa: E402
 from polyrl.roles.loop import PHASES  # noqa: E402
-from polyrl.runtime.precision import compute_dtype  # noqa: E402
 from polyrl.roles.setup import build_arm  # noqa: E402
+from polyrl.runtime.cpu_matmul import linear_library, timed_products  # noqa: E402
+from polyrl.runtime.precision import compute_dtype  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,20 +122,36 @@ def run_steps(loop, counter: UpdateCounter, steps: int, warmup: int = 1, probe=N
         before = probe() if probe else float("nan")
         metrics = loop.step()
         after = probe() if probe else float("nan")
-        history.append({**metrics, "bench/computed": counter.computed, "bench/real": counter.real,
-                        "bench/forwards": counter.forwards, "bench/optimizer_s": counter.optimizer_s,
-                        "bench/page_faults": counter.page_faults, "bench/peak_before": before, "bench/peak_after": after,
-                        "bench/products_s": counter.products_s, "bench/products_gflop": counter.products_gflop})
+        history.append(
+            {
+                **metrics,
+                "bench/computed": counter.computed,
+                "bench/real": counter.real,
+                "bench/forwards": counter.forwards,
+                "bench/optimizer_s": counter.optimizer_s,
+                "bench/page_faults": counter.page_faults,
+                "bench/peak_before": before,
+                "bench/peak_after": after,
+                "bench/products_s": counter.products_s,
+                "bench/products_gflop": counter.products_gflop,
+            }
+        )
     return history
 
 
 def peak_probe(size: str, tokens: int, threads: int, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """The peak table (every learner product and the square, per library) on ``device`` and its fastest
     learner product as a ~1 s GFLOP/s probe: (probe, its label, best GFLOP/s per library)."""
-    tables = {library: measure(size, tokens, threads, library=library, dtype=dtype, device=device)
-              for library in available_libraries(dtype, device)}
-    _, library, name = max((rate, library, name) for library, table in tables.items() for name, rate in table.items()
-                           if not name.startswith("square"))
+    tables = {
+        library: measure(size, tokens, threads, library=library, dtype=dtype, device=device)
+        for library in available_libraries(dtype, device)
+    }
+    _, library, name = max(
+        (rate, library, name)
+        for library, table in tables.items()
+        for name, rate in table.items()
+        if not name.startswith("square")
+    )
     m, k, n = next((m, k, n) for shape, m, k, n in learner_shapes(size, tokens) if shape == name)
 
     def probe() -> float:
@@ -155,42 +171,62 @@ def phase_table(title: str, history: list[dict[str, float]]) -> dict[str, float]
     for phase in PHASES:
         print(f"| {phase} | {means[phase]:.3f} | {means[phase] / step:.1%} |")
     print(f"| **step** | **{step:.3f}** | 100% |")
-    print(f"\nsamples/step {samples:.0f} · samples/s {samples / step:.2f} · "
-          f"orchestration overhead (outside generate/score/update) {overhead / step:.1%} · "
-          f"mean response length {statistics.mean(h['rollout/response_length/mean'] for h in history):.1f} tokens")
+    print(
+        f"\nsamples/step {samples:.0f} · samples/s {samples / step:.2f} · "
+        f"orchestration overhead (outside generate/score/update) {overhead / step:.1%} · "
+        f"mean response length {statistics.mean(h['rollout/response_length/mean'] for h in history):.1f} tokens"
+    )
     return {"step_s": step, "samples_per_s": samples / step, "overhead_share": overhead / step, **means}
 
 
-def update_report(history: list[dict[str, float]], parameters: int, peak_gflops: float, dtype: str = "float32") -> dict[str, float]:
+def update_report(
+    history: list[dict[str, float]], parameters: int, peak_gflops: float, dtype: str = "float32"
+) -> dict[str, float]:
     update_s = statistics.mean(h["perf/update_s"] for h in history)
     real = statistics.mean(h["bench/real"] for h in history)
     computed = statistics.mean(h["bench/computed"] for h in history)
     useful_gflop = 6 * parameters * real / 1e9
     achieved = useful_gflop / update_s
     optimizer = statistics.mean(h["bench/optimizer_s"] for h in history)
-    print(f"\nupdate: {update_s:.3f} s for {useful_gflop:.1f} GFLOP of useful work (6 × {parameters / 1e6:.2f}M params × "
-          f"{real:.0f} real tokens) = **{achieved:.1f} GFLOP/s**, {achieved / peak_gflops:.0%} of the measured {dtype} matmul peak "
-          f"{peak_gflops:.1f} GFLOP/s at {torch.get_num_threads()} threads (target ≥ 75%)")
-    per_step = [6 * parameters * h["bench/real"] / 1e9 / h["perf/update_s"] / ((h["bench/peak_before"] + h["bench/peak_after"]) / 2)
-                for h in history if h["bench/peak_before"] == h["bench/peak_before"]]  # NaN: no probe ran
+    print(
+        f"\nupdate: {update_s:.3f} s for {useful_gflop:.1f} GFLOP of useful work (6 × {parameters / 1e6:.2f}M params × "
+        f"{real:.0f} real tokens) = **{achieved:.1f} GFLOP/s**, {achieved / peak_gflops:.0%} of the measured {dtype} matmul peak "
+        f"{peak_gflops:.1f} GFLOP/s at {torch.get_num_threads()} threads (target ≥ 75%)"
+    )
+    per_step = [
+        6 * parameters * h["bench/real"] / 1e9 / h["perf/update_s"] / ((h["bench/peak_before"] + h["bench/peak_after"]) / 2)
+        for h in history
+        if h["bench/peak_before"] == h["bench/peak_before"]
+    ]  # NaN: no probe ran
     if per_step:
-        print(f"step by step, against the peak probe right around each step: median **{statistics.median(per_step):.0%}** of peak "
-              f"(steps {', '.join(f'{share:.0%}' for share in per_step)}; probes "
-              f"{', '.join('{:.0f}/{:.0f}'.format(h['bench/peak_before'], h['bench/peak_after']) for h in history)} GFLOP/s before/after)")
+        print(
+            f"step by step, against the peak probe right around each step: median **{statistics.median(per_step):.0%}** of peak "
+            f"(steps {', '.join(f'{share:.0%}' for share in per_step)}; probes "
+            f"{', '.join('{:.0f}/{:.0f}'.format(h['bench/peak_before'], h['bench/peak_after']) for h in history)} GFLOP/s before/after)"
+        )
     products_s = statistics.mean(h["bench/products_s"] for h in history)
     if products_s:
         products_rate = statistics.mean(h["bench/products_gflop"] for h in history) / products_s
-        print(f"its oneDNN products, timed where they run: {products_s:.3f} s ({products_s / update_s:.0%} of the update) at "
-              f"{products_rate:.1f} GFLOP/s, {products_rate / peak_gflops:.0%} of that peak: the update's ceiling if nothing else took "
-              f"time; the other {update_s - products_s:.3f} s are element-wise work, attention, layout copies and autograd")
+        print(
+            f"its oneDNN products, timed where they run: {products_s:.3f} s ({products_s / update_s:.0%} of the update) at "
+            f"{products_rate:.1f} GFLOP/s, {products_rate / peak_gflops:.0%} of that peak: the update's ceiling if nothing else took "
+            f"time; the other {update_s - products_s:.3f} s are element-wise work, attention, layout copies and autograd"
+        )
     else:
         print("its products were not timed in place (the Linear layers run on torch's BLAS, not polyrl's oneDNN route)")
-    print(f"padding: {1 - real / computed:.1%} of the {computed:.0f} token positions computed "
-          f"({statistics.mean(h['bench/forwards'] for h in history):.0f} forwards) · optimizer {optimizer / update_s:.1%} of the update · "
-          f"{statistics.mean(h['bench/page_faults'] for h in history):.0f} page faults per update")
-    return {"update_s": update_s, "useful_gflops": achieved, "peak_share": achieved / peak_gflops, "padding_share": 1 - real / computed,
-            "products_share_of_update": products_s / update_s,
-            "peak_share_per_step": statistics.median(per_step) if per_step else float("nan")}
+    print(
+        f"padding: {1 - real / computed:.1%} of the {computed:.0f} token positions computed "
+        f"({statistics.mean(h['bench/forwards'] for h in history):.0f} forwards) · optimizer {optimizer / update_s:.1%} of the update · "
+        f"{statistics.mean(h['bench/page_faults'] for h in history):.0f} page faults per update"
+    )
+    return {
+        "update_s": update_s,
+        "useful_gflops": achieved,
+        "peak_share": achieved / peak_gflops,
+        "padding_share": 1 - real / computed,
+        "products_share_of_update": products_s / update_s,
+        "peak_share_per_step": statistics.median(per_step) if per_step else float("nan"),
+    }
 
 
 def bare_generate_ratio(arm, repeats: int) -> None:
@@ -208,22 +244,39 @@ def bare_generate_ratio(arm, repeats: int) -> None:
         wrapped = time.perf_counter() - start
         tokens = sum(len(c.completion_ids) for g in groups for c in g)
         requests = engine.build_requests(prompts, settings)
-        bare_params = [SamplingParams(n=p.n, temperature=p.temperature, top_p=p.top_p, top_k=0, max_tokens=p.max_tokens, seed=p.seed)
-                       for p in requests[1]]
+        bare_params = [
+            SamplingParams(n=p.n, temperature=p.temperature, top_p=p.top_p, top_k=0, max_tokens=p.max_tokens, seed=p.seed)
+            for p in requests[1]
+        ]
         start = time.perf_counter()
-        outputs = engine.llm.generate([TokensPrompt(prompt_token_ids=list(r["prompt_token_ids"])) for r in requests[0]],
-                                      bare_params, use_tqdm=False)
+        outputs = engine.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(r["prompt_token_ids"])) for r in requests[0]], bare_params, use_tqdm=False
+        )
         bare = time.perf_counter() - start
         rollout_rates.append(tokens / wrapped)
         bare_rates.append(sum(len(o.token_ids) for out in outputs for o in out.outputs) / bare)
     rollout, bare = statistics.median(rollout_rates), statistics.median(bare_rates)
-    print(f"\nrollout engine {rollout:.0f} tok/s vs bare llm.generate {bare:.0f} tok/s on the same batch: {rollout / bare:.1%} (target ≥ 90%)")
+    print(
+        f"\nrollout engine {rollout:.0f} tok/s vs bare llm.generate {bare:.0f} tok/s on the same batch: {rollout / bare:.1%} (target ≥ 90%)"
+    )
 
 
-def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micro_batch: int, steps: int, repeats: int,
-                 threads: int | None, compile: bool = False, micro_batch_tokens: int | None = None,
-                 cpu_matmul: str | None = None, dtype: str = "float32") -> dict[str, float]:
-    from polyrl.models.text import build_random_text_model_dir
+def bench_policy(
+    size: str,
+    *,
+    prompts: int,
+    samples: int,
+    max_tokens: int,
+    micro_batch: int,
+    steps: int,
+    repeats: int,
+    threads: int | None,
+    compile: bool = False,
+    micro_batch_tokens: int | None = None,
+    cpu_matmul: str | None = None,
+    dtype: str = "float32",
+) -> dict[str, float]:
+    from polyrl.policies.text import build_random_text_model_dir
 
     model_dir = build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"m{size}", size, seed=0)
     train = {"steps": 10_000, "learning_rate": 1e-6, "micro_batch_size": micro_batch}
@@ -235,17 +288,24 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         train["micro_batch_tokens"] = micro_batch_tokens
     if cpu_matmul:
         train["cpu_matmul"] = cpu_matmul
-    config = resolve_arms({
-        "name": f"bench{size}",
-        "model": {"path": str(model_dir), "dtype": dtype},
-        "objective": {"name": "dr_grpo"},
-        "rollout": {"engine": "vllm", "prompts_per_step": prompts, "samples_per_prompt": samples, "max_tokens": max_tokens,
-                    "kv_cache_gb": 1.0},
-        "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
-        "train": train,
-        "tracking": {"progress": False},
-        "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
-    })["main"]
+    config = resolve_arms(
+        {
+            "name": f"bench{size}",
+            "model": {"path": str(model_dir), "dtype": dtype},
+            "objective": {"name": "dr_grpo"},
+            "rollout": {
+                "engine": "vllm",
+                "prompts_per_step": prompts,
+                "samples_per_prompt": samples,
+                "max_tokens": max_tokens,
+                "kv_cache_gb": 1.0,
+            },
+            "rewards": [{"module": "accuracy", "params": {"extract": "hash"}}],
+            "train": train,
+            "tracking": {"progress": False},
+            "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
+        }
+    )["main"]
     arm = build_arm(config, arm="main", arm_dir=Path(tempfile.mkdtemp()) / "main")
     try:
         counter = instrument(arm)
@@ -259,15 +319,20 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
         peaks_after = measure_peaks(size, tokens=rows, threads=torch.get_num_threads(), dtype=matmul_dtype, device=device)
         peaks = {library: (peaks_before[library] + peaks_after[library]) / 2 for library in peaks_before}
         peak_before, peak_after = max(peaks_before.values()), max(peaks_after.values())
-        title = (f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, "
-                 f"Dr.GRPO, {dtype}, vLLM{', train.compile' if compile else ''}"
-                 f"{f', micro_batch_tokens {micro_batch_tokens}' if micro_batch_tokens else ''}"
-                 f"{f', cpu_matmul {cpu_matmul}' if cpu_matmul else ''}")
+        title = (
+            f"{size} policy ({parameters / 1e6:.1f}M params), {prompts} prompts × {samples} samples × ≤{max_tokens} new tokens, "
+            f"Dr.GRPO, {dtype}, vLLM{', train.compile' if compile else ''}"
+            f"{f', micro_batch_tokens {micro_batch_tokens}' if micro_batch_tokens else ''}"
+            f"{f', cpu_matmul {cpu_matmul}' if cpu_matmul else ''}"
+        )
         result = phase_table(title, history)
-        print(f"\n{dtype} matmul peak on {device} (bench_matmul, best library) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s; "
-              "per library: " + ", ".join(f"{library} {value:.1f}" for library, value in peaks.items())
-              + f"; the learner's Linear layers ran on: {arm.config.train.cpu_matmul} -> {linear_library(arm.learner.policy)}; "
-              f"probe around each step: {probe_name}")
+        print(
+            f"\n{dtype} matmul peak on {device} (bench_matmul, best library) before/after the steps: {peak_before:.1f} / {peak_after:.1f} GFLOP/s; "
+            "per library: "
+            + ", ".join(f"{library} {value:.1f}" for library, value in peaks.items())
+            + f"; the learner's Linear layers ran on: {arm.config.train.cpu_matmul} -> {linear_library(arm.learner.policy)}; "
+            f"probe around each step: {probe_name}"
+        )
         result.update(update_report(history, parameters, (peak_before + peak_after) / 2, dtype))
         bare_generate_ratio(arm, repeats)
         return result
@@ -276,15 +341,23 @@ def bench_policy(size: str, *, prompts: int, samples: int, max_tokens: int, micr
 
 
 def bench_demo(steps: int) -> dict[str, float]:
-    config = load_experiment(ROOT / "experiments" / "grpo_vs_drgrpo.yaml",
-                             set_options=["tracking.progress=false", f"checkpoint.dir={tempfile.mkdtemp()}",
-                                          "checkpoint.every=100000", "eval.every=0"])["grpo"]
+    config = load_experiment(
+        ROOT / "experiments" / "grpo_vs_drgrpo.yaml",
+        set_options=[
+            "tracking.progress=false",
+            f"checkpoint.dir={tempfile.mkdtemp()}",
+            "checkpoint.every=100000",
+            "eval.every=0",
+        ],
+    )["grpo"]
     arm = build_arm(config, arm="grpo", arm_dir=Path(tempfile.mkdtemp()) / "grpo")
     try:
         counter = instrument(arm)
         r = config.rollout
-        title = (f"Demo config (grpo arm, {config.model.builtin.size} warm policy, "
-                 f"{r.prompts_per_step} prompts × {r.samples_per_prompt} samples, max {r.max_tokens} tokens)")
+        title = (
+            f"Demo config (grpo arm, {config.model.builtin.size} warm policy, "
+            f"{r.prompts_per_step} prompts × {r.samples_per_prompt} samples, max {r.max_tokens} tokens)"
+        )
         return phase_table(title, run_steps(arm.loop(printer=lambda _line: None), counter, steps))
     finally:
         arm.close()
@@ -298,12 +371,24 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None, help="train.threads (default: the learner's own choice)")
-    parser.add_argument("--compile", action="store_true", help="train.compile: torch.compile the policy's decoder (3 warm-up steps)")
-    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (rows stay ≤ --micro-batch)")
-    parser.add_argument("--cpu-matmul", choices=["auto", "onednn", "torch"], default=None,
-                        help="train.cpu_matmul (default: the config default, auto)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="model.dtype; the update is then put against the matmul peak of that dtype")
+    parser.add_argument(
+        "--compile", action="store_true", help="train.compile: torch.compile the policy's decoder (3 warm-up steps)"
+    )
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens (rows stay ≤ --micro-batch)"
+    )
+    parser.add_argument(
+        "--cpu-matmul",
+        choices=["auto", "onednn", "torch"],
+        default=None,
+        help="train.cpu_matmul (default: the config default, auto)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="model.dtype; the update is then put against the matmul peak of that dtype",
+    )
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
@@ -313,9 +398,20 @@ def main() -> None:
     print(f"# RL step benchmark ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})")
     if args.demo:
         bench_demo(steps)
-    bench_policy(args.size, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens, micro_batch=args.micro_batch,
-                 steps=steps, repeats=1 if args.quick else args.repeats, threads=args.threads, compile=args.compile,
-                 micro_batch_tokens=args.micro_batch_tokens, cpu_matmul=args.cpu_matmul, dtype=args.dtype)
+    bench_policy(
+        args.size,
+        prompts=args.prompts,
+        samples=args.samples,
+        max_tokens=args.max_tokens,
+        micro_batch=args.micro_batch,
+        steps=steps,
+        repeats=1 if args.quick else args.repeats,
+        threads=args.threads,
+        compile=args.compile,
+        micro_batch_tokens=args.micro_batch_tokens,
+        cpu_matmul=args.cpu_matmul,
+        dtype=args.dtype,
+    )
 
 
 if __name__ == "__main__":

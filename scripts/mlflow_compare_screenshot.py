@@ -80,11 +80,28 @@ def capture(url: str, out: Path, *, wait_text: str, height: int = 900, click_tex
 def chromium_screenshot(url: str, out: Path, *, size: str = "1400,900", budget_ms: int = 20000) -> None:
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     with tempfile.TemporaryDirectory() as profile:
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-                        "--hide-scrollbars", f"--virtual-time-budget={budget_ms}", f"--window-size={size}",
-                        f"--screenshot={out}", url], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=180)
+        subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                "--hide-scrollbars",
+                f"--virtual-time-budget={budget_ms}",
+                f"--window-size={size}",
+                f"--screenshot={out}",
+                url,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=180,
+        )
 
 
 def main() -> None:
@@ -92,8 +109,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/mlflow_compare.png"))
     parser.add_argument("--note-out", type=Path, default=None, help="also capture the parent run's page (its description)")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--store", default=None, help="an existing store (sqlite:///…) to serve instead of running the "
-                        "small experiment; with --experiment, the experiment of it to compare and capture")
+    parser.add_argument(
+        "--store",
+        default=None,
+        help="an existing store (sqlite:///…) to serve instead of running the "
+        "small experiment; with --experiment, the experiment of it to compare and capture",
+    )
     parser.add_argument("--experiment", default=EXPERIMENT["name"])
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="polyrl_ui_"))
@@ -101,10 +122,24 @@ def main() -> None:
     bin_dir = Path(sys.executable).parent
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--backend-store-uri", args.store or f"sqlite:///{work / 'mlflow.db'}",
-                               "--artifacts-destination", str(work / "artifacts"), "--workers", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            str(bin_dir / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            args.store or f"sqlite:///{work / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(work / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(url)
         env = os.environ | {"MLFLOW_TRACKING_URI": url}
@@ -112,13 +147,24 @@ def main() -> None:
             config = dict(EXPERIMENT, checkpoint={**EXPERIMENT["checkpoint"], "dir": str(work / "runs")})
             (work / "exp.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             started = time.time()
-            subprocess.run([str(bin_dir / "polyrl"), "run", str(work / "exp.yaml"), "--no-progress"], check=True, env=env, cwd=work)
+            subprocess.run(
+                [str(bin_dir / "polyrl"), "run", str(work / "exp.yaml"), "--no-progress"], check=True, env=env, cwd=work
+            )
             print(f"run: {time.time() - started:.0f} s")
-        compare = subprocess.run([str(bin_dir / "polyrl"), "compare", args.experiment, "--out", str(work / "report")],
-                                 check=True, env=env, cwd=work, capture_output=True, text=True)
+        compare = subprocess.run(
+            [str(bin_dir / "polyrl"), "compare", args.experiment, "--out", str(work / "report")],
+            check=True,
+            env=env,
+            cwd=work,
+            capture_output=True,
+            text=True,
+        )
         print(compare.stdout)
-        compare_url = next(line.split("): ", 1)[1].strip() for line in compare.stdout.splitlines()
-                           if line.startswith("Compare the arms in MLflow"))
+        compare_url = next(
+            line.split("): ", 1)[1].strip()
+            for line in compare.stdout.splitlines()
+            if line.startswith("Compare the arms in MLflow")
+        )
         args.out.parent.mkdir(parents=True, exist_ok=True)
         capture(compare_url, args.out, wait_text="polyrl comparison", height=1100)
         print(f"screenshot of {compare_url}\n  -> {args.out}")

@@ -28,16 +28,25 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from polyrl.launch.stats import arm_difference, curve_band, holm_adjusted, mean_interval, verdict  # noqa: E402
-from polyrl.tracking.mlflow_runs import (ARM_TAG, SEED_TAG, find_arm_runs, find_parent_run,  # noqa: E402
-                                         find_seed_runs, make_client)
+from polyrl.analysis.stats import arm_difference, curve_band, holm_adjusted, mean_interval, verdict  # noqa: E402
+from polyrl.tracking.mlflow_runs import ARM_TAG, SEED_TAG, find_arm_runs, find_parent_run, find_seed_runs, make_client  # noqa: E402
 
 COLLAPSE_NATS = 0.1  # the health check's entropy_collapse threshold (polyrl/roles/health.py)
 SEED_WINDOW = 0.03  # seed 000 §4: the positive share fluctuates within ±0.03 of its target
 LAST_STEPS = 10  # train accuracy of one 64-sample step is noisy: average the last few
 
-KEYS = ("actor/entropy", "bapo/positive_share", "actor/positive_share", "actor/pos_loss_share", "bapo/c_low", "bapo/c_high",
-        "actor/clip_frac_low", "actor/clip_frac_high", "quadrant/low_prob_pos_adv", "train/accuracy")
+KEYS = (
+    "actor/entropy",
+    "bapo/positive_share",
+    "actor/positive_share",
+    "actor/pos_loss_share",
+    "bapo/c_low",
+    "bapo/c_high",
+    "actor/clip_frac_low",
+    "actor/clip_frac_high",
+    "quadrant/low_prob_pos_adv",
+    "train/accuracy",
+)
 EVAL_KEY = "eval/arithmetic/accuracy"  # --eval-key: the held-out accuracy of the run's suite
 
 
@@ -60,6 +69,7 @@ def first_step_below(points: list[tuple[int, float]], threshold: float) -> float
 def summarise(h: dict[str, list[tuple[int, float]]], target: float, eval_key: str = EVAL_KEY) -> dict[str, float]:
     """One seed run's summaries; quantities whose metric the run did not log (an objective
     other than bapo has no ``bapo/*``) are left out."""
+
     def has(key: str) -> bool:
         return bool(h.get(key))
 
@@ -78,12 +88,18 @@ def summarise(h: dict[str, list[tuple[int, float]]], target: float, eval_key: st
         out[f"{key}, mean"] = share.mean()
         out[f"{key}, mean abs(share − target)"] = np.abs(share - target).mean()
         if key == "bapo/positive_share":
-            out[f"steps with positive share within ±{SEED_WINDOW} of target (share)"] = (np.abs(share - target) <= SEED_WINDOW).mean()
+            out[f"steps with positive share within ±{SEED_WINDOW} of target (share)"] = (
+                np.abs(share - target) <= SEED_WINDOW
+            ).mean()
             out["steps with positive share below target (share)"] = (share < target).mean()
-    for key, name in (("actor/pos_loss_share", "actor/pos_loss_share, mean"), ("bapo/c_low", "bapo/c_low, mean"),
-                      ("bapo/c_high", "bapo/c_high, mean"), ("actor/clip_frac_low", "clip_frac_low, mean"),
-                      ("actor/clip_frac_high", "clip_frac_high, mean"),
-                      ("quadrant/low_prob_pos_adv", "low-prob/positive-adv token share, mean")):
+    for key, name in (
+        ("actor/pos_loss_share", "actor/pos_loss_share, mean"),
+        ("bapo/c_low", "bapo/c_low, mean"),
+        ("bapo/c_high", "bapo/c_high, mean"),
+        ("actor/clip_frac_low", "clip_frac_low, mean"),
+        ("actor/clip_frac_high", "clip_frac_high, mean"),
+        ("quadrant/low_prob_pos_adv", "low-prob/positive-adv token share, mean"),
+    ):
         if has(key):
             out[name] = values(h[key]).mean()
     if has("train/accuracy"):
@@ -108,9 +124,11 @@ def difference_table(summaries: dict[str, dict[int, dict[str, float]]]) -> list[
         rows.append((name, per_arm, arm_difference(per_arm[arms[0]], per_arm[arms[1]]) if len(arms) == 2 else None))
     adjusted = holm_adjusted([d.p_value for _, _, d in rows if d is not None]) if len(arms) == 2 else []
     tested = sum(p == p for p in adjusted)
-    lines = [f"| quantity | {' | '.join(f'{a} ({len(summaries[a])} seeds)' for a in arms)} |"
-             + (f" {arms[0]} − {arms[1]} (95%, method) | Holm-adjusted p |" if len(arms) == 2 else ""),
-             "|---|" + "---|" * (len(arms) + 2 * (len(arms) == 2))]
+    lines = [
+        f"| quantity | {' | '.join(f'{a} ({len(summaries[a])} seeds)' for a in arms)} |"
+        + (f" {arms[0]} − {arms[1]} (95%, method) | Holm-adjusted p |" if len(arms) == 2 else ""),
+        "|---|" + "---|" * (len(arms) + 2 * (len(arms) == 2)),
+    ]
     verdicts = []
     for index, (name, per_arm, d) in enumerate(rows):
         cells = [mean_interval(list(per_arm[a].values())).format() for a in arms]
@@ -122,8 +140,12 @@ def difference_table(summaries: dict[str, dict[int, dict[str, float]]]) -> list[
             verdicts.append(f"{name}: {verdict(i, names=(arms[0], arms[1]), adjusted_p=p, comparisons=tested)}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if len(arms) == 2:
-        lines += ["", f"* the interval excludes 0 and the difference holds after Holm's correction over the {tested} rows", "",
-                  *verdicts]
+        lines += [
+            "",
+            f"* the interval excludes 0 and the difference holds after Holm's correction over the {tested} rows",
+            "",
+            *verdicts,
+        ]
     return lines
 
 
@@ -163,14 +185,20 @@ def read_summary(path: Path) -> dict[str, dict[int, dict[str, float]]]:
     return summaries
 
 
-def band_plot(per_arm: dict[str, list[dict[str, list[tuple[int, float]]]]], keys: list[str], title: str,
-              path: Path, *, target: float | None = None) -> None:
+def band_plot(
+    per_arm: dict[str, list[dict[str, list[tuple[int, float]]]]],
+    keys: list[str],
+    title: str,
+    path: Path,
+    *,
+    target: float | None = None,
+) -> None:
     figure, axis = plt.subplots(figsize=(6, 3.6))
     for arm, seeds in per_arm.items():
         for key in keys:
             steps, mean, low, high = curve_band([h[key] for h in seeds])
             label = arm if len(keys) == 1 else f"{arm}: {key.split('/')[-1]}"
-            line, = axis.plot(steps, mean, marker="o", markersize=2, label=label)
+            (line,) = axis.plot(steps, mean, marker="o", markersize=2, label=label)
             axis.fill_between(steps, low, high, alpha=0.2, color=line.get_color())
     if target is not None:
         axis.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target}")
@@ -191,8 +219,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder for the two plots")
     parser.add_argument("--from-summary", type=Path, default=None, help="recompute the table from a summary.md's per-seed lines")
     parser.add_argument("--eval-key", default=EVAL_KEY, help="the held-out accuracy metric (eval/<suite>/accuracy)")
-    parser.add_argument("--pairs", nargs="+", default=None, metavar="A:B",
-                        help="arm pairs to difference, one table each, Holm over that table's rows (default: the first two arms)")
+    parser.add_argument(
+        "--pairs",
+        nargs="+",
+        default=None,
+        metavar="A:B",
+        help="arm pairs to difference, one table each, Holm over that table's rows (default: the first two arms)",
+    )
     args = parser.parse_args()
     if args.from_summary is not None:
         print_tables(read_summary(args.from_summary), args.pairs)
@@ -213,21 +246,32 @@ def main() -> None:
             histories.setdefault(arm, []).append(h)
             summary = summarise(h, args.target, args.eval_key)
             summaries.setdefault(arm, {})[int(seed_run.data.tags.get(SEED_TAG, "0"))] = summary
-            print(f"{arm} seed {seed_run.data.tags.get(SEED_TAG)}: steps {len(h['actor/entropy'])}, "
-                  + ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
+            print(
+                f"{arm} seed {seed_run.data.tags.get(SEED_TAG)}: steps {len(h['actor/entropy'])}, "
+                + ", ".join(f"{k} {v:.4g}" for k, v in summary.items())
+            )
     print_tables(summaries, args.pairs)
     if args.out is not None and args.pairs:  # the whole course of each arm: entropy and the positive share at its own bounds
         args.out.mkdir(parents=True, exist_ok=True)
         band_plot(histories, ["actor/entropy"], f"{args.experiment}: entropy (actor/entropy)", args.out / "actor_entropy.png")
-        band_plot(histories, ["actor/positive_share"], f"{args.experiment}: positive share at each objective's bounds",
-                  args.out / "actor_positive_share.png", target=args.target)
+        band_plot(
+            histories,
+            ["actor/positive_share"],
+            f"{args.experiment}: positive share at each objective's bounds",
+            args.out / "actor_positive_share.png",
+            target=args.target,
+        )
         print(f"\nplots: {args.out}/actor_entropy.png, {args.out}/actor_positive_share.png")
     if args.out is not None and any(h["bapo/positive_share"] for seeds in histories.values() for h in seeds):
         args.out.mkdir(parents=True, exist_ok=True)
-        band_plot(histories, ["bapo/positive_share"], f"{args.experiment}: positive share (bapo/positive_share)",
-                  args.out / "bapo_positive_share.png", target=args.target)
-        band_plot(histories, ["bapo/c_low", "bapo/c_high"], f"{args.experiment}: clip bounds",
-                  args.out / "bapo_clip_bounds.png")
+        band_plot(
+            histories,
+            ["bapo/positive_share"],
+            f"{args.experiment}: positive share (bapo/positive_share)",
+            args.out / "bapo_positive_share.png",
+            target=args.target,
+        )
+        band_plot(histories, ["bapo/c_low", "bapo/c_high"], f"{args.experiment}: clip bounds", args.out / "bapo_clip_bounds.png")
         print(f"\nplots: {args.out}/bapo_positive_share.png, {args.out}/bapo_clip_bounds.png")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polyrl.launch.stats import arm_difference, curve_band, holm_adjusted, mean_interval, verdict
+from polyrl.analysis.stats import arm_difference, curve_band, holm_adjusted, mean_interval, verdict
 from polyrl.tracking.mlflow_runs import ARM_TAG, find_arm_runs, find_parent_run, find_seed_runs, make_client
 
 # One progress bar per downloaded table would bury the output.
@@ -128,8 +128,10 @@ def main() -> None:
                 values.setdefault(f"{key} late", {})[seed] = late[key]
                 values.setdefault(f"{key} change", {})[seed] = late[key] - first[key]
             steps = sorted(per_step)
-            print(f"{arm} seed {seed_run.data.tags.get('polyrl.seed')}: step {steps[0]} -> last {args.last} of "
-                  f"{steps[-args.last:]}: " + ", ".join(f"{k} {first[k]:.3g} -> {late[k]:.3g}" for k in QUANTITIES))
+            print(
+                f"{arm} seed {seed_run.data.tags.get('polyrl.seed')}: step {steps[0]} -> last {args.last} of "
+                f"{steps[-args.last :]}: " + ", ".join(f"{k} {first[k]:.3g} -> {late[k]:.3g}" for k in QUANTITIES)
+            )
     late_label = "last table" if args.last == 1 else f"mean of last {args.last} tables"
     print(f"\n| arm | quantity | first table | {late_label} | change |")
     print("|---|---|---|---|---|")
@@ -139,14 +141,19 @@ def main() -> None:
             print(f"| {arm} | {key} | " + " | ".join(cells) + " |")
     arms = list(per_arm)
     if len(arms) == 2:
-        rows = [(f"{key} {part}", arm_difference(per_arm[arms[0]][f"{key} {part}"], per_arm[arms[1]][f"{key} {part}"]))
-                for key in QUANTITIES for part in ("late", "change")]
+        rows = [
+            (f"{key} {part}", arm_difference(per_arm[arms[0]][f"{key} {part}"], per_arm[arms[1]][f"{key} {part}"]))
+            for key in QUANTITIES
+            for part in ("late", "change")
+        ]
         adjusted = holm_adjusted([d.p_value for _, d in rows])
         tested = sum(p == p for p in adjusted)
         for (name, d), p in zip(rows, adjusted):
             i = d.interval
-            print(f"{name}, {arms[0]} − {arms[1]} ({d.method}): {i.format()} [{i.low:.3g}, {i.high:.3g}], Holm p {p:.2g} · "
-                  f"{verdict(i, names=tuple(arms), adjusted_p=p, comparisons=tested)}")
+            print(
+                f"{name}, {arms[0]} − {arms[1]} ({d.method}): {i.format()} [{i.low:.3g}, {i.high:.3g}], Holm p {p:.2g} · "
+                f"{verdict(i, names=tuple(arms), adjusted_p=p, comparisons=tested)}"
+            )
     if args.plot_dir is not None:
         args.plot_dir.mkdir(parents=True, exist_ok=True)
         band_plot(per_arm_steps, "wrong length", "length of wrong answers (tokens)", args.plot_dir / "wrong_answer_length.png")

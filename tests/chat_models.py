@@ -43,29 +43,56 @@ CORPUS = [
 ]
 
 
-def build_bpe_chat_tokenizer(chat_template: str | None = LLAMA3_TEMPLATE, *, bos: str = BOS, eos: str = EOS, pad: str = PAD,
-                             specials: tuple[str, ...] = (HEADER_START, HEADER_END, EOT), adds_bos: bool = True,
-                             vocab_size: int = 320) -> PreTrainedTokenizerFast:
+def build_bpe_chat_tokenizer(
+    chat_template: str | None = LLAMA3_TEMPLATE,
+    *,
+    bos: str = BOS,
+    eos: str = EOS,
+    pad: str = PAD,
+    specials: tuple[str, ...] = (HEADER_START, HEADER_END, EOT),
+    adds_bos: bool = True,
+    vocab_size: int = 320,
+) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained on :data:`CORPUS` with ``chat_template``; ``adds_bos``: it adds BOS
     when it encodes (a ``BOS $A`` post-processor, as Llama 3's tokenizer does)."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[bos, eos, pad, *specials],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[bos, eos, pad, *specials], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     backend.train_from_iterator(CORPUS * 4, trainer=trainer)
     if adds_bos:
-        backend.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                               special_tokens=[(bos, backend.token_to_id(bos))])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=pad,
-                                   additional_special_tokens=list(specials), chat_template=chat_template, model_max_length=512)
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, backend.token_to_id(bos))]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        additional_special_tokens=list(specials),
+        chat_template=chat_template,
+        model_max_length=512,
+    )
 
 
 def build_chat_model(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0, eot_bonus: float = 0.12) -> Qwen3ForCausalLM:
     config = Qwen3Config(
-        vocab_size=len(tokenizer), max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, rope_theta=10000.0, torch_dtype="float32",
-        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        torch_dtype="float32",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()

@@ -23,7 +23,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 @pytest.fixture(scope="session")
 def random_policy_dir(tmp_path_factory) -> Path:
     """A random ~0.3M-parameter Qwen2 with the char tokenizer (fast; knows nothing)."""
-    from polyrl.models.text import build_random_text_model_dir
+    from polyrl.policies.text import build_random_text_model_dir
 
     return build_random_text_model_dir(tmp_path_factory.mktemp("random_policy") / "model", "0.3m", seed=0)
 
@@ -33,7 +33,7 @@ def tiny_arch_dir(tmp_path_factory):
     """``tiny_arch_dir(model_type, tied=None) -> Path``: a random tiny causal LM of a transformers
     architecture (llama, qwen2, qwen3, mistral, gemma3_text, gemma2, phi3) with a BPE tokenizer
     trained here and a ChatML template, saved as an ordinary HF folder; built once per test run."""
-    from polyrl.models.architectures import build_bpe_tokenizer, build_tiny_arch_dir
+    from polyrl.policies.architectures import build_bpe_tokenizer, build_tiny_arch_dir
 
     root = tmp_path_factory.mktemp("architectures")
     built: dict[tuple[str, bool | None], Path] = {}
@@ -103,4 +103,3 @@ def tiny_experiment(tmp_path, random_policy_dir):
         return config
 
     return make
-

@@ -5,8 +5,8 @@ the same way (127.0.0.1, no dashboard, quiet, a bounded object store)."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import signal
+import subprocess
 from typing import Any, Iterator
 
 import pytest
@@ -21,8 +21,14 @@ def in_process_cluster(*, num_cpus: int, object_store_mb: int) -> Iterator[Any]:
     # holding its CPUs: never reuse it, start this module's own.
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 1024 * 1024,
-             log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1")
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        object_store_memory=object_store_mb * 1024 * 1024,
+        log_to_driver=False,
+        logging_level="ERROR",
+        _node_ip_address="127.0.0.1",
+    )
     try:
         yield ray
     finally:

@@ -16,7 +16,7 @@ import os, signal, sys, time
 from pathlib import Path
 from polyrl.roles import checkpoint
 from polyrl.roles import hooks, loop
-from polyrl.launch.cli import app
+from polyrl.cli.main import app
 
 ACTION, AT = sys.argv[1], {int(s) for s in sys.argv[2].split(",")}
 if ACTION == "kill_after_save":  # SIGKILL right after the step's checkpoint is complete
@@ -69,8 +69,9 @@ def run_child(folder: Path, env: dict[str, str], action: str, at: int | str, *ar
 
 
 def start_child(folder: Path, env: dict[str, str], action: str, at: int | str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(_command(action, at, args), cwd=folder, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        _command(action, at, args), cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:

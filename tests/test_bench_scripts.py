@@ -75,8 +75,15 @@ def test_bench_scale_combines_a_points_rounds(monkeypatch):
     import bench_scale
 
     def run(step_s, generate, share):
-        return {"point": (2, 1, 0), "step_s": step_s, "samples": 64.0, "sync_share": share, "prompts": 8,
-                "phases": {"generate": generate}, "wall_s": 10.0}
+        return {
+            "point": (2, 1, 0),
+            "step_s": step_s,
+            "samples": 64.0,
+            "sync_share": share,
+            "prompts": 8,
+            "phases": {"generate": generate},
+            "wall_s": 10.0,
+        }
 
     combined = bench_scale.combine([run(1.0, 0.4, 0.1), run(3.0, 0.6, 0.2), run(1.2, 0.5, 0.3)])
     # median of 1.0, 3.0, 1.2 = 1.2; generate (0.4 + 0.6 + 0.5) / 3 = 0.5; share (0.1 + 0.2 + 0.3) / 3 = 0.2

@@ -18,8 +18,9 @@ def test_setup_refuses_a_first_install_on_a_full_disk_and_says_what_it_needs(tmp
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO / "scripts" / "setup_env.sh", tmp_path / "scripts" / "setup_env.sh")
     env = os.environ | {"POLYRL_SETUP_NEED_GB": "1000000", "PYTHON": "false"}
-    result = subprocess.run(["bash", str(tmp_path / "scripts" / "setup_env.sh")], env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "setup_env.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1
     assert "GB free on" in result.stderr and "needs about 1000000 GB" in result.stderr
     assert not (tmp_path / ".venv").exists()
@@ -30,7 +31,8 @@ def test_setup_refuses_a_free_disk_figure_that_is_not_a_whole_number(tmp_path):
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO / "scripts" / "setup_env.sh", tmp_path / "scripts" / "setup_env.sh")
     env = os.environ | {"POLYRL_SETUP_NEED_GB": "6.5", "PYTHON": "false"}
-    result = subprocess.run(["bash", str(tmp_path / "scripts" / "setup_env.sh")], env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "setup_env.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1
     assert "POLYRL_SETUP_NEED_GB must be a whole number of GB, got '6.5'" in result.stderr

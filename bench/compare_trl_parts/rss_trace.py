@@ -29,8 +29,10 @@ def rss_mib() -> float:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
 
 
 def malloc_mib() -> dict[str, float]:
@@ -110,7 +112,14 @@ class RssTrace:
 
 def format_trace(rows: list[dict[str, Any]], title: str) -> str:
     """A markdown table of ``rows`` (from :meth:`RssTrace.close`)."""
-    lines = [f"{title}\n", "| phase | s | RSS on entry MiB | peak within | on exit | malloc live / kept on exit |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['phase']} | {r['seconds']:.1f} | {r['start']:.0f} | {r['peak']:.0f} | {r['end']:.0f} | "
-              f"{r.get('live', float('nan')):.0f} / {r.get('kept', float('nan')):.0f} |" for r in rows]
+    lines = [
+        f"{title}\n",
+        "| phase | s | RSS on entry MiB | peak within | on exit | malloc live / kept on exit |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['phase']} | {r['seconds']:.1f} | {r['start']:.0f} | {r['peak']:.0f} | {r['end']:.0f} | "
+        f"{r.get('live', float('nan')):.0f} / {r.get('kept', float('nan')):.0f} |"
+        for r in rows
+    ]
     return "\n".join(lines)

@@ -53,7 +53,6 @@ def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
     """
     import shutil
 
-    import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer
 
@@ -94,33 +93,64 @@ def default_host_allocator() -> None:
     setup.keep_freed_host_memory = lambda: "unchanged: compare_trl's default-malloc arm"
 
 
-def polyrl_settings(policy: str, regime: dict, *, compile: bool = False, micro_batch_tokens: int | None = None,
-                    micro_batch: int | None = None, cpu_matmul: str = "auto", share_prompts: bool = False, precision: str = "fp32",
-                    rollout_dtype: str | None = None, rollout_compile: bool = False, chat: bool = False, lora: bool = False,
-                    lora_sync: str = "merged", kv_cache_gb: float | str = "auto", gradient_checkpointing: bool = False) -> dict:
+def polyrl_settings(
+    policy: str,
+    regime: dict,
+    *,
+    compile: bool = False,
+    micro_batch_tokens: int | None = None,
+    micro_batch: int | None = None,
+    cpu_matmul: str = "auto",
+    share_prompts: bool = False,
+    precision: str = "fp32",
+    rollout_dtype: str | None = None,
+    rollout_compile: bool = False,
+    chat: bool = False,
+    lora: bool = False,
+    lora_sync: str = "merged",
+    kv_cache_gb: float | str = "auto",
+    gradient_checkpointing: bool = False,
+) -> dict:
     """polyrl's experiment settings for the compared work (one arm, ``main``)."""
     return {
         "name": "compare_trl",
         "model": {"path": policy, "dtype": PRECISIONS[precision], **({"lora": {**LORA, "sync": lora_sync}} if lora else {})},
         "data": {"source": "arithmetic_chat", "chat_template": True} if chat else {"source": "arithmetic"},
         "objective": {"name": "dr_grpo"},
-        "rollout": {"engine": "vllm", "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "max_tokens": regime["max_tokens"],
-                    "temperature": 1.0, "kv_cache_gb": kv_cache_gb, "dtype": rollout_dtype, "compile": rollout_compile},
+        "rollout": {
+            "engine": "vllm",
+            "prompts_per_step": PROMPTS,
+            "samples_per_prompt": SAMPLES,
+            "max_tokens": regime["max_tokens"],
+            "temperature": 1.0,
+            "kv_cache_gb": kv_cache_gb,
+            "dtype": rollout_dtype,
+            "compile": rollout_compile,
+        },
         "rewards": [{"module": "accuracy", "params": {"extract": "auto" if chat else "hash"}}],
-        "train": {"steps": 10_000, "learning_rate": LEARNING_RATE, "micro_batch_size": micro_batch or MICRO_BATCH, "max_grad_norm": 1.0,
-                  "compile": compile, "micro_batch_tokens": micro_batch_tokens, "cpu_matmul": cpu_matmul,
-                  "gradient_checkpointing": gradient_checkpointing,
-                  "share_prompts": share_prompts},
+        "train": {
+            "steps": 10_000,
+            "learning_rate": LEARNING_RATE,
+            "micro_batch_size": micro_batch or MICRO_BATCH,
+            "max_grad_norm": 1.0,
+            "compile": compile,
+            "micro_batch_tokens": micro_batch_tokens,
+            "cpu_matmul": cpu_matmul,
+            "gradient_checkpointing": gradient_checkpointing,
+            "share_prompts": share_prompts,
+        },
         "tracking": {"progress": False},
         "checkpoint": {"dir": tempfile.mkdtemp(), "every": 100_000},
     }
 
 
-def polyrl_worker(policy: str, regime: dict, steps: int, *, process_start: float = 0.0, trace: Any = None, **settings: Any) -> dict:
+def polyrl_worker(
+    policy: str, regime: dict, steps: int, *, process_start: float = 0.0, trace: Any = None, **settings: Any
+) -> dict:
     """One polyrl arm built from :func:`polyrl_settings` (``settings`` are its keyword arguments), timed."""
     from polyrl.config.schema import resolve_arms
-    from polyrl.runtime.cpu_matmul import linear_library
     from polyrl.roles.setup import build_arm
+    from polyrl.runtime.cpu_matmul import linear_library
 
     compile = settings.get("compile", False)
     config = resolve_arms(polyrl_settings(policy, regime, **settings))["main"]
@@ -148,10 +178,19 @@ def polyrl_worker(policy: str, regime: dict, steps: int, *, process_start: float
             phases.append({k[5:-2]: v for k, v in metrics.items() if k.startswith("perf/") and k.endswith("_s")})
     finally:
         arm.close()
-    return {"startup_s": startup, "step_s": seconds, "mean_length": lengths, "samples": PROMPTS * SAMPLES, "generate_s": generate,
-            "phases": phases, "peak_rss_mib": peak_rss_mib(),
-            "warmup_s": warmup_s, "cpu_matmul": linear_library(arm.learner.policy), "logprob_gap": max(gaps),
-            **({"rss_trace": trace.close()} if trace else {})}
+    return {
+        "startup_s": startup,
+        "step_s": seconds,
+        "mean_length": lengths,
+        "samples": PROMPTS * SAMPLES,
+        "generate_s": generate,
+        "phases": phases,
+        "peak_rss_mib": peak_rss_mib(),
+        "warmup_s": warmup_s,
+        "cpu_matmul": linear_library(arm.learner.policy),
+        "logprob_gap": max(gaps),
+        **({"rss_trace": trace.close()} if trace else {}),
+    }
 
 
 def trace_polyrl(trace: Any, loop: Any) -> None:
@@ -164,18 +203,45 @@ def trace_polyrl(trace: Any, loop: Any) -> None:
     trace.wrap(loop, "sync", "sync")
 
 
-def trl_settings(regime: dict, total_steps: int, *, use_vllm: bool = False, precision: str = "fp32", compile: bool = False,
-                 gradient_checkpointing: bool = False) -> dict:
+def trl_settings(
+    regime: dict,
+    total_steps: int,
+    *,
+    use_vllm: bool = False,
+    precision: str = "fp32",
+    compile: bool = False,
+    gradient_checkpointing: bool = False,
+) -> dict:
     """TRL ``GRPOConfig`` keyword arguments for the compared work (the same as :func:`polyrl_settings`)."""
     import torch
 
     return dict(
-        output_dir=tempfile.mkdtemp(), max_steps=total_steps, torch_compile=compile, per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH, num_generations=SAMPLES,
-        max_completion_length=regime["max_tokens"], temperature=1.0, top_p=1.0, learning_rate=LEARNING_RATE, max_grad_norm=1.0,
-        beta=0.0, loss_type="dr_grpo", scale_rewards="none", num_iterations=1, use_cpu=not torch.cuda.is_available(), bf16=precision == "bf16", fp16=False,
-        logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_dropout=True, lr_scheduler_type="constant",
-        warmup_steps=0, use_vllm=use_vllm,
+        output_dir=tempfile.mkdtemp(),
+        max_steps=total_steps,
+        torch_compile=compile,
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH,
+        num_generations=SAMPLES,
+        max_completion_length=regime["max_tokens"],
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=LEARNING_RATE,
+        max_grad_norm=1.0,
+        beta=0.0,
+        loss_type="dr_grpo",
+        scale_rewards="none",
+        num_iterations=1,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=precision == "bf16",
+        fp16=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        disable_dropout=True,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        use_vllm=use_vllm,
         # Pinned: TRL's GRPOConfig turns gradient checkpointing on by default (TrainingArguments: off), and
         # polyrl's default is off. Left at TRL's default, TRL recomputed every layer's activations in the
         # backward, polyrl did not: not the same work (TRL slower, with less memory).
@@ -184,9 +250,19 @@ def trl_settings(regime: dict, total_steps: int, *, use_vllm: bool = False, prec
     )
 
 
-def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision: str = "fp32", compile: bool = False,
-               chat: bool = False, lora: bool = False, gradient_checkpointing: bool = False, process_start: float = 0.0,
-               trace: Any = None) -> dict:
+def trl_worker(
+    policy: str,
+    regime: dict,
+    steps: int,
+    use_vllm: bool,
+    precision: str = "fp32",
+    compile: bool = False,
+    chat: bool = False,
+    lora: bool = False,
+    gradient_checkpointing: bool = False,
+    process_start: float = 0.0,
+    trace: Any = None,
+) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -216,17 +292,35 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision:
                 self.lengths.append(float(logs["completions/mean_length"]))
 
     warmup_steps = 3 if compile else 1  # compiled: the one-off compilations (several, as shapes change) stay out of the rates
-    args = GRPOConfig(**trl_settings(regime, steps + warmup_steps, use_vllm=use_vllm, precision=precision, compile=compile,
-                                     gradient_checkpointing=gradient_checkpointing))
+    args = GRPOConfig(
+        **trl_settings(
+            regime,
+            steps + warmup_steps,
+            use_vllm=use_vllm,
+            precision=precision,
+            compile=compile,
+            gradient_checkpointing=gradient_checkpointing,
+        )
+    )
     clock = StepClock()
     callbacks = [clock, trl_trace_callback(trace)] if trace else [clock]
     peft_config = None
     if lora:
         from peft import LoraConfig
-        peft_config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"], lora_dropout=0.0, bias="none")
+
+        peft_config = LoraConfig(
+            r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"], lora_dropout=0.0, bias="none"
+        )
     with trace.phase("build the trainer") if trace else contextlib.nullcontext():
-        trainer = GRPOTrainer(model=policy, reward_funcs=[accuracy], args=args, train_dataset=dataset,
-                              processing_class=AutoTokenizer.from_pretrained(policy), callbacks=callbacks, peft_config=peft_config)
+        trainer = GRPOTrainer(
+            model=policy,
+            reward_funcs=[accuracy],
+            args=args,
+            train_dataset=dataset,
+            processing_class=AutoTokenizer.from_pretrained(policy),
+            callbacks=callbacks,
+            peft_config=peft_config,
+        )
     # Log-probs outside the update's own forward (old/reference log-probs; none with one update per
     # step and beta 0, as here) are timed apart from the update.
     logprob_seconds: list[float] = []
@@ -262,16 +356,27 @@ def trl_worker(policy: str, regime: dict, steps: int, use_vllm: bool, precision:
     trainer.train()
     if compile:  # that the Trainer really ran a compiled forward, not silently eager
         from torch._dynamo.utils import counters
+
         if not counters["stats"]["unique_graphs"]:
             raise RuntimeError("TRL torch_compile=True compiled no graph")
     timed = clock.seconds[warmup_steps:]
-    per_step_generate = generate_seconds[-len(timed):] if generate_seconds and len(generate_seconds) == len(clock.seconds) else []
-    return {"startup_s": startup, "step_s": timed, "mean_length": clock.lengths[warmup_steps:], "samples": PROMPTS * SAMPLES,
-            "generate_s": per_step_generate, "warmup_s": sum(clock.seconds[:warmup_steps]), "peak_rss_mib": peak_rss_mib(),
-            **({"rss_trace": trace.close()} if trace else {}),
-            "phases": [{"generate": g, "no-grad log-probs": sum(logprob_seconds) / max(len(clock.seconds), 1)} for g in per_step_generate],
-            "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__}
-
+    per_step_generate = (
+        generate_seconds[-len(timed) :] if generate_seconds and len(generate_seconds) == len(clock.seconds) else []
+    )
+    return {
+        "startup_s": startup,
+        "step_s": timed,
+        "mean_length": clock.lengths[warmup_steps:],
+        "samples": PROMPTS * SAMPLES,
+        "generate_s": per_step_generate,
+        "warmup_s": sum(clock.seconds[:warmup_steps]),
+        "peak_rss_mib": peak_rss_mib(),
+        **({"rss_trace": trace.close()} if trace else {}),
+        "phases": [
+            {"generate": g, "no-grad log-probs": sum(logprob_seconds) / max(len(clock.seconds), 1)} for g in per_step_generate
+        ],
+        "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__,
+    }
 
 
 def trl_trace_callback(trace: Any) -> Any:

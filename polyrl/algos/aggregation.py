@@ -44,9 +44,7 @@ AGGREGATION_MODES: tuple[str, ...] = (
 
 def check_aggregation_mode(mode: str) -> None:
     if mode not in AGGREGATION_MODES:
-        raise ValueError(
-            f"unknown aggregation mode {mode!r}; allowed modes: {', '.join(AGGREGATION_MODES)}"
-        )
+        raise ValueError(f"unknown aggregation mode {mode!r}; allowed modes: {', '.join(AGGREGATION_MODES)}")
 
 
 def count_sequences(mask: Tensor) -> int:
@@ -66,9 +64,7 @@ def loss_normalizer_count(mask: Tensor, *, mode: str, max_response_length: int |
     return float(count_sequences(mask))
 
 
-def global_loss_normalizer(
-    mask: Tensor, *, mode: str, max_response_length: int | None = None
-) -> float:
+def global_loss_normalizer(mask: Tensor, *, mode: str, max_response_length: int | None = None) -> float:
     """The denominator of ``mode`` for a whole mini-batch ``mask`` [B, T] (all its micro-batches).
 
     ``max_response_length`` is the configured generation limit L_max used by

@@ -88,21 +88,29 @@ class ExperimentConfig(StrictModel):
         t = self.train
         clash = "share_prompts: true" if t.share_prompts else "compile: true" if t.compile else None
         if t.padding_free is True and clash:
-            error = PydanticCustomError("value_error", "padding_free: true cannot run with {clash}; allowed here: {allowed}",
-                                        {"clash": clash, "allowed": "padding_free: false or auto"})
-            raise ValidationError.from_exception_data("ExperimentConfig", [
-                InitErrorDetails(type=error, loc=("train", "padding_free"), input=True)])
+            error = PydanticCustomError(
+                "value_error",
+                "padding_free: true cannot run with {clash}; allowed here: {allowed}",
+                {"clash": clash, "allowed": "padding_free: false or auto"},
+            )
+            raise ValidationError.from_exception_data(
+                "ExperimentConfig", [InitErrorDetails(type=error, loc=("train", "padding_free"), input=True)]
+            )
         return self
 
     @model_validator(mode="after")
     def _share_prompts_applies(self) -> "ExperimentConfig":
         """Shared prompts cut micro-batches by prompt groups; a token budget would be ignored."""
         if self.train.share_prompts and self.train.micro_batch_tokens:
-            error = PydanticCustomError("value_error", "share_prompts keeps each prompt's rows in one micro-batch of "
-                                        "micro_batch_size rows, so micro_batch_tokens would not apply; allowed here: {allowed}",
-                                        {"allowed": "share_prompts: false, or micro_batch_tokens: null"})
-            raise ValidationError.from_exception_data("ExperimentConfig", [
-                InitErrorDetails(type=error, loc=("train", "share_prompts"), input=True)])
+            error = PydanticCustomError(
+                "value_error",
+                "share_prompts keeps each prompt's rows in one micro-batch of "
+                "micro_batch_size rows, so micro_batch_tokens would not apply; allowed here: {allowed}",
+                {"allowed": "share_prompts: false, or micro_batch_tokens: null"},
+            )
+            raise ValidationError.from_exception_data(
+                "ExperimentConfig", [InitErrorDetails(type=error, loc=("train", "share_prompts"), input=True)]
+            )
         return self
 
     @model_validator(mode="after")
@@ -110,25 +118,39 @@ class ExperimentConfig(StrictModel):
         """Only vLLM takes a LoRA adapter apart from the weights (the HF engine would need merged ones)."""
         lora = self.model.lora
         if lora is not None and lora.sync == "adapter" and self.rollout.engine != "vllm":
-            error = PydanticCustomError("value_error", "'adapter' sends the adapter through vLLM's LoRA support, but "
-                                        "rollout.engine is {engine}; allowed here: {allowed}",
-                                        {"engine": repr(self.rollout.engine), "allowed": "'merged', or rollout.engine: vllm"})
-            raise ValidationError.from_exception_data("ExperimentConfig", [
-                InitErrorDetails(type=error, loc=("model", "lora", "sync"), input="adapter")])
+            error = PydanticCustomError(
+                "value_error",
+                "'adapter' sends the adapter through vLLM's LoRA support, but "
+                "rollout.engine is {engine}; allowed here: {allowed}",
+                {"engine": repr(self.rollout.engine), "allowed": "'merged', or rollout.engine: vllm"},
+            )
+            raise ValidationError.from_exception_data(
+                "ExperimentConfig", [InitErrorDetails(type=error, loc=("model", "lora", "sync"), input="adapter")]
+            )
         return self
 
     @model_validator(mode="after")
     def _learner_workers_apply(self) -> "ExperimentConfig":
         """Settings the data-parallel learner ranks do not build (never run across ranks here) are refused."""
         t = self.train
-        clash = ("model.lora" if self.model.lora is not None else "train.compile: true" if t.compile else
-                 "train.share_prompts: true" if t.share_prompts else None)
+        clash = (
+            "model.lora"
+            if self.model.lora is not None
+            else "train.compile: true"
+            if t.compile
+            else "train.share_prompts: true"
+            if t.share_prompts
+            else None
+        )
         if t.learner_workers > 1 and clash:
-            error = PydanticCustomError("value_error", "learner_workers: {workers} cannot run with {clash} (the learner ranks do "
-                                        "not build it); allowed here: {allowed}",
-                                        {"workers": t.learner_workers, "clash": clash, "allowed": f"learner_workers: 1, or no {clash}"})
-            raise ValidationError.from_exception_data("ExperimentConfig", [
-                InitErrorDetails(type=error, loc=("train", "learner_workers"), input=t.learner_workers)])
+            error = PydanticCustomError(
+                "value_error",
+                "learner_workers: {workers} cannot run with {clash} (the learner ranks do not build it); allowed here: {allowed}",
+                {"workers": t.learner_workers, "clash": clash, "allowed": f"learner_workers: 1, or no {clash}"},
+            )
+            raise ValidationError.from_exception_data(
+                "ExperimentConfig", [InitErrorDetails(type=error, loc=("train", "learner_workers"), input=t.learner_workers)]
+            )
         return self
 
     @model_validator(mode="after")
@@ -136,11 +158,17 @@ class ExperimentConfig(StrictModel):
         """An explicit ``train.cpu_matmul: onednn`` that would silently not run is refused here;
         the device and the torch build are checked when the arm is built."""
         if self.train.cpu_matmul == "onednn" and self.model.dtype != "float32":
-            error = PydanticCustomError("value_error", "'onednn' is for float32 learners, but {reasons}; allowed here: {allowed}",
-                                        {"reasons": f"model.dtype is {self.model.dtype} (its autocast matmuls already run in oneDNN)",
-                                         "allowed": "'auto', 'torch'"})
-            raise ValidationError.from_exception_data("ExperimentConfig", [
-                InitErrorDetails(type=error, loc=("train", "cpu_matmul"), input="onednn")])
+            error = PydanticCustomError(
+                "value_error",
+                "'onednn' is for float32 learners, but {reasons}; allowed here: {allowed}",
+                {
+                    "reasons": f"model.dtype is {self.model.dtype} (its autocast matmuls already run in oneDNN)",
+                    "allowed": "'auto', 'torch'",
+                },
+            )
+            raise ValidationError.from_exception_data(
+                "ExperimentConfig", [InitErrorDetails(type=error, loc=("train", "cpu_matmul"), input="onednn")]
+            )
         return self
 
 
@@ -157,7 +185,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: dict[str, Any] | None = None) -> dict[str, ExperimentConfig]:
+def resolve_arms(
+    raw: dict[str, Any], *, source: str = "<config>", overrides: dict[str, Any] | None = None
+) -> dict[str, ExperimentConfig]:
     """Validate a raw mapping and return one resolved config per arm (``{"main": cfg}`` without arms).
 
     Order of precedence, lowest first: schema defaults, preset, base keys, arm keys, ``--set``.
@@ -166,16 +196,22 @@ def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: di
     raw.pop("seeds", None)  # the experiment's seed axis, not a run setting: config.seeds reads it
     arms_raw = raw.pop("arms", None) or {}
     if not isinstance(arms_raw, dict):
-        raise ConfigError(f"{source}: invalid experiment config\n  - arms: expected a mapping of arm name to overrides (got {type(arms_raw).__name__})")
+        raise ConfigError(
+            f"{source}: invalid experiment config\n  - arms: expected a mapping of arm name to overrides (got {type(arms_raw).__name__})"
+        )
     overrides = overrides or {}
     arm_names = list(arms_raw) or ["main"]
     resolved: dict[str, ExperimentConfig] = {}
     for arm_name in arm_names:
         if arms_raw:
             try:
-                check_safe_name(arm_name if isinstance(arm_name, str) else repr(arm_name), "it names a checkpoint folder and an MLflow run")
+                check_safe_name(
+                    arm_name if isinstance(arm_name, str) else repr(arm_name), "it names a checkpoint folder and an MLflow run"
+                )
             except ValueError as error:
-                raise ConfigError(f"{source}: invalid experiment config\n  - arms.{arm_name}: {error} (got {arm_name!r})") from None
+                raise ConfigError(
+                    f"{source}: invalid experiment config\n  - arms.{arm_name}: {error} (got {arm_name!r})"
+                ) from None
         arm_overrides = arms_raw.get(arm_name) or {}
         if not isinstance(arm_overrides, dict):
             raise ConfigError(f"{source}: invalid experiment config\n  - arms.{arm_name}: expected a mapping of overrides")
@@ -183,7 +219,9 @@ def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: di
         preset = merged.get("preset")
         if preset is not None:
             if preset not in PRESETS:
-                raise ConfigError(f"{source}: invalid experiment config\n  - preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
+                raise ConfigError(
+                    f"{source}: invalid experiment config\n  - preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}"
+                )
             try:
                 merged = deep_merge(preset_overrides(preset, merged), merged)
             except PresetError as error:
@@ -192,7 +230,11 @@ def resolve_arms(raw: dict[str, Any], *, source: str = "<config>", overrides: di
             config = ExperimentConfig.model_validate(merged)
         except ValidationError as error:
             # Report arm errors at the arm's path when the bad key came from the arm.
-            raise ConfigError(format_validation_error(error, source=source + (f" (arm {arm_name!r})" if arms_raw else ""), model=ExperimentConfig)) from None
+            raise ConfigError(
+                format_validation_error(
+                    error, source=source + (f" (arm {arm_name!r})" if arms_raw else ""), model=ExperimentConfig
+                )
+            ) from None
         resolved[arm_name] = config
     return resolved
 

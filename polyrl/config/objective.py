@@ -15,7 +15,10 @@ from polyrl.config.base import StrictModel
 
 class ObjectiveConfig(StrictModel):
     name: str = "grpo"
-    params: dict[str, Any] = Field(default_factory=dict, description="The objective's typed params (`polyrl objectives show NAME`); kl_coef, kl_estimator and entropy_coef live in train.")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The objective's typed params (`polyrl objectives show NAME`); kl_coef, kl_estimator and entropy_coef live in train.",
+    )
     aggregation: str | None = Field(None, description="Loss aggregation mode; default: the objective's own.")
 
     @field_validator("name")
@@ -56,7 +59,9 @@ class OverlongConfig(StrictModel):
 
 class AdvantageConfig(StrictModel):
     estimator: str | None = Field(None, description="Advantage estimator; default: the objective's own.")
-    params: dict[str, Any] = Field(default_factory=dict, description="The estimator's typed params (`polyrl objectives show NAME --advantage`).")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="The estimator's typed params (`polyrl objectives show NAME --advantage`)."
+    )
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     overlong: OverlongConfig = OverlongConfig()
 

@@ -20,11 +20,19 @@ class TruncatedImportanceSamplingConfig(StrictModel):
 class WorkerResourcesConfig(StrictModel):
     """What each rollout worker (``rollout.workers > 1``) reserves on the Ray cluster, and how they are placed."""
 
-    num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per worker (a fraction shares a core); its torch threads: max(1, int(num_cpus))")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs per worker (a fraction shares one, e.g. 0.5 puts two vLLM engines on a GPU)")
+    num_cpus: float = Field(
+        1.0, gt=0, description="Ray CPUs per worker (a fraction shares a core); its torch threads: max(1, int(num_cpus))"
+    )
+    num_gpus: float = Field(
+        0.0, ge=0, description="GPUs per worker (a fraction shares one, e.g. 0.5 puts two vLLM engines on a GPU)"
+    )
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
-        "PACK", description="Ray placement-group strategy of the workers' bundles: PACK fills a node first, SPREAD spreads over nodes")
-    max_restarts: int = Field(3, ge=0, description="times Ray restarts a worker that died (per worker, per run); its prompts go again")
+        "PACK",
+        description="Ray placement-group strategy of the workers' bundles: PACK fills a node first, SPREAD spreads over nodes",
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="times Ray restarts a worker that died (per worker, per run); its prompts go again"
+    )
     ready_timeout_s: float = Field(120.0, gt=0, description="how long to wait for room on the cluster before failing")
 
 
@@ -42,78 +50,121 @@ class RolloutConfig(StrictModel):
     max_tokens: int = Field(64, ge=1)
     max_model_len: int = Field(512, ge=16)
     kv_cache_gb: float | Literal["auto"] = Field(
-        "auto", description="vLLM's KV cache in GiB, or auto: what one step's generation holds (prompts_per_step x "
+        "auto",
+        description="vLLM's KV cache in GiB, or auto: what one step's generation holds (prompts_per_step x "
         "samples_per_prompt sequences of the longest training prompt + max_tokens; polyrl/engines/kv_cache.py). On the "
         "CPU the whole cache is resident memory, so a fixed size above the need is memory the run never uses; below it "
         "vLLM queues sequences (slower, same samples). With periodic evaluation (eval.every), whose batches are not sized "
-        "here, auto is the former fixed 1 GiB.")
+        "here, auto is the former fixed 1 GiB.",
+    )
     threads: int | None = Field(
-        None, ge=1, description="torch threads while generating (restored for the learner after); default: the learner's count. "
-        "Measure before changing it: bench/bench_runtime_env.py, and the run's own perf/generate_s.")
+        None,
+        ge=1,
+        description="torch threads while generating (restored for the learner after); default: the learner's count. "
+        "Measure before changing it: bench/bench_runtime_env.py, and the run's own perf/generate_s.",
+    )
     dtype: Literal["float32", "bfloat16"] | None = Field(
-        None, description="The dtype the rollout engine samples in; default: model.dtype. bfloat16 under a float32 "
+        None,
+        description="The dtype the rollout engine samples in; default: model.dtype. bfloat16 under a float32 "
         "learner samples at bf16 speed (AMX on a recent Xeon: x1.5 for vLLM at 30M) while the learner keeps fp32; the "
         "sampler then differs from the learner by bf16 rounding (rollout/logprob_gap ~4e-3 nats/token against ~5e-7 in "
-        "fp32), a small off-policy gap that rollout.truncated_importance_sampling corrects.")
+        "fp32), a small off-policy gap that rollout.truncated_importance_sampling corrects.",
+    )
     compile: bool = Field(
-        False, description="vLLM compiles the sampler's forward (torch.compile with Inductor; on CUDA also CUDA graphs) "
+        False,
+        description="vLLM compiles the sampler's forward (torch.compile with Inductor; on CUDA also CUDA graphs) "
         "instead of running it eagerly. On the 30m policy here x1.18 faster generation (64 x 192 tokens, fp32) for a "
         "start-up of ~45 s instead of ~8 s: it pays on runs of more than a few dozen rollout-heavy steps. Weight syncs "
-        "reach the compiled model (it reads the same parameters). vllm engine and text policies only.")
+        "reach the compiled model (it reads the same parameters). vllm engine and text policies only.",
+    )
     truncated_importance_sampling: TruncatedImportanceSamplingConfig = TruncatedImportanceSamplingConfig()
     workers: int = Field(
-        1, ge=1, description="rollout engines: 1 runs the engine in this process; N > 1 runs N engines as Ray actors "
+        1,
+        ge=1,
+        description="rollout engines: 1 runs the engine in this process; N > 1 runs N engines as Ray actors "
         "(rollout.worker_resources), each generating a contiguous share of every step's prompts with the same per-request "
-        "seeds, so the samples do not depend on N; weights reach every worker after each update.")
+        "seeds, so the samples do not depend on N; weights reach every worker after each update.",
+    )
     worker_resources: WorkerResourcesConfig | None = Field(
-        None, description="each rollout worker's Ray resources and placement (rollout.workers > 1; default: 1 CPU, no GPU)")
+        None, description="each rollout worker's Ray resources and placement (rollout.workers > 1; default: 1 CPU, no GPU)"
+    )
     weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
-        "auto", description="How the learner's weights reach the rollout workers (rollout.workers > 1): 'object_store' "
+        "auto",
+        description="How the learner's weights reach the rollout workers (rollout.workers > 1): 'object_store' "
         "(Ray's, one host copy per sync), 'broadcast' (a torch.distributed group from the driver's learner to the workers: "
         "NCCL when the learner and workers are on CUDA, else gloo; polyrl/engines/weight_broadcast.py), 'auto': broadcast "
-        "when both are on CUDA (train.device, rollout.worker_resources.num_gpus), else the object store.")
+        "when both are on CUDA (train.device, rollout.worker_resources.num_gpus), else the object store.",
+    )
     max_staleness: int = Field(
-        0, ge=0, description="Asynchronous, off-policy training (polyrl/roles/async_loop.py): generation of the next k "
+        0,
+        ge=0,
+        description="Asynchronous, off-policy training (polyrl/roles/async_loop.py): generation of the next k "
         "batches overlaps the current update, and no sample older than k policy versions trains (generation waits rather "
         "than run further ahead). The ratio's old log-probs are then the sampler's (the behaviour policy). 0: the "
-        "synchronous loop, unchanged.")
+        "synchronous loop, unchanged.",
+    )
 
     @model_validator(mode="after")
     def _positive_kv_cache(self) -> "RolloutConfig":
         if self.kv_cache_gb != "auto" and not self.kv_cache_gb > 0:
-            raise _field_error(("kv_cache_gb",), "kv_cache_gb must be a positive number of GiB or auto; got {got}", self.kv_cache_gb,
-                               got=repr(self.kv_cache_gb))
+            raise _field_error(
+                ("kv_cache_gb",),
+                "kv_cache_gb must be a positive number of GiB or auto; got {got}",
+                self.kv_cache_gb,
+                got=repr(self.kv_cache_gb),
+            )
         return self
 
     @model_validator(mode="after")
     def _compile_needs_vllm(self) -> "RolloutConfig":
         """The HF engine has no compiled mode; accepting the setting there would do nothing."""
         if self.compile and self.engine != "vllm":
-            error = PydanticCustomError("value_error", "compile is vLLM's compiled sampler, but engine is {engine}; allowed here: {allowed}",
-                                        {"engine": repr(self.engine), "allowed": "compile: false, or engine: vllm"})
-            raise ValidationError.from_exception_data("RolloutConfig", [InitErrorDetails(type=error, loc=("compile",), input=True)])
+            error = PydanticCustomError(
+                "value_error",
+                "compile is vLLM's compiled sampler, but engine is {engine}; allowed here: {allowed}",
+                {"engine": repr(self.engine), "allowed": "compile: false, or engine: vllm"},
+            )
+            raise ValidationError.from_exception_data(
+                "RolloutConfig", [InitErrorDetails(type=error, loc=("compile",), input=True)]
+            )
         return self
 
     @model_validator(mode="after")
     def _workers_settings(self) -> "RolloutConfig":
         """Settings that only apply to one kind of rollout are refused on the other."""
         if self.worker_resources is not None and self.workers == 1:
-            raise _field_error(("worker_resources",), "worker_resources applies to rollout workers, but workers is 1 (the "
-                               "in-process engine); allowed here: {allowed}", self.worker_resources.model_dump(),
-                               allowed="workers > 1, or no worker_resources")
+            raise _field_error(
+                ("worker_resources",),
+                "worker_resources applies to rollout workers, but workers is 1 (the in-process engine); allowed here: {allowed}",
+                self.worker_resources.model_dump(),
+                allowed="workers > 1, or no worker_resources",
+            )
         if self.workers > self.prompts_per_step:
-            raise _field_error(("workers",), "{workers} workers for {prompts} prompts per step: a worker would get no prompt; "
-                               "allowed: {allowed}", self.workers, workers=str(self.workers), prompts=str(self.prompts_per_step),
-                               allowed=f"1 to {self.prompts_per_step} (rollout.prompts_per_step)")
+            raise _field_error(
+                ("workers",),
+                "{workers} workers for {prompts} prompts per step: a worker would get no prompt; allowed: {allowed}",
+                self.workers,
+                workers=str(self.workers),
+                prompts=str(self.prompts_per_step),
+                allowed=f"1 to {self.prompts_per_step} (rollout.prompts_per_step)",
+            )
         if self.weight_sync != "auto" and self.workers == 1:
-            raise _field_error(("weight_sync",), "weight_sync chooses how rollout workers get the weights, but workers is 1 (the "
-                               "in-process engine shares them); allowed here: {allowed}", self.weight_sync,
-                               allowed="auto, or workers > 1")
+            raise _field_error(
+                ("weight_sync",),
+                "weight_sync chooses how rollout workers get the weights, but workers is 1 (the "
+                "in-process engine shares them); allowed here: {allowed}",
+                self.weight_sync,
+                allowed="auto, or workers > 1",
+            )
         if self.threads is not None and self.workers > 1:
-            raise _field_error(("threads",), "threads sets this process's torch threads while the in-process engine generates; "
-                               "rollout workers run {threads_of_workers}; allowed here: {allowed}", self.threads,
-                               threads_of_workers="max(1, int(rollout.worker_resources.num_cpus)) threads each",
-                               allowed="no threads, or workers: 1")
+            raise _field_error(
+                ("threads",),
+                "threads sets this process's torch threads while the in-process engine generates; "
+                "rollout workers run {threads_of_workers}; allowed here: {allowed}",
+                self.threads,
+                threads_of_workers="max(1, int(rollout.worker_resources.num_cpus)) threads each",
+                allowed="no threads, or workers: 1",
+            )
         return self
 
     @model_validator(mode="after")
@@ -123,12 +174,21 @@ class RolloutConfig(StrictModel):
         rollout.threads sets torch's process-wide thread count, which the overlapping update shares."""
         if not self.max_staleness:
             return self
-        reason = ("top_p < 1 renormalises the sampler's log-probs over the nucleus, so they are not the behaviour policy's "
-                  "log-probs the ratio needs" if self.top_p < 1 else
-                  "threads sets torch's process-wide thread count, which the update running at the same time would share"
-                  if self.threads is not None else None)
+        reason = (
+            "top_p < 1 renormalises the sampler's log-probs over the nucleus, so they are not the behaviour policy's "
+            "log-probs the ratio needs"
+            if self.top_p < 1
+            else "threads sets torch's process-wide thread count, which the update running at the same time would share"
+            if self.threads is not None
+            else None
+        )
         if reason is not None:
-            raise _field_error(("max_staleness",), "max_staleness {k} (asynchronous training): {reason}; allowed here: {allowed}",
-                               self.max_staleness, k=str(self.max_staleness), reason=reason,
-                               allowed="max_staleness: 0, or top_p: 1 and no threads")
+            raise _field_error(
+                ("max_staleness",),
+                "max_staleness {k} (asynchronous training): {reason}; allowed here: {allowed}",
+                self.max_staleness,
+                k=str(self.max_staleness),
+                reason=reason,
+                allowed="max_staleness: 0, or top_p: 1 and no threads",
+            )
         return self

@@ -6,7 +6,6 @@ from typing import Any
 
 from polyrl.config.schema import ConfigError
 
-
 SEEDS_ALLOWED = "a count (seeds: 3 means seeds 0, 1, 2) or a list of distinct non-negative integers (seeds: [0, 1, 2])"
 
 
@@ -51,6 +50,8 @@ def experiment_seeds(raw: dict[str, Any], *, source: str = "<config>", option: s
     clashes = ["seed"] if "seed" in raw else []
     clashes += [f"arms.{arm}.seed" for arm, body in arms.items() if isinstance(body, dict) and "seed" in body]
     if clashes:
-        raise ConfigError(f"{source}: invalid experiment config\n  - {clashes[0]}: set together with seeds; each run's seed comes "
-                          "from seeds, so remove it (or remove seeds for a single run)")
+        raise ConfigError(
+            f"{source}: invalid experiment config\n  - {clashes[0]}: set together with seeds; each run's seed comes "
+            "from seeds, so remove it (or remove seeds for a single run)"
+        )
     return seeds

@@ -9,13 +9,16 @@ from polyrl.config.base import StrictModel
 
 
 class TrackingConfig(StrictModel):
-    uri: str | None = Field(None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working folder.")
+    uri: str | None = Field(
+        None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working folder."
+    )
     experiment: str | None = Field(None, description="MLflow experiment name; default: the config's name.")
     sample_table_every: int = Field(5, ge=1)
     sample_table_rows: int = Field(16, ge=1)
     progress: bool = True
     accuracy_reward: str | None = Field(
-        None, description="Label of the reward whose score defines train/accuracy; default: the reward labelled 'accuracy', if any."
+        None,
+        description="Label of the reward whose score defines train/accuracy; default: the reward labelled 'accuracy', if any.",
     )
 
 
@@ -41,6 +44,13 @@ class HealthConfig(StrictModel):
         1e-2, gt=0, description="Warn when rollout/logprob_gap (nats/token) exceeds this: a stale or partial weight sync."
     )
     # Seed 000 §5.2's two figures for a slow distributed run; checked in asynchronous training (rollout.max_staleness > 0).
-    min_buffer_utilisation: float = Field(0.7, ge=0, le=1, description="Warn when the rollout buffer's mean utilisation (ready "
-                                          "batches when the learner asks for one, over the max_staleness it may hold) is below this.")
-    max_sync_share: float = Field(0.15, gt=0, le=1, description="Warn when weight syncs take a larger mean share of the learner's step.")
+    min_buffer_utilisation: float = Field(
+        0.7,
+        ge=0,
+        le=1,
+        description="Warn when the rollout buffer's mean utilisation (ready "
+        "batches when the learner asks for one, over the max_staleness it may hold) is below this.",
+    )
+    max_sync_share: float = Field(
+        0.15, gt=0, le=1, description="Warn when weight syncs take a larger mean share of the learner's step."
+    )

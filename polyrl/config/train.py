@@ -23,7 +23,9 @@ class ValueConfig(StrictModel):
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     clip_range: float = Field(0.2, gt=0)
-    update_every: int = Field(1, ge=1, description="Delayed critic updates: one critic update every k policy optimizer steps (seed 000 §3.3).")
+    update_every: int = Field(
+        1, ge=1, description="Delayed critic updates: one critic update every k policy optimizer steps (seed 000 §3.3)."
+    )
 
 
 class TrainConfig(StrictModel):
@@ -34,20 +36,27 @@ class TrainConfig(StrictModel):
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(16, ge=1)
     micro_batch_tokens: int | None = Field(
-        None, ge=1, description="Cut the update's micro-batches by token positions (rows × longest row; with padding_free, "
+        None,
+        ge=1,
+        description="Cut the update's micro-batches by token positions (rows × longest row; with padding_free, "
         "the rows' own tokens) instead of a row count, at most micro_batch_size rows each (verl's use_dynamic_bsz); exact, "
-        "the loss normaliser spans the mini-batch.")
+        "the loss normaliser spans the mini-batch.",
+    )
     share_prompts: bool = Field(
-        False, description="The G completions of a prompt run as one packed row in the learner's forward (prompt once, "
+        False,
+        description="The G completions of a prompt run as one packed row in the learner's forward (prompt once, "
         "a 4-D mask keeps completions apart; Prefix Grouper), where a FLOP cost model says it pays. Same log-probs and "
         "gradients up to float rounding; on the 30m update here ×1.28 (21-token completions) and ×1.12 (100-token). Text "
-        "policies with sdpa/eager attention; micro-batches are then whole packs (not with micro_batch_tokens).")
+        "policies with sdpa/eager attention; micro-batches are then whole packs (not with micro_batch_tokens).",
+    )
     padding_free: bool | Literal["auto"] = Field(
-        "auto", description="The learner's forwards (update, π_old and reference log-probs) run each micro-batch's rows end "
+        "auto",
+        description="The learner's forwards (update, π_old and reference log-probs) run each micro-batch's rows end "
         "to end with their own positions and no padding columns (verl's remove-padding, OpenRLHF's packed samples); "
         "attention stays within each row. Same log-probs, entropy and gradients up to float rounding. Text policies with "
         "sdpa attention, not with share_prompts or compile. 'auto': on where it applies, else off (recorded as "
-        "runtime.padding_free); true: refused where it cannot apply.")
+        "runtime.padding_free); true: refused where it cannot apply.",
+    )
     updates_per_batch: int = Field(1, ge=1, description="Optimizer updates per rollout batch (off-policy reuse).")
     mini_batches: int = Field(1, ge=1, description="Split each rollout batch into this many optimizer steps per update pass.")
     kl_coef: float = Field(0.0, ge=0)
@@ -55,39 +64,55 @@ class TrainConfig(StrictModel):
     kl_in_reward: bool = False
     entropy_coef: float = 0.0
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
-        "constant", description="Per optimizer step, after warm-up: constant, linear or cosine decay to learning_rate × min_lr_ratio."
+        "constant",
+        description="Per optimizer step, after warm-up: constant, linear or cosine decay to learning_rate × min_lr_ratio.",
     )
-    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up (steps × updates_per_batch × mini_batches in all).")
+    warmup_steps: int = Field(
+        0, ge=0, description="Optimizer steps of linear warm-up (steps × updates_per_batch × mini_batches in all)."
+    )
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Where linear/cosine decay ends, as a fraction of learning_rate.")
     max_consecutive_nonfinite: int = Field(
-        3, ge=1, description="Stop (with a checkpoint of the last good weights) after this many optimizer steps in a row skipped for a NaN/inf loss or gradient norm."
+        3,
+        ge=1,
+        description="Stop (with a checkpoint of the last good weights) after this many optimizer steps in a row skipped for a NaN/inf loss or gradient norm.",
     )
     value: ValueConfig = ValueConfig()
     learner_workers: int = Field(
-        1, ge=1, description="Learner ranks (data parallel, polyrl.roles.learner_ranks): Ray actors in one torch.distributed "
+        1,
+        ge=1,
+        description="Learner ranks (data parallel, polyrl.roles.learner_ranks): Ray actors in one torch.distributed "
         "group (gloo on CPU, NCCL + FSDP2 on CUDA, one GPU each), each training on its shard of every mini-batch with the "
         "normaliser and gradients summed over the ranks: the same update as one process. 1: the learner in this process. "
-        "Not with model.lora, train.compile or train.share_prompts.")
+        "Not with model.lora, train.compile or train.share_prompts.",
+    )
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
     device: str = Field(
-        "auto", description="Where the learner's models (policy, reference, critic) live: 'auto' (the first CUDA device when "
+        "auto",
+        description="Where the learner's models (policy, reference, critic) live: 'auto' (the first CUDA device when "
         "torch sees one, else the CPU), 'cpu', 'cuda' or 'cuda:N'. An explicit CUDA device the machine lacks is refused, "
-        "not replaced by the CPU. Recorded as runtime.learner_device.")
+        "not replaced by the CPU. Recorded as runtime.learner_device.",
+    )
     compile: bool = Field(
-        False, description="torch.compile each of the policy's decoder layers (text policies; dynamic shapes; one graph shared "
+        False,
+        description="torch.compile each of the policy's decoder layers (text policies; dynamic shapes; one graph shared "
         "by all layers): fuses the element-wise work between the matmuls (oneDNN's, with train.cpu_matmul). ~35-50 s one-off "
         "compile on the 30m policy here; the update ×1.18-1.20 (interleaved, same batches), so it pays on runs longer than a "
-        "few minutes of updates; off by default.")
+        "few minutes of updates; off by default.",
+    )
     gradient_checkpointing: bool = Field(
-        False, description="Recompute each decoder layer's activations in the backward instead of keeping them (policy and "
+        False,
+        description="Recompute each decoder layer's activations in the backward instead of keeping them (policy and "
         "critic; torch.utils.checkpoint, non-reentrant): activation memory of one layer instead of all, for about one "
-        "more forward pass of compute. Same gradients.")
+        "more forward pass of compute. Same gradients.",
+    )
     cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
-        "auto", description="GEMM library of the learner's fp32 Linear layers on CPU (policy, reference, critic): 'onednn' "
+        "auto",
+        description="GEMM library of the learner's fp32 Linear layers on CPU (policy, reference, critic): 'onednn' "
         "(what vLLM's CPU backend uses; same fp32 maths, ×1.65–1.8 on the 30m update on an AMD Zen 5, where MKL runs AVX2 "
         "kernels) or 'torch' (its default BLAS, MKL; ×1.15–1.18 faster than oneDNN on an Intel Xeon). 'auto': oneDNN when "
         "torch's BLAS is MKL on a CPU that is not Intel's, model.dtype is float32 and this torch has oneDNN; else torch. "
-        "Recorded as runtime.cpu_matmul, with runtime.cpu_vendor and runtime.torch_blas.")
+        "Recorded as runtime.cpu_matmul, with runtime.cpu_vendor and runtime.torch_blas.",
+    )
 
     @field_validator("device")
     @classmethod

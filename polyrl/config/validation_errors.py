@@ -32,8 +32,14 @@ def _allowed_values(error: dict[str, Any]) -> str:
     return ""
 
 
-def format_validation_error(error: ValidationError, *, source: str, prefix: tuple[Any, ...] = (), model: type[BaseModel] | None = None,
-                            what: str = "experiment config") -> str:
+def format_validation_error(
+    error: ValidationError,
+    *,
+    source: str,
+    prefix: tuple[Any, ...] = (),
+    model: type[BaseModel] | None = None,
+    what: str = "experiment config",
+) -> str:
     """One line per problem: field path, message, the bad value and what is allowed (also used
     for eval suites, ``what="eval suite"``)."""
     lines = [f"{source}: invalid {what}"]

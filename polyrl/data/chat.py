@@ -58,7 +58,11 @@ def checked_messages(value: Any, *, index: int, field: str) -> list[dict[str, st
         raise ChatTemplateError(f"{where} must be a non-empty list of {{role, content}} messages, got {value!r:.200}")
     messages = []
     for position, message in enumerate(value):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+        if (
+            not isinstance(message, Mapping)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
             raise ChatTemplateError(f"{where}[{position}] must be {{role: str, content: str}}, got {message!r:.200}")
         messages.append({"role": message["role"], "content": message["content"]})
     if messages[-1]["role"] == "assistant":
@@ -83,11 +87,17 @@ def chat_in_effect(fmt: ChatFormat, samples: Sequence[PromptSample]) -> bool:
 def conversation(sample: PromptSample, fmt: ChatFormat, index: int) -> list[dict[str, str]]:
     """The messages of one prompt: the row's own, or one user message; the system prompt first."""
     own = sample.fields.get(fmt.messages_field)
-    messages = checked_messages(own, index=index, field=fmt.messages_field) if own is not None else [{"role": "user", "content": sample.prompt}]
+    messages = (
+        checked_messages(own, index=index, field=fmt.messages_field)
+        if own is not None
+        else [{"role": "user", "content": sample.prompt}]
+    )
     if fmt.system_prompt is not None:
         if messages[0]["role"] == "system":
-            raise ChatTemplateError(f"{fmt.where}.system_prompt: row {index}'s {fmt.messages_field!r} start with their own system "
-                                    f"message; keep one of the two")
+            raise ChatTemplateError(
+                f"{fmt.where}.system_prompt: row {index}'s {fmt.messages_field!r} start with their own system "
+                f"message; keep one of the two"
+            )
         messages = [{"role": "system", "content": fmt.system_prompt}, *messages]
     return messages
 
@@ -102,30 +112,40 @@ def render(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[in
 
 def _no_template(fmt: ChatFormat, explicit: bool, model: str) -> ChatTemplateError:
     if explicit:
-        return ChatTemplateError(f"{fmt.where}.chat_template: true, but the tokenizer of {model} has no chat template "
-                                 f"(tokenizer.chat_template is empty); allowed: chat_template: false, or a model whose tokenizer has one")
-    return ChatTemplateError(f"{fmt.where}.messages_field: the rows carry a {fmt.messages_field!r} column, which is formatted "
-                             f"through the tokenizer's chat template, but the tokenizer of {model} has none; give the rows a prompt "
-                             f"column and set {fmt.where}.chat_template: false, or use a model whose tokenizer has a template")
+        return ChatTemplateError(
+            f"{fmt.where}.chat_template: true, but the tokenizer of {model} has no chat template "
+            f"(tokenizer.chat_template is empty); allowed: chat_template: false, or a model whose tokenizer has one"
+        )
+    return ChatTemplateError(
+        f"{fmt.where}.messages_field: the rows carry a {fmt.messages_field!r} column, which is formatted "
+        f"through the tokenizer's chat template, but the tokenizer of {model} has none; give the rows a prompt "
+        f"column and set {fmt.where}.chat_template: false, or use a model whose tokenizer has a template"
+    )
 
 
-def format_prompts(samples: Sequence[PromptSample], tokenizer: Any, fmt: ChatFormat, *, model: str = "the policy") -> list[PromptSample]:
+def format_prompts(
+    samples: Sequence[PromptSample], tokenizer: Any, fmt: ChatFormat, *, model: str = "the policy"
+) -> list[PromptSample]:
     """``samples`` with ``model_prompt`` and ``prompt_ids`` set when chat formatting is in effect
     (unchanged otherwise). Raises :class:`ChatTemplateError` naming the field for every setting
     that cannot apply: no template, image prompts, a system prompt without chat formatting."""
     samples = list(samples)
     if not chat_in_effect(fmt, samples):
         if fmt.system_prompt is not None:
-            raise ChatTemplateError(f"{fmt.where}.system_prompt: set, but prompts are not formatted through a chat template "
-                                    f"({fmt.where}.chat_template is {fmt.chat_template}, no {fmt.messages_field!r} column); "
-                                    f"set {fmt.where}.chat_template: true, or remove system_prompt")
+            raise ChatTemplateError(
+                f"{fmt.where}.system_prompt: set, but prompts are not formatted through a chat template "
+                f"({fmt.where}.chat_template is {fmt.chat_template}, no {fmt.messages_field!r} column); "
+                f"set {fmt.where}.chat_template: true, or remove system_prompt"
+            )
         return samples
     if not getattr(tokenizer, "chat_template", None):
         raise _no_template(fmt, fmt.chat_template is True, model)
     with_images = next((i for i, s in enumerate(samples) if s.images), None)
     if with_images is not None:
-        raise ChatTemplateError(f"{fmt.where}.chat_template: row {with_images} has images; image prompts are built by the model's "
-                                f"processor, not a chat template, here; allowed for image data: chat_template: false")
+        raise ChatTemplateError(
+            f"{fmt.where}.chat_template: row {with_images} has images; image prompts are built by the model's "
+            f"processor, not a chat template, here; allowed for image data: chat_template: false"
+        )
     bos = getattr(tokenizer, "bos_token_id", None)
     out = []
     for index, sample in enumerate(samples):
@@ -134,10 +154,13 @@ def format_prompts(samples: Sequence[PromptSample], tokenizer: Any, fmt: ChatFor
             text, ids = render(tokenizer, messages)
         except Exception as error:  # noqa: BLE001 - jinja templates raise their own errors (e.g. "System role not supported")
             field = "system_prompt" if fmt.system_prompt is not None else "chat_template"
-            raise ChatTemplateError(f"{fmt.where}.{field}: the chat template of {model} failed on row {index}: "
-                                    f"{type(error).__name__}: {error}") from error
+            raise ChatTemplateError(
+                f"{fmt.where}.{field}: the chat template of {model} failed on row {index}: {type(error).__name__}: {error}"
+            ) from error
         if bos is not None and ids[:2] == [bos, bos]:
-            raise ChatTemplateError(f"{fmt.where}.chat_template: row {index} renders to a prompt starting with BOS twice "
-                                    f"({text[:80]!r}); the template or the row writes BOS itself")
+            raise ChatTemplateError(
+                f"{fmt.where}.chat_template: row {index} renders to a prompt starting with BOS twice "
+                f"({text[:80]!r}); the template or the row writes BOS itself"
+            )
         out.append(dataclasses.replace(sample, model_prompt=text, prompt_ids=ids))
     return out

@@ -33,19 +33,32 @@ from typing import Any
 
 import datasets
 
-from polyrl.data import chat
-from polyrl.data import images as image_rows
+from polyrl.core.types import PromptSample
+from polyrl.data import chat, image_rows
 from polyrl.data import splits as split_rules
 from polyrl.data.errors import DataConfigError  # re-exported: callers import it from here
 from polyrl.tasks import arithmetic, drawing, scenes, word_problems
-from polyrl.core.types import PromptSample
 
-BUILTIN_SOURCES = ("arithmetic", "arithmetic_chat", "arithmetic_chat_free", "word_problems", "drawing", "scenes", "scenes_captions")
+BUILTIN_SOURCES = (
+    "arithmetic",
+    "arithmetic_chat",
+    "arithmetic_chat_free",
+    "word_problems",
+    "drawing",
+    "scenes",
+    "scenes_captions",
+)
 # The module of each built-in source: its SPLITS and shipped_path(split) (and map_row(row) for a
 # source in chat form: the shipped rows, mapped).
-_BUILTIN_MODULES = {"arithmetic": arithmetic, "arithmetic_chat": arithmetic.CHAT, "arithmetic_chat_free": arithmetic.CHAT_FREE,
-                    "word_problems": word_problems, "drawing": drawing, "scenes": scenes,
-                    "scenes_captions": scenes.CAPTIONS}
+_BUILTIN_MODULES = {
+    "arithmetic": arithmetic,
+    "arithmetic_chat": arithmetic.CHAT,
+    "arithmetic_chat_free": arithmetic.CHAT_FREE,
+    "word_problems": word_problems,
+    "drawing": drawing,
+    "scenes": scenes,
+    "scenes_captions": scenes.CAPTIONS,
+}
 _FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -98,7 +111,9 @@ def _first_row(path: Path, source: str) -> dict[str, Any] | None:
         try:
             metadata = pq.ParquetFile(path).metadata
         except Exception as error:  # noqa: BLE001 - pyarrow raises several types for a bad file
-            raise DataConfigError(f"data source {source!r}: {path} is not a readable parquet file ({type(error).__name__}: {error})") from None
+            raise DataConfigError(
+                f"data source {source!r}: {path} is not a readable parquet file ({type(error).__name__}: {error})"
+            ) from None
         if metadata.num_rows == 0:
             raise _empty_error(source, path)
         return {name: None for name in metadata.schema.names}
@@ -123,15 +138,16 @@ def _first_row(path: Path, source: str) -> dict[str, Any] | None:
         if not isinstance(rows, list):
             return None
         if not rows:
-            raise _empty_error(source, path)
+            raise _empty_error(source, path) from None
         row = rows[0]
     if not isinstance(row, dict):
         raise DataConfigError(f"data source {source!r}: the first row of {path} is not a JSON object (got {type(row).__name__})")
     return row
 
 
-def check_prompt_source(source: str, split: str, *, prompt_field: str = "prompt", holdout: float | None = None,
-                        messages_field: str | None = None) -> None:
+def check_prompt_source(
+    source: str, split: str, *, prompt_field: str = "prompt", holdout: float | None = None, messages_field: str | None = None
+) -> None:
     """What can be checked about a data source without loading it: a local file exists, is
     not empty, can give ``split``, and its first row has ``prompt_field`` (or ``messages_field``,
     when given: chat rows, :mod:`polyrl.data.chat`). Dataset names are left to the loader."""
@@ -239,7 +255,7 @@ def load_prompt_dataset(
 
     The prompt column must exist; ``answer_field`` and ``references_field`` are optional
     (``rows_to_prompt_samples`` uses the references list, else the answer, else nothing).
-    ``images_field`` is the optional image column (``polyrl/data/images.py``): every row's
+    ``images_field`` is the optional image column (``polyrl/data/image_rows.py``): every row's
     images are checked here (type, file, readable, one ``<image>`` per image) and relative
     image paths become absolute (relative to the data file's folder).
     ``limit`` keeps the first ``limit`` rows. ``holdout`` (a fraction in (0, 1)) splits a single
@@ -263,9 +279,7 @@ def load_prompt_dataset(
             raise DataConfigError(split_rules.holdout_refusal(source, "a built-in task"))
         module = _BUILTIN_MODULES[source]
         if split not in module.SPLITS:
-            raise DataConfigError(
-                f"data source {source!r}: unknown split {split!r}; allowed: {list(module.SPLITS)}"
-            )
+            raise DataConfigError(f"data source {source!r}: unknown split {split!r}; allowed: {list(module.SPLITS)}")
         dataset = _load_file(module.shipped_path(split), source, split)
         if hasattr(module, "map_row"):  # a source that is another's rows in a new form (arithmetic_chat)
             dataset = dataset.map(module.map_row)
@@ -275,7 +289,9 @@ def load_prompt_dataset(
             dataset = _load_file(local, source, split)
             if holdout is not None:
                 if prompt_field not in dataset.column_names:
-                    raise DataConfigError(f"data source {source!r}: prompt field {prompt_field!r} not found; columns are {dataset.column_names}")
+                    raise DataConfigError(
+                        f"data source {source!r}: prompt field {prompt_field!r} not found; columns are {dataset.column_names}"
+                    )
                 dataset = split_rules.holdout_rows(dataset, split, holdout, prompt_field, images_field)
         else:
             try:
@@ -301,8 +317,9 @@ def load_prompt_dataset(
     return _checked_images(dataset, source, local, prompt_field, images_field, images or image_rows.ImageCheck())
 
 
-def _checked_images(dataset: datasets.Dataset, source: str, local: Path | None, prompt_field: str, images_field: str,
-                    check: image_rows.ImageCheck) -> datasets.Dataset:
+def _checked_images(
+    dataset: datasets.Dataset, source: str, local: Path | None, prompt_field: str, images_field: str, check: image_rows.ImageCheck
+) -> datasets.Dataset:
     """Check every row's images before any model is built (see ``data/images.py``)."""
     if images_field not in dataset.column_names:
         for index, prompt in enumerate(dataset[prompt_field] if prompt_field in dataset.column_names else []):
@@ -313,8 +330,11 @@ def _checked_images(dataset: datasets.Dataset, source: str, local: Path | None, 
     feature = dataset.features[images_field]
     inner = getattr(feature, "feature", feature)
     # Check encoded bytes/paths without decoding every image.
-    raw = dataset.cast_column(images_field, datasets.List(datasets.Image(decode=False))) if isinstance(inner, datasets.Image) and feature is not inner else (
-        dataset.cast_column(images_field, datasets.Image(decode=False)) if isinstance(feature, datasets.Image) else dataset)
+    raw = (
+        dataset.cast_column(images_field, datasets.List(datasets.Image(decode=False)))
+        if isinstance(inner, datasets.Image) and feature is not inner
+        else (dataset.cast_column(images_field, datasets.Image(decode=False)) if isinstance(feature, datasets.Image) else dataset)
+    )
     image_rows.check_rows(raw, prompt_field=prompt_field, images_field=images_field, base_dir=base_dir, check=check)
     if base_dir is None or isinstance(inner, datasets.Image):
         return dataset
@@ -323,7 +343,9 @@ def _checked_images(dataset: datasets.Dataset, source: str, local: Path | None, 
         values = row[images_field]
         if isinstance(values, str):
             values = [values]
-        return {images_field: None if values is None else [str((base_dir / v).resolve()) if isinstance(v, str) else v for v in values]}
+        return {
+            images_field: None if values is None else [str((base_dir / v).resolve()) if isinstance(v, str) else v for v in values]
+        }
 
     return dataset.map(absolute)
 
@@ -378,8 +400,10 @@ def rows_to_prompt_samples(
             PromptSample(
                 prompt=prompt,
                 references=_references(row, answer_field, references_field),
-                images=[image_rows.open_image(v, index=index, field=images_field, position=i, max_pixels=max_image_pixels)
-                        for i, v in enumerate(values)],
+                images=[
+                    image_rows.open_image(v, index=index, field=images_field, position=i, max_pixels=max_image_pixels)
+                    for i, v in enumerate(values)
+                ],
                 fields=fields,
             )
         )
@@ -439,9 +463,7 @@ class PromptSampler:
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         if int(state["num_samples"]) != len(self.samples):
-            raise ValueError(
-                f"sampler state is for {state['num_samples']} prompts but this sampler has {len(self.samples)}"
-            )
+            raise ValueError(f"sampler state is for {state['num_samples']} prompts but this sampler has {len(self.samples)}")
         if int(state["seed"]) != self.seed:
             raise ValueError(f"sampler state has seed {state['seed']} but this sampler has seed {self.seed}")
         index = int(state["index"])

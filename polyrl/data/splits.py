@@ -42,14 +42,18 @@ def declared_split(path: Path) -> str | None:
 
 def file_split_refusal(path: Path, source: str, split: str, holdout: float | None) -> str | None:
     """Why one local file cannot give ``split`` (``None`` when it can)."""
-    ways = (f"put the rows in a folder beside the other splits' files as {split}{path.suffix}, name the file after its split "
-            f"(<name>.{split}{path.suffix}), or declare a hold-out fraction (holdout: 0.1) to split one file by a fixed hash")
+    ways = (
+        f"put the rows in a folder beside the other splits' files as {split}{path.suffix}, name the file after its split "
+        f"(<name>.{split}{path.suffix}), or declare a hold-out fraction (holdout: 0.1) to split one file by a fixed hash"
+    )
     if holdout is not None:
         if split not in HOLDOUT_SPLITS:
             return f"data source {source!r}: with a hold-out fraction a file has the splits {list(HOLDOUT_SPLITS)}, not {split!r}"
         if declared_split(path) not in (None, "train"):
-            return (f"data source {source!r}: {path.name} is named as the {declared_split(path)!r} split; a hold-out fraction "
-                    "splits a training file, not one already held out")
+            return (
+                f"data source {source!r}: {path.name} is named as the {declared_split(path)!r} split; a hold-out fraction "
+                "splits a training file, not one already held out"
+            )
         return None
     declared = declared_split(path) or "train"
     if declared != split:
@@ -59,8 +63,10 @@ def file_split_refusal(path: Path, source: str, split: str, holdout: float | Non
 
 
 def holdout_refusal(source: str, kind: str) -> str:
-    return (f"data source {source!r}: holdout splits a single local file by a fixed hash; this source is {kind}, whose splits "
-            "are its own (remove holdout)")
+    return (
+        f"data source {source!r}: holdout splits a single local file by a fixed hash; this source is {kind}, whose splits "
+        "are its own (remove holdout)"
+    )
 
 
 def _content_digest(parts: Iterable[Any]) -> bytes:
@@ -95,8 +101,11 @@ def holdout_fraction_position(prompt: str, images: Any = None) -> float:
 def holdout_indices(prompts: Sequence[str], images: Sequence[Any] | None, split: str, fraction: float) -> list[int]:
     """The rows of ``split``: ``test`` those whose position is below ``fraction``, ``train`` the rest."""
     wanted_test = split == "test"
-    return [index for index, prompt in enumerate(prompts)
-            if (holdout_fraction_position(prompt, None if images is None else images[index]) < fraction) == wanted_test]
+    return [
+        index
+        for index, prompt in enumerate(prompts)
+        if (holdout_fraction_position(prompt, None if images is None else images[index]) < fraction) == wanted_test
+    ]
 
 
 def sample_key(sample: Any) -> bytes:
@@ -118,11 +127,15 @@ def overlap_warning(label: str, held_out: Sequence[Any], training: Sequence[Any]
     count = overlap_count(held_out, training)
     if not count:
         return None
-    return (f"eval_overlap: {count} of the {len(held_out)} rows of eval dataset {label!r} are also training rows (same prompt and "
-            "images), so its scores partly measure memorisation → evaluate on a split disjoint from data.source's training rows")
+    return (
+        f"eval_overlap: {count} of the {len(held_out)} rows of eval dataset {label!r} are also training rows (same prompt and "
+        "images), so its scores partly measure memorisation → evaluate on a split disjoint from data.source's training rows"
+    )
 
 
-def holdout_rows(dataset: datasets.Dataset, split: str, fraction: float, prompt_field: str, images_field: str) -> datasets.Dataset:
+def holdout_rows(
+    dataset: datasets.Dataset, split: str, fraction: float, prompt_field: str, images_field: str
+) -> datasets.Dataset:
     """The rows of ``split`` under a declared hold-out fraction (a fixed hash of each row's content)."""
     images = None
     if images_field in dataset.column_names:
@@ -130,7 +143,9 @@ def holdout_rows(dataset: datasets.Dataset, split: str, fraction: float, prompt_
         inner = getattr(feature, "feature", feature)
         raw = dataset
         if isinstance(inner, datasets.Image):  # hash the encoded bytes/paths, not decoded pictures
-            raw = dataset.cast_column(images_field, datasets.List(datasets.Image(decode=False)) if feature is not inner
-                                      else datasets.Image(decode=False))
+            raw = dataset.cast_column(
+                images_field,
+                datasets.List(datasets.Image(decode=False)) if feature is not inner else datasets.Image(decode=False),
+            )
         images = raw[images_field]
     return dataset.select(holdout_indices(dataset[prompt_field], images, split, fraction))

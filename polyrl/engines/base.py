@@ -10,7 +10,7 @@ Two engines share one interface (:class:`RolloutEngine`), registered by name:
 Log-prob contract (both engines): ``Completion.sampling_logprobs[t]`` is the log-probability of
 the sampled token under the distribution it was *sampled from*, ``log_softmax(logits /
 temperature)``, renormalised to the nucleus when ``top_p < 1``. With ``top_p == 1`` (the RL
-default) that is exactly what :func:`polyrl.algos.logprobs.token_logprobs` computes at the same
+default) that is exactly what :func:`polyrl.modeling.logprobs.token_logprobs` computes at the same
 temperature, so ``rollout/logprob_gap`` is ~1e-6 in fp32 when weights are in sync. With
 ``top_p < 1`` the sampler's value is ``>=`` the learner's and the gap measures the truncation
 too: still the right behaviour-policy log-prob for importance sampling, but not a sync check.
@@ -39,7 +39,7 @@ from typing import Any, Iterable, Literal
 import torch
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
-from polyrl.engines import images as image_prompts
+from polyrl.engines import image_prompts
 from polyrl.engines.modality_marks import ImageSpanRule, token_modalities
 
 
@@ -95,7 +95,7 @@ class RolloutEngine(ABC):
         self.policy_version = self.policy_version + 1 if version is None else int(version)
         return self.policy_version
 
-    def close(self) -> None:  # pragma: no cover - trivial default
+    def close(self) -> None:  # noqa: B027 - engines without resources keep this default  # pragma: no cover
         pass
 
     def completion_modalities(self, token_ids: list[int]) -> tuple[str, ...]:
@@ -153,7 +153,9 @@ class RolloutEngine(ABC):
         return {
             "banned_token_ids": self.banned_token_ids,
             "image_inputs": image_inputs,
-            "prompt_token_modalities": image_prompts.prompt_modalities(prompt_ids, set(self._image_token_ids)) if image_inputs else None,
+            "prompt_token_modalities": image_prompts.prompt_modalities(prompt_ids, set(self._image_token_ids))
+            if image_inputs
+            else None,
         }
 
     def verify_sync(
@@ -169,7 +171,7 @@ class RolloutEngine(ABC):
         Raises ``AssertionError`` when the gap exceeds ``tolerance``: a stale or partial weight
         sync must fail loudly. Meaningful with ``top_p == 1`` (the default settings here).
         """
-        from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs
+        from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
 
         settings = settings or SamplingSettings(n=2, temperature=1.0, max_tokens=16, seed=0)
         completions = [c for group in self.generate(prompts, settings) for c in group]
@@ -181,6 +183,7 @@ class RolloutEngine(ABC):
         if gap > tolerance:
             raise AssertionError(f"sampler/learner log-prob gap {gap:.3g} > {tolerance:g}: engine weights are not in sync")
         return gap
+
 
 def eos_ids(tokenizer: Any, model: Any) -> set[int]:
     ids: set[int] = set()

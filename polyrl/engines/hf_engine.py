@@ -16,7 +16,7 @@ placed before it. The global torch generator is neither used nor reset.
 Image-text models (a ``vision_config`` in the model folder) load with
 ``AutoModelForImageTextToText``; an image prompt is run through the model's processor (expanded
 ids + ``pixel_values``) and a batch may mix image and text-only prompts
-(:func:`polyrl.engines.images.collate_image_inputs`). Image/special tokens are banned with
+(:func:`polyrl.engines.image_prompts.collate_image_inputs`). Image/special tokens are banned with
 ``bad_words_ids``, applied before temperature, so the processed scores exclude them as the
 learner does. Tested with Idefics3 on CPU; other image-text models (e.g. Qwen2.5-VL on CUDA)
 take the same path, untested here.
@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import torch
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
-from polyrl.engines import images as image_prompts
+from polyrl.engines import image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids, request_seed
 from polyrl.engines.modality_marks import load_modality_rule
 from polyrl.engines.stop_tokens import completion_text, stop_token_ids
@@ -86,7 +86,11 @@ class HFRolloutEngine(RolloutEngine):
         # One row per sample, grouped per prompt: row i*n + j is sample j of prompt i.
         rows = [row for row in encoded for _ in range(settings.n)]
         base = self.seed if settings.seed is None else settings.seed
-        seeds = [request_seed(base, settings.first_prompt_index + i, settings.n) + j for i in range(len(prompts)) for j in range(settings.n)]
+        seeds = [
+            request_seed(base, settings.first_prompt_index + i, settings.n) + j
+            for i in range(len(prompts))
+            for j in range(settings.n)
+        ]
         chunk = self.batch_size or len(rows)
         flat: list[Completion] = []
         for start in range(0, len(rows), chunk):
@@ -94,8 +98,9 @@ class HFRolloutEngine(RolloutEngine):
         return [flat[i * settings.n : (i + 1) * settings.n] for i in range(len(prompts))]
 
     @torch.no_grad()
-    def _generate_rows(self, rows: list[tuple[list[int], dict[str, Any] | None]], settings: SamplingSettings,
-                       seeds: list[int]) -> list[Completion]:
+    def _generate_rows(
+        self, rows: list[tuple[list[int], dict[str, Any] | None]], settings: SamplingSettings, seeds: list[int]
+    ) -> list[Completion]:
         width = max(len(r) for r, _ in rows)
         input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -187,6 +192,7 @@ class HFRolloutEngine(RolloutEngine):
     def close(self) -> None:
         self.model = None
         gc.collect()
+
 
 def sampling_warpers(settings: SamplingSettings) -> list[Any]:
     """transformers' temperature and top-p warpers for ``settings`` (none at 1.0), in the order

@@ -60,8 +60,9 @@ def kv_cache_bytes(text_config: Any, dtype: str, need: KvCacheNeed, *, max_model
     return blocks * block_size * kv_bytes_per_token(text_config, dtype)
 
 
-def kv_cache_request(kv_cache_gb: float | str, *, sequences: int, max_tokens: int, prompt_lengths: Iterable[int],
-                     periodic_eval: bool = False) -> dict[str, Any]:
+def kv_cache_request(
+    kv_cache_gb: float | str, *, sequences: int, max_tokens: int, prompt_lengths: Iterable[int], periodic_eval: bool = False
+) -> dict[str, Any]:
     """``rollout.kv_cache_gb`` as the engines take it: a size (``kv_cache_gb``), or for ``auto`` what
     one generation call holds (``kv_cache_need``: ``sequences`` of the longest of ``prompt_lengths``
     + ``max_tokens``); with ``periodic_eval``, ``auto`` is the former fixed 1 GiB, so evaluation

@@ -68,11 +68,15 @@ def modality_string(modalities: Iterable[str]) -> str:
 def _single_token_id(tokenizer: Any, token: str, where: str) -> int:
     ids = tokenizer(token, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
-        raise ModalityRuleError(f"{where}: {token!r} is {len(ids)} tokens in this tokenizer, not one (it must be a single vocabulary token)")
+        raise ModalityRuleError(
+            f"{where}: {token!r} is {len(ids)} tokens in this tokenizer, not one (it must be a single vocabulary token)"
+        )
     return int(ids[0])
 
 
-def rule_from_tokens(tokenizer: Any, open_marker: str, close_marker: str, image_tokens: Sequence[str], *, where: str = "modality rule") -> ImageSpanRule:
+def rule_from_tokens(
+    tokenizer: Any, open_marker: str, close_marker: str, image_tokens: Sequence[str], *, where: str = "modality rule"
+) -> ImageSpanRule:
     """An :class:`ImageSpanRule` from token strings; each must be a single token of ``tokenizer``."""
     if not image_tokens:
         raise ModalityRuleError(f"{where}: image.tokens is empty; list the tokens that are image content")
@@ -109,7 +113,9 @@ def load_modality_rule(directory: str | Path, tokenizer: Any) -> ImageSpanRule |
     missing = {"open", "close", "tokens"} - set(image)
     extra = set(image) - {"open", "close", "tokens"}
     if missing or extra:
-        raise ModalityRuleError(f"{path}: image needs exactly open, close and tokens (missing {sorted(missing)}, unknown {sorted(extra)})")
+        raise ModalityRuleError(
+            f"{path}: image needs exactly open, close and tokens (missing {sorted(missing)}, unknown {sorted(extra)})"
+        )
     if not isinstance(image["open"], str) or not isinstance(image["close"], str):
         raise ModalityRuleError(f"{path}: image.open and image.close must be strings")
     if not isinstance(image["tokens"], list) or not all(isinstance(t, str) for t in image["tokens"]):

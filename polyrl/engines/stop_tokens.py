@@ -70,8 +70,13 @@ def stop_token_ids(tokenizer: Any, generation_eos: list[int] | tuple[int, ...] =
     return frozenset(ids)
 
 
-def completion_text(tokenizer: Any, token_ids: list[int], finish_reason: str, stops: frozenset[int] | set[int],
-                    stop_strings: list[str] | tuple[str, ...] = ()) -> str:
+def completion_text(
+    tokenizer: Any,
+    token_ids: list[int],
+    finish_reason: str,
+    stops: frozenset[int] | set[int],
+    stop_strings: list[str] | tuple[str, ...] = (),
+) -> str:
     """The text rewards see, by one rule in both engines: the ids decoded without special tokens
     and without the final stop token (EOS or end of turn, a template token even where the
     tokenizer does not mark it special), cut before the first stop string."""

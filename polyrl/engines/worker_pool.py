@@ -103,7 +103,9 @@ class EngineWorker:
             self.broadcast.close()
             self.broadcast = None
 
-    def generate(self, prompts: list[PromptSample], settings: SamplingSettings, version: int) -> tuple[int, list[list[Completion]] | None]:
+    def generate(
+        self, prompts: list[PromptSample], settings: SamplingSettings, version: int
+    ) -> tuple[int, list[list[Completion]] | None]:
         """``(version, groups)``; ``(its own version, None)`` without generating when its weights
         are not ``version``: the pool must send the right ones first."""
         if self.engine.policy_version != version:
@@ -166,12 +168,18 @@ class RolloutWorkerPool(RolloutEngine):
             raise WorkerPoolError(
                 f"rollout.workers: {workers} workers of {spec.bundle()} each (rollout.worker_resources) found no room on the Ray "
                 f"cluster within {spec.ready_timeout_s:.0f} s (its resources: {ray.cluster_resources()}); lower "
-                "rollout.workers or rollout.worker_resources (num_cpus may be a fraction, e.g. 0.5)")
+                "rollout.workers or rollout.worker_resources (num_cpus may be a fraction, e.g. 0.5)"
+            )
         actor = ray.remote(EngineWorker)
         threads = max(1, int(spec.num_cpus))
         for k in range(workers):
-            options = dict(num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_restarts=spec.max_restarts, max_task_retries=0,
-                           scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=k))
+            options = dict(
+                num_cpus=spec.num_cpus,
+                num_gpus=spec.num_gpus,
+                max_restarts=spec.max_restarts,
+                max_task_retries=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=k),
+            )
             self.workers.append(actor.options(**options).remote(spec.engine, spec.model_path, dict(spec.options), threads))
         self.pids = ray.get([worker.pid.remote() for worker in self.workers])  # waits until every engine is built
 
@@ -214,8 +222,10 @@ class RolloutWorkerPool(RolloutEngine):
         except Exception as error:  # noqa: BLE001 - a worker that died mid-broadcast, or a group that timed out
             self._close_group()
             self.missed_syncs += 1
-            raise WorkerPoolError(f"rollout.weight_sync: broadcast of policy version {version} to the rollout workers failed "
-                                  f"({type(error).__name__}: {error}); the group is formed again at the next sync") from error
+            raise WorkerPoolError(
+                f"rollout.weight_sync: broadcast of policy version {version} to the rollout workers failed "
+                f"({type(error).__name__}: {error}); the group is formed again at the next sync"
+            ) from error
         self.broadcasts += 1
         return version
 
@@ -247,15 +257,18 @@ class RolloutWorkerPool(RolloutEngine):
             return
         if self._weights is None:
             kept = " (rollout.weight_sync: broadcast keeps no copy)" if self.spec.weight_sync == "broadcast" else ""
-            raise WorkerPoolError(f"rollout worker {k} samples with policy version {self.ray.get(worker.policy_version.remote())} "
-                                  f"but the pool holds no weights of version {self.policy_version} to send it{kept}")
+            raise WorkerPoolError(
+                f"rollout worker {k} samples with policy version {self.ray.get(worker.policy_version.remote())} "
+                f"but the pool holds no weights of version {self.policy_version} to send it{kept}"
+            )
         self.ray.get(worker.load_weights.remote(self._weights, self.policy_version))
         self.resyncs += 1
 
     # -- generation ------------------------------------------------------------------------------
 
-    def generate(self, prompts: list[PromptSample], settings: SamplingSettings, *,
-                 workers: list[int] | None = None) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[PromptSample], settings: SamplingSettings, *, workers: list[int] | None = None
+    ) -> list[list[Completion]]:
         """Every prompt's completions, the prompts cut into contiguous slices over ``workers``
         (default: all of them; :meth:`worker_engine` passes its own). Safe to call from several
         threads for disjoint workers: each actor runs its calls one at a time."""
@@ -292,9 +305,11 @@ class RolloutWorkerPool(RolloutEngine):
                 results[i] = self._checked(k, version, groups, slices[i], settings)
         missing = [i for i in range(len(slices)) if i not in results]
         if missing:
-            raise WorkerPoolError(f"rollout workers {[chosen[i] for i in missing]} did not return their prompts after "
-                                  f"{self.spec.max_restarts + 2} tries (rollout.worker_resources.max_restarts = "
-                                  f"{self.spec.max_restarts}); last error: {failures.get(missing[0], 'stale weights after every re-sync')}")
+            raise WorkerPoolError(
+                f"rollout workers {[chosen[i] for i in missing]} did not return their prompts after "
+                f"{self.spec.max_restarts + 2} tries (rollout.worker_resources.max_restarts = "
+                f"{self.spec.max_restarts}); last error: {failures.get(missing[0], 'stale weights after every re-sync')}"
+            )
         return [group for i in range(len(slices)) for group in results[i]]
 
     def _generate_slice(self, k: int, prompts: list[PromptSample], settings: SamplingSettings, bounds: tuple[int, int]) -> Any:
@@ -319,33 +334,43 @@ class RolloutWorkerPool(RolloutEngine):
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as again:
                 if time.monotonic() > deadline:
-                    raise WorkerPoolError(f"rollout worker {k} failed ({type(error).__name__}) and did not come back within "
-                                          f"{self.spec.ready_timeout_s:.0f} s (rollout.worker_resources.max_restarts = "
-                                          f"{self.spec.max_restarts}): {again}") from error
+                    raise WorkerPoolError(
+                        f"rollout worker {k} failed ({type(error).__name__}) and did not come back within "
+                        f"{self.spec.ready_timeout_s:.0f} s (rollout.worker_resources.max_restarts = "
+                        f"{self.spec.max_restarts}): {again}"
+                    ) from error
                 time.sleep(0.2)
         if pid != self.pids[k]:
             self.restarts += 1
             self.pids[k] = pid
         self._bring_up_to_date(k)
 
-    def _checked(self, k: int, version: int, groups: list[list[Completion]], bounds: tuple[int, int],
-                 settings: SamplingSettings) -> list[list[Completion]]:
+    def _checked(
+        self, k: int, version: int, groups: list[list[Completion]], bounds: tuple[int, int], settings: SamplingSettings
+    ) -> list[list[Completion]]:
         """A worker's answer, refused unless it has one group per prompt, all of this version."""
         stale = sorted({c.policy_version for group in groups for c in group} - {self.policy_version}, key=str)
         if version != self.policy_version or stale:
-            raise StaleSamplesError(f"rollout worker {k} returned samples of policy version(s) {stale or [version]}; the pool is at "
-                                    f"version {self.policy_version}: refusing stale samples")
+            raise StaleSamplesError(
+                f"rollout worker {k} returned samples of policy version(s) {stale or [version]}; the pool is at "
+                f"version {self.policy_version}: refusing stale samples"
+            )
         if len(groups) != bounds[1] - bounds[0] or any(len(group) != settings.n for group in groups):
-            raise WorkerPoolError(f"rollout worker {k} returned {[len(g) for g in groups]} samples for {bounds[1] - bounds[0]} "
-                                  f"prompts x {settings.n}")
+            raise WorkerPoolError(
+                f"rollout worker {k} returned {[len(g) for g in groups]} samples for {bounds[1] - bounds[0]} "
+                f"prompts x {settings.n}"
+            )
         return groups
 
     # -- state -----------------------------------------------------------------------------------
 
     def worker_metrics(self) -> dict[str, float]:
         """Counters since the start: restarts seen, re-syncs sent, syncs missed (``rollout/workers/*``)."""
-        return {"rollout/workers/restarts": float(self.restarts), "rollout/workers/resyncs": float(self.resyncs),
-                "rollout/workers/missed_syncs": float(self.missed_syncs)}
+        return {
+            "rollout/workers/restarts": float(self.restarts),
+            "rollout/workers/resyncs": float(self.resyncs),
+            "rollout/workers/missed_syncs": float(self.missed_syncs),
+        }
 
     def close(self) -> None:
         ray = getattr(self, "ray", None)

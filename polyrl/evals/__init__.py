@@ -4,7 +4,7 @@
     result = SuiteRunner("arithmetic", limit=32).run(engine)   # any RolloutEngine
     result.metrics["arithmetic/accuracy"], result.rows          # metrics and the per-sample table
 
-``polyrl eval`` is :func:`polyrl.launch.eval_cli.eval_command`; ``evaluate_models`` is the same
+``polyrl eval`` is :func:`polyrl.cli.evaluate.eval_command`; ``evaluate_models`` is the same
 without the command line; ``make_periodic_evaluator`` serves ``eval.every`` inside training.
 """
 

@@ -83,7 +83,12 @@ def _scorers():
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.rouge.rouge import Rouge
 
-    return [(Bleu(4), ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"]), (meteor_scorer(), ["METEOR"]), (Rouge(), ["ROUGE_L"]), (Cider(), ["CIDEr"])]
+    return [
+        (Bleu(4), ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"]),
+        (meteor_scorer(), ["METEOR"]),
+        (Rouge(), ["ROUGE_L"]),
+        (Cider(), ["CIDEr"]),
+    ]
 
 
 def _close(scorer) -> None:

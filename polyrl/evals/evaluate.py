@@ -111,26 +111,52 @@ def evaluate_models(
     return outcome
 
 
-def _evaluate_one(model: ResolvedModel, runner: SuiteRunner, options: EngineOptions, client, experiment_id: str,
-                  uri: str, folder: Path, limit: int | None) -> tuple[dict[str, Any], EvalResult]:
+def _evaluate_one(
+    model: ResolvedModel,
+    runner: SuiteRunner,
+    options: EngineOptions,
+    client,
+    experiment_id: str,
+    uri: str,
+    folder: Path,
+    limit: int | None,
+) -> tuple[dict[str, Any], EvalResult]:
     from polyrl.engines.base import build_rollout_engine
     from polyrl.tracking.mlflow_runs import RunLogger
 
     suite = runner.suite
-    tags = {MODEL_TAG: model.ref, SUITE_TAG: suite.name, ROLE_TAG: "eval", "polyrl.engine": options.engine,
-            "polyrl.model_path": str(model.path)}
+    tags = {
+        MODEL_TAG: model.ref,
+        SUITE_TAG: suite.name,
+        ROLE_TAG: "eval",
+        "polyrl.engine": options.engine,
+        "polyrl.model_path": str(model.path),
+    }
     if model.run_id:
         tags[EVALUATES_RUN_TAG] = model.run_id
         tags["polyrl.checkpoint_step"] = str(model.step)
     run = client.create_run(experiment_id, run_name=f"{suite.name}:{model.slug}", tags=tags)
     logger = RunLogger(client, run.info.run_id)
     try:
-        logger.log_params({"suite": suite.name, "engine": options.engine, "dtype": options.dtype, "limit": limit,
-                           **{f"generation.{k}": v for k, v in suite.generation.model_dump().items()}})
+        logger.log_params(
+            {
+                "suite": suite.name,
+                "engine": options.engine,
+                "dtype": options.dtype,
+                "limit": limit,
+                **{f"generation.{k}": v for k, v in suite.generation.model_dump().items()},
+            }
+        )
         logger.log_text(yaml.safe_dump(suite.model_dump(mode="json"), sort_keys=False), "suite.yaml")
         started = time.time()
-        rollout = build_rollout_engine(options.engine, str(model.path), seed=suite.generation.seed, dtype=options.dtype,
-                                       max_model_len=options.max_model_len, kv_cache_gb=options.kv_cache_gb)
+        rollout = build_rollout_engine(
+            options.engine,
+            str(model.path),
+            seed=suite.generation.seed,
+            dtype=options.dtype,
+            max_model_len=options.max_model_len,
+            kv_cache_gb=options.kv_cache_gb,
+        )
         try:
             result = runner.run(rollout)
         finally:
@@ -155,8 +181,16 @@ def _evaluate_one(model: ResolvedModel, runner: SuiteRunner, options: EngineOpti
     return report, result
 
 
-def _report(model: ResolvedModel, suite, options: EngineOptions, result: EvalResult, run_id: str, uri: str,
-            seconds: float, limit: int | None) -> dict[str, Any]:
+def _report(
+    model: ResolvedModel,
+    suite,
+    options: EngineOptions,
+    result: EvalResult,
+    run_id: str,
+    uri: str,
+    seconds: float,
+    limit: int | None,
+) -> dict[str, Any]:
     return {
         "suite": suite.name,
         "kind": suite.kind,

@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polyrl.rewards import summary as stats
+from polyrl.core.types import Completion, PromptSample
+from polyrl.data.chat import ChatFormat, chat_in_effect, format_prompts
+from polyrl.data.prompts import load_prompt_dataset, rows_to_prompt_samples
 from polyrl.evals.coco import coco_caption_metrics
 from polyrl.evals.passk import mean_pass_at_k
 from polyrl.evals.suite import DatasetSpec, EvalError, EvalSuite, load_suite, resolve_source
-from polyrl.data.chat import ChatFormat, chat_in_effect, format_prompts
-from polyrl.data.prompts import load_prompt_dataset, rows_to_prompt_samples
-from polyrl.core.types import Completion, PromptSample
 from polyrl.rewards import CompositeReward, RewardBatch, RewardSpec, run_module
+from polyrl.rewards import summary as stats
 
 
 @dataclass
@@ -68,7 +68,9 @@ def chat_format(spec: DatasetSpec, default: ChatFormat | None) -> ChatFormat:
     return ChatFormat(default.chat_template, default.system_prompt, spec.messages_field, where=default.where)
 
 
-def load_samples(spec: DatasetSpec, *, base_dir: Path | None, limit: int | None, messages_field: str | None = None) -> list[PromptSample]:
+def load_samples(
+    spec: DatasetSpec, *, base_dir: Path | None, limit: int | None, messages_field: str | None = None
+) -> list[PromptSample]:
     """The dataset's prompts; ``limit`` (from the CLI or ``eval.limit``) caps the suite's own;
     ``messages_field``: chat rows may carry messages instead of a prompt (:mod:`polyrl.data.chat`)."""
     cap = min(x for x in (spec.limit, limit) if x is not None) if (spec.limit or limit) else None
@@ -89,16 +91,26 @@ def load_samples(spec: DatasetSpec, *, base_dir: Path | None, limit: int | None,
         raise EvalError(f"datasets[{spec.label}].image_field: column {spec.image_field!r} not in {dataset.column_names}")
     # The prompt loader opens the images (RGB PIL) into PromptSample.images (data/images.py).
     return rows_to_prompt_samples(
-        dataset, prompt_field=spec.prompt_field, answer_field=spec.answer_field, references_field=spec.references_field,
-        images_field=spec.image_field or "images", messages_field=messages_field,
+        dataset,
+        prompt_field=spec.prompt_field,
+        answer_field=spec.answer_field,
+        references_field=spec.references_field,
+        images_field=spec.image_field or "images",
+        messages_field=messages_field,
     )
 
 
 class SuiteRunner:
     """A suite with its data loaded and its metric modules set up, ready to run on engines."""
 
-    def __init__(self, suite: EvalSuite | str | Path, *, limit: int | None = None, base_dir: Path | None = None,
-                 chat: ChatFormat | None = None):
+    def __init__(
+        self,
+        suite: EvalSuite | str | Path,
+        *,
+        limit: int | None = None,
+        base_dir: Path | None = None,
+        chat: ChatFormat | None = None,
+    ):
         """``chat``: the chat settings of datasets that set none (periodic eval: the run's ``data``)."""
         self.suite, found_dir = load_suite(suite)
         self.base_dir = base_dir or found_dir
@@ -111,7 +123,9 @@ class SuiteRunner:
         from polyrl.rewards.builtins.cider import Cider
 
         chat = chat_format(spec, default_chat)
-        data = _Dataset(spec, load_samples(spec, base_dir=self.base_dir, limit=limit, messages_field=chat.rows_messages_field), chat=chat)
+        data = _Dataset(
+            spec, load_samples(spec, base_dir=self.base_dir, limit=limit, messages_field=chat.rows_messages_field), chat=chat
+        )
         params = self.suite.accuracy_params()
         if params is not None:
             # The dataset's answer column is the gold answer unless the suite says otherwise.
@@ -156,7 +170,7 @@ class SuiteRunner:
 
     def check_model(self, model_dir: str | Path, *, field: str = "--model") -> None:
         """Refuse a text-only model for a suite with image prompts (names the dataset and row)."""
-        from polyrl.data.images import check_model_takes_images
+        from polyrl.data.image_rows import check_model_takes_images
 
         for data in self.datasets:
             try:
@@ -197,7 +211,9 @@ class SuiteRunner:
             )
         return groups
 
-    def _score(self, data: _Dataset, groups: list[list[Completion]], samples: list[PromptSample]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    def _score(
+        self, data: _Dataset, groups: list[list[Completion]], samples: list[PromptSample]
+    ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         n = self.settings.n
         completions = [c for group in groups for c in group]
         batch = RewardBatch.from_samples(samples, [c.text for c in completions], group_size=n)
@@ -258,7 +274,9 @@ def _base_rows(data: _Dataset, samples: list[PromptSample], completions: list[Co
                 "id": str(sample.fields.get("id", index // n)),
                 "prompt": sample.shown_prompt,  # as the model saw it: chat template tokens included
                 "completion": completion.text,
-                "answer": None if sample.fields.get(data.spec.answer_field) is None else str(sample.fields[data.spec.answer_field]),
+                "answer": None
+                if sample.fields.get(data.spec.answer_field) is None
+                else str(sample.fields[data.spec.answer_field]),
                 "references": list(sample.references),
                 "length": len(completion.completion_ids),
                 "finish_reason": completion.finish_reason,

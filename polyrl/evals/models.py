@@ -59,7 +59,7 @@ def parse_run_ref(ref: str) -> tuple[str, int | None]:
 
 
 def default_export_dir() -> Path:
-    from polyrl.models.warmup import default_cache_dir
+    from polyrl.policies.warmup import default_cache_dir
 
     return default_cache_dir() / "eval-exports"
 
@@ -111,8 +111,9 @@ def _export_matches(target: Path, checkpoint: Path) -> bool:
         made_from = json.loads((target / EXPORT_INFO).read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return (made_from.get("checkpoint") == str(checkpoint.resolve())
-            and made_from.get("mlflow_run_id") == read_checkpoint_info(checkpoint).get("mlflow_run_id"))
+    return made_from.get("checkpoint") == str(checkpoint.resolve()) and made_from.get("mlflow_run_id") == read_checkpoint_info(
+        checkpoint
+    ).get("mlflow_run_id")
 
 
 def _runs_below(client, run) -> str | None:
@@ -151,13 +152,20 @@ def find_run_checkpoint(ref: str, *, tracking_uri: str | None) -> tuple[str, int
         raise EvalError(f"--model {ref!r}: no MLflow run {run_id!r} in {uri} ({error.message.splitlines()[0]})") from None
     folder = run.data.tags.get(CHECKPOINT_DIR_TAG)
     if not folder:
-        raise EvalError(f"--model {ref!r}: " + (_runs_below(make_client(uri), run) or
-                                                 f"run {run_id} has no {CHECKPOINT_DIR_TAG} tag (is it a polyrl training arm run?)"))
+        raise EvalError(
+            f"--model {ref!r}: "
+            + (
+                _runs_below(make_client(uri), run)
+                or f"run {run_id} has no {CHECKPOINT_DIR_TAG} tag (is it a polyrl training arm run?)"
+            )
+        )
     steps, others = run_checkpoints(run_id, folder)
     if not steps and others:
-        raise EvalError(f"--model {ref!r}: the checkpoints in {folder} belong to another run ({', '.join(sorted(others))}), not "
-                        f"{run_id}: a later run of the experiment reused the folder and run {run_id}'s own checkpoints are gone. "
-                        f"Evaluate run:<that id> for those weights")
+        raise EvalError(
+            f"--model {ref!r}: the checkpoints in {folder} belong to another run ({', '.join(sorted(others))}), not "
+            f"{run_id}: a later run of the experiment reused the folder and run {run_id}'s own checkpoints are gone. "
+            f"Evaluate run:<that id> for those weights"
+        )
     if not steps:
         raise EvalError(f"--model {ref!r}: run {run_id} has no complete checkpoint in {folder}")
     if step is None:
@@ -177,8 +185,14 @@ def _resolve_run(ref: str, *, tracking_uri: str | None, cache_dir: Path) -> Reso
             export_model_dir(checkpoint, target)
         except (FileNotFoundError, KeyError) as error:
             raise EvalError(f"--model {ref!r}: could not export checkpoint {checkpoint}: {error}") from error
-    return ResolvedModel(ref=ref, path=target.resolve(), slug=slugify(f"run-{run_id[:12]}-step{step}"), run_id=run_id, step=step,
-                         chat=run_chat_format(checkpoint))
+    return ResolvedModel(
+        ref=ref,
+        path=target.resolve(),
+        slug=slugify(f"run-{run_id[:12]}-step{step}"),
+        run_id=run_id,
+        step=step,
+        chat=run_chat_format(checkpoint),
+    )
 
 
 def run_chat_format(checkpoint: Path) -> ChatFormat | None:
@@ -189,5 +203,9 @@ def run_chat_format(checkpoint: Path) -> ChatFormat | None:
     data = (read_checkpoint_info(checkpoint).get("config") or {}).get("data")
     if not isinstance(data, dict):
         return None
-    return ChatFormat(data.get("chat_template"), data.get("system_prompt"), data.get("messages_field", "messages"),
-                      where="the run's data (its checkpoint's config)")
+    return ChatFormat(
+        data.get("chat_template"),
+        data.get("system_prompt"),
+        data.get("messages_field", "messages"),
+        where="the run's data (its checkpoint's config)",
+    )

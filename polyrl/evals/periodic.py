@@ -46,7 +46,9 @@ class PeriodicEvaluator:
             result = self.runner.run(engine)
         # NaN (e.g. accuracy with no gold answers) is logged as NaN, so the curve shows the
         # metric was computed and undefined rather than silently missing; non-numbers are dropped.
-        metrics = {key: value for key, value in result.metrics.items() if isinstance(value, numbers.Real) and not isinstance(value, bool)}
+        metrics = {
+            key: value for key, value in result.metrics.items() if isinstance(value, numbers.Real) and not isinstance(value, bool)
+        }
         return PeriodicResult(metrics, list(result.rows or []), result)
 
 

@@ -102,7 +102,13 @@ def render_markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines += ["", "| metric | value |", "|---|---|"]
     lines += [f"| {key} | {_fmt(value)} |" for key, value in sorted(report["metrics"].items())]
     if rows:
-        lines += ["", f"## First {min(EXAMPLES_IN_MARKDOWN, len(rows))} samples", "", "| dataset | prompt | completion | answer | correct |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## First {min(EXAMPLES_IN_MARKDOWN, len(rows))} samples",
+            "",
+            "| dataset | prompt | completion | answer | correct |",
+            "|---|---|---|---|---|",
+        ]
         for row in rows[:EXAMPLES_IN_MARKDOWN]:
             lines.append(
                 f"| {row['dataset']} | {_cell(row['prompt'])} | {_cell(row['completion'])} | "
@@ -125,8 +131,15 @@ def comparison_table(reports: list[dict[str, Any]]) -> dict[str, Any]:
     names = sorted({key for r in reports for key in r["metrics"]})
     return {
         "suite": reports[0]["suite"] if reports else None,
-        "models": [{"slug": r["model"]["slug"], "ref": r["model"]["ref"], "run_id": r["model"].get("run_id"),
-                    "mlflow_run_id": r.get("mlflow_run_id")} for r in reports],
+        "models": [
+            {
+                "slug": r["model"]["slug"],
+                "ref": r["model"]["ref"],
+                "run_id": r["model"].get("run_id"),
+                "mlflow_run_id": r.get("mlflow_run_id"),
+            }
+            for r in reports
+        ],
         "metrics": {name: {slug: r["metrics"].get(name) for slug, r in zip(slugs, reports)} for name in names},
     }
 
@@ -134,7 +147,10 @@ def comparison_table(reports: list[dict[str, Any]]) -> dict[str, Any]:
 def render_comparison(table: dict[str, Any]) -> str:
     slugs = [m["slug"] for m in table["models"]]
     lines = [f"# Eval `{table['suite']}`: {len(slugs)} models side by side", ""]
-    lines += [f"- `{m['slug']}`: `{m['ref']}`" + (f" (eval run `{m['mlflow_run_id']}`)" if m.get("mlflow_run_id") else "") for m in table["models"]]
+    lines += [
+        f"- `{m['slug']}`: `{m['ref']}`" + (f" (eval run `{m['mlflow_run_id']}`)" if m.get("mlflow_run_id") else "")
+        for m in table["models"]
+    ]
     lines += ["", "| metric | " + " | ".join(slugs) + " |", "|---|" + "---|" * len(slugs)]
     for name, values in table["metrics"].items():
         lines.append(f"| {name} | " + " | ".join(_fmt(values.get(slug)) for slug in slugs) + " |")

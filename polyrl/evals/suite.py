@@ -35,10 +35,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from polyrl.core.errors import PolyrlError
 from polyrl.config.schema import check_safe_name
 from polyrl.config.validation_errors import format_validation_error
 from polyrl.config.yaml_files import YAMLFileError, safe_load_unique
+from polyrl.core.errors import PolyrlError
 from polyrl.core.types import SamplingSettings
 from polyrl.rewards import RewardSpec
 
@@ -64,11 +64,23 @@ class DatasetSpec(_Strict):
     """One split of one prompt dataset (see :func:`polyrl.data.prompts.load_prompt_dataset`)."""
 
     name: str | None = Field(None, description="prefix of this dataset's metrics; default '<source stem>-<split>'")
-    source: str = Field(..., min_length=1, description="'arithmetic', a .jsonl/.json/.parquet path (relative to the suite file) or a datasets name")
-    split: str = Field("test", description="the split to evaluate; a single local file that names no split in its file name is "
-                       "taken whole when this is left out, and refuses a split it cannot honour when it is given")
-    holdout: float | None = Field(None, gt=0, lt=1, description="split a single local file by a fixed hash of each row: this "
-                                  "fraction is 'test' (as data.holdout does for training)")
+    source: str = Field(
+        ...,
+        min_length=1,
+        description="'arithmetic', a .jsonl/.json/.parquet path (relative to the suite file) or a datasets name",
+    )
+    split: str = Field(
+        "test",
+        description="the split to evaluate; a single local file that names no split in its file name is "
+        "taken whole when this is left out, and refuses a split it cannot honour when it is given",
+    )
+    holdout: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="split a single local file by a fixed hash of each row: this "
+        "fraction is 'test' (as data.holdout does for training)",
+    )
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     references_field: str = "references"
@@ -77,8 +89,10 @@ class DatasetSpec(_Strict):
     image_field: str | None = Field(None, description="column holding the prompt's image(s), passed as PromptSample.images")
     limit: int | None = Field(None, ge=1, description="first N rows")
     chat_template: bool | None = Field(
-        None, description="format prompts through the model's chat template (polyrl/data/chat.py); default: on when the rows "
-        "carry messages_field; inside training, unset means the run's data.chat_template")
+        None,
+        description="format prompts through the model's chat template (polyrl/data/chat.py); default: on when the rows "
+        "carry messages_field; inside training, unset means the run's data.chat_template",
+    )
     system_prompt: str | None = Field(None, description="a system message before each prompt (chat formatting only)")
     messages_field: str = Field("messages", description="the column of chat rows' messages ([{role, content}])")
 
@@ -110,7 +124,12 @@ class GenerationSpec(_Strict):
     def _greedy_single(self) -> "GenerationSpec":
         # Greedy decoding returns n identical samples: pass@k would be pass@1 dressed up.
         if self.decoding == "greedy" and self.n != 1:
-            raise field_error("GenerationSpec", ("n",), f"greedy decoding gives {self.n} identical samples; use decoding: sample for n > 1", self.n)
+            raise field_error(
+                "GenerationSpec",
+                ("n",),
+                f"greedy decoding gives {self.n} identical samples; use decoding: sample for n > 1",
+                self.n,
+            )
         return self
 
     def sampling_settings(self) -> SamplingSettings:
@@ -167,10 +186,17 @@ class EvalSuite(_Strict):
         pass_at_k = self.metrics.pass_at_k
         too_big = [k for k in pass_at_k if k > self.generation.n]
         if too_big:
-            raise field_error("EvalSuite", ("metrics", "pass_at_k"), f"k={too_big} exceeds generation.n={self.generation.n}; "
-                              "the unbiased estimator needs at least k samples per prompt", pass_at_k)
+            raise field_error(
+                "EvalSuite",
+                ("metrics", "pass_at_k"),
+                f"k={too_big} exceeds generation.n={self.generation.n}; "
+                "the unbiased estimator needs at least k samples per prompt",
+                pass_at_k,
+            )
         if pass_at_k and self.accuracy_params() is None:
-            raise field_error("EvalSuite", ("metrics", "pass_at_k"), "needs metrics.accuracy (pass@k counts correct samples)", pass_at_k)
+            raise field_error(
+                "EvalSuite", ("metrics", "pass_at_k"), "needs metrics.accuracy (pass@k counts correct samples)", pass_at_k
+            )
         labels = [d.label for d in self.datasets]
         duplicates = sorted({label for label in labels if labels.count(label) > 1})
         if duplicates:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -19,6 +19,9 @@ from polyrl.config.schema import ExperimentConfig
 from polyrl.core.errors import PolyrlError
 from polyrl.launch.experiment_folder import write_state
 from polyrl.launch.interrupts import StopNow, StopSignals
+
+if TYPE_CHECKING:  # the runner imports this module; the name is only an annotation here
+    from polyrl.launch.runner import ExperimentResult
 from polyrl.launch.resume_config import ConfigChange
 from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint
 from polyrl.tracking.mlflow_runs import RunLogger
@@ -64,19 +67,30 @@ def arm_error_text(error: BaseException) -> str:
 
 def arms_failed(result: Any, parent: RunLogger, total: int) -> ArmFailedError:
     """Close the parent run FAILED and name every failed arm with its error and MLflow run."""
-    lines = [f"  - {key!r} (MLflow run {result.seed_run_ids.get(key) or result.arm_run_ids.get(key)}): {message}"
-             for key, message in result.failed.items()]
+    lines = [
+        f"  - {key!r} (MLflow run {result.seed_run_ids.get(key) or result.arm_run_ids.get(key)}): {message}"
+        for key, message in result.failed.items()
+    ]
     summary = f"{len(result.failed)} of {total} {'runs' if result.seeds is not None else 'arms'} failed"
     parent.finish_after_error("FAILED", summary + ": " + ", ".join(result.failed))
-    error = ArmFailedError(f"{summary} (the others ran to their end):\n" + "\n".join(lines)
-                           + "\nEach one's MLflow run is FAILED with its error; the traceback is in the log file. "
-                             "Once fixed, --resume trains only the failed ones.", result)
+    error = ArmFailedError(
+        f"{summary} (the others ran to their end):\n"
+        + "\n".join(lines)
+        + "\nEach one's MLflow run is FAILED with its error; the traceback is in the log file. "
+        "Once fixed, --resume trains only the failed ones.",
+        result,
+    )
     error.resumable = True  # polyrl run adds the exact command
     return error
 
 
-def reopen_extended_arms(state: dict[str, Any], changes: dict[str, list[ConfigChange]], resume_steps: dict[str, int],
-                         configs: dict[str, ExperimentConfig], console: Console) -> None:
+def reopen_extended_arms(
+    state: dict[str, Any],
+    changes: dict[str, list[ConfigChange]],
+    resume_steps: dict[str, int],
+    configs: dict[str, ExperimentConfig],
+    console: Console,
+) -> None:
     """A finished run whose ``train.steps`` grew (the only change a finished run may take,
     :func:`polyrl.launch.resume_config.check_resume_changes`) trains on from its last checkpoint."""
     for key, found in changes.items():
@@ -85,8 +99,10 @@ def reopen_extended_arms(state: dict[str, Any], changes: dict[str, list[ConfigCh
             arm = key.split("/seed_")[0]
             if arm in state.get("arms_finished", []):
                 state["arms_finished"].remove(arm)  # its run over seeds reopens and gets the new steps' means
-            console.print(f"[cyan]{key}[/] finished at step {resume_steps.get(key, 0)}; training it on to step "
-                          f"{configs[key].train.steps}", highlight=False)
+            console.print(
+                f"[cyan]{key}[/] finished at step {resume_steps.get(key, 0)}; training it on to step {configs[key].train.steps}",
+                highlight=False,
+            )
 
 
 def last_logged_metrics(client, run_id: str) -> dict[str, float]:
@@ -101,7 +117,7 @@ def close_arm_run(arm: str, arm_logger: RunLogger, state: dict[str, Any], state_
     """All seeds of an arm have run: its run gets the per-step means over its seeds and closes.
     When a seed failed it closes FAILED with the error and no means (a resume that trains the
     failed seed logs them once, over every seed)."""
-    from polyrl.launch.seeds import log_arm_summary
+    from polyrl.launch.run_units import log_arm_summary
 
     failed_seeds = [key for key in failed if key.split("/seed_")[0] == arm]
     if failed_seeds:
@@ -137,8 +153,9 @@ def train_with_progress(arm: Any, console: Console, show: bool, stop: StopSignal
             arm.loop(callbacks=[_stop_at_step_end(arm, stop)]).run()
             return
         with _progress(console) as progress:
-            task = progress.add_task("train", total=total, completed=arm.start_step, arm=arm.name, reward="-", accuracy="-",
-                                     length="-")
+            task = progress.add_task(
+                "train", total=total, completed=arm.start_step, arm=arm.name, reward="-", accuracy="-", length="-"
+            )
 
             def show_step(step: int, metrics: dict[str, float]) -> None:
                 progress.update(
@@ -155,7 +172,11 @@ def train_with_progress(arm: Any, console: Console, show: bool, stop: StopSignal
 
 
 # What the end of polyrl run / submit shows per arm: (label, metric key, format).
-SUMMARY = (("reward", "reward/mean", ".3f"), ("accuracy", "train/accuracy", ".3f"), ("length", "rollout/response_length/mean", ".1f"))
+SUMMARY = (
+    ("reward", "reward/mean", ".3f"),
+    ("accuracy", "train/accuracy", ".3f"),
+    ("length", "rollout/response_length/mean", ".1f"),
+)
 
 
 def summary_line(name: str, metrics: dict[str, float]) -> str:

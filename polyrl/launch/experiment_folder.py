@@ -18,9 +18,7 @@ from polyrl.launch.run_lock import LOCK_FILE
 from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint, read_checkpoint_info
 from polyrl.tracking.mlflow_runs import ExperimentTracker
 
-
 STATE_FILE = "experiment.json"
-
 
 
 def experiment_dir(config: ExperimentConfig) -> Path:
@@ -56,7 +54,9 @@ def archive_previous_run(folder: Path) -> Path | None:
     return target
 
 
-def repoint_archived_runs(tracker: ExperimentTracker, old_state: dict[str, Any], archived: Path, echo: Callable[[str], None]) -> None:
+def repoint_archived_runs(
+    tracker: ExperimentTracker, old_state: dict[str, Any], archived: Path, echo: Callable[[str], None]
+) -> None:
     """The earlier run's arm runs now find their checkpoints in the archive folder."""
     if old_state.get("tracking_uri") != tracker.tracking_uri:
         return
@@ -67,8 +67,9 @@ def repoint_archived_runs(tracker: ExperimentTracker, old_state: dict[str, Any],
             echo(f"warning: could not re-point MLflow run {run_id} at its moved checkpoints ({type(error).__name__})")
 
 
-def resume_plan(configs: dict[str, ExperimentConfig], folder: Path, state: dict[str, Any], *, allow: bool,
-                 echo: Callable[[str], None]) -> tuple[dict[str, list[ConfigChange]], dict[str, int]]:
+def resume_plan(
+    configs: dict[str, ExperimentConfig], folder: Path, state: dict[str, Any], *, allow: bool, echo: Callable[[str], None]
+) -> tuple[dict[str, list[ConfigChange]], dict[str, int]]:
     """Each run's config changes since it was last trained, and the step it resumes after
     (keyed by run key: the arm, or ``arm/seed_<s>``)."""
     changes: dict[str, list[ConfigChange]] = {}
@@ -92,8 +93,11 @@ def resume_plan(configs: dict[str, ExperimentConfig], folder: Path, state: dict[
 def check_seeds_on_resume(state: dict[str, Any], seeds: list[int] | None, name: str) -> None:
     """A resumed run keeps its seeds: a changed set would mix runs of two different plans."""
     if state.get("seeds") != seeds:
+
         def said(value):
             return "no seeds (one run per arm)" if value is None else f"seeds {value}"
 
-        raise ConfigError(f"--resume: the run of {name!r} used {said(state.get('seeds'))}; the config and --seeds now give "
-                          f"{said(seeds)}. Seeds cannot change on resume: resume with the same seeds, or run without --resume")
+        raise ConfigError(
+            f"--resume: the run of {name!r} used {said(state.get('seeds'))}; the config and --seeds now give "
+            f"{said(seeds)}. Seeds cannot change on resume: resume with the same seeds, or run without --resume"
+        )

@@ -31,8 +31,22 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 # Libraries that attach their own handlers (and set propagate=False) on import; their records
 # are sent to the root logger's handlers instead.
-LIBRARY_LOGGERS = ("vllm", "transformers", "torch", "mlflow", "alembic", "sqlalchemy.engine", "huey", "ray", "urllib3",
-                   "accelerate", "datasets", "huggingface_hub", "filelock", "py.warnings")
+LIBRARY_LOGGERS = (
+    "vllm",
+    "transformers",
+    "torch",
+    "mlflow",
+    "alembic",
+    "sqlalchemy.engine",
+    "huey",
+    "ray",
+    "urllib3",
+    "accelerate",
+    "datasets",
+    "huggingface_hub",
+    "filelock",
+    "py.warnings",
+)
 
 
 def quiet_library_environment() -> None:
@@ -94,7 +108,7 @@ def _native_output_to(log_fd: int) -> Iterator[None]:
     ``user_errors`` prints on ``sys.stderr`` (now the log) when a command catches its own error
     inside this block, so its console is pointed at the terminal's stderr meanwhile.
     """
-    from polyrl.launch.cli_errors import error_console
+    from polyrl.core.console import error_console
 
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -21,12 +21,19 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from polyrl.data.images import ImageCheck
-from polyrl.data.prompts import BUILTIN_SOURCES, DataConfigError, check_prompt_source, load_prompt_dataset, may_have_images, source_has_images
-from polyrl.engines.images import model_takes_images
 from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment
-from polyrl.models.paths import check_model_dir
-from polyrl.models.pretrained import is_gguf_path, packaged_gguf
+from polyrl.data.image_rows import ImageCheck
+from polyrl.data.prompts import (
+    BUILTIN_SOURCES,
+    DataConfigError,
+    check_prompt_source,
+    load_prompt_dataset,
+    may_have_images,
+    source_has_images,
+)
+from polyrl.engines.image_prompts import model_takes_images
+from polyrl.policies.paths import check_model_dir
+from polyrl.policies.pretrained import is_gguf_path, packaged_gguf
 from polyrl.rewards import RewardConfigError, RewardSpec
 from polyrl.rewards.base import module_label
 from polyrl.rewards.registry import bind_params, build_reward
@@ -51,7 +58,9 @@ def reward_problems(specs: list[RewardSpec], *, model_path: str | None = None) -
             continue
         label = spec.name or module_label(cls)
         if label in labels:
-            problems.append(f"rewards[{index}]: labelled {label!r} like rewards[{labels[label]}]; give one of them a distinct 'name'")
+            problems.append(
+                f"rewards[{index}]: labelled {label!r} like rewards[{labels[label]}]; give one of them a distinct 'name'"
+            )
         labels.setdefault(label, index)
         params = dict(spec.params)
         # A reward that declares policy_path_param gets the policy's folder there in training
@@ -110,8 +119,13 @@ def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[s
             problems.append(str(error))
     try:
         messages_field = None if config.data.chat_template is False else config.data.messages_field
-        check_prompt_source(config.data.source, config.data.train_split, prompt_field=config.data.prompt_field,
-                            holdout=config.data.holdout, messages_field=messages_field)
+        check_prompt_source(
+            config.data.source,
+            config.data.train_split,
+            prompt_field=config.data.prompt_field,
+            holdout=config.data.holdout,
+            messages_field=messages_field,
+        )
         problems += image_problems(config)
     except DataConfigError as error:
         problems.append(f"data.source: {error}")
@@ -123,13 +137,17 @@ def chat_problems(config: ExperimentConfig) -> list[str]:
     prompts are formatted, polyrl/data/chat.py)."""
     data, problems = config.data, []
     if data.system_prompt is not None and data.chat_template is False:
-        problems.append("data.system_prompt: set, but data.chat_template is false (a system prompt is a chat message); "
-                        "set data.chat_template: true, or remove system_prompt")
+        problems.append(
+            "data.system_prompt: set, but data.chat_template is false (a system prompt is a chat message); "
+            "set data.chat_template: true, or remove system_prompt"
+        )
     path = config.model.path
     if data.chat_template and path and Path(path, "config.json").is_file() and not has_chat_template(path):
-        problems.append(f"data.chat_template: true, but the tokenizer of model.path {path!r} has no chat template "
-                        "(no chat_template.jinja, no chat_template in tokenizer_config.json); allowed: chat_template: false, "
-                        "or a model whose tokenizer has one")
+        problems.append(
+            f"data.chat_template: true, but the tokenizer of model.path {path!r} has no chat template "
+            "(no chat_template.jinja, no chat_template in tokenizer_config.json); allowed: chat_template: false, "
+            "or a model whose tokenizer has one"
+        )
     return problems
 
 
@@ -164,8 +182,10 @@ def image_problems(config: ExperimentConfig) -> list[str]:
     else:
         policy = f"model.builtin.task {model.builtin.task!r} is a text-only policy"
     rows = "its rows have" if data.source in BUILTIN_SOURCES else "row 0 has"
-    return [f"data.source {data.source!r}: {rows} image(s) (field {data.images_field!r}) but {policy}; use an image-text model "
-            f"(model.builtin.task: {' or '.join(IMAGE_TASKS)}, or an image-text model.path) or text-only data"]
+    return [
+        f"data.source {data.source!r}: {rows} image(s) (field {data.images_field!r}) but {policy}; use an image-text model "
+        f"(model.builtin.task: {' or '.join(IMAGE_TASKS)}, or an image-text model.path) or text-only data"
+    ]
 
 
 ImageRows = dict[tuple, tuple[str | None, ImageCheck, float]]  # data settings -> (problem, what was checked, seconds)
@@ -180,9 +200,17 @@ def image_row_problem(config: ExperimentConfig, checked: ImageRows) -> str | Non
     if key not in checked:
         check, started, problem = ImageCheck(max_pixels=data.max_image_pixels, decode=True), time.perf_counter(), None
         try:
-            load_prompt_dataset(data.source, data.train_split, prompt_field=data.prompt_field, answer_field=data.answer_field,
-                                references_field=data.references_field, images_field=data.images_field, limit=data.limit,
-                                holdout=data.holdout, images=check)
+            load_prompt_dataset(
+                data.source,
+                data.train_split,
+                prompt_field=data.prompt_field,
+                answer_field=data.answer_field,
+                references_field=data.references_field,
+                images_field=data.images_field,
+                limit=data.limit,
+                holdout=data.holdout,
+                images=check,
+            )
         except DataConfigError as error:
             problem = f"data.source: {error}"
         checked[key] = (problem, check, time.perf_counter() - started)
@@ -190,12 +218,17 @@ def image_row_problem(config: ExperimentConfig, checked: ImageRows) -> str | Non
 
 
 def image_check_lines(checked: ImageRows) -> list[str]:
-    return [f"images: {check.images:,} in {check.rows:,} rows of {source!r} found, decoded and within data.max_image_pixels "
-            f"({max_pixels:,}) in {seconds:.1f} s" for (source, *_, max_pixels), (_, check, seconds) in checked.items() if check.images]
+    return [
+        f"images: {check.images:,} in {check.rows:,} rows of {source!r} found, decoded and within data.max_image_pixels "
+        f"({max_pixels:,}) in {seconds:.1f} s"
+        for (source, *_, max_pixels), (_, check, seconds) in checked.items()
+        if check.images
+    ]
 
 
-def preflight(configs: dict[str, ExperimentConfig], *, source: str, runs_here: bool = False,
-              echo: Callable[[str], None] | None = None) -> None:
+def preflight(
+    configs: dict[str, ExperimentConfig], *, source: str, runs_here: bool = False, echo: Callable[[str], None] | None = None
+) -> None:
     """Raise one :class:`ConfigError` listing every problem of every arm (named when not all share it);
     ``echo`` gets a line per image check (how many images, how long)."""
     found: dict[str, list[str]] = {}
@@ -217,8 +250,14 @@ def preflight(configs: dict[str, ExperimentConfig], *, source: str, runs_here: b
     raise ConfigError("\n".join(lines))
 
 
-def preflight_file(path: str | Path, *, set_options: list[str] | None = None, only_arms: list[str] | None = None,
-                   runs_here: bool = False, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+def preflight_file(
+    path: str | Path,
+    *,
+    set_options: list[str] | None = None,
+    only_arms: list[str] | None = None,
+    runs_here: bool = False,
+    echo: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Load an experiment file and run :func:`preflight` on its arms (those in ``only_arms``)."""
     configs = load_experiment(path, set_options=set_options)
     chosen = {arm: config for arm, config in configs.items() if not only_arms or arm in only_arms}

@@ -3,7 +3,7 @@
 A job goes through Ray's Job Submission API (:class:`ray.job_submission.JobSubmissionClient`,
 the head's dashboard server): the working folder (this process's current directory) travels as
 the job's ``runtime_env.working_dir``, the driver's ``polyrl`` package as ``py_modules`` (so the
-cluster runs the submitter's code), and the entrypoint is ``python -m polyrl.launch.cli run
+cluster runs the submitter's code), and the entrypoint is ``python -m polyrl.cli.main run
 <yaml> ...`` with the submitter's ``--set``/``--seeds``. The job is the run's driver on the head:
 inside it ``RAY_ADDRESS`` names the cluster, so the run's rollout workers and learner ranks are
 placed there, and its arms run one after another. The job outlives the command; ``polyrl jobs``
@@ -39,12 +39,17 @@ from typing import Any, Callable, Iterator
 
 from polyrl.config.schema import ConfigError
 from polyrl.launch.ray_submit import (
-    ADDRESS_PROBE_TIMEOUT_S, RayUnreachableError, absolute_tracking_uri, is_local_store, probe_ray_address, ray_auth_refusal,
+    ADDRESS_PROBE_TIMEOUT_S,
+    RayUnreachableError,
+    absolute_tracking_uri,
+    is_local_store,
+    probe_ray_address,
+    ray_auth_refusal,
     send_ray_token,
 )
 from polyrl.launch.ray_workers import worker_env
 from polyrl.launch.run_lock import acquire_lock
-from polyrl.launch.seeds import load_plan
+from polyrl.launch.run_units import load_plan
 from polyrl.tracking.mlflow_runs import resolve_tracking_uri
 
 DEFAULT_DASHBOARD = "http://127.0.0.1:8265"  # `ray start --head --dashboard-host 127.0.0.1`'s job server
@@ -101,29 +106,34 @@ def _probe(address: str, host: str, port: int, timeout: float) -> None:
         reason = error.strerror or str(error) or type(error).__name__
         raise RayUnreachableError(
             f"--address {address}: cannot reach a Ray cluster at {host}:{port} ({reason}; checked within {timeout:g} s). Start "
-            "one with its job server (ray start --head --dashboard-host 127.0.0.1) or fix the address") from None
+            "one with its job server (ray start --head --dashboard-host 127.0.0.1) or fix the address"
+        ) from None
 
 
 def _dashboard_from_gcs(address: str, timeout: float) -> str:
+    import ray
     from ray._private import ray_constants
     from ray._private.services import canonicalize_bootstrap_address
     from ray._raylet import GcsClient
 
-    import ray
-
     send_ray_token(address)
     gcs = canonicalize_bootstrap_address(address)
     try:
-        found = GcsClient(address=gcs).internal_kv_get(ray_constants.DASHBOARD_ADDRESS.encode(),
-                                                       ray_constants.KV_NAMESPACE_DASHBOARD, timeout=timeout)
+        found = GcsClient(address=gcs).internal_kv_get(
+            ray_constants.DASHBOARD_ADDRESS.encode(), ray_constants.KV_NAMESPACE_DASHBOARD, timeout=timeout
+        )
     except ray.exceptions.AuthenticationError as error:
         raise RayUnreachableError(ray_auth_refusal(address, error, send_ray_token(address))) from None
     except Exception as error:  # noqa: BLE001 - a port that answers but is no GCS, or a GCS that does not reply in time
-        raise RayUnreachableError(f"--address {address}: {gcs} answers but is not a Ray cluster's GCS that replied within "
-                                  f"{timeout:g} s ({type(error).__name__}: {error})") from None
+        raise RayUnreachableError(
+            f"--address {address}: {gcs} answers but is not a Ray cluster's GCS that replied within "
+            f"{timeout:g} s ({type(error).__name__}: {error})"
+        ) from None
     if not found:
-        raise RayUnreachableError(f"--address {address}: the Ray cluster at {gcs} runs no dashboard, so no job server: start its "
-                                  "head with one (ray start --head --include-dashboard true --dashboard-host 127.0.0.1)")
+        raise RayUnreachableError(
+            f"--address {address}: the Ray cluster at {gcs} runs no dashboard, so no job server: start its "
+            "head with one (ray start --head --include-dashboard true --dashboard-host 127.0.0.1)"
+        )
     return f"http://{found.decode()}"
 
 
@@ -161,7 +171,8 @@ def timed_job_client_class() -> type:
                 raise RayUnreachableError(
                     f"the job server at {self._address} did not {waited} within {kwargs['timeout'][0 if waited == 'connect' else 1]:g} s "
                     f"({method} {endpoint}): a server that accepts connections but does not reply (hung, or not a Ray job "
-                    "server); check the address (the head's dashboard, ray start --head --dashboard-host ...)") from None
+                    "server); check the address (the head's dashboard, ray start --head --dashboard-host ...)"
+                ) from None
 
     return TimedJobClient
 
@@ -197,7 +208,7 @@ def _job_request(job_id: str) -> Iterator[None]:
 
 
 def job_entrypoint(config: str, set_options: list[str], seeds_option: str | None, many_runs: bool) -> str:
-    words = ["python", "-m", "polyrl.launch.cli", "run", config, "--no-progress"]
+    words = ["python", "-m", "polyrl.cli.main", "run", config, "--no-progress"]
     for option in set_options:
         words += ["--set", option]
     if seeds_option is not None:
@@ -224,12 +235,23 @@ def _relative_config(path: Path, workdir: Path) -> str:
     try:
         return str(path.resolve().relative_to(workdir))
     except ValueError:
-        raise ConfigError(f"{path}: the YAML must be inside the working folder {workdir}, which is what travels to the cluster "
-                          "(run polyrl submit from a folder that holds it)") from None
+        raise ConfigError(
+            f"{path}: the YAML must be inside the working folder {workdir}, which is what travels to the cluster "
+            "(run polyrl submit from a folder that holds it)"
+        ) from None
 
 
-def submit_job(path: str | Path, *, address: str, set_options: list[str] | None = None, seeds_option: str | None = None,
-               many_runs: bool = False, num_cpus: float = 1.0, num_gpus: float = 0.0, echo: Callable[[str], None] = print) -> SubmittedJob:
+def submit_job(
+    path: str | Path,
+    *,
+    address: str,
+    set_options: list[str] | None = None,
+    seeds_option: str | None = None,
+    many_runs: bool = False,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    echo: Callable[[str], None] = print,
+) -> SubmittedJob:
     """Submit ``polyrl run <path>`` as a Ray job; returns at once with its id."""
     import polyrl
 
@@ -242,22 +264,37 @@ def submit_job(path: str | Path, *, address: str, set_options: list[str] | None 
     url = client.get_address()
     overrides, tracking_uri = output_overrides(first, workdir)
     if is_local_store(tracking_uri) and not _is_loopback(url):
-        echo(f"warning: MLflow store {tracking_uri} is a file on this machine: a job on another machine writes to a file of "
-             "that name there; use an MLflow server (tracking.uri: http://host:5000) for a cluster")
+        echo(
+            f"warning: MLflow store {tracking_uri} is a file on this machine: a job on another machine writes to a file of "
+            "that name there; use an MLflow server (tracking.uri: http://host:5000) for a cluster"
+        )
     checkpoint_dir = (workdir / first.checkpoint.dir).resolve()  # an absolute checkpoint.dir stays as it is
-    acquire_lock(checkpoint_dir / first.name, experiment=first.name, command=f"polyrl submit {path}").release()  # a run in progress: refused now
+    acquire_lock(
+        checkpoint_dir / first.name, experiment=first.name, command=f"polyrl submit {path}"
+    ).release()  # a run in progress: refused now
     entrypoint = job_entrypoint(config, [*set_options, *overrides], seeds_option, many_runs)
     env_vars = worker_env()
-    if os.environ.get("RAY_JOB_STOP_WAIT_TIME_S"):  # how long `polyrl jobs stop` lets the run finish its step (Ray's default: 3 s)
+    if os.environ.get(
+        "RAY_JOB_STOP_WAIT_TIME_S"
+    ):  # how long `polyrl jobs stop` lets the run finish its step (Ray's default: 3 s)
         env_vars["RAY_JOB_STOP_WAIT_TIME_S"] = os.environ["RAY_JOB_STOP_WAIT_TIME_S"]
     excludes = WORKING_DIR_EXCLUDES + _inside(checkpoint_dir, workdir)  # checkpoints stay home
-    runtime_env = {"working_dir": str(workdir), "excludes": excludes, "env_vars": env_vars,
-                   "py_modules": [str(Path(polyrl.__file__).resolve().parent)]}
+    runtime_env = {
+        "working_dir": str(workdir),
+        "excludes": excludes,
+        "env_vars": env_vars,
+        "py_modules": [str(Path(polyrl.__file__).resolve().parent)],
+    }
     job_id = f"polyrl-{first.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     with _job_request(job_id):
-        client.submit_job(entrypoint=entrypoint, submission_id=job_id, runtime_env=runtime_env,
-                          metadata={"polyrl.experiment": first.name, "polyrl.config": config, "polyrl.tracking_uri": tracking_uri},
-                          entrypoint_num_cpus=num_cpus, entrypoint_num_gpus=num_gpus or None)
+        client.submit_job(
+            entrypoint=entrypoint,
+            submission_id=job_id,
+            runtime_env=runtime_env,
+            metadata={"polyrl.experiment": first.name, "polyrl.config": config, "polyrl.tracking_uri": tracking_uri},
+            entrypoint_num_cpus=num_cpus,
+            entrypoint_num_gpus=num_gpus or None,
+        )
     return SubmittedJob(job_id, url, entrypoint, tracking_uri)
 
 

@@ -32,7 +32,7 @@ it (FAILED if a seed failed).
 
 ``start_experiment_run``, ``start_arm_run`` and ``train_arm`` are the steps ``polyrl run``
 shares with ``polyrl submit``. What runs inside the cluster (an arm's task, the supervision of the
-arms) is in :mod:`polyrl.launch.ray_workers`; the commands are in :mod:`polyrl.launch.submit_cli`.
+arms) is in :mod:`polyrl.launch.ray_workers`; the commands are in :mod:`polyrl.cli.submit`.
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ from typing import Any
 
 from rich.console import Console
 
-from polyrl.core.errors import PolyrlError
 from polyrl.config.schema import ConfigError, to_yaml
+from polyrl.core.errors import PolyrlError
+from polyrl.launch.experiment_folder import STATE_FILE, archive_previous_run, experiment_dir, write_state
 from polyrl.launch.ray_workers import finish_if_running, supervise_arms, worker_env
 from polyrl.launch.run_lock import acquire_lock
-from polyrl.launch.seeds import MANY_RUNS, expand_units, load_plan, start_seeded_arm_run
-from polyrl.launch.experiment_folder import STATE_FILE, archive_previous_run, experiment_dir, write_state
+from polyrl.launch.run_units import expand_units, load_plan, start_seeded_arm_run
 from polyrl.launch.runner import ExperimentResult, start_arm_run, start_experiment_run, yaml_text
 from polyrl.tracking.mlflow_runs import ExperimentTracker, probe_tracking, resolve_tracking_uri
 
@@ -69,7 +69,7 @@ def ray_endpoint(address: str) -> tuple[str, int] | None:
     if address in ("local", ""):
         return None
     if address.startswith("ray://"):
-        netloc = address[len("ray://"):].split("/", 1)[0]
+        netloc = address[len("ray://") :].split("/", 1)[0]
         host, sep, port = netloc.rpartition(":")
         if not sep:
             host, port = netloc, str(RAY_CLIENT_PORT)
@@ -118,7 +118,9 @@ def check_ray_token(address: str) -> None:
     from ray._raylet import GcsClient
 
     try:
-        GcsClient(address=f"{endpoint[0]}:{endpoint[1]}").internal_kv_get(b"polyrl-auth-probe", None, timeout=RAY_AUTH_PROBE_TIMEOUT_S)
+        GcsClient(address=f"{endpoint[0]}:{endpoint[1]}").internal_kv_get(
+            b"polyrl-auth-probe", None, timeout=RAY_AUTH_PROBE_TIMEOUT_S
+        )
     except ray.exceptions.AuthenticationError as error:
         raise RayUnreachableError(ray_auth_refusal(address, error, sent)) from None
     except Exception:  # noqa: BLE001 - anything else is ray.init's to report, as before
@@ -143,11 +145,16 @@ def send_ray_token(address: str) -> bool:
 
 def ray_auth_refusal(address: str, error: Exception, token_sent: bool) -> str:
     said = getattr(error, "message", None) or str(error).split(". ")[0]  # Ray's own help text is replaced by polyrl's
-    sent = ("the token polyrl found was refused" if token_sent else
-            "polyrl found no token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) to send")
-    return (f"--address {address}: the Ray cluster requires token authentication and {sent} ({said}). Pass the head's token "
-            "(its ~/.ray/auth_token, or `ray get-auth-token` there) as RAY_AUTH_TOKEN=<token>, RAY_AUTH_TOKEN_PATH=<file> or in "
-            "~/.ray/auth_token on this machine")
+    sent = (
+        "the token polyrl found was refused"
+        if token_sent
+        else "polyrl found no token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) to send"
+    )
+    return (
+        f"--address {address}: the Ray cluster requires token authentication and {sent} ({said}). Pass the head's token "
+        "(its ~/.ray/auth_token, or `ray get-auth-token` there) as RAY_AUTH_TOKEN=<token>, RAY_AUTH_TOKEN_PATH=<file> or in "
+        "~/.ray/auth_token on this machine"
+    )
 
 
 # --- what travels to the cluster ----------------------------------------------------------------
@@ -156,10 +163,10 @@ def ray_auth_refusal(address: str, error: Exception, token_sent: bool) -> str:
 def absolute_tracking_uri(uri: str) -> str:
     """Make a local store (``sqlite:///rel.db``, ``file:rel``, a bare path) absolute; others unchanged."""
     if uri.startswith("sqlite:///"):
-        path = uri[len("sqlite:///"):]
+        path = uri[len("sqlite:///") :]
         return uri if path.startswith("/") or path == ":memory:" else f"sqlite:///{Path(path).resolve()}"
     if uri.startswith("file:"):
-        path = uri[len("file:"):]
+        path = uri[len("file:") :]
         path = path[2:] if path.startswith("//") else path
         return f"file://{Path(path).resolve()}"
     if "://" not in uri:
@@ -207,8 +214,10 @@ def submit_experiment(
     on_cuda = [arm for arm, config in configs.items() if config.train.device.startswith("cuda")]
     if on_cuda and gpus_per_arm <= 0:
         # Ray hides every GPU from a task that asks for none: the arm would fail on the worker.
-        raise ConfigError(f"train.device: cuda in arm(s) {', '.join(on_cuda)}, but --gpus-per-arm is {gpus_per_arm:g} "
-                          "(a Ray task that asks for no GPU sees none); pass --gpus-per-arm 1, or train.device: auto")
+        raise ConfigError(
+            f"train.device: cuda in arm(s) {', '.join(on_cuda)}, but --gpus-per-arm is {gpus_per_arm:g} "
+            "(a Ray task that asks for no GPU sees none); pass --gpus-per-arm 1, or train.device: auto"
+        )
     first = next(iter(configs.values()))
     tracking_uri = absolute_tracking_uri(resolve_tracking_uri(first.tracking.uri))
     probe_tracking(tracking_uri)
@@ -216,8 +225,10 @@ def submit_experiment(
     if remote_cluster and not ray.is_initialized():
         probe_ray_address(address if address is not None else os.environ["RAY_ADDRESS"])
     if remote_cluster and is_local_store(tracking_uri):
-        console.print(f"[yellow]warning[/]: MLflow store {tracking_uri} is a local file: fine on a one-node cluster, but workers on "
-                      "other nodes cannot write to it; use an MLflow server (tracking.uri: http://host:5000).")
+        console.print(
+            f"[yellow]warning[/]: MLflow store {tracking_uri} is a local file: fine on a one-node cluster, but workers on "
+            "other nodes cannot write to it; use an MLflow server (tracking.uri: http://host:5000)."
+        )
 
     started_ray = False
     if remote_cluster and not ray.is_initialized():
@@ -227,16 +238,31 @@ def submit_experiment(
             if address is None:
                 # A local cluster listens on loopback only, like every polyrl server.
                 local_only = {} if remote_cluster else {"_node_ip_address": "127.0.0.1"}
-                ray.init(include_dashboard=False, object_store_memory=200 * 1024 * 1024,
-                         runtime_env=_runtime_env(ship_package=remote_cluster), **local_only)
+                ray.init(
+                    include_dashboard=False,
+                    object_store_memory=200 * 1024 * 1024,
+                    runtime_env=_runtime_env(ship_package=remote_cluster),
+                    **local_only,
+                )
             else:  # the driver's polyrl package travels with the job (py_modules)
                 ray.init(address=address, runtime_env=_runtime_env(ship_package=True))
         except ConnectionError as error:
-            raise ConfigError(f"--address {address or os.environ.get('RAY_ADDRESS')}: cannot reach a Ray cluster: {error}") from None
+            raise ConfigError(
+                f"--address {address or os.environ.get('RAY_ADDRESS')}: cannot reach a Ray cluster: {error}"
+            ) from None
         started_ray = True
     try:
-        return _submit_connected(path, configs, seeds, first, tracking_uri, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
-                                 gpus_per_arm=gpus_per_arm, console=console)
+        return _submit_connected(
+            path,
+            configs,
+            seeds,
+            first,
+            tracking_uri,
+            parallel_arms=parallel_arms,
+            cpus_per_arm=cpus_per_arm,
+            gpus_per_arm=gpus_per_arm,
+            console=console,
+        )
     finally:
         if started_ray:
             ray.shutdown()
@@ -247,8 +273,18 @@ def _submit_connected(path, configs, seeds, first, tracking_uri, *, parallel_arm
     # Held while this driver supervises the arms.
     lock = acquire_lock(folder, experiment=first.name, command=f"polyrl submit {path}", echo=console.print)
     try:
-        return _submit_locked(path, configs, seeds, first, tracking_uri, folder, parallel_arms=parallel_arms, cpus_per_arm=cpus_per_arm,
-                              gpus_per_arm=gpus_per_arm, console=console)
+        return _submit_locked(
+            path,
+            configs,
+            seeds,
+            first,
+            tracking_uri,
+            folder,
+            parallel_arms=parallel_arms,
+            cpus_per_arm=cpus_per_arm,
+            gpus_per_arm=gpus_per_arm,
+            console=console,
+        )
     finally:
         lock.release()
 
@@ -259,11 +295,25 @@ def _submit_locked(path, configs, seeds, first, tracking_uri, folder, *, paralle
     archive_previous_run(folder)  # as polyrl run: a new run never overwrites an earlier one's checkpoints
     tracker = ExperimentTracker(tracking_uri, first.tracking.experiment or first.name)
     seed_tags = {} if seeds is None else {"polyrl.seeds": ",".join(map(str, seeds))}
-    parent = start_experiment_run(tracker, first.name, arms=list(configs), yaml_text=yaml_text(path), config_path=path,
-                                  tags={"polyrl.launcher": "ray", **seed_tags})
+    parent = start_experiment_run(
+        tracker,
+        first.name,
+        arms=list(configs),
+        yaml_text=yaml_text(path),
+        config_path=path,
+        tags={"polyrl.launcher": "ray", **seed_tags},
+    )
     state_path = folder / STATE_FILE
-    state: dict[str, Any] = {"tracking_uri": tracking_uri, "parent_run_id": parent.run_id, "experiment": first.name,
-                             "config_path": str(path), "arms": {}, "finished": [], "launcher": "ray", "seeds": seeds}
+    state: dict[str, Any] = {
+        "tracking_uri": tracking_uri,
+        "parent_run_id": parent.run_id,
+        "experiment": first.name,
+        "config_path": str(path),
+        "arms": {},
+        "finished": [],
+        "launcher": "ray",
+        "seeds": seeds,
+    }
     if seeds is not None:
         state["runs"] = {}
     jobs: list[dict[str, Any]] = []
@@ -276,15 +326,27 @@ def _submit_locked(path, configs, seeds, first, tracking_uri, folder, *, paralle
             arm_run_id = None
             if seeds is not None:
                 if unit.arm not in state["arms"]:
-                    state["arms"][unit.arm] = start_seeded_arm_run(tracker, parent.run_id, unit.arm, configs[unit.arm], seeds,
-                                                                   folder, None, console.print).run_id
+                    state["arms"][unit.arm] = start_seeded_arm_run(
+                        tracker, parent.run_id, unit.arm, configs[unit.arm], seeds, folder, None, console.print
+                    ).run_id
                 arm_run_id = state["arms"][unit.arm]
             arm_dir = folder / unit.key
             logger = start_arm_run(tracker, arm_run_id or parent.run_id, unit.arm, config, arm_dir=arm_dir, seed=unit.seed)
             (state["arms"] if seeds is None else state["runs"])[unit.key] = logger.run_id
-            jobs.append({"experiment": first.name, "arm": unit.arm, "key": unit.key, "run_id": logger.run_id,
-                         "arm_run_id": arm_run_id, "parent_run_id": parent.run_id, "tracking_uri": tracking_uri,
-                         "config_yaml": to_yaml(config), "arm_dir": str(arm_dir), "cwd": os.getcwd()})
+            jobs.append(
+                {
+                    "experiment": first.name,
+                    "arm": unit.arm,
+                    "key": unit.key,
+                    "run_id": logger.run_id,
+                    "arm_run_id": arm_run_id,
+                    "parent_run_id": parent.run_id,
+                    "tracking_uri": tracking_uri,
+                    "config_yaml": to_yaml(config),
+                    "arm_dir": str(arm_dir),
+                    "cwd": os.getcwd(),
+                }
+            )
         write_state(state_path, state)
     except BaseException:
         for arm_run_id in {job["arm_run_id"] for job in jobs if job["arm_run_id"]}:
@@ -292,19 +354,37 @@ def _submit_locked(path, configs, seeds, first, tracking_uri, folder, *, paralle
         parent.finish("FAILED")
         raise
 
-    result = ExperimentResult(first.name, tracking_uri, parent.run_id, dict(state["arms"]), experiment_dir=folder, seeds=seeds,
-                              seed_run_ids=dict(state.get("runs", {})))
+    result = ExperimentResult(
+        first.name,
+        tracking_uri,
+        parent.run_id,
+        dict(state["arms"]),
+        experiment_dir=folder,
+        seeds=seeds,
+        seed_run_ids=dict(state.get("runs", {})),
+    )
     try:
         task_options = {"num_cpus": cpus_per_arm, "num_gpus": gpus_per_arm, "runtime_env": {"env_vars": worker_env()}}
         cluster_cpus = ray.cluster_resources().get("CPU", 0)
-        console.print(f"[bold]polyrl[/] submit [cyan]{first.name}[/] · arms: {', '.join(configs)} · "
-                      + (f"seeds: {', '.join(map(str, seeds))} · " if seeds is not None else "") +
-                      f"{'parallel' if parallel_arms else 'sequential'}, {cpus_per_arm:g} CPU each (cluster: {cluster_cpus:g} CPUs) · "
-                      f"MLflow: {tracking_uri}")
-        console.print(f"parent run {parent.run_id} · " + " · ".join(f"{key}: {job_id}" for key, job_id in
-                                                                   {job["key"]: job["run_id"] for job in jobs}.items()))
-        results = supervise_arms(jobs, parallel=parallel_arms, task_options=task_options, tracking_uri=tracking_uri,
-                                 parent_run_id=parent.run_id, state_path=str(state_path), echo=console.print)
+        console.print(
+            f"[bold]polyrl[/] submit [cyan]{first.name}[/] · arms: {', '.join(configs)} · "
+            + (f"seeds: {', '.join(map(str, seeds))} · " if seeds is not None else "")
+            + f"{'parallel' if parallel_arms else 'sequential'}, {cpus_per_arm:g} CPU each (cluster: {cluster_cpus:g} CPUs) · "
+            f"MLflow: {tracking_uri}"
+        )
+        console.print(
+            f"parent run {parent.run_id} · "
+            + " · ".join(f"{key}: {job_id}" for key, job_id in {job["key"]: job["run_id"] for job in jobs}.items())
+        )
+        results = supervise_arms(
+            jobs,
+            parallel=parallel_arms,
+            task_options=task_options,
+            tracking_uri=tracking_uri,
+            parent_run_id=parent.run_id,
+            state_path=str(state_path),
+            echo=console.print,
+        )
         result.final_metrics = {job["key"]: results[job["key"]]["final_metrics"] for job in jobs}
     except BaseException:
         if parent.client.get_run(parent.run_id).info.status == "RUNNING":  # failed before the arms were handed over

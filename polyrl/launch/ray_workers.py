@@ -31,32 +31,53 @@ def worker_env() -> dict[str, str]:
 
 def arm_task(job: dict[str, Any]) -> dict[str, Any]:
     """Body of one arm's Ray task (runs in a Ray worker process)."""
-    import yaml
-
     import ray
+    import yaml
 
     if job.get("cwd") and os.path.isdir(job["cwd"]):
         os.chdir(job["cwd"])  # relative paths in the YAML resolve as on the driver (same machine / shared fs)
     arm, key = job["arm"], job["key"]
     context = ray.get_runtime_context()
-    where = {"polyrl.ray.pid": os.getpid(), "polyrl.ray.node_id": context.get_node_id(), "polyrl.ray.hostname": socket.gethostname()}
+    where = {
+        "polyrl.ray.pid": os.getpid(),
+        "polyrl.ray.node_id": context.get_node_id(),
+        "polyrl.ray.hostname": socket.gethostname(),
+    }
     # The arm's folder also holds its MLflow buffer, so a Ray arm outlives a tracking-server outage too.
     logger = RunLogger(make_client(job["tracking_uri"]), job["run_id"], buffer_dir=job["arm_dir"])
     try:
         logger.set_tags(where)
         config = ExperimentConfig.model_validate(yaml.safe_load(job["config_yaml"]))
-        history = train_arm(config, arm=arm, arm_dir=job["arm_dir"], logger=logger, parent_run_id=job["parent_run_id"],
-                            tracking_uri=job["tracking_uri"])
+        history = train_arm(
+            config,
+            arm=arm,
+            arm_dir=job["arm_dir"],
+            logger=logger,
+            parent_run_id=job["parent_run_id"],
+            tracking_uri=job["tracking_uri"],
+        )
     except BaseException as error:
-        logger.finish_after_error("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")  # no-op if train_arm already did
-        error.add_note(f"polyrl: {key!r} (MLflow run {job['run_id']}) failed in Ray worker pid {where['polyrl.ray.pid']} "
-                       f"on {where['polyrl.ray.hostname']}")
+        logger.finish_after_error(
+            "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        )  # no-op if train_arm already did
+        error.add_note(
+            f"polyrl: {key!r} (MLflow run {job['run_id']}) failed in Ray worker pid {where['polyrl.ray.pid']} "
+            f"on {where['polyrl.ray.hostname']}"
+        )
         raise
     return {"arm": arm, "key": key, "final_metrics": history[-1] if history else {}, "steps": len(history), **where}
 
 
-def supervise_arms(jobs: list[dict[str, Any]], *, parallel: bool, task_options: dict[str, Any], tracking_uri: str, parent_run_id: str,
-                   state_path: str | None, echo: Callable[[str], None] = print) -> dict[str, Any]:
+def supervise_arms(
+    jobs: list[dict[str, Any]],
+    *,
+    parallel: bool,
+    task_options: dict[str, Any],
+    tracking_uri: str,
+    parent_run_id: str,
+    state_path: str | None,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Launch the arm tasks, gather their results, close the parent run; raises ArmFailedError.
 
     Runs in the driver: the ``polyrl submit`` process, or a Ray job's.
@@ -108,15 +129,17 @@ def supervise_arms(jobs: list[dict[str, Any]], *, parallel: bool, task_options: 
     _close_seeded_arm_runs(client, jobs, failures)
     terminate_run(client, parent_run_id, "FAILED" if failures else "FINISHED")
     if failures:
-        lines = [f"{key!r} (MLflow run {next(j['run_id'] for j in jobs if j['key'] == key)}) failed: "
-                 f"{_root_cause(error)}" for key, error in failures.items()]
+        lines = [
+            f"{key!r} (MLflow run {next(j['run_id'] for j in jobs if j['key'] == key)}) failed: {_root_cause(error)}"
+            for key, error in failures.items()
+        ]
         raise ArmFailedError("\n".join(lines)) from next(iter(failures.values()))
     return results
 
 
 def _close_seeded_arm_runs(client, jobs: list[dict[str, Any]], failures: dict[str, BaseException]) -> None:
     """Each arm's run over seeds: the per-step mean over its seeds, then FINISHED (FAILED if a seed failed)."""
-    from polyrl.launch.seeds import log_arm_summary
+    from polyrl.launch.run_units import log_arm_summary
 
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for job in jobs:

@@ -123,16 +123,21 @@ def _never_apply(changed: dict[str, list[ConfigChange]], finished: set[str], res
     for arm, found in changed.items():
         steps, at = steps_change(found), resume_steps.get(arm, 0)
         if steps is not None and isinstance(steps.new, int) and steps.new < at:
-            refused.append(f"  - arm {arm!r}: {steps.describe()} is below the step its checkpoint has reached ({at}); a run cannot "
-                           f"be shortened (start a new run without --resume for {steps.new} steps)")
+            refused.append(
+                f"  - arm {arm!r}: {steps.describe()} is below the step its checkpoint has reached ({at}); a run cannot "
+                f"be shortened (start a new run without --resume for {steps.new} steps)"
+            )
         elif arm in finished and not extends(found):
-            refused.append(f"  - arm {arm!r} already finished (step {at}), so {describe_changes(found)} cannot apply to it; "
-                           f"to train it longer, raise train.steps above {at} (with --allow-config-change)")
+            refused.append(
+                f"  - arm {arm!r} already finished (step {at}), so {describe_changes(found)} cannot apply to it; "
+                f"to train it longer, raise train.steps above {at} (with --allow-config-change)"
+            )
     return refused
 
 
-def check_resume_changes(changes: dict[str, list[ConfigChange]], *, finished: set[str], allow: bool,
-                         resume_steps: dict[str, int]) -> None:
+def check_resume_changes(
+    changes: dict[str, list[ConfigChange]], *, finished: set[str], allow: bool, resume_steps: dict[str, int]
+) -> None:
     """Raise :class:`ConfigError` unless every change may apply; ``changes`` maps arm → changes."""
     changed = {arm: found for arm, found in changes.items() if found}
     if not changed:
@@ -146,18 +151,24 @@ def check_resume_changes(changes: dict[str, list[ConfigChange]], *, finished: se
             "--resume: the config differs from the one the run was trained with, and a resumed run would "
             f"continue under settings its records do not show:\n{body}\n"
             "Resume with the original config, start a new run (without --resume), or pass --allow-config-change "
-            "to apply these changes from the next step (recorded on the arm's MLflow run)")
+            "to apply these changes from the next step (recorded on the arm's MLflow run)"
+        )
     refused = []
     for arm, found in changed.items():
         for change in found:
             if change.key == CRITIC_KEY:
-                refused.append(f"  - arm {arm!r}: {change.describe()}: the checkpoint's model set (policy with or "
-                               "without a value model) cannot change")
+                refused.append(
+                    f"  - arm {arm!r}: {change.describe()}: the checkpoint's model set (policy with or "
+                    "without a value model) cannot change"
+                )
             elif (reason := frozen_reason(change.key)) is not None:
                 refused.append(f"  - arm {arm!r}: {change.describe()}: {reason}")
     if refused:
-        raise ConfigError("--allow-config-change: these changes cannot apply to a resumed run:\n" + "\n".join(refused)
-                          + "\nStart a new run (without --resume) to use them")
+        raise ConfigError(
+            "--allow-config-change: these changes cannot apply to a resumed run:\n"
+            + "\n".join(refused)
+            + "\nStart a new run (without --resume) to use them"
+        )
 
 
 def describe_changes(changes: list[ConfigChange]) -> str:
@@ -179,10 +190,17 @@ def schedule_note(config: ExperimentConfig, old_steps: int, resume_step: int) ->
     per_step = t.updates_per_batch * t.mini_batches  # optimizer steps per training step
 
     def factor(optimizer_step: int, steps: int) -> float:
-        return lr_factor(optimizer_step, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=steps * per_step,
-                         min_lr_ratio=t.min_lr_ratio)
+        return lr_factor(
+            optimizer_step,
+            schedule=t.lr_schedule,
+            warmup_steps=t.warmup_steps,
+            total_steps=steps * per_step,
+            min_lr_ratio=t.min_lr_ratio,
+        )
 
-    return (f"{head}: the {t.lr_schedule} schedule's horizon moves from step {old_steps} to step {new_steps}; the learning rate was "
-            f"{factor(at * per_step, old_steps):.3g} × train.learning_rate at step {at} and is {factor(at * per_step + 1, new_steps):.3g} × "
-            f"at step {at + 1}, decaying to {t.min_lr_ratio:g} × by step {new_steps} (a run planned for {new_steps} steps from the "
-            f"start was at {factor(at * per_step, new_steps):.3g} × at step {at})")
+    return (
+        f"{head}: the {t.lr_schedule} schedule's horizon moves from step {old_steps} to step {new_steps}; the learning rate was "
+        f"{factor(at * per_step, old_steps):.3g} × train.learning_rate at step {at} and is {factor(at * per_step + 1, new_steps):.3g} × "
+        f"at step {at + 1}, decaying to {t.min_lr_ratio:g} × by step {new_steps} (a run planned for {new_steps} steps from the "
+        f"start was at {factor(at * per_step, new_steps):.3g} × at step {at})"
+    )

@@ -88,8 +88,9 @@ def describe_owner(owner: dict[str, Any] | None) -> str:
     return f"pid {owner['pid']} on host {owner.get('host', '?')}{started}{command}"
 
 
-def acquire_lock(folder: str | Path, *, experiment: str, command: str = "",
-                 echo: Callable[[str], None] | None = None) -> ExperimentLock:
+def acquire_lock(
+    folder: str | Path, *, experiment: str, command: str = "", echo: Callable[[str], None] | None = None
+) -> ExperimentLock:
     """Lock ``folder`` for this process or raise :class:`ExperimentLockedError` naming the owner."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -102,14 +103,20 @@ def acquire_lock(folder: str | Path, *, experiment: str, command: str = "",
             raise ExperimentLockedError(
                 f"experiment {experiment!r} is already running in {folder} ({describe_owner(_read_owner(fd))}). "
                 "Wait for it to finish or stop it; two runs in one folder would overwrite each other's checkpoints. "
-                "To run a second copy, give it another name or checkpoint.dir") from None
+                "To run a second copy, give it another name or checkpoint.dir"
+            ) from None
         previous = _read_owner(fd)
         if previous is not None:
             _check_takeover(previous, path, experiment)
             if echo is not None:
                 echo(f"taking over the lock of a run that is gone ({describe_owner(previous)})")
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "pid_start": process_start_ticks(os.getpid()),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command}
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "pid_start": process_start_ticks(os.getpid()),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": command,
+        }
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, json.dumps(me).encode())
@@ -130,4 +137,5 @@ def _check_takeover(previous: dict[str, Any], path: Path, experiment: str) -> No
     where = "is still running" if same_host else "may still be running on another machine"
     raise ExperimentLockedError(
         f"experiment {experiment!r}: {path} names {describe_owner(previous)}, which {where} "
-        f"(its lock could not be checked from here). If that run is gone, delete {path} and run again")
+        f"(its lock could not be checked from here). If that run is gone, delete {path} and run again"
+    )

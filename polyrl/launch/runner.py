@@ -27,19 +27,41 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from polyrl.core.errors import PolyrlError
-from polyrl.roles.checkpoint import latest_checkpoint, remove_partial_checkpoints
 from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml, to_yaml
 from polyrl.config.seeds import experiment_seeds
-from polyrl.launch.experiment_folder import (STATE_FILE, archive_previous_run, check_seeds_on_resume, experiment_dir, read_state,
-                                             repoint_archived_runs, resume_plan, write_state)
-from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
+from polyrl.core.errors import PolyrlError
 from polyrl.launch.arm_runs import (  # noqa: F401 - ArmFailedError and plain_printer: importable from here too
-    ArmFailedError, arm_error_text, arms_failed, close_arm_run, last_logged_metrics, plain_printer, reopen_extended_arms,
-    train_with_progress)
+    ArmFailedError,
+    arm_error_text,
+    arms_failed,
+    close_arm_run,
+    last_logged_metrics,
+    plain_printer,
+    reopen_extended_arms,
+    train_with_progress,
+)
+from polyrl.launch.experiment_folder import (
+    STATE_FILE,
+    archive_previous_run,
+    check_seeds_on_resume,
+    experiment_dir,
+    read_state,
+    repoint_archived_runs,
+    resume_plan,
+    write_state,
+)
+from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
 from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes, schedule_note, steps_change
 from polyrl.launch.run_lock import acquire_lock
-from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, TrackingUnavailableError, probe_tracking, resolve_tracking_uri
+from polyrl.roles.checkpoint import latest_checkpoint, remove_partial_checkpoints
+from polyrl.tracking.mlflow_runs import (
+    ExperimentTracker,
+    RunLogger,
+    TrackingUnavailableError,
+    probe_tracking,
+    resolve_tracking_uri,
+)
+
 
 @dataclass
 class ExperimentResult:
@@ -57,9 +79,18 @@ class ExperimentResult:
 # --- steps shared with polyrl submit (distributed.py) -----------------------------------------
 
 
-def start_experiment_run(tracker: ExperimentTracker, name: str, *, arms: list[str], yaml_text: str, config_path: str | Path,
-                         resume_run_id: str | None = None, tags: dict[str, Any] | None = None,
-                         buffer_dir: str | Path | None = None, echo: Callable[[str], None] | None = None) -> RunLogger:
+def start_experiment_run(
+    tracker: ExperimentTracker,
+    name: str,
+    *,
+    arms: list[str],
+    yaml_text: str,
+    config_path: str | Path,
+    resume_run_id: str | None = None,
+    tags: dict[str, Any] | None = None,
+    buffer_dir: str | Path | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> RunLogger:
     """The experiment's MLflow parent run; a new one gets the YAML as an artifact and the arm list."""
     parent = tracker.start_parent(name, resume_run_id=resume_run_id, tags=tags, buffer_dir=buffer_dir, echo=echo)
     if not resume_run_id:
@@ -68,16 +99,29 @@ def start_experiment_run(tracker: ExperimentTracker, name: str, *, arms: list[st
     return parent
 
 
-def start_arm_run(tracker: ExperimentTracker, parent_run_id: str, arm: str, config: ExperimentConfig, *, arm_dir: str | Path,
-                  resume_run_id: str | None = None, tags: dict[str, Any] | None = None, echo: Callable[[str], None] | None = None,
-                  config_changes: list[ConfigChange] | None = None, resume_step: int = 0, seed: int | None = None) -> RunLogger:
+def start_arm_run(
+    tracker: ExperimentTracker,
+    parent_run_id: str,
+    arm: str,
+    config: ExperimentConfig,
+    *,
+    arm_dir: str | Path,
+    resume_run_id: str | None = None,
+    tags: dict[str, Any] | None = None,
+    echo: Callable[[str], None] | None = None,
+    config_changes: list[ConfigChange] | None = None,
+    resume_step: int = 0,
+    seed: int | None = None,
+) -> RunLogger:
     """One arm's child run with its checkpoint folder, flattened params and resolved config.
 
     A resumed run keeps its params and ``resolved_config.yaml`` (what it was trained with); a
     config change allowed on resume is recorded as a tag and ``resolved_config.resume_step_<n>.yaml``.
     With ``seed`` it is that seed's run under the arm's run (``parent_run_id``).
     """
-    logger = tracker.start_arm(parent_run_id, arm, resume_run_id=resume_run_id, tags=tags, buffer_dir=arm_dir, echo=echo, seed=seed)
+    logger = tracker.start_arm(
+        parent_run_id, arm, resume_run_id=resume_run_id, tags=tags, buffer_dir=arm_dir, echo=echo, seed=seed
+    )
     logger.set_tags({"polyrl.checkpoint_dir": str(Path(arm_dir).resolve())})
     if not resume_run_id:
         logger.log_params(flatten(config.model_dump(mode="json")))
@@ -85,15 +129,28 @@ def start_arm_run(tracker: ExperimentTracker, parent_run_id: str, arm: str, conf
     elif config_changes:
         # MLflow params are immutable: they keep the values the run started with, and this tag
         # says from which step which values changed.
-        logger.set_tags({f"polyrl.config_change.step_{resume_step:06d}": describe_changes(config_changes)[:5000],
-                         "polyrl.config_changed": "true"})
+        logger.set_tags(
+            {
+                f"polyrl.config_change.step_{resume_step:06d}": describe_changes(config_changes)[:5000],
+                "polyrl.config_changed": "true",
+            }
+        )
         logger.log_text(to_yaml(config), f"resolved_config.resume_step_{resume_step:06d}.yaml")
     return logger
 
 
-def train_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger: RunLogger, parent_run_id: str, tracking_uri: str,
-              resume: bool = False, train: Callable[[Any], None] | None = None,
-              on_resumed: Callable[[int], None] | None = None) -> list[dict[str, float]]:
+def train_arm(
+    config: ExperimentConfig,
+    *,
+    arm: str,
+    arm_dir: str | Path,
+    logger: RunLogger,
+    parent_run_id: str,
+    tracking_uri: str,
+    resume: bool = False,
+    train: Callable[[Any], None] | None = None,
+    on_resumed: Callable[[int], None] | None = None,
+) -> list[dict[str, float]]:
     """Build the arm's roles, train them and close the MLflow run (FINISHED, FAILED or KILLED).
 
     ``train(arm)`` runs the loop (default ``arm.loop().run()``; ``polyrl run`` passes its
@@ -106,12 +163,23 @@ def train_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
     remove_partial_checkpoints(arm_dir)  # a write cut short by a kill; this process owns the folder now
     # Every checkpoint names the run it belongs to (polyrl eval run:<id> checks it) and the
     # config it was trained with (--resume compares it).
-    extra = {"mlflow_parent_run_id": parent_run_id, "mlflow_run_id": logger.run_id, "tracking_uri": tracking_uri,
-             "config": config_snapshot(config)}
+    extra = {
+        "mlflow_parent_run_id": parent_run_id,
+        "mlflow_run_id": logger.run_id,
+        "tracking_uri": tracking_uri,
+        "config": config_snapshot(config),
+    }
     built = None
     try:
-        built = build_arm(config, arm=arm, arm_dir=Path(arm_dir), logger=logger, evaluator=periodic_evaluator(config),
-                          checkpoint_extra=extra, resume=resume)
+        built = build_arm(
+            config,
+            arm=arm,
+            arm_dir=Path(arm_dir),
+            logger=logger,
+            evaluator=periodic_evaluator(config),
+            checkpoint_extra=extra,
+            resume=resume,
+        )
         if built.start_state and on_resumed is not None:
             on_resumed(built.start_step)
         (train or (lambda a: a.loop().run()))(built)
@@ -134,8 +202,9 @@ def train_arm(config: ExperimentConfig, *, arm: str, arm_dir: str | Path, logger
 # --- polyrl run ---------------------------------------------------------------------------------
 
 
-def resume_command(path: str | Path, set_options: list[str] | None, only_arms: list[str] | None,
-                   seeds_option: str | None = None) -> str:
+def resume_command(
+    path: str | Path, set_options: list[str] | None, only_arms: list[str] | None, seeds_option: str | None = None
+) -> str:
     words = ["polyrl", "run", str(path), "--resume"]
     for option in set_options or []:
         words += ["--set", option]
@@ -163,9 +232,9 @@ def run_experiment(
 
     An arm that fails is recorded and the next one starts; once all have run,
     :class:`ArmFailedError` names every failed arm. ``fail_fast``: the first failure ends the run.
-    ``many_runs=False`` refuses a plan of more than :data:`polyrl.launch.seeds.MANY_RUNS` runs.
+    ``many_runs=False`` refuses a plan of more than :data:`polyrl.launch.run_units.MANY_RUNS` runs.
     """
-    from polyrl.launch.seeds import load_plan
+    from polyrl.launch.run_units import load_plan
 
     console = console or Console()
     configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
@@ -186,8 +255,20 @@ def run_experiment(
     lock = acquire_lock(folder, experiment=first.name, command=shlex.join(["polyrl", "run", str(path)]), echo=console.print)
     try:
         with StopSignals(echo=console.print) as stop:
-            return _run_locked(path, configs, seeds, first, folder, resume=resume, allow_config_change=allow_config_change,
-                               console=console, show_progress=show_progress, stop=stop, where=where, fail_fast=fail_fast)
+            return _run_locked(
+                path,
+                configs,
+                seeds,
+                first,
+                folder,
+                resume=resume,
+                allow_config_change=allow_config_change,
+                console=console,
+                show_progress=show_progress,
+                stop=stop,
+                where=where,
+                fail_fast=fail_fast,
+            )
     except KeyboardInterrupt as error:
         raise _interrupted(error, folder, where, hint) from None
     except PolyrlError as error:
@@ -213,9 +294,22 @@ def _interrupted(error: KeyboardInterrupt, folder: Path, where: dict[str, Any], 
     return RunInterrupted(f"stopped by {name} {kept}; the MLflow runs are marked KILLED. Continue with: {hint}", signum)
 
 
-def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_change, console, show_progress, stop: StopSignals,
-                where: dict[str, Any], fail_fast: bool = False) -> ExperimentResult:
-    from polyrl.launch.seeds import expand_units, start_seeded_arm_run
+def _run_locked(
+    path,
+    configs,
+    seeds,
+    first,
+    folder,
+    *,
+    resume,
+    allow_config_change,
+    console,
+    show_progress,
+    stop: StopSignals,
+    where: dict[str, Any],
+    fail_fast: bool = False,
+) -> ExperimentResult:
+    from polyrl.launch.run_units import expand_units, start_seeded_arm_run
 
     state_path = folder / STATE_FILE
     state = read_state(state_path)
@@ -238,25 +332,38 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
     tracker = ExperimentTracker(tracking_uri, first.tracking.experiment or first.name)
     if archived is not None:
         repoint_archived_runs(tracker, old_state, archived, console.print)
-    parent = start_experiment_run(tracker, first.name, arms=list(configs), yaml_text=yaml_text(path), config_path=path,
-                                  resume_run_id=state.get("parent_run_id"), buffer_dir=folder, echo=console.print,
-                                  tags=None if seeds is None else {"polyrl.seeds": ",".join(map(str, seeds))})
+    parent = start_experiment_run(
+        tracker,
+        first.name,
+        arms=list(configs),
+        yaml_text=yaml_text(path),
+        config_path=path,
+        resume_run_id=state.get("parent_run_id"),
+        buffer_dir=folder,
+        echo=console.print,
+        tags=None if seeds is None else {"polyrl.seeds": ",".join(map(str, seeds))},
+    )
     for key, default in (("arms", {}), ("finished", []), ("arm_configs", {})):
         state.setdefault(key, default)
     if seeds is not None:
         state.setdefault("runs", {})
         state.setdefault("arms_finished", [])
-    state.update(tracking_uri=tracking_uri, parent_run_id=parent.run_id, experiment=first.name, config_path=str(path), seeds=seeds)
+    state.update(
+        tracking_uri=tracking_uri, parent_run_id=parent.run_id, experiment=first.name, config_path=str(path), seeds=seeds
+    )
     write_state(state_path, state)
     where["started"] = True
     show_progress = first.tracking.progress if show_progress is None else show_progress
     result = ExperimentResult(first.name, tracking_uri, parent.run_id, {}, experiment_dir=folder, seeds=seeds)
-    console.print(f"[bold]polyrl[/] experiment [cyan]{first.name}[/] · arms: {', '.join(configs)}"
-                  + (f" · seeds: {', '.join(map(str, seeds))}" if seeds is not None else "") + f" · MLflow: {tracking_uri}")
+    console.print(
+        f"[bold]polyrl[/] experiment [cyan]{first.name}[/] · arms: {', '.join(configs)}"
+        + (f" · seeds: {', '.join(map(str, seeds))}" if seeds is not None else "")
+        + f" · MLflow: {tracking_uri}"
+    )
     arm_loggers: dict[str, RunLogger] = {}  # with seeds: the arm runs open in this process
     try:
         for unit in units:
-            key, arm, config = unit.key, unit.arm, unit.config
+            key, arm = unit.key, unit.arm
             run_parent = parent.run_id
             if seeds is not None:
                 if arm in state["arms_finished"]:
@@ -264,8 +371,9 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
                     _record_run_id(result, state, unit)
                     continue
                 if arm not in arm_loggers:
-                    arm_loggers[arm] = start_seeded_arm_run(tracker, parent.run_id, arm, configs[arm], seeds, folder,
-                                                             state["arms"].get(arm), console.print)
+                    arm_loggers[arm] = start_seeded_arm_run(
+                        tracker, parent.run_id, arm, configs[arm], seeds, folder, state["arms"].get(arm), console.print
+                    )
                     state["arms"][arm] = arm_loggers[arm].run_id
                     write_state(state_path, state)
                 run_parent = arm_loggers[arm].run_id
@@ -278,8 +386,23 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
                     raise StopNow(stop.requested)
                 where["arm"] = key
                 try:
-                    _train_unit(unit, tracker, parent.run_id, run_parent, folder, state, state_path, result, changes, resume_steps,
-                                tracking_uri=tracking_uri, resume=resume, console=console, show_progress=show_progress, stop=stop)
+                    _train_unit(
+                        unit,
+                        tracker,
+                        parent.run_id,
+                        run_parent,
+                        folder,
+                        state,
+                        state_path,
+                        result,
+                        changes,
+                        resume_steps,
+                        tracking_uri=tracking_uri,
+                        resume=resume,
+                        console=console,
+                        show_progress=show_progress,
+                        stop=stop,
+                    )
                 except TrackingUnavailableError:
                     raise  # the store is away for every arm alike
                 except Exception as error:  # noqa: BLE001 - arms are independent: record it, run the next one
@@ -287,7 +410,9 @@ def _run_locked(path, configs, seeds, first, folder, *, resume, allow_config_cha
                         raise  # nothing else to run: the arm's own error, as it was
                     result.failed[key] = arm_error_text(error)
                     _record_run_id(result, state, unit)
-                    logging.getLogger("polyrl.run").info("arm %r failed", key, exc_info=error)  # the traceback: to the log file only
+                    logging.getLogger("polyrl.run").info(
+                        "arm %r failed", key, exc_info=error
+                    )  # the traceback: to the log file only
                     console.print(f"[red]{key}: FAILED[/] ({result.failed[key]}); the other arms continue", highlight=False)
                 where["arm"] = None
             if seeds is not None and unit.seed == seeds[-1]:
@@ -314,17 +439,45 @@ def _record_run_id(result: ExperimentResult, state: dict[str, Any], unit) -> Non
         result.seed_run_ids[unit.key] = state["runs"][unit.key]
 
 
-def _train_unit(unit, tracker, experiment_run_id, run_parent, folder, state, state_path, result, changes, resume_steps, *,
-                tracking_uri, resume, console, show_progress, stop) -> None:
+def _train_unit(
+    unit,
+    tracker,
+    experiment_run_id,
+    run_parent,
+    folder,
+    state,
+    state_path,
+    result,
+    changes,
+    resume_steps,
+    *,
+    tracking_uri,
+    resume,
+    console,
+    show_progress,
+    stop,
+) -> None:
     """Start (or reopen) one arm × seed run, train it to the end and record it as finished."""
     key = unit.key
     unit_changes = changes.get(key) or []
     run_ids = state["arms"] if unit.seed is None else state["runs"]
-    logger = start_arm_run(tracker, run_parent, unit.arm, unit.config, arm_dir=folder / key, resume_run_id=run_ids.get(key),
-                           echo=console.print, config_changes=unit_changes, resume_step=resume_steps.get(key, 0), seed=unit.seed)
+    logger = start_arm_run(
+        tracker,
+        run_parent,
+        unit.arm,
+        unit.config,
+        arm_dir=folder / key,
+        resume_run_id=run_ids.get(key),
+        echo=console.print,
+        config_changes=unit_changes,
+        resume_step=resume_steps.get(key, 0),
+        seed=unit.seed,
+    )
     if unit_changes:
         at = resume_steps.get(key, 0)
-        console.print(f"[cyan]{key}[/]: applying config changes from step {at + 1}: {describe_changes(unit_changes)}", highlight=False)
+        console.print(
+            f"[cyan]{key}[/]: applying config changes from step {at + 1}: {describe_changes(unit_changes)}", highlight=False
+        )
         if (steps := steps_change(unit_changes)) is not None and isinstance(steps.old, int):
             note = schedule_note(unit.config, steps.old, at)
             console.print(f"[cyan]{key}[/]: {note}", highlight=False)
@@ -333,10 +486,17 @@ def _train_unit(unit, tracker, experiment_run_id, run_parent, folder, state, sta
     state["arm_configs"][key] = config_snapshot(unit.config)
     write_state(state_path, state)
     _record_run_id(result, state, unit)
-    history = train_arm(unit.config, arm=unit.arm, arm_dir=folder / key, logger=logger, parent_run_id=experiment_run_id,
-                        tracking_uri=tracking_uri, resume=resume,
-                        train=lambda trainer: train_with_progress(trainer, console, show_progress, stop),
-                        on_resumed=lambda step: console.print(f"[cyan]{key}[/]: resumed from step {step}"))
+    history = train_arm(
+        unit.config,
+        arm=unit.arm,
+        arm_dir=folder / key,
+        logger=logger,
+        parent_run_id=experiment_run_id,
+        tracking_uri=tracking_uri,
+        resume=resume,
+        train=lambda trainer: train_with_progress(trainer, console, show_progress, stop),
+        on_resumed=lambda step: console.print(f"[cyan]{key}[/]: resumed from step {step}"),
+    )
     # A resume that trained no step (the run had reached its last step) reports what it logged last.
     result.final_metrics[key] = history[-1] if history else last_logged_metrics(tracker.client, logger.run_id)
     state["finished"].append(key)
@@ -367,7 +527,9 @@ def validate_file(path: str | Path, set_options: list[str] | None = None) -> dic
             try:
                 load_reward_class(spec.module)
             except Exception as error:  # noqa: BLE001 - reported as a config error with its path
-                raise ConfigError(f"{path}: invalid experiment config\n  - rewards[{index}].module (arm {arm!r}): {error}") from None
+                raise ConfigError(
+                    f"{path}: invalid experiment config\n  - rewards[{index}].module (arm {arm!r}): {error}"
+                ) from None
     return configs
 
 

@@ -124,7 +124,9 @@ class RewardBatch:
                 references.append(list(refs))
                 images.append(list(imgs))
                 fields.append(dict(other))
-        return cls(prompts=prompts, completions=[str(c) for c in completions], references=references, images=images, fields=fields)
+        return cls(
+            prompts=prompts, completions=[str(c) for c in completions], references=references, images=images, fields=fields
+        )
 
     @classmethod
     def from_samples(cls, samples: Sequence[PromptSample], completions: Sequence[str], *, group_size: int = 1) -> RewardBatch:

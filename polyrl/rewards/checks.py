@@ -97,7 +97,9 @@ def check_module(
     except Exception as error:  # noqa: BLE001
         index, sample_error = locate_failing_sample(module, batch)
         if index is None:
-            report.add("exceptions", FAIL, f"{label}: raised {type(error).__name__}: {error} on the batch; no single sample fails alone")
+            report.add(
+                "exceptions", FAIL, f"{label}: raised {type(error).__name__}: {error} on the batch; no single sample fails alone"
+            )
         else:
             report.add(
                 "exceptions",
@@ -110,7 +112,9 @@ def check_module(
     report.add("exceptions", PASS, "no exception")
 
     if isinstance(first, (str, bytes, dict)) or not hasattr(first, "__len__"):
-        report.add("contract", FAIL, f"{label}: score returned {type(first).__name__}, expected a list of {len(batch)} floats/None")
+        report.add(
+            "contract", FAIL, f"{label}: score returned {type(first).__name__}, expected a list of {len(batch)} floats/None"
+        )
         return report
     first = list(first)
     report.scores = first
@@ -137,7 +141,11 @@ def check_module(
 
     nonfinite = [i for i, v in enumerate(first) if _is_number(v) and not math.isfinite(float(v))]
     if nonfinite:
-        report.add("finite", FAIL, f"{label}: {len(nonfinite)} NaN/inf score(s), first {first[nonfinite[0]]} for {batch.sample(nonfinite[0])}")
+        report.add(
+            "finite",
+            FAIL,
+            f"{label}: {len(nonfinite)} NaN/inf score(s), first {first[nonfinite[0]]} for {batch.sample(nonfinite[0])}",
+        )
     else:
         report.add("finite", PASS, "no NaN/inf")
 
@@ -159,7 +167,9 @@ def check_module(
             try:
                 alone = list(module.score(batch.subset([i])))
             except Exception as error:  # noqa: BLE001
-                report.add("batch_independent", FAIL, f"{label}: raised {type(error).__name__}: {error} on {batch.sample(i)} alone")
+                report.add(
+                    "batch_independent", FAIL, f"{label}: raised {type(error).__name__}: {error} on {batch.sample(i)} alone"
+                )
                 return report
             if len(alone) != 1 or not _same(alone[0], first[i], max(tolerance, 1e-4)):
                 alone_differ.append((i, alone[0] if alone else None))

@@ -46,8 +46,9 @@ class RewardSpec(BaseModel):
         False, description="accept a batch where the module scores no sample (all None); by default that is an error"
     )
     remote: bool | RemoteScoring = Field(
-        False, description="score in a Ray actor instead of this process (true: 1 CPU; or {num_cpus, num_gpus}): for heavy "
-        "modules such as ppl_fluency; the same module and scores (polyrl/rewards/remote.py)"
+        False,
+        description="score in a Ray actor instead of this process (true: 1 CPU; or {num_cpus, num_gpus}): for heavy "
+        "modules such as ppl_fluency; the same module and scores (polyrl/rewards/remote.py)",
     )
 
     @property
@@ -234,7 +235,9 @@ class CompositeReward:
             except RewardConfigError:
                 raise
             except Exception as error:  # noqa: BLE001
-                raise RewardModuleError(f"reward module {label!r} failed in setup: {type(error).__name__}: {error}", label=label) from error
+                raise RewardModuleError(
+                    f"reward module {label!r} failed in setup: {type(error).__name__}: {error}", label=label
+                ) from error
         self._set_up = True
 
     def close(self) -> None:

@@ -65,7 +65,9 @@ class VersionedEngine:
         """One partition per group of workers (:func:`~polyrl.roles.async_partitions.worker_groups`);
         an engine that is not a pool of several workers stays one partition."""
         groups = worker_groups(getattr(self.engine, "worker_count", 1), max_staleness)
-        self.partitions = [self] if len(groups) <= 1 else [VersionedEngine(self.engine.worker_engine(g), self.version) for g in groups]
+        self.partitions = (
+            [self] if len(groups) <= 1 else [VersionedEngine(self.engine.worker_engine(g), self.version) for g in groups]
+        )
 
     def generate(self, prompts: Any, settings: Any) -> Any:
         asked = time.perf_counter()
@@ -196,8 +198,10 @@ def staleness_metrics(versions: list[int | None], trained_at: int, max_staleness
         raise RuntimeError("asynchronous training got samples without a policy version (Completion.policy_version)")
     staleness = [trained_at - v for v in versions]
     if staleness and (max(staleness) > max_staleness or min(staleness) < 0):
-        raise RuntimeError(f"samples {min(staleness)}..{max(staleness)} policy versions old reached the learner; "
-                           f"rollout.max_staleness is {max_staleness}")
+        raise RuntimeError(
+            f"samples {min(staleness)}..{max(staleness)} policy versions old reached the learner; "
+            f"rollout.max_staleness is {max_staleness}"
+        )
     counts = Counter(staleness)
     out = {f"async/staleness/{value}": float(counts.get(value, 0)) for value in range(max_staleness + 1)}
     out["async/staleness_mean"] = sum(staleness) / max(len(staleness), 1)
@@ -228,8 +232,15 @@ class AsyncTrainingLoop(TrainingLoop):
         self.buffer = RolloutBuffer(self.max_staleness, version=self.step_index, partitions=partitions)
         draws = OrderedDraws(self.sampler, self.step_index + 1, one_draw_per_step=not self.collector.settings.dynamic_sampling)
         rewards = LockedRewards(self.collector.rewards)
-        producers = [threading.Thread(target=self.produce, args=(self.buffer, draws, k, self.partition_collector(k, draws, rewards)),
-                                      name=f"polyrl-rollout-{self.arm}-{k}", daemon=True) for k in range(partitions)]
+        producers = [
+            threading.Thread(
+                target=self.produce,
+                args=(self.buffer, draws, k, self.partition_collector(k, draws, rewards)),
+                name=f"polyrl-rollout-{self.arm}-{k}",
+                daemon=True,
+            )
+            for k in range(partitions)
+        ]
         for producer in producers:
             producer.start()
         try:
@@ -264,7 +275,11 @@ class AsyncTrainingLoop(TrainingLoop):
                 locked_before = engine.lock_wait_s
                 before = draws.begin(step)
                 collected = collector.collect(step)
-                buffer.put(BufferedBatch(step, collected, before, draws.end(step), waited + engine.lock_wait_s - locked_before, partition))
+                buffer.put(
+                    BufferedBatch(
+                        step, collected, before, draws.end(step), waited + engine.lock_wait_s - locked_before, partition
+                    )
+                )
         except DrawsClosed:
             return
         except BaseException as error:  # noqa: BLE001 - handed to the learner, which raises it
@@ -280,10 +295,14 @@ class AsyncTrainingLoop(TrainingLoop):
         extra = staleness_metrics([c.policy_version for c in collected.rollout.completions], self.step_index, self.max_staleness)
         # perf/wait_for_data_s (the learner's wait for this batch) and perf/wait_for_engine_s (its
         # sync's wait for a generation in progress) come with the phase timer's metrics.
-        extra.update({"perf/engine_wait_s": batch.engine_wait_s,
-                      # Generation and scoring overlapped the learner: their times are reported, not part of perf/step_s.
-                      "perf/overlapped_generate_s": collected.seconds.get("generate", 0.0),
-                      "perf/overlapped_score_s": collected.seconds.get("score", 0.0)})
+        extra.update(
+            {
+                "perf/engine_wait_s": batch.engine_wait_s,
+                # Generation and scoring overlapped the learner: their times are reported, not part of perf/step_s.
+                "perf/overlapped_generate_s": collected.seconds.get("generate", 0.0),
+                "perf/overlapped_score_s": collected.seconds.get("score", 0.0),
+            }
+        )
         if step != self._first_step:  # the loop's first batch is always awaited: it says nothing of the balance
             extra["async/buffer_utilisation"] = utilisation
         if len(self.buffer.partitions) > 1:  # which partition collected it, and what each one held after the draw
@@ -305,8 +324,14 @@ class AsyncTrainingLoop(TrainingLoop):
         self._timer.seconds["sync"] -= waited
         self._timer.seconds["wait_for_engine"] += waited
 
-    def train_on(self, step: int, collected: Any, timer: PhaseTimer, step_start_sampler: dict[str, Any],
-                 extra_metrics: dict[str, float] | None = None) -> dict[str, float]:
+    def train_on(
+        self,
+        step: int,
+        collected: Any,
+        timer: PhaseTimer,
+        step_start_sampler: dict[str, Any],
+        extra_metrics: dict[str, float] | None = None,
+    ) -> dict[str, float]:
         metrics = super().train_on(step, collected, timer, step_start_sampler, extra_metrics)
         # A step without an update (dynamic sampling kept nothing) made no sync: its version is the
         # previous weights as they are. Either way the producer may now run one step further.

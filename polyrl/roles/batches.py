@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from polyrl.algos.logprobs import PackedBatch
 from polyrl.core.types import Completion, PromptSample
+from polyrl.modeling.logprobs import PackedBatch
 
 
 @dataclass
@@ -28,8 +28,11 @@ class Rollout:
         return len(self.completions)
 
     def select(self, keep: list[int]) -> "Rollout":
-        return Rollout([self.prompts[i] for i in keep], [self.completions[i] for i in keep],
-                       self.group_ids[torch.as_tensor(keep, dtype=torch.long)])
+        return Rollout(
+            [self.prompts[i] for i in keep],
+            [self.completions[i] for i in keep],
+            self.group_ids[torch.as_tensor(keep, dtype=torch.long)],
+        )
 
     @staticmethod
     def concat(parts: list["Rollout"]) -> "Rollout":

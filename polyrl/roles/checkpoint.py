@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from polyrl.core.errors import PolyrlError
-from polyrl.models.lora import LoraError, LoraPolicy, load_adapter, merged_model, write_adapter
+from polyrl.modeling.lora import LoraError, LoraPolicy, load_adapter, merged_model, write_adapter
 
 COMPLETE_MARKER = "checkpoint.json"
 ADAPTER_SUFFIX = "_adapter"  # a model.lora run's policy: policy_adapter/ (a PEFT adapter folder) instead of policy.safetensors
@@ -142,8 +142,14 @@ def save_checkpoint(
     return directory
 
 
-def _write_checkpoint_files(staging: Path, *, step: int, models: dict[str, torch.nn.Module],
-                            optimizers: dict[str, torch.optim.Optimizer], state: dict[str, Any]) -> None:
+def _write_checkpoint_files(
+    staging: Path,
+    *,
+    step: int,
+    models: dict[str, torch.nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict[str, Any],
+) -> None:
     for name, model in models.items():
         if isinstance(model, LoraPolicy):
             # The adapter only, as a PEFT adapter folder; the base weights are the run's policy_path.
@@ -251,15 +257,22 @@ def export_model_dir(checkpoint: str | Path, out_dir: str | Path, *, base_model_
             shutil.copy2(item, staging / item.name)
     adapter = checkpoint / f"policy{ADAPTER_SUFFIX}"
     if adapter.is_dir():
-        from polyrl.engines.images import auto_model_class
+        from polyrl.engines.image_prompts import auto_model_class
 
         merged = merged_model(auto_model_class(base).from_pretrained(str(base), dtype=torch.float32), adapter)
         merged.save_pretrained(str(staging))  # config.json as the base's, model.safetensors merged (tied weights once)
     else:
         shutil.copy2(checkpoint / "policy.safetensors", staging / "model.safetensors")
-    (staging / "polyrl_checkpoint.json").write_text(json.dumps({"checkpoint": str(checkpoint.resolve()), "step": info["step"],
-                                                                "mlflow_run_id": info.get("mlflow_run_id"),
-                                                                "lora": adapter.is_dir()}))
+    (staging / "polyrl_checkpoint.json").write_text(
+        json.dumps(
+            {
+                "checkpoint": str(checkpoint.resolve()),
+                "step": info["step"],
+                "mlflow_run_id": info.get("mlflow_run_id"),
+                "lora": adapter.is_dir(),
+            }
+        )
+    )
     if out_dir.exists():
         shutil.rmtree(out_dir)
     staging.rename(out_dir)

@@ -11,8 +11,8 @@ import math
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -20,10 +20,10 @@ from torch import Tensor
 
 from polyrl.algos.dapo_data import dapo_dynamic_sampling_keep
 from polyrl.core.types import PromptSample, SamplingSettings
-from polyrl.models.cache import torch_threads
 from polyrl.rewards import RewardBatch, RewardResult
 from polyrl.rewards.summary import accuracy_share, length_by_correctness
 from polyrl.roles.batches import Rollout, Scores, length_metrics
+from polyrl.runtime.threads import torch_threads
 
 __all__ = ["CollectSettings", "Collected", "RolloutCollector", "informative_groups"]
 
@@ -113,8 +113,13 @@ class RolloutCollector:
     def sampling_settings(self, step: int, round_index: int = 0) -> SamplingSettings:
         s = self.settings
         # A distinct, reproducible seed per (run seed, step, refill round).
-        return SamplingSettings(n=s.samples_per_prompt, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
-                                seed=s.seed * 1_000_003 + step * 101 + round_index)
+        return SamplingSettings(
+            n=s.samples_per_prompt,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=s.max_tokens,
+            seed=s.seed * 1_000_003 + step * 101 + round_index,
+        )
 
     def generate(self, step: int, round_index: int = 0, group_offset: int = 0) -> Rollout:
         prompts = self.prompts(self.settings.prompts_per_step)
@@ -188,8 +193,8 @@ class RolloutCollector:
         generated_completions: list[Any] = []
         kept_groups = dropped_groups = surplus_groups = rounds = 0
         while rounds < s.max_rounds and kept_groups < wanted:
-            rollout = timed("generate", lambda: self.generate(step, rounds, group_offset=rounds * wanted))
-            scores = timed("score", lambda: self.score(rollout))
+            rollout = timed("generate", lambda: self.generate(step, rounds, group_offset=rounds * wanted))  # noqa: B023 - called at once
+            scores = timed("score", lambda: self.score(rollout))  # noqa: B023 - called at once
             rounds += 1
             generated.append(scores)
             generated_completions += rollout.completions

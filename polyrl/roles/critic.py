@@ -17,14 +17,14 @@ from torch import Tensor
 from transformers import AutoModelForImageTextToText, AutoModelForTokenClassification
 
 from polyrl.algos.aggregation import loss_normalizer_count
-from polyrl.algos.logprobs import PackedBatch, image_forward_inputs
 from polyrl.algos.losses import clipped_value_loss
-from polyrl.engines.images import model_takes_images
+from polyrl.engines.image_prompts import model_takes_images
+from polyrl.modeling.logprobs import PackedBatch, image_forward_inputs
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NonFiniteGuard, guarded_step
+from polyrl.roles.schedule import apply_optimizer_settings
 from polyrl.runtime.data_parallel import LocalGroup
 from polyrl.runtime.precision import autocast
-from polyrl.roles.schedule import apply_optimizer_settings
 
 __all__ = ["Critic", "CriticSettings", "ImageTextValueModel", "ValueModel", "build_value_model"]
 
@@ -73,8 +73,12 @@ class ImageTextValueModel(torch.nn.Module):
         batch = batch.to(device)
         # The learner's collation: a text-only row in a mixed batch gets all-zero images, which
         # Idefics3 drops, so it is valued as when run alone.
-        hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
-                               **image_forward_inputs(self.backbone, batch)).last_hidden_state
+        hidden = self.backbone(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            use_cache=False,
+            **image_forward_inputs(self.backbone, batch),
+        ).last_hidden_state
         return _response_values(hidden, batch, head=self.value_head)
 
 
@@ -114,8 +118,9 @@ class Critic:
         # Dropout off, as for the policy: V_old and V_θ are the same function of the weights.
         self.model = model.eval()
         self.settings = settings
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, betas=settings.betas,
-                                           weight_decay=settings.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=settings.learning_rate, betas=settings.betas, weight_decay=settings.weight_decay
+        )
         self.guard = NonFiniteGuard(settings.max_consecutive_nonfinite, prefix="critic_")
 
     def apply_optimizer_settings(self) -> None:
@@ -129,7 +134,9 @@ class Critic:
         with autocast(self.model, self.settings.compute_dtype):
             return torch.cat([self.model(packed.select(slice(i, i + size))) for i in range(0, len(packed), size)])
 
-    def after_policy_step(self, batch: LearnerBatch, rows: Tensor, optimizer_step: int, skipped: dict[str, int]) -> dict[str, float] | None:
+    def after_policy_step(
+        self, batch: LearnerBatch, rows: Tensor, optimizer_step: int, skipped: dict[str, int]
+    ) -> dict[str, float] | None:
         """Update on ``rows`` if policy optimizer step ``optimizer_step`` (1-based) is on the cadence."""
         if (optimizer_step - 1) % self.settings.update_every != 0:
             return None
@@ -144,8 +151,15 @@ class Critic:
         for micro in torch.split(shard, s.micro_batch_size) if len(shard) else ():
             with autocast(self.model, s.compute_dtype):
                 values = self.model(batch.packed.select(micro))
-            loss, _ = clipped_value_loss(values, batch.old_values[micro], batch.returns[micro], batch.loss_mask[micro],
-                                         clip_range=s.clip_range, loss_normalizer=normalizer, aggregation="token_mean")
+            loss, _ = clipped_value_loss(
+                values,
+                batch.old_values[micro],
+                batch.returns[micro],
+                batch.loss_mask[micro],
+                clip_range=s.clip_range,
+                loss_normalizer=normalizer,
+                aggregation="token_mean",
+            )
             loss.backward()
             total += float(loss.detach())
         self.group.reduce_gradients(self.model.parameters())

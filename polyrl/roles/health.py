@@ -74,8 +74,14 @@ class NonFiniteStop(Exception):
         self.consecutive = consecutive
 
 
-def guarded_step(optimizer: Any, guard: NonFiniteGuard, loss: float, grad_norm: float, skipped: dict[str, int],
-                 learning_rate: float | None = None) -> bool:
+def guarded_step(
+    optimizer: Any,
+    guard: NonFiniteGuard,
+    loss: float,
+    grad_norm: float,
+    skipped: dict[str, int],
+    learning_rate: float | None = None,
+) -> bool:
     """Apply ``optimizer``'s step unless the loss or gradient norm is NaN/inf; else zero the
     gradients, count the skip in ``skipped`` and raise :class:`NonFiniteStop` after too many in a row."""
     reason = guard.check(loss, grad_norm)
@@ -92,7 +98,9 @@ def guarded_step(optimizer: Any, guard: NonFiniteGuard, loss: float, grad_norm: 
 
 
 class HealthMonitor:
-    def __init__(self, settings: Any, *, check_logprob_gap: bool = True, sampler_dtype: str = "float32", check_overlap: bool = False):
+    def __init__(
+        self, settings: Any, *, check_logprob_gap: bool = True, sampler_dtype: str = "float32", check_overlap: bool = False
+    ):
         self.settings = settings
         # Asynchronous training (rollout.max_staleness > 0): seed 000 §5.2's buffer-utilisation and
         # communication figures, as running means over the steps that report them.
@@ -124,29 +132,57 @@ class HealthMonitor:
                            every_time=True)  # fmt: skip
         gap = metrics.get("rollout/logprob_gap")
         if self.check_logprob_gap and gap is not None and gap > s.max_logprob_gap:
-            self._trip("logprob_gap", f"sampler/learner log-prob gap {gap:.3g} nats/token > {s.max_logprob_gap:g} → the rollout "
-                       "engine samples from other weights than the learner's (a stale or partial weight sync)"
-                       + ("" if self.sampler_dtype == "float32" else f", or {self.sampler_dtype} rounding in the sampler: if the gap "
-                          "holds steady, raise health.max_logprob_gap"), warnings)
+            self._trip(
+                "logprob_gap",
+                f"sampler/learner log-prob gap {gap:.3g} nats/token > {s.max_logprob_gap:g} → the rollout "
+                "engine samples from other weights than the learner's (a stale or partial weight sync)"
+                + (
+                    ""
+                    if self.sampler_dtype == "float32"
+                    else f", or {self.sampler_dtype} rounding in the sampler: if the gap "
+                    "holds steady, raise health.max_logprob_gap"
+                ),
+                warnings,
+            )
         kept_groups = metrics.get("rollout/dynamic_sampling_kept_groups")
         if kept_groups is not None and kept_groups == 0:
-            self._trip("no_informative_groups", "dynamic sampling kept no group (every group's rewards agreed), so the step made "
-                       "no update → raise advantage.dynamic_sampling.max_rounds or use a reward that separates samples", warnings)
+            self._trip(
+                "no_informative_groups",
+                "dynamic sampling kept no group (every group's rewards agreed), so the step made "
+                "no update → raise advantage.dynamic_sampling.max_rounds or use a reward that separates samples",
+                warnings,
+            )
         entropy = metrics.get("actor/entropy")
         if entropy is not None and entropy < s.min_entropy:
-            self._trip("entropy_collapse", f"entropy {entropy:.3f} < {s.min_entropy} → raise the clip upper bound (clip_high) or add an entropy bonus", warnings)
+            self._trip(
+                "entropy_collapse",
+                f"entropy {entropy:.3f} < {s.min_entropy} → raise the clip upper bound (clip_high) or add an entropy bonus",
+                warnings,
+            )
         z = metrics.get("advantage/max_abs_z")
         if z is not None and z > s.advantage_sigma:
-            self._trip("advantage_outliers", f"an advantage lies {z:.1f}σ from the mean (> ±{s.advantage_sigma}σ) → check reward scale and advantage normalisation", warnings)
+            self._trip(
+                "advantage_outliers",
+                f"an advantage lies {z:.1f}σ from the mean (> ±{s.advantage_sigma}σ) → check reward scale and advantage normalisation",
+                warnings,
+            )
         share = metrics.get("actor/pos_loss_share")
         if share is not None and share > 0 and abs(share - s.positive_share_target) > s.positive_share_tolerance:
-            self._trip("positive_share", f"positive-advantage loss share {share:.2f} far from target {s.positive_share_target} → consider BAPO's adaptive clipping", warnings)
+            self._trip(
+                "positive_share",
+                f"positive-advantage loss share {share:.2f} far from target {s.positive_share_target} → consider BAPO's adaptive clipping",
+                warnings,
+            )
         length = metrics.get("rollout/response_length/mean")
         if length is not None:
             if self._first_length is None:
                 self._first_length = length
             if length < s.min_mean_length or (self._first_length > 4 * s.min_mean_length and length < 0.25 * self._first_length):
-                self._trip("length_collapse", f"mean response length {length:.1f} collapsed (start {self._first_length:.1f}) → check length bias; try Dr.GRPO", warnings)
+                self._trip(
+                    "length_collapse",
+                    f"mean response length {length:.1f} collapsed (start {self._first_length:.1f}) → check length bias; try Dr.GRPO",
+                    warnings,
+                )
         if self.check_overlap:
             self._check_overlap(metrics, warnings)
         metrics.update({f"health/{name}_trips": float(count) for name, count in self.fired.items()})
@@ -167,15 +203,23 @@ class HealthMonitor:
         if utilisation is not None:
             metrics["async/buffer_utilisation_mean"] = utilisation[0]
             if utilisation[1] >= 3 and utilisation[0] < s.min_buffer_utilisation:
-                self._trip("buffer_utilisation", f"rollout buffer utilisation {utilisation[0]:.0%} < {s.min_buffer_utilisation:.0%}: the "
-                           "learner waits for generation → raise rollout.max_staleness, or make generation cheaper (rollout.dtype "
-                           "bfloat16, fewer rollout.max_tokens)", warnings)
+                self._trip(
+                    "buffer_utilisation",
+                    f"rollout buffer utilisation {utilisation[0]:.0%} < {s.min_buffer_utilisation:.0%}: the "
+                    "learner waits for generation → raise rollout.max_staleness, or make generation cheaper (rollout.dtype "
+                    "bfloat16, fewer rollout.max_tokens)",
+                    warnings,
+                )
         share = self._running_mean("perf/sync_share", metrics)
         if share is not None:
             metrics["perf/sync_share_mean"] = share[0]
             if share[1] >= 3 and share[0] > s.max_sync_share:
-                self._trip("communication", f"weight syncs take {share[0]:.0%} of a step > {s.max_sync_share:.0%} → sync a smaller "
-                           "dtype (rollout.dtype bfloat16), or train LoRA adapters (model.lora)", warnings)
+                self._trip(
+                    "communication",
+                    f"weight syncs take {share[0]:.0%} of a step > {s.max_sync_share:.0%} → sync a smaller "
+                    "dtype (rollout.dtype bfloat16), or train LoRA adapters (model.lora)",
+                    warnings,
+                )
 
     def state_dict(self) -> dict[str, Any]:
         state = {"fired": dict(self.fired), "first_length": self._first_length}

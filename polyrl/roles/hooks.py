@@ -53,8 +53,15 @@ class HealthHook(Hook):
     """The health checks after every step; ``notes`` (warnings found while setting up, e.g. eval
     rows that are training rows) are said when the loop starts."""
 
-    def __init__(self, monitor: HealthMonitor, *, arm: str, printer: Callable[[str], None] = print, logger: Any | None = None,
-                 notes: list[str] | None = None):
+    def __init__(
+        self,
+        monitor: HealthMonitor,
+        *,
+        arm: str,
+        printer: Callable[[str], None] = print,
+        logger: Any | None = None,
+        notes: list[str] | None = None,
+    ):
         self.monitor, self.arm, self.printer, self.logger = monitor, arm, printer, logger
         self.notes = list(notes or [])
 
@@ -71,7 +78,9 @@ class HealthHook(Hook):
         report.metrics["health/warnings"] = float(len(warnings))
         if self.logger is not None:
             for warning in warnings:
-                self.logger.set_tags({f"health.{warning.split(':', 1)[0]}": f"step {report.step}: {warning.split(':', 1)[-1].strip()}"})
+                self.logger.set_tags(
+                    {f"health.{warning.split(':', 1)[0]}": f"step {report.step}: {warning.split(':', 1)[-1].strip()}"}
+                )
 
 
 class SampleTableHook(Hook):
@@ -93,9 +102,15 @@ class SampleTableHook(Hook):
         prompts = report.prompts[: len(rows)]
         images = [list(getattr(p, "images", None) or []) for p in prompts]
         if len(prompts) == len(rows) and has_images(images):
-            rich = [{**row, "references": list(p.references), "answer": p.fields.get(self.answer_field),
-                     **{f"reward/{label}": values[i] for label, values in report.reward_parts.items() if i < len(values)}}
-                    for i, (row, p) in enumerate(zip(rows, prompts))]
+            rich = [
+                {
+                    **row,
+                    "references": list(p.references),
+                    "answer": p.fields.get(self.answer_field),
+                    **{f"reward/{label}": values[i] for label, values in report.reward_parts.items() if i < len(values)},
+                }
+                for i, (row, p) in enumerate(zip(rows, prompts))
+            ]
             self.logger.log_text(samples_html(rich, images, title=f"samples at step {step}"), f"samples/step_{step:05d}.html")
 
 
@@ -126,7 +141,9 @@ class PeriodicEvalHook(Hook):
             self.logger.log_table(rows, f"eval_samples/step_{step:05d}.json")
             images = getattr(getattr(result, "result", None), "row_images", None) or []
             if len(images) == len(rows) and has_images(images):
-                self.logger.log_text(samples_html(rows, images, title=f"eval samples at step {step}"), f"eval_samples/step_{step:05d}.html")
+                self.logger.log_text(
+                    samples_html(rows, images, title=f"eval samples at step {step}"), f"eval_samples/step_{step:05d}.html"
+                )
 
 
 class MetricLogger(Hook):
@@ -172,8 +189,13 @@ class Checkpointer(Hook):
         self.extra.update(state)
 
     def save(self, step: int, extra: dict[str, Any] | None = None) -> Path:
-        path = save_checkpoint(self.arm_dir / f"step_{step:06d}", step=step, models=self.models, optimizers=self.optimizers,
-                               state={**self.state(), **self.extra, **(extra or {})})
+        path = save_checkpoint(
+            self.arm_dir / f"step_{step:06d}",
+            step=step,
+            models=self.models,
+            optimizers=self.optimizers,
+            state={**self.state(), **self.extra, **(extra or {})},
+        )
         prune_checkpoints(self.arm_dir, self.keep)
         if self.logger is not None:
             self.logger.set_tags({"polyrl.latest_checkpoint": str(path.resolve()), "polyrl.latest_checkpoint_step": step})

@@ -21,16 +21,16 @@ import torch
 from torch import Tensor
 
 from polyrl.algos.aggregation import loss_normalizer_count
-from polyrl.algos.logprobs import token_logprobs
-from polyrl.algos.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
-from polyrl.algos.shared_prompts import attention_cost_ratio, row_prompts, shared_prompt_micro_batches
-from polyrl.models.lora import write_adapter
+from polyrl.modeling.logprobs import token_logprobs
+from polyrl.modeling.lora import write_adapter
+from polyrl.modeling.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
+from polyrl.modeling.shared_prompts import attention_cost_ratio, row_prompts, shared_prompt_micro_batches
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
+from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
 from polyrl.runtime.data_parallel import LocalGroup
 from polyrl.runtime.gradient_buffers import AutogradGradients, GradientBuffers, update_gradients
 from polyrl.runtime.precision import autocast
-from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
 
 __all__ = ["LearnerSettings", "PolicyLearner"]
 
@@ -50,8 +50,10 @@ class LearnerSettings:
     mini_batches: int = 1
     micro_batch_size: int = 16
     micro_batch_tokens: int | None = None  # with it, micro-batches are cut by computed positions, at most micro_batch_size rows
-    share_prompts: bool = False  # a prompt's completions packed into one row with it, where that pays (polyrl.algos.shared_prompts)
-    padding_free: bool = False  # a micro-batch's rows end to end in one forward, no padding columns (polyrl.algos.packing)
+    share_prompts: bool = (
+        False  # a prompt's completions packed into one row with it, where that pays (polyrl.modeling.shared_prompts)
+    )
+    padding_free: bool = False  # a micro-batch's rows end to end in one forward, no padding columns (polyrl.modeling.packing)
     max_grad_norm: float = 1.0
     max_consecutive_nonfinite: int = 3
     temperature: float = 1.0
@@ -67,12 +69,19 @@ class PolicyLearner:
     """Updates ``policy`` (fp32, dropout off) with ``objective`` (an :class:`ObjectiveSpec`);
     ``critic`` (optional) gets each applied policy step and keeps its own cadence."""
 
-    def __init__(self, policy: torch.nn.Module, objective: Any, settings: LearnerSettings, critic: Any | None = None,
-                 lora: Any | None = None, group: Any | None = None):
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        objective: Any,
+        settings: LearnerSettings,
+        critic: Any | None = None,
+        lora: Any | None = None,
+        group: Any | None = None,
+    ):
         # ``group`` (polyrl.runtime.data_parallel): this rank's place among data-parallel learner
         # ranks (train.learner_workers); by default one process, whose collectives do nothing.
         self.group = group if group is not None else LocalGroup()
-        # ``lora`` (a polyrl.models.lora.LoraPolicy whose model is ``policy``): only the adapter
+        # ``lora`` (a polyrl.modeling.lora.LoraPolicy whose model is ``policy``): only the adapter
         # trains, and weight syncs send merged weights.
         self.lora = lora
         # Dropout off in every pass, the update included, so that π_old and π_θ are the same
@@ -84,8 +93,13 @@ class PolicyLearner:
         # One fused kernel over all parameters instead of a Python loop per tensor (TRL's default
         # optimizer, adamw_torch_fused); same update, same state dict.
         # Only trainable parameters: with LoRA the optimizer (and its checkpointed state) is the adapter's.
-        self.optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate, betas=settings.betas,
-                                           weight_decay=settings.weight_decay, fused=True)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in policy.parameters() if p.requires_grad],
+            lr=settings.learning_rate,
+            betas=settings.betas,
+            weight_decay=settings.weight_decay,
+            fused=True,
+        )
         self.guard = NonFiniteGuard(settings.max_consecutive_nonfinite)
         self.optimizer_step = 0  # applied policy optimizer steps: the schedule's and the critic cadence's clock
 
@@ -97,13 +111,20 @@ class PolicyLearner:
     def learning_rate(self, optimizer_step: int) -> float:
         """The policy's learning rate at (1-based) optimizer step ``optimizer_step``."""
         s = self.settings
-        return s.learning_rate * lr_factor(optimizer_step, schedule=s.lr_schedule, warmup_steps=s.warmup_steps,
-                                           total_steps=s.total_steps * self.optimizer_steps_per_step(), min_lr_ratio=s.min_lr_ratio)
+        return s.learning_rate * lr_factor(
+            optimizer_step,
+            schedule=s.lr_schedule,
+            warmup_steps=s.warmup_steps,
+            total_steps=s.total_steps * self.optimizer_steps_per_step(),
+            min_lr_ratio=s.min_lr_ratio,
+        )
 
     def apply_optimizer_settings(self) -> None:
         """The settings' hyper-parameters, also over those a checkpoint restored."""
         s = self.settings
-        apply_optimizer_settings(self.optimizer, lr=self.learning_rate(self.optimizer_step + 1), betas=s.betas, weight_decay=s.weight_decay)
+        apply_optimizer_settings(
+            self.optimizer, lr=self.learning_rate(self.optimizer_step + 1), betas=s.betas, weight_decay=s.weight_decay
+        )
         if self.critic is not None:
             self.critic.apply_optimizer_settings()
 
@@ -131,13 +152,17 @@ class PolicyLearner:
 
     def _snapshot(self) -> dict[str, Any]:
         """What an update changes (weights, AdamW states, optimizer-step counter), copied."""
+
         def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
             return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
         # With LoRA only the adapter changes: the frozen base weights need no copy.
         policy = self.lora.adapter_state() if self.lora is not None else model_state(self.policy)
-        snapshot: dict[str, Any] = {"policy": policy, "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-                                    "optimizer_step": self.optimizer_step}
+        snapshot: dict[str, Any] = {
+            "policy": policy,
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "optimizer_step": self.optimizer_step,
+        }
         if self.critic is not None:
             snapshot["critic"] = model_state(self.critic.model)
             snapshot["critic_optimizer"] = copy.deepcopy(self.critic.optimizer.state_dict())
@@ -190,7 +215,9 @@ class PolicyLearner:
             # with the weight sync and the next generation.
             gradients.close()
 
-    def _update(self, batch: LearnerBatch, gradients: GradientBuffers | AutogradGradients, step_index: int = 0) -> dict[str, float]:
+    def _update(
+        self, batch: LearnerBatch, gradients: GradientBuffers | AutogradGradients, step_index: int = 0
+    ) -> dict[str, float]:
         """Several optimizer passes over the rollout batch, each split into mini-batches (one
         optimizer step each) whose gradients accumulate over micro-batches.
 
@@ -235,18 +262,25 @@ class PolicyLearner:
                 # Rows of similar length share a micro-batch, which then drops its padding columns (exact).
                 # With shared prompts, micro-batches are made of whole packs (a prompt and its completions) instead.
                 if s.share_prompts:
-                    micro_batches = shared_prompt_micro_batches(shard, prompts, completion_lengths, s.micro_batch_size, pack_cost_ratio)
+                    micro_batches = shared_prompt_micro_batches(
+                        shard, prompts, completion_lengths, s.micro_batch_size, pack_cost_ratio
+                    )
                 elif s.micro_batch_tokens:
-                    micro_batches = token_budget_micro_batches(shard, lengths, s.micro_batch_size, s.micro_batch_tokens,
-                                                               padded=not s.padding_free)
+                    micro_batches = token_budget_micro_batches(
+                        shard, lengths, s.micro_batch_size, s.micro_batch_tokens, padded=not s.padding_free
+                    )
                 else:
                     micro_batches = length_sorted_micro_batches(shard, lengths, s.micro_batch_size) if len(shard) else []
                 for micro in micro_batches:
                     loss, metrics, logprobs = self.policy_loss(batch, micro, normalizer, prepared)
                     if batch.old_logprobs is None:
                         width = logprobs.shape[1]
-                        sampler_gap_sum += float((logprobs.detach() - batch.packed.sampling_logprobs[micro][:, :width]).abs()
-                                                 .mul(batch.packed.response_mask[micro][:, :width]).sum())
+                        sampler_gap_sum += float(
+                            (logprobs.detach() - batch.packed.sampling_logprobs[micro][:, :width])
+                            .abs()
+                            .mul(batch.packed.response_mask[micro][:, :width])
+                            .sum()
+                        )
                     # No heap trim in here: handing pages back after a mini-batch's first backward made the
                     # next micro-batches fault them in again, for no lower peak (runtime/host_memory.py).
                     loss.backward()
@@ -267,14 +301,21 @@ class PolicyLearner:
                 self.optimizer_step += int(applied)
                 grad_norms.append(grad_norm)
                 losses.append(mini_loss)
-                value_metrics = self.critic.after_policy_step(batch, mini, self.optimizer_step, skipped) if self.critic is not None and applied else None
+                value_metrics = (
+                    self.critic.after_policy_step(batch, mini, self.optimizer_step, skipped)
+                    if self.critic is not None and applied
+                    else None
+                )
                 if value_metrics is not None:
                     critic_updates += 1
                     for key, value in value_metrics.items():
                         sums[key] += value
                         weights[key] += 1
         sums, weights, sampler_gap_sum = self.group.merge_sums(sums, weights, sampler_gap_sum)
-        out = {f"actor/{k}" if not k.startswith(("bapo/", "quadrant/", "value/")) else k: sums[k] / max(weights[k], 1e-12) for k in sums}
+        out = {
+            f"actor/{k}" if not k.startswith(("bapo/", "quadrant/", "value/")) else k: sums[k] / max(weights[k], 1e-12)
+            for k in sums
+        }
         if batch.old_logprobs is None:
             out["rollout/logprob_gap"] = sampler_gap_sum / max(float(batch.packed.response_mask.sum()), 1.0)
         out["actor/loss"] = float(np.mean(losses)) if losses else 0.0
@@ -310,13 +351,29 @@ class PolicyLearner:
         with autocast(self.policy, s.compute_dtype):
             for start in range(0, len(packed), s.micro_batch_size):
                 part = packed.select(slice(start, start + s.micro_batch_size))
-                parts.append(token_logprobs(self.policy, part, temperature=s.temperature, compute_entropy=True,
-                                            share_prompts=s.share_prompts, padding_free=s.padding_free))
+                parts.append(
+                    token_logprobs(
+                        self.policy,
+                        part,
+                        temperature=s.temperature,
+                        compute_entropy=True,
+                        share_prompts=s.share_prompts,
+                        padding_free=s.padding_free,
+                    )
+                )
         logprobs = torch.cat([lp for lp, _ in parts])
         entropy = torch.cat([h for _, h in parts])
         old_logprobs = logprobs if batch.old_logprobs is None else batch.old_logprobs[mini]
-        return dict(prepare(logprobs, old_logprobs, batch.advantages[mini], batch.loss_mask[mini], entropy=entropy,
-                            **self._objective_params(batch, mini)))
+        return dict(
+            prepare(
+                logprobs,
+                old_logprobs,
+                batch.advantages[mini],
+                batch.loss_mask[mini],
+                entropy=entropy,
+                **self._objective_params(batch, mini),
+            )
+        )
 
     def policy_loss(self, batch: LearnerBatch, rows: Tensor, normalizer: float,
                     prepared: dict[str, Any] | None = None) -> tuple[Tensor, dict[str, float], Tensor]:  # fmt: skip
@@ -325,16 +382,32 @@ class PolicyLearner:
         width = packed.response_mask.shape[1]
         # The entropy takes part in the gradient only through an entropy bonus; else it is a metric.
         with autocast(self.policy, s.compute_dtype):
-            logprobs, entropy = token_logprobs(self.policy, packed, temperature=s.temperature, compute_entropy=True,
-                                               entropy_grad=s.entropy_coef != 0, share_prompts=s.share_prompts,
-                                               padding_free=s.padding_free)
+            logprobs, entropy = token_logprobs(
+                self.policy,
+                packed,
+                temperature=s.temperature,
+                compute_entropy=True,
+                entropy_grad=s.entropy_coef != 0,
+                share_prompts=s.share_prompts,
+                padding_free=s.padding_free,
+            )
         params = self._objective_params(batch, rows)
         if "ref_logprobs" in params:
             params["ref_logprobs"] = params["ref_logprobs"][:, :width]
         params.update(prepared or {})  # mini-batch-level values (e.g. BAPO's clip bounds), not per token
-        advantages, loss_mask, old = trim_columns(width, [batch.advantages[rows], batch.loss_mask[rows],
-                                                          None if batch.old_logprobs is None else batch.old_logprobs[rows]])
+        advantages, loss_mask, old = trim_columns(
+            width,
+            [batch.advantages[rows], batch.loss_mask[rows], None if batch.old_logprobs is None else batch.old_logprobs[rows]],
+        )
         old_logprobs = logprobs.detach() if old is None else old
-        loss, metrics = self.objective.fn(logprobs, old_logprobs, advantages, loss_mask,
-                                          loss_normalizer=normalizer, aggregation=s.aggregation, entropy=entropy, **params)
+        loss, metrics = self.objective.fn(
+            logprobs,
+            old_logprobs,
+            advantages,
+            loss_mask,
+            loss_normalizer=normalizer,
+            aggregation=s.aggregation,
+            entropy=entropy,
+            **params,
+        )
         return loss, metrics, logprobs

@@ -36,12 +36,11 @@ import torch
 from torch import Tensor
 
 from polyrl.algos.objectives import get_objective
-from polyrl.algos.packing import use_packed_rows_attention
 from polyrl.core.errors import PolyrlError
-from polyrl.engines.images import auto_model_class
-from polyrl.models.attention import attend_in_fp32_on_cpu
-from polyrl.models.cache import set_torch_threads
-from polyrl.models.gradient_checkpointing import checkpoint_layers
+from polyrl.engines.image_prompts import auto_model_class
+from polyrl.modeling.attention import attend_in_fp32_on_cpu
+from polyrl.modeling.gradient_checkpointing import checkpoint_layers
+from polyrl.modeling.packing import use_packed_rows_attention
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.roles.health import NonFiniteStop
@@ -49,6 +48,7 @@ from polyrl.roles.learner import LearnerSettings, PolicyLearner
 from polyrl.runtime.cpu_matmul import route_linears_through_onednn
 from polyrl.runtime.data_parallel import TorchDistributedGroup
 from polyrl.runtime.ray_cluster import acquire_ray, release_ray
+from polyrl.runtime.threads import set_torch_threads
 
 __all__ = ["DataParallelLearner", "LearnerRank", "LearnerRanks", "LearnerRanksError", "RankRecipe", "start_data_parallel_learner"]
 
@@ -134,8 +134,10 @@ def _load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     names = _trainable_names(model)
-    by_name = {"state": {names[int(i)]: value for i, value in state["state"].items()},
-               "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]} for group in state["param_groups"]]}
+    by_name = {
+        "state": {names[int(i)]: value for i, value in state["state"].items()},
+        "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]} for group in state["param_groups"]],
+    }
     set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
@@ -188,8 +190,13 @@ class LearnerRank:
         import torch.distributed as dist
 
         host, port = address
-        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{host}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
         if backend == "nccl":
             torch.cuda.set_device(0)  # Ray shows each rank actor its own GPU as device 0
         return os.getpid()
@@ -261,11 +268,18 @@ class LearnerRanks:
             raise LearnerRanksError(
                 f"train.learner_workers: {world_size} ranks need {world_size} × {bundle} of the Ray cluster, which did not become "
                 f"free within {timeout_s:.0f} s (cluster resources: {ray.cluster_resources()}); lower train.learner_workers or "
-                "add nodes") from None
+                "add nodes"
+            ) from None
         actor = ray.remote(LearnerRank)
-        self.actors = [actor.options(num_cpus=cpus_per_rank, num_gpus=1 if cuda else 0, name=None,
-                                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank))
-                       .remote(rank, world_size) for rank in range(world_size)]
+        self.actors = [
+            actor.options(
+                num_cpus=cpus_per_rank,
+                num_gpus=1 if cuda else 0,
+                name=None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank),
+            ).remote(rank, world_size)
+            for rank in range(world_size)
+        ]
         address = ray.get(self.actors[0].address.remote())
         self.pids = self.call("join", address, "nccl" if cuda else "gloo", timeout_s)
 
@@ -351,7 +365,11 @@ class DataParallelLearner:
         import ray
 
         m = self.mirror
-        state: dict[str, Any] = {"policy": m.policy.state_dict(), "policy_optimizer": m.optimizer.state_dict(), "learner": m.state_dict()}
+        state: dict[str, Any] = {
+            "policy": m.policy.state_dict(),
+            "policy_optimizer": m.optimizer.state_dict(),
+            "learner": m.state_dict(),
+        }
         if m.critic is not None:
             state.update(critic=m.critic.model.state_dict(), critic_optimizer=m.critic.optimizer.state_dict())
         self.ranks.call("load", ray.put(state))

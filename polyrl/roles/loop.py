@@ -49,9 +49,17 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
 
 def sample_rows(rollout: Rollout, scores: Scores) -> list[dict[str, Any]]:
     # "modalities": one letter per completion token (T text, I image), the GAE setting each got.
-    return [{"prompt": p.shown_prompt, "completion": c.text, "reward": s, "length": len(c.completion_ids), "finish_reason": c.finish_reason,
-             "modalities": modality_string(c.completion_token_modalities)}
-            for p, c, s in zip(rollout.prompts, rollout.completions, scores.totals)]
+    return [
+        {
+            "prompt": p.shown_prompt,
+            "completion": c.text,
+            "reward": s,
+            "length": len(c.completion_ids),
+            "finish_reason": c.finish_reason,
+            "modalities": modality_string(c.completion_token_modalities),
+        }
+        for p, c, s in zip(rollout.prompts, rollout.completions, scores.totals)
+    ]
 
 
 def sync_policy(collector: Any, learner: Any, engine_dtype: Any, adapter: bool = False) -> None:
@@ -92,8 +100,15 @@ class TrainingLoop:
         # Synchronous: nothing generates until the sync, so the sampler's weights may go meanwhile.
         return self.train_on(step, collected, timer, step_start_sampler, release_sampler=not self.adapter_sync)
 
-    def train_on(self, step: int, collected: Any, timer: PhaseTimer, step_start_sampler: dict[str, Any],
-                 extra_metrics: dict[str, float] | None = None, release_sampler: bool = False) -> dict[str, float]:
+    def train_on(
+        self,
+        step: int,
+        collected: Any,
+        timer: PhaseTimer,
+        step_start_sampler: dict[str, Any],
+        extra_metrics: dict[str, float] | None = None,
+        release_sampler: bool = False,
+    ) -> dict[str, float]:
         """Step ``step`` on ``collected``: pipeline, update, sync, then the hooks; ``extra_metrics``
         join the step's metrics before the hooks see them. ``release_sampler``: the rollout engine
         drops its weights for the update (the sync reloads them all; only where nothing generates
@@ -122,8 +137,13 @@ class TrainingLoop:
         if "rollout/samples" not in metrics:  # a collector that reports no lengths of its own
             metrics.update(rollout_metrics(rollout))
         self.step_index = step
-        report = StepReport(step, metrics, sample_rows(rollout, collected.scores), prompts=list(rollout.prompts),
-                            reward_parts=dict(collected.scores.per_module))
+        report = StepReport(
+            step,
+            metrics,
+            sample_rows(rollout, collected.scores),
+            prompts=list(rollout.prompts),
+            reward_parts=dict(collected.scores.per_module),
+        )
         # The weight sync's share of the step so far (communication, seed 000 §5.2; checked in asynchronous training).
         metrics["perf/sync_share"] = timer.seconds.get("sync", 0.0) / max(sum(timer.seconds.values()), 1e-9)
         with timer("log"):
@@ -158,7 +178,9 @@ class TrainingLoop:
             fresh = {"nonfinite": {"consecutive": 0}}
             if "critic_nonfinite" in self.learner.state_dict():
                 fresh["critic_nonfinite"] = {"consecutive": 0}
-            path = self.checkpointer.save(self.step_index, extra={"stopped": f"non-finite {what}", **fresh, "sampler": step_start_sampler})
+            path = self.checkpointer.save(
+                self.step_index, extra={"stopped": f"non-finite {what}", **fresh, "sampler": step_start_sampler}
+            )
             raise NonFiniteTrainingError(
                 f"arm {self.arm!r}: training stopped in step {self.step_index + 1}: {stop.consecutive} optimizer steps in a row had "
                 f"a non-finite (NaN/inf) {what} and were skipped (train.max_consecutive_nonfinite = "

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from polyrl.algos.advantages import AdvantageInputs
 from polyrl.algos.dapo_data import dapo_overlong_penalty
-from polyrl.algos.logprobs import PackedBatch, logprob_gap, pack_completions, token_logprobs
 from polyrl.algos.losses import kl_in_reward, kl_penalty, masked_mean, masked_mean_std
+from polyrl.modeling.logprobs import PackedBatch, logprob_gap, pack_completions, token_logprobs
 from polyrl.roles.batches import LearnerBatch, Rollout, Scores
 from polyrl.runtime.precision import autocast
 
@@ -91,8 +91,14 @@ def _batched(fn: Callable[[PackedBatch], Tensor], packed: PackedBatch, model: to
 
 
 def _logprobs(model: torch.nn.Module, packed: PackedBatch, ctx: PipelineContext) -> Tensor:
-    return _batched(lambda b: token_logprobs(model, b, temperature=ctx.temperature, share_prompts=ctx.share_prompts,
-                                             padding_free=ctx.padding_free)[0], packed, model, ctx)
+    return _batched(
+        lambda b: token_logprobs(
+            model, b, temperature=ctx.temperature, share_prompts=ctx.share_prompts, padding_free=ctx.padding_free
+        )[0],
+        packed,
+        model,
+        ctx,
+    )
 
 
 # --- the stages, in order ------------------------------------------------------------------------
@@ -112,8 +118,9 @@ def old_logprobs(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
     if ctx.reuse_old_logprobs:
         return b
     old = _logprobs(ctx.policy, b.packed, ctx)
-    return b.with_metrics({"rollout/logprob_gap": logprob_gap(b.packed.sampling_logprobs, old, b.packed.response_mask.bool())},
-                          old_logprobs=old)
+    return b.with_metrics(
+        {"rollout/logprob_gap": logprob_gap(b.packed.sampling_logprobs, old, b.packed.response_mask.bool())}, old_logprobs=old
+    )
 
 
 def behaviour_logprobs(completions: Sequence[Any], packed: PackedBatch) -> Tensor:
@@ -139,8 +146,10 @@ def overlong_penalty(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
         return b
     lengths = b.packed.response_mask.bool().sum(-1)
     penalty = dapo_overlong_penalty(lengths, max_length=overlong.max_length or ctx.max_tokens, cache_length=overlong.cache_length)
-    return b.with_metrics({"reward/overlong_penalty_mean": float(penalty.mean())},
-                          rewards=b.rewards + overlong.penalty_weight * penalty.to(b.rewards.dtype))
+    return b.with_metrics(
+        {"reward/overlong_penalty_mean": float(penalty.mean())},
+        rewards=b.rewards + overlong.penalty_weight * penalty.to(b.rewards.dtype),
+    )
 
 
 def loss_mask(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
@@ -195,15 +204,23 @@ def token_discounts(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
                 continue
             setting = getattr(settings, modality, None)
             if not hasattr(setting, "gamma"):
-                raise ValueError(f"completion token modality {modality!r} has no GAE setting; modalities: {', '.join(type(settings).model_fields)}")
+                raise ValueError(
+                    f"completion token modality {modality!r} has no GAE setting; modalities: {', '.join(type(settings).model_fields)}"
+                )
             gammas[row, t], lambdas[row, t] = setting.gamma, setting.lam
     return replace(b, gammas=gammas, lambdas=lambdas)
 
 
 def advantages(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
     estimator = ctx.estimator
-    inputs = AdvantageInputs(rewards=b.token_rewards if b.token_rewards is not None else b.rewards, mask=b.packed.response_mask,
-                             group_ids=b.rollout.group_ids, values=b.values, gammas=b.gammas, lambdas=b.lambdas)
+    inputs = AdvantageInputs(
+        rewards=b.token_rewards if b.token_rewards is not None else b.rewards,
+        mask=b.packed.response_mask,
+        group_ids=b.rollout.group_ids,
+        values=b.values,
+        gammas=b.gammas,
+        lambdas=b.lambdas,
+    )
     adv, adv_metrics = estimator.fn(inputs, **ctx.estimator_params)
     returns = None
     if estimator.value_targets is not None:
@@ -219,8 +236,10 @@ def truncated_importance_sampling(b: PipelineBatch, ctx: PipelineContext) -> Pip
     if ctx.tis_cap is None:
         return b
     weight = torch.exp(b.old_logprobs - b.packed.sampling_logprobs).clamp(max=ctx.tis_cap)
-    return b.with_metrics({"rollout/tis_weight_mean": float(masked_mean(weight, b.loss_mask))},
-                          advantages=torch.where(b.loss_mask, b.advantages * weight, b.advantages))
+    return b.with_metrics(
+        {"rollout/tis_weight_mean": float(masked_mean(weight, b.loss_mask))},
+        advantages=torch.where(b.loss_mask, b.advantages * weight, b.advantages),
+    )
 
 
 def advantage_stats(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
@@ -232,8 +251,20 @@ def advantage_stats(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
 
 Stage = Callable[[PipelineBatch, PipelineContext], PipelineBatch]
 
-STAGES: tuple[Stage, ...] = (pack, old_logprobs, sequence_rewards, overlong_penalty, loss_mask, ref_logprobs, fold_kl_into_rewards,
-                             values, token_discounts, advantages, truncated_importance_sampling, advantage_stats)
+STAGES: tuple[Stage, ...] = (
+    pack,
+    old_logprobs,
+    sequence_rewards,
+    overlong_penalty,
+    loss_mask,
+    ref_logprobs,
+    fold_kl_into_rewards,
+    values,
+    token_discounts,
+    advantages,
+    truncated_importance_sampling,
+    advantage_stats,
+)
 
 
 class BatchPipeline:
@@ -251,6 +282,13 @@ def run_pipeline(rollout: Rollout, scores: Scores, ctx: PipelineContext, stages:
     batch = PipelineBatch(rollout, scores)
     for stage in stages:
         batch = stage(batch, ctx)
-    return LearnerBatch(packed=batch.packed, old_logprobs=batch.old_logprobs, advantages=batch.advantages.detach(),
-                        ref_logprobs=batch.ref_logprobs, old_values=batch.values, returns=batch.returns, metrics=batch.metrics,
-                        loss_mask=batch.loss_mask)
+    return LearnerBatch(
+        packed=batch.packed,
+        old_logprobs=batch.old_logprobs,
+        advantages=batch.advantages.detach(),
+        ref_logprobs=batch.ref_logprobs,
+        old_values=batch.values,
+        returns=batch.returns,
+        metrics=batch.metrics,
+        loss_mask=batch.loss_mask,
+    )

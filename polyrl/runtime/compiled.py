@@ -1,7 +1,7 @@
 """Opt-in ``torch.compile`` of the policy's decoder layers (``train.compile``).
 
 The learner's forward is the policy's decoder followed by the output head at the response
-positions only (``polyrl.algos.logprobs``); the decoder layers hold nearly all of the FLOPs and
+positions only (``polyrl.modeling.logprobs``); the decoder layers hold nearly all of the FLOPs and
 all of the element-wise work (norms, SiLU, rotary embeddings, residual adds) that eager mode runs
 as separate kernels, each reading and writing activations from memory. Compiling fuses that
 work between the matmuls.
@@ -65,7 +65,9 @@ def compile_decoder_layers(policy: torch.nn.Module, *, takes_images: bool) -> li
     if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
         raise CompileError(f"train.compile: {type(decoder).__name__} has no `layers` list of decoder layers to compile")
     if torch.device(next(policy.parameters()).device).type == "cpu" and not has_cpp_compiler():
-        raise CompileError("train.compile: torch.compile on CPU needs a C++ compiler (g++) on PATH; install one or leave train.compile off")
+        raise CompileError(
+            "train.compile: torch.compile on CPU needs a C++ compiler (g++) on PATH; install one or leave train.compile off"
+        )
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     return list(layers)
@@ -81,4 +83,6 @@ def check_sampler_compile(*, takes_images: bool) -> None:
     if takes_images:
         raise CompileError("rollout.compile: supported for text policies only; this policy is an image-text model")
     if not torch.cuda.is_available() and not has_cpp_compiler():
-        raise CompileError("rollout.compile: vLLM's compiled sampler on CPU needs a C++ compiler (g++) on PATH; install one or leave rollout.compile off")
+        raise CompileError(
+            "rollout.compile: vLLM's compiled sampler on CPU needs a C++ compiler (g++) on PATH; install one or leave rollout.compile off"
+        )

@@ -44,8 +44,19 @@ from torch import Tensor
 
 from polyrl.core.errors import PolyrlError
 
-__all__ = ["CpuMatmulError", "ProductTally", "cpu_vendor", "linear_library", "onednn_available", "onednn_linear",
-           "onednn_linear_traceable", "resolve_cpu_matmul", "route_linears_through_onednn", "timed_products", "torch_blas"]
+__all__ = [
+    "CpuMatmulError",
+    "ProductTally",
+    "cpu_vendor",
+    "linear_library",
+    "onednn_available",
+    "onednn_linear",
+    "onednn_linear_traceable",
+    "resolve_cpu_matmul",
+    "route_linears_through_onednn",
+    "timed_products",
+    "torch_blas",
+]
 
 
 class CpuMatmulError(PolyrlError):
@@ -242,23 +253,31 @@ def _routed_forward(layer: torch.nn.Linear, linear: Any):
     def onednn_forward(x: Tensor) -> Tensor:
         # Anything the oneDNN fp32 kernel is not for (another dtype or device, or no rows: oneDNN
         # has no primitive for an empty product) takes torch's path.
-        if (x.dtype == torch.float32 and layer.weight.dtype == torch.float32 and x.device.type == "cpu"
-                and not torch.is_autocast_enabled("cpu") and x.numel() > 0):
+        if (
+            x.dtype == torch.float32
+            and layer.weight.dtype == torch.float32
+            and x.device.type == "cpu"
+            and not torch.is_autocast_enabled("cpu")
+            and x.numel() > 0
+        ):
             return linear(x, layer.weight, layer.bias)
         return torch.nn.functional.linear(x, layer.weight, layer.bias)
 
     return onednn_forward
 
 
-def resolve_cpu_matmul(setting: str, *, device: torch.device, compute_dtype: torch.dtype, vendor: str | None = None,
-                       blas: str | None = None) -> str:
+def resolve_cpu_matmul(
+    setting: str, *, device: torch.device, compute_dtype: torch.dtype, vendor: str | None = None, blas: str | None = None
+) -> str:
     """``onednn`` or ``torch``: the library the learner's Linear layers will use (see the module doc).
     ``vendor`` and ``blas`` default to this machine's :func:`cpu_vendor` and :func:`torch_blas`."""
     reasons = []
     if device.type != "cpu":
         reasons.append(f"the policy is on {device.type}, not the CPU")
     if compute_dtype != torch.float32:
-        reasons.append(f"model.dtype computes in {str(compute_dtype).removeprefix('torch.')} (bf16 autocast already runs matmuls in oneDNN)")
+        reasons.append(
+            f"model.dtype computes in {str(compute_dtype).removeprefix('torch.')} (bf16 autocast already runs matmuls in oneDNN)"
+        )
     if not onednn_available():
         reasons.append("this torch build has no oneDNN (torch.backends.mkldnn)")
     if setting == "torch":

@@ -58,7 +58,9 @@ class LocalGroup:
     def clip_grad_norm(self, parameters: Iterable[Tensor], max_norm: float) -> float:
         return float(torch.nn.utils.clip_grad_norm_(list(parameters), max_norm))
 
-    def merge_sums(self, sums: dict[str, float], weights: dict[str, float], extra: float) -> tuple[dict[str, float], dict[str, float], float]:
+    def merge_sums(
+        self, sums: dict[str, float], weights: dict[str, float], extra: float
+    ) -> tuple[dict[str, float], dict[str, float], float]:
         return sums, weights, extra
 
 
@@ -105,7 +107,7 @@ class TorchDistributedGroup(LocalGroup):
         self.dist.all_reduce(flat, op=self.dist.ReduceOp.SUM)
         offset = 0
         for p, g in zip(params, grads):
-            p.grad = flat[offset:offset + g.numel()].view_as(p).clone()
+            p.grad = flat[offset : offset + g.numel()].view_as(p).clone()
             offset += g.numel()
 
     def clip_grad_norm(self, parameters: Iterable[Tensor], max_norm: float) -> float:
@@ -113,7 +115,9 @@ class TorchDistributedGroup(LocalGroup):
         full = getattr(norm, "full_tensor", None)  # FSDP2: a DTensor norm over all shards
         return float(full() if full is not None else norm)
 
-    def merge_sums(self, sums: dict[str, float], weights: dict[str, float], extra: float) -> tuple[dict[str, float], dict[str, float], float]:
+    def merge_sums(
+        self, sums: dict[str, float], weights: dict[str, float], extra: float
+    ) -> tuple[dict[str, float], dict[str, float], float]:
         gathered: list = [None] * self.world_size
         self.dist.all_gather_object(gathered, (dict(sums), dict(weights), extra))
         merged_sums: dict[str, float] = {}

@@ -32,12 +32,16 @@ def learner_device(setting: str) -> torch.device:
     device = torch.device(setting)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise LearnerDeviceError(f"train.device: {setting!r}, but this torch sees no CUDA device "
-                                     f"(torch {torch.__version__}); allowed here: 'auto', 'cpu'")
+            raise LearnerDeviceError(
+                f"train.device: {setting!r}, but this torch sees no CUDA device "
+                f"(torch {torch.__version__}); allowed here: 'auto', 'cpu'"
+            )
         count = torch.cuda.device_count()
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index >= count:
-            raise LearnerDeviceError(f"train.device: {setting!r}, but this machine has {count} CUDA device(s); "
-                                     f"allowed here: 'auto', 'cpu', " + ", ".join(f"'cuda:{i}'" for i in range(count)))
+            raise LearnerDeviceError(
+                f"train.device: {setting!r}, but this machine has {count} CUDA device(s); "
+                f"allowed here: 'auto', 'cpu', " + ", ".join(f"'cuda:{i}'" for i in range(count))
+            )
         return torch.device("cuda", index)
     return device

@@ -72,7 +72,8 @@ def check_room(total: dict[str, float], demand: RayDemand) -> None:
     raise RayRoomError(
         f"this run asks the Ray cluster for {_resources(demand.cpus, demand.gpus)} in all ({demand.describe()}), but the cluster has "
         f"{_resources(have_cpus, have_gpus)} in all: lower rollout.workers or train.learner_workers, give fractions "
-        "(rollout.worker_resources.num_cpus: 0.5, a reward's remote.num_cpus: 0.5), or add nodes")
+        "(rollout.worker_resources.num_cpus: 0.5, a reward's remote.num_cpus: 0.5), or add nodes"
+    )
 
 
 def acquire_ray(demand: RayDemand | None = None) -> Any:

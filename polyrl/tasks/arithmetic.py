@@ -47,8 +47,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from polyrl.tasks.common import SPLITS, ShippedSplits, check_split, hashed_split
-from polyrl.tasks.common import rows_to_jsonl  # noqa: F401  (re-exported: callers write rows through the task)
+from polyrl.tasks.common import (
+    SPLITS,
+    ShippedSplits,
+    check_split,
+    hashed_split,
+    rows_to_jsonl,  # noqa: F401  (re-exported: callers write rows through the task)
+)
 
 SHIPPED_SEED = 1234
 # Near the number of distinct problems per split (about 1,750 train / 240 test).

@@ -50,9 +50,22 @@ COLUMNS = ("left", "center", "right")
 CORNERS = ("top left", "top right", "bottom left", "bottom right")
 
 __all__ = [
-    "GRID_SIZE", "IMAGE_CLOSE", "IMAGE_OPEN", "PALETTE_COLOURS", "PALETTE_TOKENS", "SPLITS",
-    "Geometry", "all_geometries", "format_answer", "format_prompt", "make_drawing_rows", "problem_split",
-    "render", "SHIPPED", "read_rows", "shipped_path",
+    "GRID_SIZE",
+    "IMAGE_CLOSE",
+    "IMAGE_OPEN",
+    "PALETTE_COLOURS",
+    "PALETTE_TOKENS",
+    "SPLITS",
+    "Geometry",
+    "all_geometries",
+    "format_answer",
+    "format_prompt",
+    "make_drawing_rows",
+    "problem_split",
+    "render",
+    "SHIPPED",
+    "read_rows",
+    "shipped_path",
 ]
 
 

@@ -183,9 +183,11 @@ def test_scene_keys() -> frozenset[str]:
     keys: set[str] = set()
     objects = [(color, shape) for color in COLORS for shape in SHAPES]
     for count in range(1, MAX_OBJECTS + 1):
-        contents = [";".join(f"{c}-{s}-{cell}" for (c, s), cell in zip(chosen, cells))
-                    for cells in itertools.combinations(range(GRID * GRID), count)
-                    for chosen in itertools.product(objects, repeat=count)]
+        contents = [
+            ";".join(f"{c}-{s}-{cell}" for (c, s), cell in zip(chosen, cells))
+            for cells in itertools.combinations(range(GRID * GRID), count)
+            for chosen in itertools.product(objects, repeat=count)
+        ]
         ranked = sorted(contents, key=_content_hash)
         keys.update(ranked[: round(len(ranked) / TEST_BUCKETS)])
     return frozenset(keys)
@@ -217,12 +219,15 @@ def split_rows(split: str) -> list[dict[str, Any]]:
     rows = []
     for scene in _split_scenes(split):
         shared = {"scene_id": scene.seed, "references": captions(scene), "images": [_image_cell(scene)]}
-        rows += [{"prompt": vqa_prompt(q["question"]), "answer": q["answer"], "kind": q["kind"], **shared} for q in questions(scene)]
+        rows += [
+            {"prompt": vqa_prompt(q["question"]), "answer": q["answer"], "kind": q["kind"], **shared} for q in questions(scene)
+        ]
     return rows
 
 
 def _image_cell(scene: Scene) -> dict[str, Any]:
     return {"bytes": png_bytes(render(scene)), "path": None}
+
 
 def data_dir() -> Path:
     return Path(__file__).resolve().parent / "data" / "scenes"
@@ -251,12 +256,14 @@ def _write_parquet(rows: list[dict[str, Any]], text_columns: tuple[str, ...], pa
     ``images`` column of ``List(Image())``."""
     import datasets
 
-    features = datasets.Features({
-        **{name: datasets.Value("string") for name in text_columns},
-        "scene_id": datasets.Value("int64"),
-        "references": datasets.List(datasets.Value("string")),
-        "images": datasets.List(datasets.Image()),
-    })
+    features = datasets.Features(
+        {
+            **{name: datasets.Value("string") for name in text_columns},
+            "scene_id": datasets.Value("int64"),
+            "references": datasets.List(datasets.Value("string")),
+            "images": datasets.List(datasets.Image()),
+        }
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     datasets.Dataset.from_list(rows, features=features).to_parquet(str(path))
     return path
@@ -274,8 +281,11 @@ CAPTION_PROMPT = f"{IMAGE_PLACEHOLDER}Caption:"
 
 def caption_rows(split: str) -> list[dict[str, Any]]:
     """The captioning rows of ``split``: one per scene, its captions as ``references``."""
-    return [{"prompt": CAPTION_PROMPT, "scene_id": scene.seed, "references": captions(scene), "images": [_image_cell(scene)]}
-            for scene in _split_scenes(split)]
+    return [
+        {"prompt": CAPTION_PROMPT, "scene_id": scene.seed, "references": captions(scene), "images": [_image_cell(scene)]}
+        for scene in _split_scenes(split)
+    ]
+
 
 def caption_path(split: str) -> Path:
     if split not in SPLITS:

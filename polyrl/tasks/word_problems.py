@@ -44,8 +44,18 @@ TEST_BUCKETS = 8
 # plain-English format far more often (measured on SmolLM2-135M-Instruct; experiments/real/).
 INSTRUCTION = 'Solve it step by step, then give the final answer as "Answer: <number>".'
 
-NAMES = (("Mia", "she"), ("Tom", "he"), ("Lena", "she"), ("Sam", "he"), ("Ava", "she"), ("Ben", "he"),
-         ("Nora", "she"), ("Leo", "he"), ("Zoe", "she"), ("Omar", "he"))
+NAMES = (
+    ("Mia", "she"),
+    ("Tom", "he"),
+    ("Lena", "she"),
+    ("Sam", "he"),
+    ("Ava", "she"),
+    ("Ben", "he"),
+    ("Nora", "she"),
+    ("Leo", "he"),
+    ("Zoe", "she"),
+    ("Omar", "he"),
+)
 OBJECTS = ("apples", "marbles", "stickers", "pencils", "cookies", "stamps", "shells", "cards")
 
 
@@ -96,27 +106,48 @@ def _give_one(rng: random.Random) -> tuple[int, int, int]:
 ONE_STEP_KINDS = 2
 ONE_STEP_SHARE = 0.6
 KINDS = (
-    Kind("buy", _buy_one,
-         "{name} has {a} {things}. {pronoun} buys {b} more. How many {things} does {name} have now?",
-         lambda a, b, c: (a + b, f"{a} + {b} = {a + b}.")),
-    Kind("give", _give_one,
-         "{name} has {a} {things}. {pronoun} gives away {b}. How many {things} does {name} have now?",
-         lambda a, b, c: (a - b, f"{a} - {b} = {a - b}.")),
-    Kind("buy_give", _buy_give,
-         "{name} has {a} {things}. {pronoun} buys {b} more, then gives {c} to a friend. How many {things} does {name} have now?",
-         lambda a, b, c: (a + b - c, f"{a} + {b} = {a + b}. {a + b} - {c} = {a + b - c}.")),
-    Kind("give_find", _give_find,
-         "{name} has {a} {things}. {pronoun} gives away {b}, then finds {c} more. How many {things} does {name} have now?",
-         lambda a, b, c: (a - b + c, f"{a} - {b} = {a - b}. {a - b} + {c} = {a - b + c}.")),
-    Kind("bags", _bags,
-         "{name} buys {a} bags with {b} {things} in each bag, then gives away {c} {things}. How many {things} does {name} have left?",
-         lambda a, b, c: (a * b - c, f"{a} x {b} = {a * b}. {a * b} - {c} = {a * b - c}.")),
-    Kind("three_adds", _three_adds,
-         "A box holds {a} {things}. {name} puts in {b} more in the morning and {c} more in the evening. How many {things} are in the box now?",
-         lambda a, b, c: (a + b + c, f"{a} + {b} = {a + b}. {a + b} + {c} = {a + b + c}.")),
-    Kind("more_than", _more_than,
-         "{name} has {a} {things}. A friend has {b} more {things} than {name}. How many {things} do they have together?",
-         lambda a, b, c: (a + (a + b), f"{a} + {b} = {a + b}. {a} + {a + b} = {a + a + b}.")),
+    Kind(
+        "buy",
+        _buy_one,
+        "{name} has {a} {things}. {pronoun} buys {b} more. How many {things} does {name} have now?",
+        lambda a, b, c: (a + b, f"{a} + {b} = {a + b}."),
+    ),
+    Kind(
+        "give",
+        _give_one,
+        "{name} has {a} {things}. {pronoun} gives away {b}. How many {things} does {name} have now?",
+        lambda a, b, c: (a - b, f"{a} - {b} = {a - b}."),
+    ),
+    Kind(
+        "buy_give",
+        _buy_give,
+        "{name} has {a} {things}. {pronoun} buys {b} more, then gives {c} to a friend. How many {things} does {name} have now?",
+        lambda a, b, c: (a + b - c, f"{a} + {b} = {a + b}. {a + b} - {c} = {a + b - c}."),
+    ),
+    Kind(
+        "give_find",
+        _give_find,
+        "{name} has {a} {things}. {pronoun} gives away {b}, then finds {c} more. How many {things} does {name} have now?",
+        lambda a, b, c: (a - b + c, f"{a} - {b} = {a - b}. {a - b} + {c} = {a - b + c}."),
+    ),
+    Kind(
+        "bags",
+        _bags,
+        "{name} buys {a} bags with {b} {things} in each bag, then gives away {c} {things}. How many {things} does {name} have left?",
+        lambda a, b, c: (a * b - c, f"{a} x {b} = {a * b}. {a * b} - {c} = {a * b - c}."),
+    ),
+    Kind(
+        "three_adds",
+        _three_adds,
+        "A box holds {a} {things}. {name} puts in {b} more in the morning and {c} more in the evening. How many {things} are in the box now?",
+        lambda a, b, c: (a + b + c, f"{a} + {b} = {a + b}. {a + b} + {c} = {a + b + c}."),
+    ),
+    Kind(
+        "more_than",
+        _more_than,
+        "{name} has {a} {things}. A friend has {b} more {things} than {name}. How many {things} do they have together?",
+        lambda a, b, c: (a + (a + b), f"{a} + {b} = {a + b}. {a} + {a + b} = {a + a + b}."),
+    ),
 )
 
 
@@ -152,21 +183,24 @@ def make_word_problem_rows(n: int, *, seed: int, split: str) -> list[dict[str, A
             continue
         seen.add(key)
         name, pronoun = rng.choice(NAMES)
-        question = kind.question.format(name=name, pronoun=pronoun.capitalize(), things=rng.choice(OBJECTS),
-                                        a=numbers[0], b=numbers[1], c=numbers[2])
+        question = kind.question.format(
+            name=name, pronoun=pronoun.capitalize(), things=rng.choice(OBJECTS), a=numbers[0], b=numbers[1], c=numbers[2]
+        )
         prompt = f"{question} {INSTRUCTION}"
         answer, steps = kind.solve(*numbers)
-        rows.append({
-            "prompt": prompt,
-            "messages": [{"role": "user", "content": prompt}],
-            "answer": str(answer),
-            "references": [str(answer)],
-            "solution": f"{steps} Answer: {answer}",
-            "kind": kind.name,
-            "skeleton": key,
-            "id": f"wp-{split}-{len(rows):05d}",
-            "split": split,
-        })
+        rows.append(
+            {
+                "prompt": prompt,
+                "messages": [{"role": "user", "content": prompt}],
+                "answer": str(answer),
+                "references": [str(answer)],
+                "solution": f"{steps} Answer: {answer}",
+                "kind": kind.name,
+                "skeleton": key,
+                "id": f"wp-{split}-{len(rows):05d}",
+                "split": split,
+            }
+        )
     return rows
 
 

@@ -31,11 +31,26 @@ def view_key(parent_run_id: str) -> str:
 def line_chart(metric_key: str, index: int) -> dict:
     """A step-curve card of ``metric_key`` in the comparison section (MLflow's LINE card)."""
     return {
-        "uuid": f"{SECTION_ID}-{index}", "type": "LINE", "metricSectionId": SECTION_ID, "deleted": False,
-        "isGenerated": False, "runsCountToCompare": 10, "displayName": metric_key, "metricKey": metric_key,
-        "selectedMetricKeys": [metric_key], "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear",
-        "range": {}, "xAxisKey": "step", "selectedXAxisMetricKey": "", "yAxisKey": "metric", "yAxisExpressions": [],
-        "ignoreOutliers": False, "useGlobalXaxisKey": False, "useGlobalLineSmoothing": True,
+        "uuid": f"{SECTION_ID}-{index}",
+        "type": "LINE",
+        "metricSectionId": SECTION_ID,
+        "deleted": False,
+        "isGenerated": False,
+        "runsCountToCompare": 10,
+        "displayName": metric_key,
+        "metricKey": metric_key,
+        "selectedMetricKeys": [metric_key],
+        "lineSmoothness": 0,
+        "xAxisScaleType": "linear",
+        "scaleType": "linear",
+        "range": {},
+        "xAxisKey": "step",
+        "selectedXAxisMetricKey": "",
+        "yAxisKey": "metric",
+        "yAxisExpressions": [],
+        "ignoreOutliers": False,
+        "useGlobalXaxisKey": False,
+        "useGlobalLineSmoothing": True,
     }
 
 
@@ -55,12 +70,21 @@ def chart_view_state(run_ids: list[str], metric_keys: list[str], *, group_by_tag
         "orderByKey": "tags.`mlflow.runName`",  # the UI's own "Run Name" sort
         "orderByAsc": True,
         "compareRunCharts": [line_chart(key, index) for index, key in enumerate(metric_keys)],
-        "compareRunSections": [{"uuid": SECTION_ID, "name": SECTION_NAME, "display": True, "isReordered": False,
-                                "deleted": False, "isGenerated": False}],
+        "compareRunSections": [
+            {
+                "uuid": SECTION_ID,
+                "name": SECTION_NAME,
+                "display": True,
+                "isReordered": False,
+                "deleted": False,
+                "isGenerated": False,
+            }
+        ],
         # Generated sections for the other metrics go below ours, not re-sorted above it.
         "isAccordionReordered": True,
         "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": group_by_tag}]}
-        if group_by_tag else None,
+        if group_by_tag
+        else None,
         "groupsExpanded": {},
         "useGroupedValuesInCharts": True,
         "hideEmptyCharts": True,

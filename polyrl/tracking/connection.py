@@ -22,8 +22,11 @@ from polyrl.core.errors import PolyrlError
 # MLflow's own defaults (120 s timeout, 7 retries with exponential backoff) let one call to a
 # dead server hang for minutes; three tries of 20 s each bound it, like the short, bounded
 # retries of verl's and torchtitan's metric loggers (they drop on failure; we buffer).
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "20", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
 PROBE_TIMEOUT_S = 5.0
 # MLflow 3's UI opens an experiment on its GenAI "Overview / Traces" page unless the
 # experiment says it is model training; this tag (what the UI's own kind selector writes)
@@ -73,8 +76,13 @@ def unreachable_reason(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None
         return str(error) or type(error).__name__
 
 
-def probe_tracking(uri: str, timeout: float = PROBE_TIMEOUT_S, *, setting: str = "tracking.uri",
-                   nothing_done: str = "nothing was trained or logged") -> None:
+def probe_tracking(
+    uri: str,
+    timeout: float = PROBE_TIMEOUT_S,
+    *,
+    setting: str = "tracking.uri",
+    nothing_done: str = "nothing was trained or logged",
+) -> None:
     """Raise :class:`TrackingUnavailableError` at once when a tracking server does not answer;
     ``setting`` names where the caller's URI comes from, ``nothing_done`` what was not started."""
     reason = unreachable_reason(uri, timeout)
@@ -82,7 +90,8 @@ def probe_tracking(uri: str, timeout: float = PROBE_TIMEOUT_S, *, setting: str =
         raise TrackingUnavailableError(
             f"cannot reach MLflow at {uri}: {reason} (no answer within {timeout:g} s). Start the tracking server "
             f"(e.g. mlflow server --host 127.0.0.1 --port 5000) or point {setting} / MLFLOW_TRACKING_URI at a running one; "
-            f"{nothing_done}")
+            f"{nothing_done}"
+        )
 
 
 def make_client(tracking_uri: str) -> MlflowClient:
@@ -96,7 +105,7 @@ def sqlite_store_path(tracking_uri: str) -> Path | None:
     ``sqlite:////absolute.db``); ``None`` for any other store or an in-memory database."""
     if not tracking_uri.startswith("sqlite:"):
         return None
-    path = tracking_uri[len("sqlite:"):].split("?", 1)[0]
+    path = tracking_uri[len("sqlite:") :].split("?", 1)[0]
     if not path.startswith("///") or path == "///":
         return None
     return Path(unquote(path[3:]))

@@ -69,7 +69,9 @@ class ExperimentTracker:
         probe_tracking(tracking_uri)
         self.client = make_client(tracking_uri)
         self.experiment_name = experiment_name
-        self.experiment_id = self._call(lambda: ensure_experiment(self.client, experiment_name, tracking_uri=tracking_uri), "open the experiment")
+        self.experiment_id = self._call(
+            lambda: ensure_experiment(self.client, experiment_name, tracking_uri=tracking_uri), "open the experiment"
+        )
 
     def _call(self, call: Callable[[], Any], what: str) -> Any:
         """Run a call the run cannot start without; an unreachable server is one clear error."""
@@ -77,7 +79,7 @@ class ExperimentTracker:
 
         try:
             return call()
-        except (MlflowException, requests.RequestException, OSError) as error:
+        except (MlflowException, requests.RequestException, OSError):
             reason = unreachable_reason(self.tracking_uri)
             if reason is None:
                 raise
@@ -89,21 +91,39 @@ class ExperimentTracker:
             logger.flush()  # calls kept by an earlier process of this run go first
         return logger
 
-    def start_parent(self, run_name: str, *, resume_run_id: str | None = None, tags: dict[str, Any] | None = None,
-                     buffer_dir: str | Path | None = None, echo: Callable[[str], None] | None = None) -> RunLogger:
+    def start_parent(
+        self,
+        run_name: str,
+        *,
+        resume_run_id: str | None = None,
+        tags: dict[str, Any] | None = None,
+        buffer_dir: str | Path | None = None,
+        echo: Callable[[str], None] | None = None,
+    ) -> RunLogger:
         if resume_run_id:
             self._call(lambda: self.client.update_run(resume_run_id, status="RUNNING"), "reopen the experiment's run")
             return self._logger(resume_run_id, buffer_dir, echo)
-        run = self._call(lambda: self.client.create_run(
-            self.experiment_id,
-            run_name=run_name,
-            tags={EXPERIMENT_TAG: self.experiment_name, ROLE_TAG: "experiment", **(tags or {})},
-        ), "create the experiment's run")
+        run = self._call(
+            lambda: self.client.create_run(
+                self.experiment_id,
+                run_name=run_name,
+                tags={EXPERIMENT_TAG: self.experiment_name, ROLE_TAG: "experiment", **(tags or {})},
+            ),
+            "create the experiment's run",
+        )
         return self._logger(run.info.run_id, buffer_dir, echo)
 
-    def start_arm(self, parent_run_id: str, arm: str, *, resume_run_id: str | None = None, tags: dict[str, Any] | None = None,
-                  buffer_dir: str | Path | None = None, echo: Callable[[str], None] | None = None,
-                  seed: int | None = None) -> RunLogger:
+    def start_arm(
+        self,
+        parent_run_id: str,
+        arm: str,
+        *,
+        resume_run_id: str | None = None,
+        tags: dict[str, Any] | None = None,
+        buffer_dir: str | Path | None = None,
+        echo: Callable[[str], None] | None = None,
+        seed: int | None = None,
+    ) -> RunLogger:
         """An arm's run under the experiment's run; with ``seed``, one seed's run under the arm's run
         (``parent_run_id`` is then the arm's run)."""
         what = f"arm {arm!r}" + (f" seed {seed}" if seed is not None else "")
@@ -111,17 +131,20 @@ class ExperimentTracker:
             self._call(lambda: self.client.update_run(resume_run_id, status="RUNNING"), f"reopen the run of {what}")
             return self._logger(resume_run_id, buffer_dir, echo)
         role = {ROLE_TAG: "arm"} if seed is None else {ROLE_TAG: "seed", SEED_TAG: str(seed)}
-        run = self._call(lambda: self.client.create_run(
-            self.experiment_id,
-            run_name=arm if seed is None else seed_run_name(arm, seed),
-            tags={
-                "mlflow.parentRunId": parent_run_id,
-                EXPERIMENT_TAG: self.experiment_name,
-                ARM_TAG: arm,
-                **role,
-                **(tags or {}),
-            },
-        ), f"create the run of {what}")
+        run = self._call(
+            lambda: self.client.create_run(
+                self.experiment_id,
+                run_name=arm if seed is None else seed_run_name(arm, seed),
+                tags={
+                    "mlflow.parentRunId": parent_run_id,
+                    EXPERIMENT_TAG: self.experiment_name,
+                    ARM_TAG: arm,
+                    **role,
+                    **(tags or {}),
+                },
+            ),
+            f"create the run of {what}",
+        )
         return self._logger(run.info.run_id, buffer_dir, echo)
 
 

@@ -90,8 +90,14 @@ class RunLogger:
     answers (a rejected value) and of local stores are raised as before.
     """
 
-    def __init__(self, client: MlflowClient, run_id: str, *, buffer_dir: str | Path | None = None,
-                 echo: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        client: MlflowClient,
+        run_id: str,
+        *,
+        buffer_dir: str | Path | None = None,
+        echo: Callable[[str], None] | None = None,
+    ):
         self.client = client
         self.run_id = run_id
         self.tracking_uri = str(getattr(client, "tracking_uri", ""))
@@ -192,8 +198,10 @@ class RunLogger:
             if self.buffer is None or not self._is_outage(error):
                 raise
             self._retry_at = time.monotonic() + _retry_seconds()
-            self.echo(f"warning: MLflow at {self.tracking_uri} is unreachable ({_short(error)}); training goes on and "
-                      f"its logs are kept in {self.buffer.path} until the server answers again")
+            self.echo(
+                f"warning: MLflow at {self.tracking_uri} is unreachable ({_short(error)}); training goes on and "
+                f"its logs are kept in {self.buffer.path} until the server answers again"
+            )
             self._buffer(entry)
             return None
 
@@ -271,9 +279,15 @@ class RunLogger:
         return unreachable_reason(self.tracking_uri) is not None
 
     def _unavailable(self, what: str) -> TrackingUnavailableError:
-        kept = f"; {self.buffer.count} logging calls are kept in {self.buffer.path}" if self.buffer is not None and self.buffer.count else ""
-        return TrackingUnavailableError(f"MLflow at {self.tracking_uri} is unreachable: {what}{kept}. The checkpoints are "
-                                        "saved; once the server answers, resuming uploads the kept calls and closes the run")
+        kept = (
+            f"; {self.buffer.count} logging calls are kept in {self.buffer.path}"
+            if self.buffer is not None and self.buffer.count
+            else ""
+        )
+        return TrackingUnavailableError(
+            f"MLflow at {self.tracking_uri} is unreachable: {what}{kept}. The checkpoints are "
+            "saved; once the server answers, resuming uploads the kept calls and closes the run"
+        )
 
 
 class _LogLines(io.TextIOBase):

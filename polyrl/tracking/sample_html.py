@@ -70,8 +70,10 @@ def _image_tag(image: Any) -> str:
     if max(width, height) > MAX_EMBEDDED_SIDE:
         factor = MAX_EMBEDDED_SIDE / max(width, height)
         shown_w, shown_h, scale = max(1, round(width * factor)), max(1, round(height * factor)), 1
-    return (f'<img src="{png_data_uri(image)}" width="{shown_w * scale}" height="{shown_h * scale}" '
-            f'alt="image {width}x{height}" title="{width}x{height}">')
+    return (
+        f'<img src="{png_data_uri(image)}" width="{shown_w * scale}" height="{shown_h * scale}" '
+        f'alt="image {width}x{height}" title="{width}x{height}">'
+    )
 
 
 def _text(value: Any) -> str:
@@ -104,7 +106,9 @@ def _references_cell(row: Mapping[str, Any]) -> str:
 
 
 def _completion_cell(row: Mapping[str, Any]) -> str:
-    details = [f"{_text(key)} {_text(row[key])}" for key in ("length", "finish_reason", "modalities") if row.get(key) not in (None, "")]
+    details = [
+        f"{_text(key)} {_text(row[key])}" for key in ("length", "finish_reason", "modalities") if row.get(key) not in (None, "")
+    ]
     return f"<pre>{_text(row.get('completion'))}</pre>" + (f'<div class="muted">{" · ".join(details)}</div>' if details else "")
 
 

@@ -36,8 +36,10 @@ def experiment_runs_url(base_url: str, experiment_id: str) -> str:
 def chart_view_url(base_url: str, experiment_id: str, view_key: str) -> str:
     """The experiment page in chart mode with a saved view (:mod:`polyrl.tracking.chart_view`)
     applied: its runs, grouping and charts."""
-    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={quote(view_key, safe='')}"
-            f"&compareRunsMode=CHART&{MODEL_TRAINING_MODE}")
+    return (
+        f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={quote(view_key, safe='')}"
+        f"&compareRunsMode=CHART&{MODEL_TRAINING_MODE}"
+    )
 
 
 def run_ids_in_compare_url(url: str) -> list[str]:

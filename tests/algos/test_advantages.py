@@ -314,7 +314,9 @@ def test_a_group_with_one_or_no_scored_sample_gets_zero_advantage():
     mask = torch.ones(4, 1, dtype=torch.bool)
     rewards = torch.tensor([2.0, NAN, NAN, NAN], dtype=F64)
     for name in ("group_norm", "group_mean_centered", "rloo"):
-        advantages, metrics = get_advantage(name).fn(AdvantageInputs(rewards=rewards, mask=mask, group_ids=torch.tensor([0, 0, 1, 1])))
+        advantages, metrics = get_advantage(name).fn(
+            AdvantageInputs(rewards=rewards, mask=mask, group_ids=torch.tensor([0, 0, 1, 1]))
+        )
         assert torch.equal(advantages, torch.zeros(4, 1, dtype=F64)), name
         assert all(math.isfinite(value) for value in metrics.values())
 

@@ -36,13 +36,9 @@ UNREACHABLE = [(5.0, 1.0), (0.95, -1.0), (1.0, -1.0)]
 def test_positive_share_by_hand():
     ratio, advantages, mask = _batch(NEEDS_BOTH)
     # [0.6, 1.2]: pos = 1.0 (1.45 > 1.2 excluded); neg = 0.62 + 0.67 + 0.87 + 0.95 + 1.05 = 4.16
-    assert bapo_positive_share(ratio, advantages, mask, c_low=0.6, c_high=1.2) == pytest.approx(
-        1.0 / 5.16, abs=1e-12, rel=0
-    )
+    assert bapo_positive_share(ratio, advantages, mask, c_low=0.6, c_high=1.2) == pytest.approx(1.0 / 5.16, abs=1e-12, rel=0)
     # [0.9, 1.5]: pos = 1.0 + 1.45 = 2.45; neg = 0.95 + 1.05 = 2.0
-    assert bapo_positive_share(ratio, advantages, mask, c_low=0.9, c_high=1.5) == pytest.approx(
-        2.45 / 4.45, abs=1e-12, rel=0
-    )
+    assert bapo_positive_share(ratio, advantages, mask, c_low=0.9, c_high=1.5) == pytest.approx(2.45 / 4.45, abs=1e-12, rel=0)
     # no negative contribution at all: nothing to balance
     assert bapo_positive_share(ratio, advantages.abs(), mask, c_low=0.6, c_high=1.2) == 1.0
 

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from polyrl.algos.advantages import get_advantage
 from polyrl.algos.aggregation import AGGREGATION_MODES, global_loss_normalizer
 from polyrl.algos.objectives import SHARED_PARAMS, TRAIN_SETTINGS, get_objective, list_objectives
-from polyrl.launch.objectives_cli import app
+from polyrl.cli.objectives import app
 
 F64 = torch.float64
 NAN = math.nan
@@ -231,9 +231,7 @@ def test_missing_tensors_for_kl_or_entropy_are_reported():
     with pytest.raises(ValueError, match="ref_logprobs"):
         spec.fn(logprobs, old_logprobs, advantages, mask, loss_normalizer=5.0, aggregation="token_mean", kl_coef=0.1)
     with pytest.raises(ValueError, match="entropy"):
-        spec.fn(
-            logprobs, old_logprobs, advantages, mask, loss_normalizer=5.0, aggregation="token_mean", entropy_coef=0.1
-        )
+        spec.fn(logprobs, old_logprobs, advantages, mask, loss_normalizer=5.0, aggregation="token_mean", entropy_coef=0.1)
 
 
 def test_log_ratio_is_clamped_at_20_by_hand():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from polyrl.algos.objectives import get_objective
 from polyrl.config.schema import (
     ConfigError,
     TrainConfig,
@@ -16,7 +17,6 @@ from polyrl.config.schema import (
 )
 from polyrl.config.yaml_files import safe_load_unique
 from polyrl.core.errors import PolyrlError
-from polyrl.algos.objectives import get_objective
 
 
 def _write(tmp_path, text: str):
@@ -26,7 +26,9 @@ def _write(tmp_path, text: str):
 
 
 def test_arms_override_base_and_keep_the_rest(tmp_path):
-    path = _write(tmp_path, """
+    path = _write(
+        tmp_path,
+        """
 name: demo
 train: {steps: 7, learning_rate: 1.0e-4}
 objective: {name: grpo}
@@ -34,7 +36,8 @@ arms:
   grpo: {}
   dr_grpo: {objective: {name: dr_grpo}}
   dapo_dotted: {objective.name: dapo, train.steps: 3}
-""")
+""",
+    )
     arms = load_experiment(path)
     assert list(arms) == ["grpo", "dr_grpo", "dapo_dotted"]
     assert arms["grpo"].objective.name == "grpo"
@@ -136,25 +139,64 @@ def test_preset_explicit_objective_params_win_and_gae_gets_the_discounts(tmp_pat
         ("name: x\ntrain: {stepz: 3}\n", ["train.stepz", "unknown field", "steps", "learning_rate"]),
         # Registry-backed names list what is registered.
         ("name: x\nobjective: {name: ppo2}\n", ["objective.name", "'ppo2'", "grpo", "dr_grpo", "bapo"]),
-        ("name: x\nobjective: {name: grpo, aggregation: mean}\n", ["objective.aggregation", "token_mean", "seq_sum_constant_norm"]),
-        ("name: x\nobjective: {name: grpo, params: {clip_hi: 0.3}}\n", ["objective.params.clip_hi", "unknown parameter", "clip_high"]),
+        (
+            "name: x\nobjective: {name: grpo, aggregation: mean}\n",
+            ["objective.aggregation", "token_mean", "seq_sum_constant_norm"],
+        ),
+        (
+            "name: x\nobjective: {name: grpo, params: {clip_hi: 0.3}}\n",
+            ["objective.params.clip_hi", "unknown parameter", "clip_high"],
+        ),
         # Typed objective params: strict types and ranges, with the field path and what is allowed.
-        ("name: x\nobjective: {name: grpo, params: {clip_low: '0.2'}}\n", ["objective.params.clip_low", "'0.2'", "allowed: number >= 0 and < 1"]),
-        ("name: x\nobjective: {name: ppo, params: {dual_clip: 0.5}}\n", ["objective.params.dual_clip", "0.5", "allowed: number > 1, or null"]),
-        ("name: x\nobjective: {name: dapo, params: {clip_high: -0.1}}\n", ["objective.params.clip_high", "-0.1", "allowed: number >= 0"]),
+        (
+            "name: x\nobjective: {name: grpo, params: {clip_low: '0.2'}}\n",
+            ["objective.params.clip_low", "'0.2'", "allowed: number >= 0 and < 1"],
+        ),
+        (
+            "name: x\nobjective: {name: ppo, params: {dual_clip: 0.5}}\n",
+            ["objective.params.dual_clip", "0.5", "allowed: number > 1, or null"],
+        ),
+        (
+            "name: x\nobjective: {name: dapo, params: {clip_high: -0.1}}\n",
+            ["objective.params.clip_high", "-0.1", "allowed: number >= 0"],
+        ),
         ("name: x\nobjective: {name: gspo, params: {clip_low: .nan}}\n", ["objective.params.clip_low", "finite"]),
-        ("name: x\nobjective: {name: bapo, params: {c_high_start: 0.9}}\n", ["objective.params.c_high_start", "allowed: number > 1"]),
-        ("name: x\nobjective: {name: bapo, params: {bound_search: 1}}\n", ["objective.params.bound_search", "allowed: true or false"]),
-        ("name: x\nobjective: {name: bapo, params: {c_low_start: 0.8, c_low_max: 0.7}}\n", ["objective.params", "c_low_start <= c_low_max"]),
-        ("name: x\nobjective: {name: bapo, params: {positive_weight_beta: 7}}\n", ["objective.params", "positive_weight_beta", "positive_weight_sigmoid on"]),
+        (
+            "name: x\nobjective: {name: bapo, params: {c_high_start: 0.9}}\n",
+            ["objective.params.c_high_start", "allowed: number > 1"],
+        ),
+        (
+            "name: x\nobjective: {name: bapo, params: {bound_search: 1}}\n",
+            ["objective.params.bound_search", "allowed: true or false"],
+        ),
+        (
+            "name: x\nobjective: {name: bapo, params: {c_low_start: 0.8, c_low_max: 0.7}}\n",
+            ["objective.params", "c_low_start <= c_low_max"],
+        ),
+        (
+            "name: x\nobjective: {name: bapo, params: {positive_weight_beta: 7}}\n",
+            ["objective.params", "positive_weight_beta", "positive_weight_sigmoid on"],
+        ),
         # One home per setting: the train.* spelling is the only one.
-        ("name: x\nobjective: {name: grpo, params: {kl_coef: 0.04}}\n", ["objective.params.kl_coef", "set train.kl_coef instead"]),
-        ("name: x\nobjective: {name: dapo, params: {kl_estimator: k1}}\n", ["objective.params.kl_estimator", "train.kl_estimator"]),
-        ("name: x\nobjective: {name: bapo, params: {entropy_coef: 0.01}}\n", ["objective.params.entropy_coef", "train.entropy_coef"]),
+        (
+            "name: x\nobjective: {name: grpo, params: {kl_coef: 0.04}}\n",
+            ["objective.params.kl_coef", "set train.kl_coef instead"],
+        ),
+        (
+            "name: x\nobjective: {name: dapo, params: {kl_estimator: k1}}\n",
+            ["objective.params.kl_estimator", "train.kl_estimator"],
+        ),
+        (
+            "name: x\nobjective: {name: bapo, params: {entropy_coef: 0.01}}\n",
+            ["objective.params.entropy_coef", "train.entropy_coef"],
+        ),
         # Typed advantage params, checked against the estimator that will run (the objective's default here).
         ("name: x\nadvantage: {params: {std_scale: global}}\n", ["advantage.params.std_scale", "'global'", "'group' or 'batch'"]),
         ("name: x\nadvantage: {params: {eps: 0}}\n", ["advantage.params.eps", "allowed: number > 0"]),
-        ("name: x\nadvantage: {estimator: rloo, params: {eps: 1.0e-6}}\n", ["advantage.params.eps", "unknown parameter", "(none)"]),
+        (
+            "name: x\nadvantage: {estimator: rloo, params: {eps: 1.0e-6}}\n",
+            ["advantage.params.eps", "unknown parameter", "(none)"],
+        ),
         ("name: x\nobjective: {name: ppo}\nadvantage: {params: {whiten: 'yes'}}\n", ["advantage.params.whiten", "true or false"]),
         # Every float of the schema is finite.
         ("name: x\ntrain: {learning_rate: .inf}\n", ["train.learning_rate", "finite number", "inf"]),

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from chat_models import EOT, build_bpe_chat_tokenizer
 from transformers import AutoTokenizer
 
-from chat_models import EOT, build_bpe_chat_tokenizer
-from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.data.chat import ChatFormat, ChatTemplateError, format_prompts
 from polyrl.data.prompts import load_prompt_dataset, rows_to_prompt_samples
 from polyrl.engines.stop_tokens import end_of_turn_id, stop_token_ids
+from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.tasks import arithmetic
 
 QUESTIONS = ["What is 9 - 3?", "hello", "Add 2 and 5."]
@@ -36,7 +36,9 @@ def _samples(questions=QUESTIONS, **fields):
 
 def test_a_template_that_writes_bos_gets_it_once(tokenizer):
     bos = tokenizer.bos_token_id
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 9 - 3?"}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 9 - 3?"}], tokenize=False, add_generation_prompt=True
+    )
     assert tokenizer(text)["input_ids"][:2] == [bos, bos]  # the trap: ordinary encoding doubles BOS
     [sample] = format_prompts(_samples(QUESTIONS[:1]), tokenizer, ChatFormat(chat_template=True))
     assert sample.prompt_ids[0] == bos and sample.prompt_ids.count(bos) == 1
@@ -47,10 +49,16 @@ def test_a_template_that_writes_bos_gets_it_once(tokenizer):
 
 def test_system_prompt_and_messages_rows(tokenizer):
     [sample] = format_prompts(_samples(QUESTIONS[:1]), tokenizer, ChatFormat(chat_template=True, system_prompt="Be brief."))
-    assert sample.model_prompt.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-                                          "<|start_header_id|>user<|end_header_id|>\n\nWhat is 9 - 3?<|eot_id|>")
+    assert sample.model_prompt.startswith(
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWhat is 9 - 3?<|eot_id|>"
+    )
     # A messages column turns chat formatting on by itself (chat_template unset), and is used as given.
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "9 - 3?"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "9 - 3?"},
+    ]
     [row] = format_prompts(_samples(["9 - 3?"], messages=messages), tokenizer, ChatFormat())
     assert row.model_prompt.count("<|start_header_id|>") == 4 and "hello<|eot_id|>" in row.model_prompt
     # Off: the prompt goes as it is (no ids made here; the engine encodes the text).
@@ -69,12 +77,21 @@ def test_settings_that_cannot_apply_are_refused_naming_the_field(tokenizer):
     with pytest.raises(ChatTemplateError, match=r"data\.chat_template: row 0 has images"):
         format_prompts([PromptSample(prompt="<image> what?", images=[object()])], tokenizer, ChatFormat(chat_template=True))
     with pytest.raises(ChatTemplateError, match=r"data\.system_prompt: row 0's 'messages' start with their own system message"):
-        format_prompts(_samples(messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]), tokenizer,
-                       ChatFormat(system_prompt="Be brief."))
+        format_prompts(
+            _samples(messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]),
+            tokenizer,
+            ChatFormat(system_prompt="Be brief."),
+        )
     with pytest.raises(ChatTemplateError, match=r"ends with an assistant message"):
-        format_prompts(_samples(messages=[{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]), tokenizer, ChatFormat())
-    with pytest.raises(ChatTemplateError, match=r"datasets\[q\]\.system_prompt: the chat template of .* failed on row 0: .*no system"):
-        strict = build_bpe_chat_tokenizer("{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}x")
+        format_prompts(
+            _samples(messages=[{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]), tokenizer, ChatFormat()
+        )
+    with pytest.raises(
+        ChatTemplateError, match=r"datasets\[q\]\.system_prompt: the chat template of .* failed on row 0: .*no system"
+    ):
+        strict = build_bpe_chat_tokenizer(
+            "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}x"
+        )
         format_prompts(_samples(), strict, ChatFormat(chat_template=True, system_prompt="s", where="datasets[q]"))
 
 
@@ -83,44 +100,62 @@ def test_messages_only_rows_and_the_arithmetic_chat_source(tmp_path, tokenizer):
     path.write_text('{"messages": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}\n')
     with pytest.raises(Exception, match="prompt field 'prompt' not found"):  # chat off: the prompt column is required
         load_prompt_dataset(str(path), "train")
-    [sample] = rows_to_prompt_samples(load_prompt_dataset(str(path), "train", messages_field="messages"), messages_field="messages")
+    [sample] = rows_to_prompt_samples(
+        load_prompt_dataset(str(path), "train", messages_field="messages"), messages_field="messages"
+    )
     assert sample.prompt == "What is 2 + 2?" and sample.references == ["4"]  # rewards see the user's question
     # The shipped task in chat form: the same problems, ids and answers, worded as a question.
     plain = rows_to_prompt_samples(load_prompt_dataset("arithmetic", "test", limit=5))
-    chat = rows_to_prompt_samples(load_prompt_dataset("arithmetic_chat", "test", limit=5, messages_field="messages"), messages_field="messages")
+    chat = rows_to_prompt_samples(
+        load_prompt_dataset("arithmetic_chat", "test", limit=5, messages_field="messages"), messages_field="messages"
+    )
     a, op, b = arithmetic.parse_prompt(plain[0].prompt)
     assert chat[0].prompt == f"What is {a} {op} {b}? Answer with the number only."
-    assert [c.references for c in chat] == [p.references for p in plain] and [c.fields["id"] for c in chat] == [p.fields["id"] for p in plain]
+    assert [c.references for c in chat] == [p.references for p in plain] and [c.fields["id"] for c in chat] == [
+        p.fields["id"] for p in plain
+    ]
     [formatted] = format_prompts(chat[:1], tokenizer, ChatFormat())
     assert f"user<|end_header_id|>\n\nWhat is {a} {op} {b}?" in formatted.model_prompt
     # The free form asks the bare question, same problems and answers: the answer's form is the model's.
-    free = rows_to_prompt_samples(load_prompt_dataset("arithmetic_chat_free", "test", limit=5, messages_field="messages"),
-                                  messages_field="messages")
+    free = rows_to_prompt_samples(
+        load_prompt_dataset("arithmetic_chat_free", "test", limit=5, messages_field="messages"), messages_field="messages"
+    )
     assert free[0].prompt == f"What is {a} {op} {b}?" and [f.references for f in free] == [p.references for p in plain]
 
 
 # -- the end of a turn -----------------------------------------------------------------------
 
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-GEMMA = ("{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-         "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
-         "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
-PHI3 = ("{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + message['content'] + '<|end|>\n'}}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")
-MISTRAL = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
-           "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}")
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+GEMMA = (
+    "{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+PHI3 = (
+    "{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + message['content'] + '<|end|>\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
 PLAIN_TEXT_TURNS = "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\n' }}{% endfor %}"
 
 
-@pytest.mark.parametrize(("template", "specials", "eos", "expected"), [
-    (CHATML, ("<|im_start|>", "<|im_end|>"), "<|endoftext|>", "<|im_end|>"),  # SmolLM2, Qwen
-    (GEMMA, ("<start_of_turn>", "<end_of_turn>"), "<eos>", "<end_of_turn>"),
-    (PHI3, ("<|user|>", "<|assistant|>", "<|end|>"), "<|endoftext|>", "<|end|>"),
-    (MISTRAL, (), "</s>", "</s>"),  # the turn ends with EOS itself
-    (PLAIN_TEXT_TURNS, (), "</s>", None),  # no token marks the end of a turn: EOS alone
-    (None, (), "</s>", None),
-])
+@pytest.mark.parametrize(
+    ("template", "specials", "eos", "expected"),
+    [
+        (CHATML, ("<|im_start|>", "<|im_end|>"), "<|endoftext|>", "<|im_end|>"),  # SmolLM2, Qwen
+        (GEMMA, ("<start_of_turn>", "<end_of_turn>"), "<eos>", "<end_of_turn>"),
+        (PHI3, ("<|user|>", "<|assistant|>", "<|end|>"), "<|endoftext|>", "<|end|>"),
+        (MISTRAL, (), "</s>", "</s>"),  # the turn ends with EOS itself
+        (PLAIN_TEXT_TURNS, (), "</s>", None),  # no token marks the end of a turn: EOS alone
+        (None, (), "</s>", None),
+    ],
+)
 def test_end_of_turn_is_read_off_the_template(template, specials, eos, expected):
     tokenizer = build_bpe_chat_tokenizer(template, bos="<s>", eos=eos, pad="<pad>", specials=specials, adds_bos=False)
     found = end_of_turn_id(tokenizer)

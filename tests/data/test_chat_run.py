@@ -35,8 +35,12 @@ class Recording:
         return [1.0] * len(batch)
 '''
 HEADER = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nAnswer briefly.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is "
-SUITE = {"name": "chatq", "datasets": [{"name": "q", "source": "arithmetic_chat", "split": "test", "limit": 2}],
-         "generation": {"decoding": "greedy", "max_tokens": 6}, "metrics": {"accuracy": {"extract": "auto"}, "pass_at_k": [1]}}
+SUITE = {
+    "name": "chatq",
+    "datasets": [{"name": "q", "source": "arithmetic_chat", "split": "test", "limit": 2}],
+    "generation": {"decoding": "greedy", "max_tokens": 6},
+    "metrics": {"accuracy": {"extract": "auto"}, "pass_at_k": [1]},
+}
 
 
 def _table(client, run_id: str, artifact: str, folder: Path) -> list[dict]:
@@ -90,7 +94,10 @@ def test_a_chat_run_formats_once_and_shows_the_model_prompt(tmp_path, chat_model
 def test_a_model_without_a_chat_template_is_refused_before_anything_runs(tmp_path, random_policy_dir, chat_model_dir):
     config = ExperimentConfig(name="t", model={"path": str(random_policy_dir)}, data={"chat_template": True})
     assert any(p.startswith("data.chat_template: true, but the tokenizer of model.path") for p in arm_problems(config))
-    assert not any("chat_template" in p for p in arm_problems(config.model_copy(update={"model": config.model.model_copy(update={"path": str(chat_model_dir)})})))
+    assert not any(
+        "chat_template" in p
+        for p in arm_problems(config.model_copy(update={"model": config.model.model_copy(update={"path": str(chat_model_dir)})}))
+    )
     off = ExperimentConfig(name="t", model={"path": str(chat_model_dir)}, data={"chat_template": False, "system_prompt": "s"})
     assert any(p.startswith("data.system_prompt: set, but data.chat_template is false") for p in arm_problems(off))
     # polyrl eval: a chat suite on a model without a template fails in check_model, before any engine starts.

@@ -8,7 +8,7 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from polyrl.tasks.arithmetic import SHIPPED_SIZES  # noqa: E402
+from polyrl.core.types import PromptSample  # noqa: E402
 from polyrl.data.prompts import (  # noqa: E402
     DataConfigError,
     PromptSampler,
@@ -16,7 +16,7 @@ from polyrl.data.prompts import (  # noqa: E402
     load_prompt_dataset,
     rows_to_prompt_samples,
 )
-from polyrl.core.types import PromptSample  # noqa: E402
+from polyrl.tasks.arithmetic import SHIPPED_SIZES  # noqa: E402
 
 
 def test_load_shipped_arithmetic():

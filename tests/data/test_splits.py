@@ -31,7 +31,9 @@ def test_a_single_file_is_the_train_split_and_refuses_a_test_split(tmp_path):
     assert len(load_prompt_dataset(str(rows), "train")) == 40
     # Before: any split of a single file loaded the whole file, so a "test" eval ran on training rows.
     for call in (lambda: load_prompt_dataset(str(rows), "test"), lambda: check_prompt_source(str(rows), "test")):
-        with pytest.raises(DataConfigError, match=r"rows.jsonl is one file, which is the 'train' split only, so it has no split 'test'"):
+        with pytest.raises(
+            DataConfigError, match=r"rows.jsonl is one file, which is the 'train' split only, so it has no split 'test'"
+        ):
             call()
 
 
@@ -41,7 +43,11 @@ def test_a_file_named_after_its_split_gives_that_split_only(tmp_path):
     with pytest.raises(DataConfigError, match=r"is named as the 'test' split, so it has no split 'train'"):
         load_prompt_dataset(str(held), "train")
     assert [declared_split(tmp_path / name) for name in ("test.jsonl", "a_validation.parquet", "a-dev.json", "latest.jsonl")] == [
-        "test", "validation", "dev", None]
+        "test",
+        "validation",
+        "dev",
+        None,
+    ]
 
 
 def test_a_hold_out_fraction_splits_a_file_by_a_fixed_hash_of_each_row(tmp_path):
@@ -51,9 +57,13 @@ def test_a_hold_out_fraction_splits_a_file_by_a_fixed_hash_of_each_row(tmp_path)
     assert not set(train) & set(test) and sorted(train + test) == sorted(r["prompt"] for r in ROWS + ROWS[:3])
     assert 3 <= len(set(test)) <= 20  # about a quarter of 40 distinct prompts (fixed: the same rows every time)
     assert list(load_prompt_dataset(str(rows), "test", holdout=0.25)["prompt"]) == test
-    with pytest.raises(DataConfigError, match=r"with a hold-out fraction a file has the splits \['train', 'test'\], not 'validation'"):
+    with pytest.raises(
+        DataConfigError, match=r"with a hold-out fraction a file has the splits \['train', 'test'\], not 'validation'"
+    ):
         load_prompt_dataset(str(rows), "validation", holdout=0.25)
-    with pytest.raises(DataConfigError, match="holdout splits a single local file by a fixed hash; this source is a built-in task"):
+    with pytest.raises(
+        DataConfigError, match="holdout splits a single local file by a fixed hash; this source is a built-in task"
+    ):
         load_prompt_dataset("arithmetic", "test", holdout=0.25)
     (tmp_path / "folder").mkdir()
     _jsonl(tmp_path / "folder" / "test.jsonl", ROWS)
@@ -89,7 +99,9 @@ def test_eval_rows_that_are_training_rows_are_counted_and_said_when_training_sta
     training = rows_to_prompt_samples(load_prompt_dataset(str(tmp_path / "rows.jsonl"), "train"))[5:]
     warnings = evaluator.overlap_warnings(training)
     # The eval set is rows 0-9; training holds rows 5-39: 5 shared.
-    assert len(warnings) == 1 and warnings[0].startswith("eval_overlap: 5 of the 10 rows of eval dataset 'd' are also training rows")
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "eval_overlap: 5 of the 10 rows of eval dataset 'd' are also training rows"
+    )
     printed: list[str] = []
     hook = HealthHook(HealthMonitor(ExperimentConfig(name="x").health), arm="a", printer=printed.append, notes=warnings)
     hook.start(0)

@@ -3,9 +3,9 @@
 import pytest
 
 from polyrl.core.types import PromptSample, SamplingSettings
-from polyrl.engines.modality_marks import modality_string
 from polyrl.engines.base import build_rollout_engine
-from polyrl.models.text import build_random_text_model_dir
+from polyrl.engines.modality_marks import modality_string
+from polyrl.policies.text import build_random_text_model_dir
 from polyrl.rewards import RewardBatch
 from polyrl.rewards.builtins.drawing import Drawing
 from polyrl.tasks import drawing
@@ -15,8 +15,11 @@ ROWS = drawing.read_rows("test")[:6]
 
 def check_marks(groups):
     completions = [c for group in groups for c in group]
-    batch = RewardBatch(prompts=["p"] * len(completions), completions=[c.text for c in completions],
-                        references=[[ROWS[0]["answer"]]] * len(completions))
+    batch = RewardBatch(
+        prompts=["p"] * len(completions),
+        completions=[c.text for c in completions],
+        references=[[ROWS[0]["answer"]]] * len(completions),
+    )
     well_formed = 0
     for completion, detail in zip(completions, Drawing().details(batch)):
         marks = modality_string(completion.completion_token_modalities)
@@ -32,7 +35,9 @@ def check_marks(groups):
 def test_hf_engine_marks_image_tokens(drawing_policy_dir):
     engine = build_rollout_engine("hf", str(drawing_policy_dir), seed=0)
     assert engine.modality_rule is not None
-    groups = engine.generate([PromptSample(prompt=r["prompt"]) for r in ROWS], SamplingSettings(n=4, temperature=1.0, max_tokens=64, seed=1))
+    groups = engine.generate(
+        [PromptSample(prompt=r["prompt"]) for r in ROWS], SamplingSettings(n=4, temperature=1.0, max_tokens=64, seed=1)
+    )
     check_marks(groups)
 
 
@@ -41,7 +46,9 @@ def test_vllm_engine_marks_image_tokens(drawing_policy_dir):
     engine = build_rollout_engine("vllm", str(drawing_policy_dir), seed=0, kv_cache_gb=0.25)
     try:
         assert engine.modality_rule is not None
-        groups = engine.generate([PromptSample(prompt=r["prompt"]) for r in ROWS], SamplingSettings(n=4, temperature=1.0, max_tokens=64, seed=1))
+        groups = engine.generate(
+            [PromptSample(prompt=r["prompt"]) for r in ROWS], SamplingSettings(n=4, temperature=1.0, max_tokens=64, seed=1)
+        )
         check_marks(groups)
         # the detokenised text keeps the palette tokens (they are not special tokens)
         assert any("<img><" in c.text for group in groups for c in group)

@@ -15,7 +15,7 @@ from polyrl.engines.modality_marks import (
     token_modalities,
     write_modality_rule,
 )
-from polyrl.models.drawing_policy import DRAWING_TOKENS, build_drawing_tokenizer
+from polyrl.policies.drawing import DRAWING_TOKENS, build_drawing_tokenizer
 from polyrl.rewards.builtins.drawing import IMAGE_CLOSE, IMAGE_OPEN, PALETTE_TOKENS
 
 
@@ -23,11 +23,20 @@ def test_rule_marks_palette_tokens_between_markers_only():
     # open 1, close 2, palette {7, 8}; 9 is not palette
     rule = ImageSpanRule(open_id=1, close_id=2, image_ids=frozenset({7, 8}))
     ids = [7, 5, 1, 7, 8, 9, 8, 2, 7, 5, 1, 8]
-    expected = ["text", "text",            # palette token before any marker is text
-                "text", "image", "image",  # <img> itself is text
-                "text", "image",           # a non-palette token inside stays text
-                "text", "text", "text",    # </img> and what follows
-                "text", "image"]           # an unclosed span still marks its palette tokens
+    expected = [
+        "text",
+        "text",  # palette token before any marker is text
+        "text",
+        "image",
+        "image",  # <img> itself is text
+        "text",
+        "image",  # a non-palette token inside stays text
+        "text",
+        "text",
+        "text",  # </img> and what follows
+        "text",
+        "image",
+    ]  # an unclosed span still marks its palette tokens
     assert rule.modalities(ids) == tuple(expected)
     assert token_modalities(None, ids) == ("text",) * len(ids)
     assert modality_string(rule.modalities(ids)) == "TTTIITITTTTI"
@@ -83,8 +92,14 @@ def test_sample_tables_show_each_tokens_modality():
     from polyrl.roles.batches import Rollout, Scores
     from polyrl.roles.loop import sample_rows
 
-    drawn = Completion(prompt_ids=[1], completion_ids=[10, 11, 12, 13, 2], text="<img><red><blue></img>", sampling_logprobs=[0.0] * 5,
-                       finish_reason="stop", completion_token_modalities=("text", "image", "image", "text", "text"))
+    drawn = Completion(
+        prompt_ids=[1],
+        completion_ids=[10, 11, 12, 13, 2],
+        text="<img><red><blue></img>",
+        sampling_logprobs=[0.0] * 5,
+        finish_reason="stop",
+        completion_token_modalities=("text", "image", "image", "text", "text"),
+    )
     plain = Completion(prompt_ids=[1], completion_ids=[5, 6], text="ab", sampling_logprobs=[0.0, 0.0], finish_reason="length")
     rollout = Rollout([PromptSample(prompt="draw:")] * 2, [drawn, plain], torch.tensor([0, 0]))
     rows = sample_rows(rollout, Scores([1.0, 0.0], {}))

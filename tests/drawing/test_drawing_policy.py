@@ -5,8 +5,8 @@ import json
 from transformers import AutoTokenizer
 
 from polyrl.engines.modality_marks import MODALITY_FILE, load_modality_rule
-from polyrl.models.drawing_policy import build_drawing_policy
-from polyrl.models.warmup import INFO_FILE
+from polyrl.policies.drawing import build_drawing_policy
+from polyrl.policies.warmup import INFO_FILE
 
 
 def test_warm_up_leaves_room_for_rl_and_declares_image_tokens(drawing_policy_dir):
@@ -33,7 +33,7 @@ def test_cached_build_is_returned_as_is(drawing_policy_dir):
 
 def test_builtin_task_drawing_resolves_to_the_drawing_policy(tmp_path):
     from polyrl.config.schema import ModelConfig
-    from polyrl.models.paths import resolve_policy_path
+    from polyrl.policies.paths import resolve_policy_path
 
     model = ModelConfig(builtin={"task": "drawing", "warmup_steps": 2, "warmup_learning_rate": 2e-3}, cache_dir=str(tmp_path))
     path = resolve_policy_path(model)

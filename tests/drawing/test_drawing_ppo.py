@@ -48,8 +48,10 @@ def test_ppo_gae_gives_image_tokens_the_image_setting(tmp_path, drawing_policy_d
             seen.append({"modalities": [c.completion_token_modalities for c in batch.rollout.completions]})
             return batch
 
-        arm.pipeline = BatchPipeline(dataclasses.replace(context, estimator=dataclasses.replace(context.estimator, fn=spy)),
-                                     stages=(record, *arm.pipeline.stages))
+        arm.pipeline = BatchPipeline(
+            dataclasses.replace(context, estimator=dataclasses.replace(context.estimator, fn=spy)),
+            stages=(record, *arm.pipeline.stages),
+        )
         policy = arm.learner.policy
         policy_before = {n: p.detach().clone() for n, p in policy.named_parameters()}
         history = arm.loop().run()

@@ -28,29 +28,37 @@ def test_registered_as_drawing():
 
 def test_grid_share_of_correct_cells_without_caption():
     module = Drawing()  # text_weight 0.2; no caption asked: an empty text part scores 1
-    scores = module.score(batch([
-        DOT,                                     # 9/9 cells: 0.8*1 + 0.2*1 = 1.0
-        grid(B, B, B, B, B, B, B, B, B),         # 8/9 (dot missing): 0.8*8/9 + 0.2 = 0.91111
-        grid(K, K, K, K, K, K, K, K, K),         # 0/9: 0.8*0 + 0.2 = 0.2
-        grid(R, R, B, B, B, B, B, B, W),         # 5/9 (cells 0, 1, 2 and 8 wrong): 0.8*5/9 + 0.2 = 0.64444
-        DOT + " a red dot",                      # 9/9 but words not asked for: 0.8*1 + 0.2*0 = 0.8
-    ], DOT))
+    scores = module.score(
+        batch(
+            [
+                DOT,  # 9/9 cells: 0.8*1 + 0.2*1 = 1.0
+                grid(B, B, B, B, B, B, B, B, B),  # 8/9 (dot missing): 0.8*8/9 + 0.2 = 0.91111
+                grid(K, K, K, K, K, K, K, K, K),  # 0/9: 0.8*0 + 0.2 = 0.2
+                grid(R, R, B, B, B, B, B, B, W),  # 5/9 (cells 0, 1, 2 and 8 wrong): 0.8*5/9 + 0.2 = 0.64444
+                DOT + " a red dot",  # 9/9 but words not asked for: 0.8*1 + 0.2*0 = 0.8
+            ],
+            DOT,
+        )
+    )
     assert scores == pytest.approx([1.0, 0.8 * 8 / 9 + 0.2, 0.2, 0.8 * 5 / 9 + 0.2, 0.8], abs=1e-12)
 
 
 def test_caption_f1_part():
     reference = grid(B, B, R, B, B, B, B, B, B, caption="a red dot at top right on blue")  # 8 words
     module = Drawing(text_weight=0.5)
-    scores = module.score(batch([
-        reference,                                                   # 1.0
-        grid(B, B, R, B, B, B, B, B, B, caption="a red dot"),        # P=3/3 R=3/8: F1=2*1*0.375/1.375=0.545454...
-        grid(B, B, B, B, B, B, B, B, B, caption="a blue dot at top right on blue"),
-        # grid 8/9; words: pred {a,blue×2,dot,at,top,right,on} vs ref {a,red,dot,at,top,right,on,blue}: overlap 7 of 8 -> F1 7/8
-        grid(B, B, R, B, B, B, B, B, B),                             # caption missing: text 0 -> 0.5
-    ], reference))
-    assert scores == pytest.approx(
-        [1.0, 0.5 + 0.5 * (2 * 0.375 / 1.375), 0.5 * 8 / 9 + 0.5 * 7 / 8, 0.5], abs=1e-12
+    scores = module.score(
+        batch(
+            [
+                reference,  # 1.0
+                grid(B, B, R, B, B, B, B, B, B, caption="a red dot"),  # P=3/3 R=3/8: F1=2*1*0.375/1.375=0.545454...
+                grid(B, B, B, B, B, B, B, B, B, caption="a blue dot at top right on blue"),
+                # grid 8/9; words: pred {a,blue×2,dot,at,top,right,on} vs ref {a,red,dot,at,top,right,on,blue}: overlap 7 of 8 -> F1 7/8
+                grid(B, B, R, B, B, B, B, B, B),  # caption missing: text 0 -> 0.5
+            ],
+            reference,
+        )
     )
+    assert scores == pytest.approx([1.0, 0.5 + 0.5 * (2 * 0.375 / 1.375), 0.5 * 8 / 9 + 0.5 * 7 / 8, 0.5], abs=1e-12)
     assert caption_f1("", "") == 1.0 and caption_f1("x", "") == 0.0 and caption_f1("", "x") == 0.0
 
 

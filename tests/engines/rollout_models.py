@@ -6,9 +6,9 @@ import copy
 
 import torch
 
-from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs
-from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.core.types import PromptSample, SamplingSettings
+from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
+from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 
 PROMPTS = [PromptSample(prompt="12+7="), PromptSample(prompt="hello"), PromptSample(prompt="a"), PromptSample(prompt="(3*4)-5=")]
 SETTINGS = SamplingSettings(n=4, temperature=1.0, max_tokens=24, seed=11)

@@ -41,7 +41,8 @@ def test_the_setting_becomes_a_size_or_a_need():
 
     assert kv_cache_request(0.5, sequences=64, max_tokens=24, prompt_lengths=[50]) == {"kv_cache_gb": 0.5}
     assert kv_cache_request("auto", sequences=64, max_tokens=24, prompt_lengths=[12, 50, 31]) == {
-        "kv_cache_need": KvCacheNeed(sequences=64, tokens_per_sequence=74)}  # the longest prompt, 50, + 24
+        "kv_cache_need": KvCacheNeed(sequences=64, tokens_per_sequence=74)
+    }  # the longest prompt, 50, + 24
     # Periodic evaluation's batches are not sized here: the former fixed 1 GiB.
     assert kv_cache_request("auto", sequences=64, max_tokens=24, prompt_lengths=[50], periodic_eval=True) == {"kv_cache_gb": 1.0}
 
@@ -49,7 +50,7 @@ def test_the_setting_becomes_a_size_or_a_need():
 def test_prompt_lengths_are_the_ids_an_engine_sends():
     from polyrl.core.types import PromptSample
     from polyrl.engines.kv_cache import prompt_lengths
-    from polyrl.models.text import build_char_tokenizer
+    from polyrl.policies.text import build_char_tokenizer
 
     samples = [PromptSample(prompt="12+7="), PromptSample(prompt="ignored", prompt_ids=[1, 2, 3, 4, 5, 6, 7, 8])]
     # The char tokenizer: one id per character, no special tokens added ("12+7=": 5 ids).

@@ -13,12 +13,12 @@ import importlib.util
 
 import pytest
 import torch
+from rollout_models import PROMPTS, SETTINGS, eos_prone_model, flat, gap_vs, perturbed
 
-from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.engines.base import ROLLOUT_ENGINES, build_rollout_engine, rollout_engine_class
-from polyrl.models.text import save_model_dir
-from rollout_models import PROMPTS, SETTINGS, eos_prone_model, flat, gap_vs, perturbed
+from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
+from polyrl.policies.text import save_model_dir
 
 _VLLM = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
 ENGINES = [
@@ -31,7 +31,11 @@ ENGINES = [
     pytest.param(("vllm-compiled", True), id="vllm-compiled-tied", marks=_VLLM),
 ]
 _VLLM_KWARGS = {"kv_cache_gb": 0.25, "max_model_len": 128}
-_ENGINE_KWARGS = {"hf": ("hf", {}), "vllm": ("vllm", _VLLM_KWARGS), "vllm-compiled": ("vllm", {**_VLLM_KWARGS, "enforce_eager": False})}
+_ENGINE_KWARGS = {
+    "hf": ("hf", {}),
+    "vllm": ("vllm", _VLLM_KWARGS),
+    "vllm-compiled": ("vllm", {**_VLLM_KWARGS, "enforce_eager": False}),
+}
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -81,7 +85,9 @@ def test_deterministic_for_a_seed(setup):
     assert len({tuple(ids) for ids in first[: SETTINGS.n]}) > 1  # the n samples of one prompt differ
 
 
-@pytest.mark.parametrize("settings", [SETTINGS, SamplingSettings(n=3, temperature=0.7, top_p=0.9, max_tokens=24, seed=5)], ids=["t1", "t0.7-p0.9"])
+@pytest.mark.parametrize(
+    "settings", [SETTINGS, SamplingSettings(n=3, temperature=0.7, top_p=0.9, max_tokens=24, seed=5)], ids=["t1", "t0.7-p0.9"]
+)
 def test_a_prompts_samples_do_not_depend_on_the_rest_of_the_batch(setup, settings):
     """Per-request seeds (engines/base.py): generating the prompts in two calls, the second told
     where its slice starts (first_prompt_index), samples exactly what one call samples. This is
@@ -99,7 +105,7 @@ def test_a_prompts_samples_do_not_depend_on_the_rest_of_the_batch(setup, setting
         assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-5 if settings.top_p == 1 else 1e-3)
     # The offset is what makes it exact: without it the second call re-uses the first prompt's seeds.
     unshifted = flat(engine.generate(PROMPTS[1:], settings))
-    assert [c.completion_ids for c in unshifted] != [c.completion_ids for c in whole[settings.n:]]
+    assert [c.completion_ids for c in unshifted] != [c.completion_ids for c in whole[settings.n :]]
 
 
 def test_completions_carry_the_policy_version(setup):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rollout_models import PROMPTS, eos_prone_model, flat, gap_vs
 
 from polyrl.core.types import SamplingSettings
 from polyrl.engines.base import build_rollout_engine
-from polyrl.models.text import save_model_dir
-from rollout_models import PROMPTS, eos_prone_model, flat, gap_vs
+from polyrl.policies.text import save_model_dir
 
 
 @pytest.fixture(scope="module")

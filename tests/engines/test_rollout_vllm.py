@@ -8,10 +8,11 @@ import torch
 
 pytest.importorskip("vllm")
 
+from rollout_models import PROMPTS, eos_prone_model, perturbed  # noqa: E402
+
 from polyrl.engines.base import build_rollout_engine  # noqa: E402
 from polyrl.engines.vllm_engine import _refresh_vocab_layers  # noqa: E402
-from polyrl.models.text import save_model_dir  # noqa: E402
-from rollout_models import PROMPTS, eos_prone_model, perturbed  # noqa: E402
+from polyrl.policies.text import save_model_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -11,19 +11,22 @@ import torch
 
 pytest.importorskip("vllm")
 
+from rollout_models import PROMPTS, SETTINGS, perturbed  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
 from polyrl.engines.base import build_rollout_engine  # noqa: E402
 from polyrl.engines.kv_cache import KvCacheNeed  # noqa: E402
 from polyrl.engines.vllm_release import RELEASED  # noqa: E402
-from polyrl.models.text import build_random_text_model_dir  # noqa: E402
-from rollout_models import PROMPTS, SETTINGS, perturbed  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+from polyrl.policies.text import build_random_text_model_dir  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU matmul handles and KV cache")]
 
 
 class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
 
 
 def live_malloc_bytes() -> int:
@@ -37,8 +40,9 @@ def live_malloc_bytes() -> int:
 @pytest.fixture(scope="module")
 def engine_3m(tmp_path_factory):
     directory = build_random_text_model_dir(tmp_path_factory.mktemp("policy_3m") / "model", "3m", seed=0)
-    engine = build_rollout_engine("vllm", str(directory), seed=0, max_model_len=128,
-                                  kv_cache_need=KvCacheNeed(sequences=16, tokens_per_sequence=40))
+    engine = build_rollout_engine(
+        "vllm", str(directory), seed=0, max_model_len=128, kv_cache_need=KvCacheNeed(sequences=16, tokens_per_sequence=40)
+    )
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
     yield engine, model
     engine.close()
@@ -46,8 +50,11 @@ def engine_3m(tmp_path_factory):
 
 def _handles(worker) -> list[str]:
     model = (getattr(worker, "worker", None) or worker).model_runner.get_model()
-    return [name for name, module in model.named_modules() if callable(getattr(module, "cpu_linear", None))
-            and module.cpu_linear is not RELEASED]
+    return [
+        name
+        for name, module in model.named_modules()
+        if callable(getattr(module, "cpu_linear", None)) and module.cpu_linear is not RELEASED
+    ]
 
 
 def _parameters_holding_memory(worker) -> list[str]:
@@ -89,4 +96,3 @@ def test_released_weights_free_their_memory_refuse_to_sample_and_come_back_exact
     assert engine.verify_sync(new, PROMPTS) < 1e-5
     engine.sync_weights(model.state_dict().items())
     assert engine.verify_sync(model, PROMPTS) < 1e-5
-

@@ -39,12 +39,18 @@ class ScriptedEngine:
         groups = []
         for prompt in prompts:
             texts = self.answers[prompt.prompt][: settings.n]
-            groups.append([
-                Completion(prompt_ids=[0], completion_ids=[ord(ch) for ch in text.rstrip("…")], text=text.rstrip("…"),
-                           sampling_logprobs=[0.0] * len(text.rstrip("…")),
-                           finish_reason="length" if text.endswith("…") else "stop")
-                for text in texts
-            ])
+            groups.append(
+                [
+                    Completion(
+                        prompt_ids=[0],
+                        completion_ids=[ord(ch) for ch in text.rstrip("…")],
+                        text=text.rstrip("…"),
+                        sampling_logprobs=[0.0] * len(text.rstrip("…")),
+                        finish_reason="length" if text.endswith("…") else "stop",
+                    )
+                    for text in texts
+                ]
+            )
         return groups
 
     def close(self) -> None:
@@ -58,14 +64,14 @@ def scripted_engine():
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from polyrl.models.text import build_random_text_model_dir
+    from polyrl.policies.text import build_random_text_model_dir
 
     return build_random_text_model_dir(tmp_path_factory.mktemp("eval_models") / "tiny-a", "0.3m", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_b(tmp_path_factory) -> Path:
-    from polyrl.models.text import build_random_text_model_dir
+    from polyrl.policies.text import build_random_text_model_dir
 
     return build_random_text_model_dir(tmp_path_factory.mktemp("eval_models_b") / "tiny-b", "0.3m", seed=1)
 

@@ -14,11 +14,14 @@ SCRIPT = {"Q: 1+1=? A:": [" #### 2", " #### 3"], "Q: 2+2=? A:": [" #### 4", " ##
 
 def test_eval_accuracy_is_the_share_above_zero_whatever_the_correct_score(tmp_path, jsonl, scripted_engine):
     # correct: 3, incorrect: -1. A mean of the scores would say (3·3 − 1)/4 = 2.0.
-    suite = parse_suite({
-        "name": "acc", "datasets": [{"name": "add", "source": str(jsonl(tmp_path / "add.jsonl", ROWS))}],
-        "generation": {"decoding": "sample", "n": 2, "max_tokens": 8},
-        "metrics": {"accuracy": {"extract": "hash", "correct": 3.0, "incorrect": -1.0}, "pass_at_k": [1]},
-    })
+    suite = parse_suite(
+        {
+            "name": "acc",
+            "datasets": [{"name": "add", "source": str(jsonl(tmp_path / "add.jsonl", ROWS))}],
+            "generation": {"decoding": "sample", "n": 2, "max_tokens": 8},
+            "metrics": {"accuracy": {"extract": "hash", "correct": 3.0, "incorrect": -1.0}, "pass_at_k": [1]},
+        }
+    )
     result = SuiteRunner(suite).run(scripted_engine(SCRIPT))
     assert [row["correct"] for row in result.rows] == [3.0, -1.0, 3.0, 3.0]
     assert result.metrics["add/accuracy"] == 0.75 == accuracy_share([row["correct"] for row in result.rows])
@@ -29,11 +32,14 @@ def test_eval_reports_the_mean_length_of_right_and_of_wrong_answers(tmp_path, js
     # One token per character (ScriptedEngine). Right: " #### 2" (7), " #### 4" (7), " so #### 4" (10)
     # → (7 + 7 + 10) / 3 = 8.0; wrong: " it is #### 3" (13) → 13.0. Mean of all four: 37 / 4 = 9.25.
     script = {"Q: 1+1=? A:": [" #### 2", " it is #### 3"], "Q: 2+2=? A:": [" #### 4", " so #### 4"]}
-    suite = parse_suite({
-        "name": "acc", "datasets": [{"name": "add", "source": str(jsonl(tmp_path / "add.jsonl", ROWS))}],
-        "generation": {"decoding": "sample", "n": 2, "max_tokens": 16},
-        "metrics": {"accuracy": {"extract": "hash"}, "length": True},
-    })
+    suite = parse_suite(
+        {
+            "name": "acc",
+            "datasets": [{"name": "add", "source": str(jsonl(tmp_path / "add.jsonl", ROWS))}],
+            "generation": {"decoding": "sample", "n": 2, "max_tokens": 16},
+            "metrics": {"accuracy": {"extract": "hash"}, "length": True},
+        }
+    )
     metrics = SuiteRunner(suite).run(scripted_engine(script)).metrics
     assert metrics["add/length/mean"] == pytest.approx(9.25)
     assert metrics["add/length/correct_mean"] == pytest.approx(8.0)

@@ -28,11 +28,12 @@ def _direct_pycocoevalcap(candidates: list[str], references: list[list[str]]) ->
     METEOR is pycocoevalcap's own ``Meteor`` object; the harness keeps one per process (its
     JVM takes ~20 s to load the paraphrase tables) and the same live instance is used here.
     """
-    from polyrl.evals.coco import meteor_scorer
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider as CocoCider
     from pycocoevalcap.rouge.rouge import Rouge
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    from polyrl.evals.coco import meteor_scorer
 
     tokenizer = PTBTokenizer()
     gts = tokenizer.tokenize({i: [{"caption": r} for r in refs] for i, refs in enumerate(references)})
@@ -48,8 +49,14 @@ def _direct_pycocoevalcap(candidates: list[str], references: list[list[str]]) ->
 
 def test_eval_caption_suite_matches_pycocoevalcap(tmp_path, jsonl, scripted_engine):
     data = jsonl(tmp_path / "captions.jsonl", ROWS)
-    suite = parse_suite({"name": "cap", "kind": "caption", "datasets": {"name": "cap", "source": str(data)},
-                         "generation": {"decoding": "sample", "n": 2, "max_tokens": 20}})
+    suite = parse_suite(
+        {
+            "name": "cap",
+            "kind": "caption",
+            "datasets": {"name": "cap", "source": str(data)},
+            "generation": {"decoding": "sample", "n": 2, "max_tokens": 20},
+        }
+    )
     result = SuiteRunner(suite).run(scripted_engine(CAPTIONS))
     candidates = [c for row in ROWS for c in CAPTIONS[row["prompt"]]]
     references = [row["references"] for row in ROWS for _ in range(2)]
@@ -70,6 +77,8 @@ def test_eval_caption_metrics_without_java_name_java_17(tmp_path, jsonl, scripte
     import polyrl.evals.coco as coco
 
     monkeypatch.setattr(coco.shutil, "which", lambda name: None)
-    suite = parse_suite({"name": "cap", "kind": "caption", "datasets": {"name": "cap", "source": str(jsonl(tmp_path / "c.jsonl", ROWS))}})
+    suite = parse_suite(
+        {"name": "cap", "kind": "caption", "datasets": {"name": "cap", "source": str(jsonl(tmp_path / "c.jsonl", ROWS))}}
+    )
     with pytest.raises(EvalError, match="Java 17"):
         SuiteRunner(suite).run(scripted_engine(CAPTIONS))

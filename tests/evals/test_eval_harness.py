@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from polyrl.data.prompts import DataConfigError
 from polyrl.evals import SuiteRunner, parse_suite
 from polyrl.evals.suite import EvalError
-from polyrl.data.prompts import DataConfigError
 from polyrl.rewards import CompositeReward, RewardBatch, RewardModuleError, RewardSpec
 
 ROWS = [
@@ -27,12 +27,14 @@ SCRIPT = {
 
 def _suite(tmp_path, jsonl, **metrics):
     data = jsonl(tmp_path / "add.jsonl", ROWS)
-    return parse_suite({
-        "name": "add",
-        "datasets": [{"name": "add", "source": str(data)}],
-        "generation": {"decoding": "sample", "n": 4, "max_tokens": 16},
-        "metrics": {"accuracy": {"extract": "hash"}, "pass_at_k": [1, 2, 4], **metrics},
-    })
+    return parse_suite(
+        {
+            "name": "add",
+            "datasets": [{"name": "add", "source": str(data)}],
+            "generation": {"decoding": "sample", "n": 4, "max_tokens": 16},
+            "metrics": {"accuracy": {"extract": "hash"}, "pass_at_k": [1, 2, 4], **metrics},
+        }
+    )
 
 
 def test_eval_scripted_numbers_are_hand_computed(tmp_path, jsonl, scripted_engine):
@@ -79,8 +81,14 @@ def test_eval_scripted_numbers_are_hand_computed(tmp_path, jsonl, scripted_engin
 
 def test_eval_unscored_samples_are_left_out_of_accuracy_and_pass_at_k(tmp_path, jsonl, scripted_engine):
     rows = [{"prompt": "Q: 1+1=? A:", "answer": "2"}, {"prompt": "Q: 2+2=? A:"}]  # the second has no gold answer
-    suite = parse_suite({"name": "u", "datasets": {"name": "u", "source": str(jsonl(tmp_path / "u.jsonl", rows))},
-                         "generation": {"decoding": "sample", "n": 4}, "metrics": {"accuracy": {"extract": "hash"}, "pass_at_k": [2]}})
+    suite = parse_suite(
+        {
+            "name": "u",
+            "datasets": {"name": "u", "source": str(jsonl(tmp_path / "u.jsonl", rows))},
+            "generation": {"decoding": "sample", "n": 4},
+            "metrics": {"accuracy": {"extract": "hash"}, "pass_at_k": [2]},
+        }
+    )
     result = SuiteRunner(suite).run(scripted_engine(SCRIPT))
     assert result.metrics["u/accuracy"] == pytest.approx(0.5)
     assert result.metrics["u/accuracy/unscored"] == 4.0
@@ -93,7 +101,12 @@ def test_eval_limit_caps_the_suite_and_images_are_carried(tmp_path, jsonl, scrip
     for i in range(3):  # image paths are relative to the data file's folder
         Image.new("RGB", (4, 4), (60 * i, 0, 0)).save(tmp_path / f"img{i}.png")
     rows = [{"prompt": "<image>" + p, "answer": "2", "image": f"img{i}.png"} for i, p in enumerate(SCRIPT)]
-    suite = parse_suite({"name": "i", "datasets": {"name": "i", "source": str(jsonl(tmp_path / "i.jsonl", rows)), "image_field": "image", "limit": 3}})
+    suite = parse_suite(
+        {
+            "name": "i",
+            "datasets": {"name": "i", "source": str(jsonl(tmp_path / "i.jsonl", rows)), "image_field": "image", "limit": 3},
+        }
+    )
     runner = SuiteRunner(suite, limit=2)
     assert [[image.getpixel((0, 0)) for image in s.images] for s in runner.datasets[0].samples] == [[(0, 0, 0)], [(60, 0, 0)]]
     assert "image" not in runner.datasets[0].samples[0].fields
@@ -135,19 +148,32 @@ def test_eval_real_model_greedy_accuracy_is_known_by_construction(tmp_path, json
     outputs = [g[0].text for g in hf_engine.generate([PromptSample(p) for p in prompts], greedy)]
     rows = [{"prompt": p, "answer": out if i % 2 == 0 else "no such answer"} for i, (p, out) in enumerate(zip(prompts, outputs))]
     expected = sum(1 for i, out in enumerate(outputs) if i % 2 == 0 and out.strip()) / len(rows)
-    suite = parse_suite({"name": "own", "datasets": {"name": "own", "source": str(jsonl(tmp_path / "own.jsonl", rows))},
-                         "generation": {"decoding": "greedy", "max_tokens": 6}, "metrics": {"accuracy": {"extract": "full"}}})
+    suite = parse_suite(
+        {
+            "name": "own",
+            "datasets": {"name": "own", "source": str(jsonl(tmp_path / "own.jsonl", rows))},
+            "generation": {"decoding": "greedy", "max_tokens": 6},
+            "metrics": {"accuracy": {"extract": "full"}},
+        }
+    )
     result = SuiteRunner(suite).run(hf_engine)
     assert expected > 0
     assert result.metrics["own/accuracy"] == pytest.approx(expected)
     assert [row["completion"] for row in result.rows] == outputs
     # Recomputed from the per-sample table, independently of the accuracy module.
-    recomputed = [float(" ".join(r["completion"].split()).casefold() == " ".join(r["answer"].split()).casefold() and bool(r["completion"].strip()))
-                  for r in result.rows]
+    recomputed = [
+        float(
+            " ".join(r["completion"].split()).casefold() == " ".join(r["answer"].split()).casefold()
+            and bool(r["completion"].strip())
+        )
+        for r in result.rows
+    ]
     assert [r["correct"] for r in result.rows] == recomputed
     lengths = sorted(r["length"] for r in result.rows)
     assert result.metrics["own/length/median"] == pytest.approx((lengths[2] + lengths[3]) / 2)
-    assert result.metrics["own/length/truncated_share"] == pytest.approx(sum(r["finish_reason"] == "length" for r in result.rows) / 6)
+    assert result.metrics["own/length/truncated_share"] == pytest.approx(
+        sum(r["finish_reason"] == "length" for r in result.rows) / 6
+    )
 
 
 def test_eval_real_model_pass_at_k_matches_counts_from_the_table(tmp_path, jsonl, hf_engine):
@@ -155,8 +181,11 @@ def test_eval_real_model_pass_at_k_matches_counts_from_the_table(tmp_path, jsonl
     from polyrl.core.types import PromptSample
 
     prompts = [f"Q: {i}*2=? A:" for i in range(4)]
-    base = {"name": "pk", "generation": {"decoding": "sample", "n": 4, "max_tokens": 5, "seed": 3},
-            "metrics": {"accuracy": {"extract": "full"}, "pass_at_k": [1, 2, 3, 4]}}
+    base = {
+        "name": "pk",
+        "generation": {"decoding": "sample", "n": 4, "max_tokens": 5, "seed": 3},
+        "metrics": {"accuracy": {"extract": "full"}, "pass_at_k": [1, 2, 3, 4]},
+    }
     settings = parse_suite({**base, "datasets": {"source": "arithmetic"}}).generation.sampling_settings()
     first = hf_engine.generate([PromptSample(p) for p in prompts], settings)
     rows = [{"prompt": p, "answer": group[0].text if i < 3 else "never"} for i, (p, group) in enumerate(zip(prompts, first))]

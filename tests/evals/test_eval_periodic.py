@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from polyrl.config.schema import ExperimentConfig
 from polyrl.evals import SuiteRunner
 from polyrl.evals.periodic import make_periodic_evaluator
 from polyrl.evals.suite import EvalError
-from polyrl.config.schema import ExperimentConfig
 
 ROWS = [{"prompt": f"Q: {i}+2=? A:", "answer": str(i + 2)} for i in range(5)]
 
@@ -18,11 +18,15 @@ ROWS = [{"prompt": f"Q: {i}+2=? A:", "answer": str(i + 2)} for i in range(5)]
 @pytest.fixture
 def periodic_suite(tmp_path, jsonl, suite_file):
     jsonl(tmp_path / "p.jsonl", ROWS)
-    return suite_file(tmp_path / "periodic.yaml", {
-        "name": "periodic", "datasets": {"name": "p", "source": "p.jsonl"},
-        "generation": {"decoding": "greedy", "max_tokens": 4},
-        "metrics": {"accuracy": {"extract": "last_number"}, "rewards": [{"module": "length"}]},
-    })
+    return suite_file(
+        tmp_path / "periodic.yaml",
+        {
+            "name": "periodic",
+            "datasets": {"name": "p", "source": "p.jsonl"},
+            "generation": {"decoding": "greedy", "max_tokens": 4},
+            "metrics": {"accuracy": {"extract": "last_number"}, "rewards": [{"module": "length"}]},
+        },
+    )
 
 
 def test_eval_periodic_evaluator_uses_suite_limit_and_engine(periodic_suite, hf_engine):

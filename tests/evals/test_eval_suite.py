@@ -30,7 +30,11 @@ def test_eval_single_dataset_mapping_and_default_label():
     "change, path, words",
     [
         ({"generation": {"decoding": "greedy", "n": 4}}, "generation.n", "identical"),
-        ({"generation": {"decoding": "sample", "n": 2}, "metrics": {"pass_at_k": [1, 4]}}, "metrics.pass_at_k", "exceeds generation.n=2"),
+        (
+            {"generation": {"decoding": "sample", "n": 2}, "metrics": {"pass_at_k": [1, 4]}},
+            "metrics.pass_at_k",
+            "exceeds generation.n=2",
+        ),
         ({"datasets": [{"sorce": "arithmetic"}]}, "datasets[0].sorce", "unknown field"),
         ({"datasets": [{"source": "arithmetic", "limit": 0}]}, "datasets[0].limit", "greater than or equal to 1"),
         ({"generation": {"temperature": -1}}, "generation.temperature", "greater than 0"),
@@ -70,7 +74,10 @@ def test_eval_suite_errors_use_the_experiment_formatter():
         parse_suite({**BASE, "datasets": [{"source": "arithmetic", "splt": "test"}], "generation": {"n": 3}}, "suite.yaml")
     lines = str(info.value).splitlines()
     assert lines[0] == "suite.yaml: invalid eval suite"
-    assert "  - datasets[0].splt: unknown field; allowed: answer_field, chat_template, holdout, image_field, limit, messages_field, name, prompt_field, references_field, source, split, system_prompt" in lines
+    assert (
+        "  - datasets[0].splt: unknown field; allowed: answer_field, chat_template, holdout, image_field, limit, messages_field, name, prompt_field, references_field, source, split, system_prompt"
+        in lines
+    )
     assert "  - generation.n: greedy decoding gives 3 identical samples; use decoding: sample for n > 1 (got 3)" in lines
 
 

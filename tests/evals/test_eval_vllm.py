@@ -19,15 +19,34 @@ ROWS = [{"prompt": f"Q: {i}-1=? A:", "answer": str(i - 1)} for i in range(1, 7)]
 
 def test_eval_vllm_engine_report_matches_its_samples_and_hf(tmp_path, jsonl, suite_file, tiny_model, hf_engine):
     jsonl(tmp_path / "v.jsonl", ROWS)
-    suite = suite_file(tmp_path / "v.yaml", {
-        "name": "v", "datasets": {"name": "v", "source": "v.jsonl"},
-        "generation": {"decoding": "greedy", "max_tokens": 6},
-        "metrics": {"accuracy": {"extract": "last_number"}, "rewards": [{"module": "length", "params": {"unit": "chars"}}]},
-    })
+    suite = suite_file(
+        tmp_path / "v.yaml",
+        {
+            "name": "v",
+            "datasets": {"name": "v", "source": "v.jsonl"},
+            "generation": {"decoding": "greedy", "max_tokens": 6},
+            "metrics": {"accuracy": {"extract": "last_number"}, "rewards": [{"module": "length", "params": {"unit": "chars"}}]},
+        },
+    )
     out = tmp_path / "report"
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    command = [sys.executable, "-m", "polyrl.launch.eval_cli", "--model", str(tiny_model), "--suite", str(suite),
-               "--engine", "vllm", "--out", str(out), "--kv-cache-gb", "0.25", "--max-model-len", "64"]
+    command = [
+        sys.executable,
+        "-m",
+        "polyrl.cli.evaluate",
+        "--model",
+        str(tiny_model),
+        "--suite",
+        str(suite),
+        "--engine",
+        "vllm",
+        "--out",
+        str(out),
+        "--kv-cache-gb",
+        "0.25",
+        "--max-model-len",
+        "64",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())

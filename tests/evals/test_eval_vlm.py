@@ -33,7 +33,7 @@ DATA_URI = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 @pytest.fixture(scope="module")
 def vlm_dir(tmp_path_factory):
     """The tiny VLM after 40 warm-up steps (as tests/images/conftest.py builds it)."""
-    from polyrl.models.vlm import warm_vlm_policy
+    from polyrl.policies.vlm import warm_vlm_policy
 
     return warm_vlm_policy(tmp_path_factory.mktemp("vlm_cache"), steps=40, eval_prompts=16)
 
@@ -45,16 +45,31 @@ def vlm_run(tmp_path_factory, vlm_dir):
 
     folder = tmp_path_factory.mktemp("vlm_run")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    (folder / "exp.yaml").write_text(yaml.safe_dump({
-        "name": "vqa_eval_src", "seed": 0, "model": {"path": str(vlm_dir)}, "data": {"source": "scenes", "limit": 32},
-        "rollout": {"engine": "hf", "prompts_per_step": 2, "samples_per_prompt": 4, "max_tokens": 8},
-        "rewards": [{"module": "accuracy", "params": {"extract": "full"}}, {"module": "length", "weight": 0.01, "params": {"unit": "chars"}}],
-        "train": {"steps": 1, "learning_rate": 1e-3, "micro_batch_size": 8},
-        "tracking": {"uri": uri, "progress": False, "sample_table_every": 1, "sample_table_rows": 5},
-        "checkpoint": {"dir": str(folder / "runs"), "every": 1},
-    }))
-    done = subprocess.run([sys.executable, "-m", "polyrl.launch.cli", "run", str(folder / "exp.yaml"), "--no-progress"],
-                          capture_output=True, text=True, cwd=folder, timeout=600)
+    (folder / "exp.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "vqa_eval_src",
+                "seed": 0,
+                "model": {"path": str(vlm_dir)},
+                "data": {"source": "scenes", "limit": 32},
+                "rollout": {"engine": "hf", "prompts_per_step": 2, "samples_per_prompt": 4, "max_tokens": 8},
+                "rewards": [
+                    {"module": "accuracy", "params": {"extract": "full"}},
+                    {"module": "length", "weight": 0.01, "params": {"unit": "chars"}},
+                ],
+                "train": {"steps": 1, "learning_rate": 1e-3, "micro_batch_size": 8},
+                "tracking": {"uri": uri, "progress": False, "sample_table_every": 1, "sample_table_rows": 5},
+                "checkpoint": {"dir": str(folder / "runs"), "every": 1},
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "polyrl.cli.main", "run", str(folder / "exp.yaml"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("vqa_eval_src")
@@ -91,9 +106,33 @@ def test_training_run_logs_its_image_samples_as_html(vlm_run):
 def test_polyrl_eval_of_a_vlm_folder_and_a_vlm_run_checkpoint_on_the_vqa_suite(tmp_path, vlm_dir, vlm_run):
     uri, run_id, _ = vlm_run
     out = tmp_path / "reports"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "POLYRL_CACHE": str(tmp_path / "cache")}
-    command = [sys.executable, "-m", "polyrl.launch.eval_cli", "--model", str(vlm_dir), "--model", f"run:{run_id}", "--suite", "vqa",
-               "--engine", "vllm", "--limit", str(LIMIT), "--out", str(out), "--kv-cache-gb", "0.25", "--max-model-len", "128"]
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": uri,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "POLYRL_CACHE": str(tmp_path / "cache"),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "polyrl.cli.evaluate",
+        "--model",
+        str(vlm_dir),
+        "--model",
+        f"run:{run_id}",
+        "--suite",
+        "vqa",
+        "--engine",
+        "vllm",
+        "--limit",
+        str(LIMIT),
+        "--out",
+        str(out),
+        "--kv-cache-gb",
+        "0.25",
+        "--max-model-len",
+        "128",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -106,7 +145,9 @@ def test_polyrl_eval_of_a_vlm_folder_and_a_vlm_run_checkpoint_on_the_vqa_suite(t
         assert len(samples) == LIMIT and [s["prompt"] for s in samples] == [r["prompt"] for r in test_rows]
         # The metrics are the per-sample table's: exact answers, scored by the suite.
         assert report["metrics"]["scenes/accuracy"] == pytest.approx(sum(s["correct"] for s in samples) / LIMIT)
-        assert [s["correct"] for s in samples] == [float(s["completion"].strip() == r["answer"]) for s, r in zip(samples, test_rows)]
+        assert [s["correct"] for s in samples] == [
+            float(s["completion"].strip() == r["answer"]) for s, r in zip(samples, test_rows)
+        ]
         # The HTML table (report folder and MLflow eval run): one row per sample, the scene it asks about.
         html = (folder / "samples.html").read_text()
         assert html.count('<tr class="sample">') == LIMIT

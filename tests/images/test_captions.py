@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from polyrl.config.schema import VLM_CAPTION_WARMUP_STEPS, ConfigError, ExperimentConfig, resolve_arms
 from polyrl.data.prompts import load_prompt_dataset, rows_to_prompt_samples
-from polyrl.models import vlm
+from polyrl.policies import vlm
 from polyrl.roles.setup import reward_specs
 from polyrl.tasks import scenes
 
@@ -27,7 +27,9 @@ def test_shipped_caption_parquet_equals_the_generator(split):
     assert len(shipped) == len(rows) == scenes.SPLIT_SIZES[split]  # one row per scene
     for got, want in zip(shipped, rows):
         assert (got["prompt"], got["scene_id"], got["references"]) == (want["prompt"], want["scene_id"], want["references"])
-        assert np.array_equal(np.asarray(got["images"][0].convert("RGB")), np.asarray(scenes.render(scenes.make_scene(want["scene_id"]))))
+        assert np.array_equal(
+            np.asarray(got["images"][0].convert("RGB")), np.asarray(scenes.render(scenes.make_scene(want["scene_id"])))
+        )
 
 
 def test_scenes_captions_source_gives_one_image_prompt_per_scene_with_its_captions():
@@ -55,8 +57,14 @@ def test_builtin_caption_task_takes_the_vlm_defaults_and_refuses_text_sizes():
 
 
 def test_cider_gets_the_training_references_as_its_corpus_unless_given_one():
-    config = ExperimentConfig(name="t", rewards=[{"module": "cider"}, {"module": "cider", "name": "own", "params": {"corpus_references": [["x"]]}},
-                                                 {"module": "rouge_l"}])
+    config = ExperimentConfig(
+        name="t",
+        rewards=[
+            {"module": "cider"},
+            {"module": "cider", "name": "own", "params": {"corpus_references": [["x"]]}},
+            {"module": "rouge_l"},
+        ],
+    )
     training = [["a red square", "there is a red square"], [], ["a blue circle"]]
     specs = reward_specs(config, "/policy", training)
     # Prompts without references are left out of the corpus (cider's df counts images with references).
@@ -112,7 +120,16 @@ def test_caption_suite_runs_end_to_end_with_coco_metrics(caption_vlm_dir):
         engine.close()
     metrics = result.metrics
     prefix = "scenes_captions/"
-    for name in ("coco/BLEU-1", "coco/BLEU-4", "coco/METEOR", "coco/ROUGE-L", "coco/CIDEr", "cider_fast", "reward/rouge_l/mean", "reward/length/mean"):
+    for name in (
+        "coco/BLEU-1",
+        "coco/BLEU-4",
+        "coco/METEOR",
+        "coco/ROUGE-L",
+        "coco/CIDEr",
+        "cider_fast",
+        "reward/rouge_l/mean",
+        "reward/length/mean",
+    ):
         assert math.isfinite(metrics[prefix + name]), name
     assert metrics[prefix + "cider_fast"] > 0 and metrics[prefix + "coco/CIDEr"] > 0  # a warmed policy names some content
     assert len(result.rows) == 6 and all(len(row["references"]) == 4 and row["coco_CIDEr"] is not None for row in result.rows)

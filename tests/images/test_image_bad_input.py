@@ -8,8 +8,8 @@ parquet forms (a ``datasets`` ``Image`` column goes through a different loading 
 from __future__ import annotations
 
 import io
-import os
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,13 +40,20 @@ def image_data(tmp_path: Path, images: list[list[str]]) -> Path:
 
 
 def experiment(tmp_path: Path, model: Path, data: Path, write_experiment) -> Path:
-    return write_experiment(tmp_path, {
-        "name": "bad_images", "seed": 0, "model": {"path": str(model)}, "data": {"source": str(data)},
-        "rollout": {"engine": "hf", "prompts_per_step": 1, "samples_per_prompt": 2, "max_tokens": 4},
-        "rewards": [{"module": "accuracy", "params": {"extract": "full"}}], "train": {"steps": 1},
-        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "progress": False},
-        "checkpoint": {"dir": str(tmp_path / "runs"), "every": 1},
-    })
+    return write_experiment(
+        tmp_path,
+        {
+            "name": "bad_images",
+            "seed": 0,
+            "model": {"path": str(model)},
+            "data": {"source": str(data)},
+            "rollout": {"engine": "hf", "prompts_per_step": 1, "samples_per_prompt": 2, "max_tokens": 4},
+            "rewards": [{"module": "accuracy", "params": {"extract": "full"}}],
+            "train": {"steps": 1},
+            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "progress": False},
+            "checkpoint": {"dir": str(tmp_path / "runs"), "every": 1},
+        },
+    )
 
 
 def run(path: Path, cwd: Path) -> subprocess.CompletedProcess:
@@ -75,7 +82,9 @@ def test_run_with_a_missing_image_file_exits_2_naming_the_row_and_field(tmp_path
     assert_nothing_trained(tmp_path)
 
 
-def test_run_of_a_text_only_model_on_image_prompts_exits_2_naming_the_row_and_field(tmp_path, random_policy_dir, write_experiment):
+def test_run_of_a_text_only_model_on_image_prompts_exits_2_naming_the_row_and_field(
+    tmp_path, random_policy_dir, write_experiment
+):
     data = image_data(tmp_path, [["img/red.png"]])
     done = run(experiment(tmp_path, random_policy_dir, data, write_experiment), tmp_path)
     # Refused by the preflight (from the config and the first row, before any model loads).
@@ -85,9 +94,28 @@ def test_run_of_a_text_only_model_on_image_prompts_exits_2_naming_the_row_and_fi
 
 def test_eval_of_a_text_only_model_on_an_image_suite_exits_2_before_any_engine(tmp_path, random_policy_dir):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    done = subprocess.run([sys.executable, "-m", "polyrl.launch.eval_cli", "--model", str(random_policy_dir), "--suite", "vqa",
-                           "--limit", "2", "--engine", "hf", "--out", str(tmp_path / "out")], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=300, env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polyrl.cli.evaluate",
+            "--model",
+            str(random_policy_dir),
+            "--suite",
+            "vqa",
+            "--limit",
+            "2",
+            "--engine",
+            "hf",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+    )
     assert_refused(done, "dataset 'scenes': row 0 has image(s) but --model", "is a text-only model", "cannot read field 'images'")
     assert not (tmp_path / "out").exists()
     experiment = MlflowClient(uri).get_experiment_by_name("polyrl-eval")
@@ -104,11 +132,14 @@ def test_parquet_image_column_problems_name_the_row_and_field(tmp_path, case):
         table = datasets.Dataset.from_dict({"prompt": ["<image>a", "<image>b"], "images": [1, 2]})
         expected = r"row 0: field 'images': must be an image .* got int"
     elif case == "unreadable_bytes":
-        table = datasets.Dataset.from_dict({"prompt": ["<image>a", "<image>b"], "images": [[good], [{"bytes": b"not a png", "path": None}]]},
-                                           features=IMAGE_LIST)
+        table = datasets.Dataset.from_dict(
+            {"prompt": ["<image>a", "<image>b"], "images": [[good], [{"bytes": b"not a png", "path": None}]]}, features=IMAGE_LIST
+        )
         expected = r"row 1: field 'images'\[0\]: image bytes is not a readable image"
     else:
-        table = datasets.Dataset.from_dict({"prompt": ["<image>a", "<image><image>b"], "images": [[good], [good]]}, features=IMAGE_LIST)
+        table = datasets.Dataset.from_dict(
+            {"prompt": ["<image>a", "<image><image>b"], "images": [[good], [good]]}, features=IMAGE_LIST
+        )
         expected = r"row 1: field 'prompt' has 2 <image> placeholder\(s\) but field 'images' has 1 image"
     table.to_parquet(str(tmp_path / "data.parquet"))
     with pytest.raises(DataConfigError, match=expected):

@@ -15,9 +15,13 @@ from polyrl.tasks import scenes
 
 def _config(tmp_path, vlm_dir, data: dict) -> dict:
     return {
-        "name": "photo", "seed": 0, "model": {"path": str(vlm_dir)}, "data": data,
+        "name": "photo",
+        "seed": 0,
+        "model": {"path": str(vlm_dir)},
+        "data": data,
         "rollout": {"engine": "hf", "prompts_per_step": 2, "samples_per_prompt": 2, "max_tokens": 4},
-        "rewards": [{"module": "accuracy", "params": {"extract": "full"}}], "train": {"steps": 1},
+        "rewards": [{"module": "accuracy", "params": {"extract": "full"}}],
+        "train": {"steps": 1},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "progress": False},
         "checkpoint": {"dir": str(tmp_path / "runs"), "every": 1},
     }

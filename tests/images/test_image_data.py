@@ -8,9 +8,8 @@ import json
 import datasets
 import numpy as np
 import pytest
-from PIL import Image
 
-from polyrl.data.images import check_model_takes_images
+from polyrl.data.image_rows import check_model_takes_images
 from polyrl.data.prompts import DataConfigError, load_prompt_dataset, rows_to_prompt_samples
 from polyrl.tasks import scenes
 
@@ -53,9 +52,12 @@ def test_jsonl_with_relative_image_paths_loads_into_prompt_samples(tmp_path, ima
 def test_parquet_with_an_image_column_loads_like_the_shipped_scenes(tmp_path):
     rows = scenes.split_rows("test")[:5]
     path = tmp_path / "vqa.parquet"
-    features = datasets.Features({"prompt": datasets.Value("string"), "answer": datasets.Value("string"),
-                                  "images": datasets.List(datasets.Image())})
-    datasets.Dataset.from_list([{k: r[k] for k in ("prompt", "answer", "images")} for r in rows], features=features).to_parquet(str(path))
+    features = datasets.Features(
+        {"prompt": datasets.Value("string"), "answer": datasets.Value("string"), "images": datasets.List(datasets.Image())}
+    )
+    datasets.Dataset.from_list([{k: r[k] for k in ("prompt", "answer", "images")} for r in rows], features=features).to_parquet(
+        str(path)
+    )
     samples = rows_to_prompt_samples(load_prompt_dataset(str(path), "train"))
     want = np.asarray(scenes.render(scenes.make_scene(rows[0]["scene_id"])))
     assert np.array_equal(np.asarray(samples[0].images[0]), want)
@@ -65,10 +67,13 @@ def test_parquet_with_an_image_column_loads_like_the_shipped_scenes(tmp_path):
 
 
 def test_missing_image_file_names_row_and_field(tmp_path, image_files):
-    data = _write_jsonl(tmp_path / "d.jsonl", [
-        {"prompt": "<image>a", "images": ["img/0.png"]},
-        {"prompt": "<image>b", "images": ["img/nope.png"]},
-    ])
+    data = _write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"prompt": "<image>a", "images": ["img/0.png"]},
+            {"prompt": "<image>b", "images": ["img/nope.png"]},
+        ],
+    )
     with pytest.raises(DataConfigError, match=r"row 1: field 'images'\[0\]: image file 'img/nope.png' not found"):
         load_prompt_dataset(str(data), "train")
 
@@ -86,16 +91,23 @@ def test_image_column_of_the_wrong_type_is_refused(tmp_path):
     with pytest.raises(DataConfigError, match=r"row 0: field 'images': must be an image .* got int"):
         load_prompt_dataset(str(data), "train")
     data = _write_jsonl(tmp_path / "e.jsonl", [{"prompt": "<image>a", "images": [[1, 2]]}])
-    with pytest.raises(DataConfigError, match=r"row 0: field 'images'\[0\]: must be an image path, image bytes or a decoded image, got list"):
+    with pytest.raises(
+        DataConfigError, match=r"row 0: field 'images'\[0\]: must be an image path, image bytes or a decoded image, got list"
+    ):
         load_prompt_dataset(str(data), "train")
 
 
 def test_placeholder_count_must_equal_image_count(tmp_path, image_files):
-    data = _write_jsonl(tmp_path / "d.jsonl", [
-        {"prompt": "<image>a", "images": ["img/0.png"]},
-        {"prompt": "no placeholder", "images": ["img/0.png"]},
-    ])
-    with pytest.raises(DataConfigError, match=r"row 1: field 'prompt' has 0 <image> placeholder\(s\) but field 'images' has 1 image"):
+    data = _write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"prompt": "<image>a", "images": ["img/0.png"]},
+            {"prompt": "no placeholder", "images": ["img/0.png"]},
+        ],
+    )
+    with pytest.raises(
+        DataConfigError, match=r"row 1: field 'prompt' has 0 <image> placeholder\(s\) but field 'images' has 1 image"
+    ):
         load_prompt_dataset(str(data), "train")
     data = _write_jsonl(tmp_path / "e.jsonl", [{"prompt": "<image> and no image"}])
     with pytest.raises(DataConfigError, match=r"row 0: field 'prompt' has 1 <image> placeholder\(s\) but field 'images' has 0"):

@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from polyrl.algos.logprobs import collate_image_inputs, logprob_gap, pack_completions, token_logprobs
 from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.engines.hf_engine import HFRolloutEngine
-from polyrl.engines.images import banned_token_ids, model_takes_images
-from polyrl.models import vlm
+from polyrl.engines.image_prompts import banned_token_ids, model_takes_images
+from polyrl.modeling.logprobs import collate_image_inputs, logprob_gap, pack_completions, token_logprobs
+from polyrl.policies import vlm
 from polyrl.tasks import scenes
 
 
@@ -42,7 +42,14 @@ def test_banned_ids_are_the_image_and_special_tokens_not_eos():
     tokenizer = vlm.build_vlm_tokenizer()
     banned = set(banned_token_ids(tokenizer))
     names = {tokenizer.convert_ids_to_tokens(i) for i in banned}
-    assert {"<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>", "<row_1_col_1>", "<row_6_col_6>"} <= names
+    assert {
+        "<image>",
+        "<fake_token_around_image>",
+        "<global-img>",
+        "<end_of_utterance>",
+        "<row_1_col_1>",
+        "<row_6_col_6>",
+    } <= names
     assert {tokenizer.pad_token, tokenizer.bos_token, tokenizer.unk_token} <= names
     assert tokenizer.eos_token_id not in banned
     assert len(banned) == 4 + 36 + 3  # image tokens, row/col tiles, pad/bos/unk
@@ -56,8 +63,13 @@ def test_collate_pads_per_row_images_and_concatenates_flat_ones():
     # Row 0: its image then a zero image (dropped by Idefics3); row 1 (text): all zeros.
     assert out["pixel_values"][0, 0].eq(1).all() and out["pixel_values"][0, 1].eq(0).all()
     assert out["pixel_values"][1].eq(0).all() and out["pixel_values"][2].eq(2).all()
-    flat = collate_image_inputs([{"pixel_values": torch.ones(4, 6), "image_grid_thw": torch.tensor([[1, 2, 2]])}, None,
-                                 {"pixel_values": torch.zeros(8, 6), "image_grid_thw": torch.tensor([[1, 2, 4]])}])
+    flat = collate_image_inputs(
+        [
+            {"pixel_values": torch.ones(4, 6), "image_grid_thw": torch.tensor([[1, 2, 2]])},
+            None,
+            {"pixel_values": torch.zeros(8, 6), "image_grid_thw": torch.tensor([[1, 2, 4]])},
+        ]
+    )
     assert flat["pixel_values"].shape == (12, 6) and flat["image_grid_thw"].tolist() == [[1, 2, 2], [1, 2, 4]]
     assert collate_image_inputs([None, None]) == {}
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoProcessor
 
-from polyrl.algos.logprobs import pack_completions
 from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion
-from polyrl.engines.images import encode_image_prompt
+from polyrl.engines.image_prompts import encode_image_prompt
+from polyrl.modeling.logprobs import pack_completions
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from polyrl.roles.critic import Critic, CriticSettings, ImageTextValueModel, ValueModel, build_value_model
@@ -32,8 +32,14 @@ def _rows(vlm_dir, scene_prompts):
     text_ids = processor.tokenizer(TEXT_PROMPT, add_special_tokens=False)["input_ids"]
 
     def row(prompt_ids, images):
-        return Completion(prompt_ids=list(prompt_ids), completion_ids=list(answer), text="red", sampling_logprobs=[],
-                          finish_reason="stop", image_inputs=images)
+        return Completion(
+            prompt_ids=list(prompt_ids),
+            completion_ids=list(answer),
+            text="red",
+            sampling_logprobs=[],
+            finish_reason="stop",
+            image_inputs=images,
+        )
 
     return [row(ids, pixels), row(ids, other), row(text_ids, None)], processor.tokenizer.pad_token_id
 
@@ -66,14 +72,21 @@ def test_an_image_critic_update_round_trips_through_a_checkpoint(vlm_dir, scene_
     completions, pad = _rows(vlm_dir, scene_prompts)
     packed = pack_completions(completions, pad_token_id=pad)
     before = {k: v.clone() for k, v in critic.model.state_dict().items()}
-    batch = LearnerBatch(packed=packed, old_logprobs=None, advantages=torch.zeros(packed.response_mask.shape),
-                         old_values=critic.values(packed), returns=packed.response_mask.float())
+    batch = LearnerBatch(
+        packed=packed,
+        old_logprobs=None,
+        advantages=torch.zeros(packed.response_mask.shape),
+        old_values=critic.values(packed),
+        returns=packed.response_mask.float(),
+    )
     metrics = critic.update(batch, torch.arange(len(packed)), {})
     assert math.isfinite(metrics["value/loss"]) and metrics["value/grad_norm"] > 0
     after = critic.model.state_dict()
     assert not torch.equal(before["value_head.weight"], after["value_head.weight"])
     assert any(not torch.equal(before[k], after[k]) for k in after if k.startswith("backbone.vision_model."))
-    save_checkpoint(tmp_path / "step_000001", step=1, models={"critic": critic.model}, optimizers={"critic": critic.optimizer}, state={})
+    save_checkpoint(
+        tmp_path / "step_000001", step=1, models={"critic": critic.model}, optimizers={"critic": critic.optimizer}, state={}
+    )
 
     torch.manual_seed(1)  # another head init, so only the checkpoint can make them equal
     restored = Critic(build_value_model(vlm_dir, torch.float32), CriticSettings(learning_rate=1e-2, micro_batch_size=2))
@@ -95,7 +108,10 @@ def _ppo_config(tmp_path, vlm_dir, steps: int) -> dict:
         "rollout": {"engine": "hf", "prompts_per_step": 2, "samples_per_prompt": 4, "max_tokens": 8},
         "objective": {"name": "ppo"},
         "advantage": {"estimator": "gae"},
-        "rewards": [{"module": "accuracy", "params": {"extract": "full"}}, {"module": "length", "weight": 0.01, "params": {"unit": "chars"}}],
+        "rewards": [
+            {"module": "accuracy", "params": {"extract": "full"}},
+            {"module": "length", "weight": 0.01, "params": {"unit": "chars"}},
+        ],
         "train": {"steps": steps, "learning_rate": 1e-3, "micro_batch_size": 8, "value": {"learning_rate": 1e-3}},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "progress": False},
         "checkpoint": {"dir": str(tmp_path / "runs"), "every": 2},

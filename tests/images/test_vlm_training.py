@@ -22,7 +22,10 @@ def test_grpo_on_vqa_trains_with_the_sampler_in_sync(tmp_path, run_experiment_cl
         "objective": {"name": "grpo"},
         # A small length term keeps every group informative, so the two steps always update
         # the policy (with accuracy alone a 4-sample group can agree and give zero advantages).
-        "rewards": [{"module": "accuracy", "params": {"extract": "full"}}, {"module": "length", "weight": 0.01, "params": {"unit": "chars"}}],
+        "rewards": [
+            {"module": "accuracy", "params": {"extract": "full"}},
+            {"module": "length", "weight": 0.01, "params": {"unit": "chars"}},
+        ],
         "train": {"steps": 2, "learning_rate": 1e-3, "micro_batch_size": 8},
         "tracking": {"uri": uri, "progress": False},
         "checkpoint": {"dir": str(tmp_path / "runs"), "every": 2},

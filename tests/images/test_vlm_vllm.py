@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from polyrl.algos.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.core.types import PromptSample, SamplingSettings
+from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
 
 pytestmark = pytest.mark.slow
 

@@ -36,8 +36,13 @@ def test_submit_two_arms_to_local_ray(tmp_path, tiny_experiment, write_experimen
     config["arms"] = {"grpo": {"objective": {"name": "grpo"}}, "dr_grpo": {"objective": {"name": "dr_grpo"}}}
     path = write_experiment(tmp_path, config)
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=100 * 1024 * 1024,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
     try:
         result = submit_experiment(path, cpus_per_arm=1, parallel_arms=True)
     finally:
@@ -47,7 +52,9 @@ def test_submit_two_arms_to_local_ray(tmp_path, tiny_experiment, write_experimen
     parent = client.get_run(result.parent_run_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["polyrl.launcher"] == "ray"
-    arm_runs = {run.data.tags["polyrl.arm"]: run for run in find_arm_runs(client, parent.info.experiment_id, result.parent_run_id)}
+    arm_runs = {
+        run.data.tags["polyrl.arm"]: run for run in find_arm_runs(client, parent.info.experiment_id, result.parent_run_id)
+    }
     assert set(arm_runs) == {"grpo", "dr_grpo"} == set(result.arm_run_ids)
     pids = set()
     for arm, run in arm_runs.items():

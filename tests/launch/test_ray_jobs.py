@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from run_control import child_env
 from typer.testing import CliRunner
 
-from run_control import child_env
 from tests.ray_support import stop_blocking_head
 
 
@@ -27,8 +27,14 @@ def _free_port() -> int:
 
 
 def _polyrl(folder: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polyrl.launch.cli", *args], cwd=folder, env=child_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "polyrl.cli.main", *args],
+        cwd=folder,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +48,32 @@ def ray_head():
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this checkout's polyrl, as in the test process
     log = Path(temp_dir) / "head.log"
     with log.open("w") as out:
-        head = subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(gcs_port),
-                                 "--node-ip-address", "127.0.0.1", "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                                 "--dashboard-port", str(dashboard_port), "--num-cpus", "2", "--disable-usage-stats",
-                                 "--temp-dir", temp_dir], env=env, stdout=out, stderr=out)
+        head = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("ray")),
+                "start",
+                "--head",
+                "--block",
+                "--port",
+                str(gcs_port),
+                "--node-ip-address",
+                "127.0.0.1",
+                "--include-dashboard",
+                "true",
+                "--dashboard-host",
+                "127.0.0.1",
+                "--dashboard-port",
+                str(dashboard_port),
+                "--num-cpus",
+                "2",
+                "--disable-usage-stats",
+                "--temp-dir",
+                temp_dir,
+            ],
+            env=env,
+            stdout=out,
+            stderr=out,
+        )
     deadline = time.time() + 180
     while "Ray runtime started" not in log.read_text() and head.poll() is None and time.time() < deadline:
         time.sleep(0.5)
@@ -73,12 +101,15 @@ def test_submit_list_follow_and_stop_jobs_on_a_real_ray_head(tmp_path, ray_head,
     done = _polyrl(tmp_path, "submit", path.name, "--address", url)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     first = _job_id(done.stdout)
-    assert "python -m polyrl.launch.cli run exp.yaml --no-progress" in done.stdout
+    assert "python -m polyrl.cli.main run exp.yaml --no-progress" in done.stdout
     assert f"job {first}: SUCCEEDED" in done.stdout
     assert "MLflow:" in done.stdout and "(parent run" in done.stdout  # polyrl run's own summary, streamed back
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (arm_run,) = [r for r in client.search_runs([client.get_experiment_by_name("jobs").experiment_id])
-                  if r.data.tags.get("polyrl.arm") == "main"]
+    (arm_run,) = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("jobs").experiment_id])
+        if r.data.tags.get("polyrl.arm") == "main"
+    ]
     assert arm_run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(arm_run.info.run_id, "train/step")] == [1, 2]
     assert (tmp_path / "runs" / "jobs" / "main" / "step_000002").is_dir()  # the checkpoint came home, not into Ray's copy
@@ -107,11 +138,12 @@ def test_submit_list_follow_and_stop_jobs_on_a_real_ray_head(tmp_path, ray_head,
 
     unknown = _cli("jobs", "logs", "polyrl-no-such-job", "--address", url)
     assert unknown.exit_code == 2 and "job polyrl-no-such-job: Job polyrl-no-such-job does not exist" in unknown.output, (
-        unknown.output[-3000:])
+        unknown.output[-3000:]
+    )
 
 
 def _cli(*args: str):
-    from polyrl.launch.cli import app
+    from polyrl.cli.main import app
 
     return CliRunner().invoke(app, list(args))
 
@@ -130,13 +162,14 @@ def test_an_unreachable_job_server_fails_in_seconds_naming_it(tmp_path, tiny_exp
 
 
 def test_no_wait_without_an_address_is_refused_naming_the_option(tmp_path, tiny_experiment, write_experiment):
-    from polyrl.launch.cli import app
+    from polyrl.cli.main import app
 
     path = write_experiment(tmp_path, tiny_experiment())
     result = CliRunner().invoke(app, ["submit", str(path), "--no-wait"])
     assert result.exit_code == 2
     assert "--no-wait submits the experiment as a Ray job and needs the cluster's address: --address http://127.0.0.1:8265" in (
-        result.output)
+        result.output
+    )
 
 
 def test_job_entrypoint_and_output_paths(tmp_path, tiny_experiment, write_experiment, monkeypatch):
@@ -144,7 +177,8 @@ def test_job_entrypoint_and_output_paths(tmp_path, tiny_experiment, write_experi
     from polyrl.launch.ray_jobs import _inside, job_entrypoint, output_overrides
 
     assert job_entrypoint("exp.yaml", ["train.steps=5", "rollout.engine=hf"], "0,1", True) == (
-        "python -m polyrl.launch.cli run exp.yaml --no-progress --set train.steps=5 --set rollout.engine=hf --seeds 0,1 --many-runs")
+        "python -m polyrl.cli.main run exp.yaml --no-progress --set train.steps=5 --set rollout.engine=hf --seeds 0,1 --many-runs"
+    )
     monkeypatch.chdir(tmp_path)  # polyrl submit's working folder
     config = tiny_experiment(tracking={"uri": "sqlite:///mlflow.db"}, checkpoint={"dir": "out"})
     (first,) = load_experiment(write_experiment(tmp_path, config)).values()
@@ -173,7 +207,8 @@ def test_a_job_server_that_accepts_but_never_answers_fails_in_seconds(tmp_path, 
         elapsed = time.monotonic() - started
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert f"--address http://127.0.0.1:{port}: the job server at http://127.0.0.1:{port} did not answer within 5 s" in (
-        " ".join(done.stderr.split())), done.stderr[-3000:]
+        " ".join(done.stderr.split())
+    ), done.stderr[-3000:]
     assert elapsed < 30, elapsed  # 5 s of reply timeout, plus the CLI's start
     assert not list(tmp_path.rglob("step_*"))  # nothing was run
 

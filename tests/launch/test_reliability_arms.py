@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from run_control import child_env
 from typer.testing import CliRunner
 
-from polyrl.launch.cli import app
-from polyrl.launch.compare import compare_experiment
+from polyrl.analysis.compare import compare_experiment
+from polyrl.cli.main import app
 from polyrl.tracking.mlflow_runs import ARM_TAG, ERROR_TAG, EXPERIMENT_TAG, ROLE_TAG, SEED_TAG
-from run_control import child_env
 
 BOOM = textwrap.dedent(
     """\
@@ -44,27 +44,37 @@ def _three_arms(tmp_path: Path, tiny_experiment, write_experiment) -> Path:
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polyrl.launch.cli", "run", *args, "--no-progress"], cwd=tmp_path, env=child_env(),
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "polyrl.cli.main", "run", *args, "--no-progress"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _arm_runs(client: MlflowClient, parent_run_id: str) -> dict[str, object]:
     experiment = client.get_experiment_by_name("three")
-    runs = client.search_runs([experiment.experiment_id],
-                              filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`{ROLE_TAG}` = 'arm'")
+    runs = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`{ROLE_TAG}` = 'arm'"
+    )
     return {run.data.tags[ARM_TAG]: run for run in runs}
 
 
 def _compare(tmp_path: Path, monkeypatch) -> tuple[int, str]:
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["compare", "three", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-                                      "--out", str(tmp_path / "report")])
+    result = CliRunner().invoke(
+        app, ["compare", "three", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--out", str(tmp_path / "report")]
+    )
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     return result.exit_code, result.output
 
 
 @pytest.mark.slow
-def test_a_failing_middle_arm_does_not_stop_the_next_and_compare_names_it(tmp_path, tiny_experiment, write_experiment, monkeypatch):
+def test_a_failing_middle_arm_does_not_stop_the_next_and_compare_names_it(
+    tmp_path, tiny_experiment, write_experiment, monkeypatch
+):
     path = _three_arms(tmp_path, tiny_experiment, write_experiment)
     ran = _run(tmp_path, str(path))
     # Before: the run ended at arm b with exit 2, and arm c was never started.
@@ -75,7 +85,9 @@ def test_a_failing_middle_arm_does_not_stop_the_next_and_compare_names_it(tmp_pa
     assert "polyrl run" in ran.stderr and "--resume" in ran.stderr  # how to retrain only the failed arm
     assert "a: reward" in ran.stdout and "c: reward" in ran.stdout  # the arms that finished are summarised
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    parent = client.search_runs([client.get_experiment_by_name("three").experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'experiment'")[0]
+    parent = client.search_runs(
+        [client.get_experiment_by_name("three").experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'experiment'"
+    )[0]
     arms = _arm_runs(client, parent.info.run_id)
     assert {arm: run.info.status for arm, run in arms.items()} == {"a": "FINISHED", "b": "FAILED", "c": "FINISHED"}
     assert "the scoring service is down" in arms["b"].data.tags[ERROR_TAG]
@@ -101,15 +113,23 @@ def _store(tmp_path: Path) -> tuple[str, MlflowClient, str, str]:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment_id = client.create_experiment("states", artifact_location=str(tmp_path / "artifacts"))
-    parent = client.create_run(experiment_id, run_name="parent", tags={EXPERIMENT_TAG: "states", ROLE_TAG: "experiment",
-                                                                        "polyrl.arms": "done,broken,going,never"})
+    parent = client.create_run(
+        experiment_id,
+        run_name="parent",
+        tags={EXPERIMENT_TAG: "states", ROLE_TAG: "experiment", "polyrl.arms": "done,broken,going,never"},
+    )
     return uri, client, experiment_id, parent.info.run_id
 
 
 def _arm(client, experiment_id, parent_run_id, arm, status, values, *, seed=None, error=None):
-    tags = {"mlflow.parentRunId": parent_run_id, EXPERIMENT_TAG: "states", ARM_TAG: arm,
-            ROLE_TAG: "arm" if seed is None else "seed", **({SEED_TAG: str(seed)} if seed is not None else {}),
-            **({ERROR_TAG: error} if error else {})}
+    tags = {
+        "mlflow.parentRunId": parent_run_id,
+        EXPERIMENT_TAG: "states",
+        ARM_TAG: arm,
+        ROLE_TAG: "arm" if seed is None else "seed",
+        **({SEED_TAG: str(seed)} if seed is not None else {}),
+        **({ERROR_TAG: error} if error else {}),
+    }
     run = client.create_run(experiment_id, run_name=arm, tags=tags)
     for step, value in enumerate(values, 1):
         client.log_metric(run.info.run_id, "reward/mean", value, step=step)
@@ -125,8 +145,12 @@ def test_compare_states_each_arm_and_compares_only_finished_runs(tmp_path):
     _arm(client, experiment_id, parent, "going", "RUNNING", [0.9])
     comparison = compare_experiment("states", tracking_uri=uri, out_dir=tmp_path / "report", log_to_mlflow=False)
     said = {status.arm: status.describe() for status in comparison.statuses}
-    assert said == {"done": "finished", "broken": "failed: reward module 'x' raised KeyError: 'answer'", "going": "running",
-                    "never": "not run"}
+    assert said == {
+        "done": "finished",
+        "broken": "failed: reward module 'x' raised KeyError: 'answer'",
+        "going": "running",
+        "never": "not run",
+    }
     assert list(comparison.histories) == ["done"]  # no value from a run that did not finish
     assert "3 of 4 arms did not finish" in comparison.unfinished and "never (not run)" in comparison.unfinished
     assert "| going |" not in comparison.table_markdown and "| done | 0.5 |" in comparison.table_markdown
@@ -139,8 +163,16 @@ def test_seeded_compare_uses_only_finished_seeds_and_names_the_failed_one(tmp_pa
         arm_run = _arm(client, experiment_id, parent, arm, "FAILED" if failing is not None else "FINISHED", [])
         for seed in (0, 1, 2):
             failed = seed == failing
-            _arm(client, experiment_id, arm_run, arm, "FAILED" if failed else "FINISHED", [1.0 + seed] if not failed else [50.0],
-                 seed=seed, error="boom" if failed else None)
+            _arm(
+                client,
+                experiment_id,
+                arm_run,
+                arm,
+                "FAILED" if failed else "FINISHED",
+                [1.0 + seed] if not failed else [50.0],
+                seed=seed,
+                error="boom" if failed else None,
+            )
     comparison = compare_experiment("states", tracking_uri=uri, out_dir=tmp_path / "report", log_to_mlflow=False)
     said = {status.arm: status.describe() for status in comparison.statuses}
     assert said == {"x": "finished (3 of 3 seeds finished)", "y": "failed (2 of 3 seeds finished): seed 1 failed (boom)"}

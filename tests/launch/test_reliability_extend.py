@@ -11,21 +11,32 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from run_control import child_env
 
 from polyrl.tracking.mlflow_runs import ROLE_TAG, STEP_MARKER
-from run_control import child_env
 
 
 def _polyrl(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polyrl.launch.cli", "run", *args, "--no-progress"], cwd=folder, env=child_env(),
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "polyrl.cli.main", "run", *args, "--no-progress"],
+        cwd=folder,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
-def test_a_finished_arm_trains_longer_never_shorter_and_a_no_step_resume_reports_its_last_values(tmp_path, tiny_experiment,
-                                                                                                write_experiment):
-    config = tiny_experiment(name="longer", train={"steps": 2, "lr_schedule": "cosine"}, checkpoint={"every": 2},
-                             rollout={"prompts_per_step": 2, "samples_per_prompt": 2})
+def test_a_finished_arm_trains_longer_never_shorter_and_a_no_step_resume_reports_its_last_values(
+    tmp_path, tiny_experiment, write_experiment
+):
+    config = tiny_experiment(
+        name="longer",
+        train={"steps": 2, "lr_schedule": "cosine"},
+        checkpoint={"every": 2},
+        rollout={"prompts_per_step": 2, "samples_per_prompt": 2},
+    )
     path = str(write_experiment(tmp_path, config))
     first = _polyrl(tmp_path, path)
     assert first.returncode == 0, first.stderr[-3000:]

@@ -16,18 +16,21 @@ import yaml
 from PIL import Image
 from typer.testing import CliRunner
 
+from polyrl.cli.main import app
 from polyrl.core.errors import PolyrlError
-from polyrl.data.images import open_image
-from polyrl.launch.cli import app
+from polyrl.data.image_rows import open_image
 
 
 def header_only_png(path: Path, width: int, height: int) -> Path:
     """A PNG whose header declares width×height and that holds no pixel data: what a
     decompression bomb looks like to a reader that trusts the header."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -44,9 +47,16 @@ def _rows(folder: Path, count: int, *, bad: dict[int, str] | None = None) -> Pat
 
 
 def _experiment(folder: Path, data: dict) -> Path:
-    config = {"name": "pics", "model": {"builtin": {"task": "vqa"}}, "data": data, "rewards": [{"module": "accuracy"}],
-              "rollout": {"engine": "hf"}, "train": {"steps": 1},
-              "tracking": {"uri": f"sqlite:///{folder / 'mlflow.db'}"}, "checkpoint": {"dir": str(folder / "runs")}}
+    config = {
+        "name": "pics",
+        "model": {"builtin": {"task": "vqa"}},
+        "data": data,
+        "rewards": [{"module": "accuracy"}],
+        "rollout": {"engine": "hf"},
+        "train": {"steps": 1},
+        "tracking": {"uri": f"sqlite:///{folder / 'mlflow.db'}"},
+        "checkpoint": {"dir": str(folder / "runs")},
+    }
     path = folder / "exp.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -80,8 +90,11 @@ def test_validate_and_run_find_a_missing_image_in_a_later_row_before_any_run_exi
     assert code == 0, output
     assert "images: 5 in 5 rows of" in output and "decoded and within data.max_image_pixels (89,478,485) in" in output, output
     code, output = _invoke(tmp_path, monkeypatch, "validate", str(_experiment(tmp_path, {"source": str(data)})))
-    assert code == 2 and "row 5: field 'images'[0]: image file 'img/cut.jpg' is not a readable image (OSError: image file is " \
-                         "truncated" in output, output
+    assert (
+        code == 2
+        and "row 5: field 'images'[0]: image file 'img/cut.jpg' is not a readable image (OSError: image file is truncated"
+        in output
+    ), output
 
 
 def test_an_image_above_the_pixel_limit_is_refused_naming_row_file_and_limit(tmp_path, monkeypatch):
@@ -97,14 +110,19 @@ def test_an_image_above_the_pixel_limit_is_refused_naming_row_file_and_limit(tmp
     assert "Traceback" not in output and "DecompressionBombError:" not in output.split("(")[0]
 
     # The limit is a setting: a small one refuses the 16×16 images, naming their size.
-    code, output = _invoke(tmp_path, monkeypatch, "validate", str(_experiment(tmp_path, {"source": str(data), "max_image_pixels": 200})))
-    assert code == 2 and "row 0: field 'images'[0]: image file 'img/0.png' is 16×16 = 256 pixels, above the limit " \
-                         "data.max_image_pixels = 200" in output, output
+    code, output = _invoke(
+        tmp_path, monkeypatch, "validate", str(_experiment(tmp_path, {"source": str(data), "max_image_pixels": 200}))
+    )
+    assert (
+        code == 2
+        and "row 0: field 'images'[0]: image file 'img/0.png' is 16×16 = 256 pixels, above the limit data.max_image_pixels = 200"
+        in output
+    ), output
 
 
 def test_the_pixel_limit_applies_from_the_header_and_defaults_to_pillows(tmp_path):
     from polyrl.config.schema import DataConfig
-    from polyrl.data.images import DEFAULT_MAX_IMAGE_PIXELS
+    from polyrl.data.image_rows import DEFAULT_MAX_IMAGE_PIXELS
 
     assert DataConfig().max_image_pixels == DEFAULT_MAX_IMAGE_PIXELS == 89_478_485
     huge = header_only_png(tmp_path / "huge.png", 15000, 15000)  # 225,000,000 pixels: above twice Pillow's limit

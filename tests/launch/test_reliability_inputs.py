@@ -18,8 +18,8 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from polyrl.cli.main import app
 from polyrl.core.errors import PolyrlError
-from polyrl.launch.cli import app
 
 POLYRL = str(Path(sys.executable).with_name("polyrl"))
 
@@ -28,7 +28,11 @@ ROWS = [{"prompt": "2+2?", "completion": "4", "answer": "4"}, {"prompt": "3+3?",
 # Each broken reward file, and the line its message must name.
 BROKEN_REWARDS = {
     "syntax": ("from polyrl.rewards import RewardModule\nclass Broken(RewardModule)\n    pass\n", 2, "SyntaxError"),
-    "import": ("from polyrl.rewards import RewardModule\nimport numpyy_not_installed\n", 2, "ModuleNotFoundError: No module named 'numpyy_not_installed'"),
+    "import": (
+        "from polyrl.rewards import RewardModule\nimport numpyy_not_installed\n",
+        2,
+        "ModuleNotFoundError: No module named 'numpyy_not_installed'",
+    ),
     "init": (
         textwrap.dedent(
             """\
@@ -141,7 +145,7 @@ def test_model_folder_missing_tokenizer_or_weights_names_what_is_missing(tmp_pat
 
 def test_the_trainer_resolves_the_model_folder_with_the_same_check(tmp_path, random_policy_dir):
     from polyrl.config.schema import ConfigError, ModelConfig
-    from polyrl.models.paths import resolve_policy_path
+    from polyrl.policies.paths import resolve_policy_path
 
     assert resolve_policy_path(ModelConfig(path=str(random_policy_dir))) == random_policy_dir
     (tmp_path / "config.json").write_text((random_policy_dir / "config.json").read_text())
@@ -156,20 +160,46 @@ def test_the_trainer_resolves_the_model_folder_with_the_same_check(tmp_path, ran
     "overrides, fragments",
     [
         ({"data": {"source": "missing.jsonl"}}, ["data.source", "missing.jsonl", "file not found"]),
-        ({"data": {"source": "rows.jsonl", "prompt_field": "question"}}, ["data.source", "prompt field 'question' (or messages field 'messages') not found in the first row", "'prompt'"]),
+        (
+            {"data": {"source": "rows.jsonl", "prompt_field": "question"}},
+            ["data.source", "prompt field 'question' (or messages field 'messages') not found in the first row", "'prompt'"],
+        ),
         ({"data": {"source": "empty.jsonl"}}, ["data.source", "empty.jsonl is empty"]),
         ({"rewards": []}, ["rewards: the list is empty"]),
-        ({"rewards": [{"module": "length", "params": {"scael": 3}}]}, ["rewards[0]", "bad params {'scael': 3}", "accepted: unit, tokenizer_path, scale"]),
-        ({"tracking": {"accuracy_reward": "acc"}}, ["tracking.accuracy_reward", "no reward is labelled 'acc'", "reward labels: accuracy"]),
+        (
+            {"rewards": [{"module": "length", "params": {"scael": 3}}]},
+            ["rewards[0]", "bad params {'scael': 3}", "accepted: unit, tokenizer_path, scale"],
+        ),
+        (
+            {"tracking": {"accuracy_reward": "acc"}},
+            ["tracking.accuracy_reward", "no reward is labelled 'acc'", "reward labels: accuracy"],
+        ),
         ({"rewards": [{"module": "length", "weight": float("inf")}]}, ["rewards[0].weight", "finite number"]),
         # Image data for a text-only policy: found from the config and the first row, before any model loads.
-        ({"data": {"source": "scenes"}}, ["data.source 'scenes': its rows have image(s) (field 'images')",
-                                          "model.builtin.task 'arithmetic' is a text-only policy", "vqa or caption"]),
-        ({"data": {"source": "photos.jsonl", "images_field": "photo"}, "model": {"path": "text_model"}},
-         ["data.source 'photos.jsonl': row 0 has image(s) (field 'photo')", "model.path 'text_model' is a text-only model"]),
+        (
+            {"data": {"source": "scenes"}},
+            [
+                "data.source 'scenes': its rows have image(s) (field 'images')",
+                "model.builtin.task 'arithmetic' is a text-only policy",
+                "vqa or caption",
+            ],
+        ),
+        (
+            {"data": {"source": "photos.jsonl", "images_field": "photo"}, "model": {"path": "text_model"}},
+            ["data.source 'photos.jsonl': row 0 has image(s) (field 'photo')", "model.path 'text_model' is a text-only model"],
+        ),
     ],
-    ids=["missing-data", "no-prompt-field", "empty-data", "no-rewards", "params-do-not-bind", "unknown-accuracy-reward", "infinite-weight",
-         "builtin-text-policy-on-scenes", "text-model-on-image-rows"],
+    ids=[
+        "missing-data",
+        "no-prompt-field",
+        "empty-data",
+        "no-rewards",
+        "params-do-not-bind",
+        "unknown-accuracy-reward",
+        "infinite-weight",
+        "builtin-text-policy-on-scenes",
+        "text-model-on-image-rows",
+    ],
 )
 def test_validate_checks_data_rewards_and_params_without_training(tmp_path, monkeypatch, overrides, fragments):
     write_rows(tmp_path / "rows.jsonl", ROWS)
@@ -188,8 +218,14 @@ def test_validate_checks_data_rewards_and_params_without_training(tmp_path, monk
 def test_run_refuses_a_cuda_learner_on_a_machine_without_one_before_any_run_starts(tmp_path, monkeypatch):
     config = write_yaml(tmp_path / "exp.yaml", experiment(tmp_path, arms={"cpu": {}, "gpu": {"train": {"device": "cuda"}}}))
     code, output = invoke(["run", config], tmp_path, monkeypatch)
-    assert_one_message(code, output, "exp.yaml: invalid experiment config", "train.device: 'cuda', but this torch sees no CUDA device",
-                       "allowed here: 'auto', 'cpu'", "(arm 'gpu')")
+    assert_one_message(
+        code,
+        output,
+        "exp.yaml: invalid experiment config",
+        "train.device: 'cuda', but this torch sees no CUDA device",
+        "allowed here: 'auto', 'cpu'",
+        "(arm 'gpu')",
+    )
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()  # nothing started
     # validate checks the file, not this machine: the arm may be meant for a GPU machine or a Ray cluster.
     code, output = invoke(["validate", config], tmp_path, monkeypatch)
@@ -198,7 +234,9 @@ def test_run_refuses_a_cuda_learner_on_a_machine_without_one_before_any_run_star
 
 def test_validate_names_the_arm_whose_data_lacks_the_prompt_field(tmp_path, monkeypatch):
     write_rows(tmp_path / "rows.jsonl", [{"question": "2+2?", "answer": "4"}])
-    config = experiment(tmp_path, data={"source": "rows.jsonl"}, arms={"plain": {}, "fixed": {"data": {"prompt_field": "question"}}})
+    config = experiment(
+        tmp_path, data={"source": "rows.jsonl"}, arms={"plain": {}, "fixed": {"data": {"prompt_field": "question"}}}
+    )
     code, output = invoke(["validate", write_yaml(tmp_path / "exp.yaml", config)], tmp_path, monkeypatch)
     assert_one_message(code, output, "prompt field 'prompt' (or messages field 'messages') not found", "(arm 'plain')")
     assert "fixed" not in output
@@ -237,7 +275,7 @@ class BrandNewError(PolyrlError):
     [
         ("polyrl.launch.runner.validate_file", ["validate", "exp.yaml"]),
         ("polyrl.evals.evaluate.evaluate_models", ["eval", "--model", "m", "--suite", "arithmetic", "--engine", "hf"]),
-        ("polyrl.launch.rewards_cli.load_reward_class", ["rewards", "check", "length", "--data", "rows.jsonl"]),
+        ("polyrl.cli.rewards.load_reward_class", ["rewards", "check", "length", "--data", "rows.jsonl"]),
     ],
     ids=["polyrl", "polyrl-eval", "polyrl-rewards"],
 )
@@ -256,7 +294,7 @@ def test_every_command_group_reports_any_polyrl_error(tmp_path, monkeypatch, tar
 def test_an_error_class_may_set_its_exit_code():
     import typer
 
-    from polyrl.launch.cli_errors import user_errors
+    from polyrl.cli.errors import user_errors
 
     class Failed(PolyrlError):
         exit_code = 1
@@ -283,7 +321,9 @@ def test_a_run_whose_reward_scores_nothing_fails_naming_the_module(tmp_path, tin
     config = tiny_experiment(rewards=[{"module": "none.py:NoScore"}])
     config["train"]["steps"] = 1
     path = write_experiment(tmp_path, config)
-    result = subprocess.run([POLYRL, "run", str(path), "--no-progress"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    result = subprocess.run(
+        [POLYRL, "run", str(path), "--no-progress"], capture_output=True, text=True, cwd=tmp_path, timeout=600
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("error:") == 1, result.stderr
     assert "reward module 'no_score' returned None for all 16 samples" in result.stderr
@@ -302,8 +342,11 @@ def record_experiment(uri: str, name: str, artifacts: Path, metrics: dict[str, l
     client = MlflowClient(tracking_uri=uri)
     experiment_id = client.create_experiment(name, artifact_location=str(artifacts))
     parent = client.create_run(experiment_id, run_name="parent", tags={EXPERIMENT_TAG: name, ROLE_TAG: "experiment"})
-    arm = client.create_run(experiment_id, run_name="main", tags={
-        "mlflow.parentRunId": parent.info.run_id, EXPERIMENT_TAG: name, ARM_TAG: "main", ROLE_TAG: "arm"})
+    arm = client.create_run(
+        experiment_id,
+        run_name="main",
+        tags={"mlflow.parentRunId": parent.info.run_id, EXPERIMENT_TAG: name, ARM_TAG: "main", ROLE_TAG: "arm"},
+    )
     for key, values in metrics.items():
         for step, value in enumerate(values, 1):
             client.log_metric(arm.info.run_id, key, value, step=step)
@@ -329,8 +372,15 @@ def test_no_name_that_becomes_a_path_escapes_its_folder(tmp_path, monkeypatch, r
     refused = {
         "experiment name": ["validate", write_yaml(work / "exp.yaml", experiment(work, name=unsafe))],
         "arm name": ["validate", write_yaml(work / "arms.yaml", experiment(work, arms={unsafe: {}}))],
-        "eval suite name": ["eval", "--model", random_policy_dir, "--engine", "hf", "--suite",
-                            write_yaml(work / "suite.yaml", {"name": unsafe, "datasets": [{"source": "arithmetic"}]})],
+        "eval suite name": [
+            "eval",
+            "--model",
+            random_policy_dir,
+            "--engine",
+            "hf",
+            "--suite",
+            write_yaml(work / "suite.yaml", {"name": unsafe, "datasets": [{"source": "arithmetic"}]}),
+        ],
         "reward scaffold": ["rewards", "new", unsafe, "--dir", work / "scaffold"],
     }
     for what, args in refused.items():

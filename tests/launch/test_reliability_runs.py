@@ -13,16 +13,22 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+from run_control import child_env, run_child, start_child, wait_for
 
 from polyrl.tracking.mlflow_runs import STEP_MARKER
-from run_control import child_env, run_child, start_child, wait_for
 
 COMPARED = ["reward/mean", "actor/loss", "rollout/response_length/mean"]
 
 
 def _polyrl(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polyrl.launch.cli", *args], cwd=folder, env=child_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "polyrl.cli.main", *args],
+        cwd=folder,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _child(folder: Path, action: str, at: int, *args: str) -> subprocess.CompletedProcess:
@@ -42,9 +48,12 @@ def _child_popen(folder: Path, action: str, at: int, *args: str) -> subprocess.P
 
 def _experiment(tiny_experiment, write_experiment, folder: Path, name: str = "rel", **overrides) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    config = tiny_experiment(name=name, train={"steps": 6, "learning_rate": 3e-3, "micro_batch_size": 8},
-                             tracking={"uri": f"sqlite:///{folder / 'mlflow.db'}", "progress": False},
-                             checkpoint={"dir": str(folder / "runs"), "every": 2, "keep": 2})
+    config = tiny_experiment(
+        name=name,
+        train={"steps": 6, "learning_rate": 3e-3, "micro_batch_size": 8},
+        tracking={"uri": f"sqlite:///{folder / 'mlflow.db'}", "progress": False},
+        checkpoint={"dir": str(folder / "runs"), "every": 2, "keep": 2},
+    )
     for key, value in overrides.items():
         if isinstance(value, dict):
             config.setdefault(key, {}).update(value)
@@ -145,7 +154,9 @@ def small_disk(tmp_path, random_policy_dir):
     mount_point = tmp_path / "small_disk"
     mount_point.mkdir()
     size = int(4.5 * (random_policy_dir / "model.safetensors").stat().st_size)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"mounting a small tmpfs needs root (CAP_SYS_ADMIN): {done.stderr.strip() or done.returncode}")
     yield mount_point
@@ -153,13 +164,21 @@ def small_disk(tmp_path, random_policy_dir):
 
 
 @pytest.mark.slow
-def test_disk_full_mid_checkpoint_fails_cleanly_and_resumes_once_space_is_back(tmp_path, small_disk, tiny_experiment,
-                                                                              write_experiment):
+def test_disk_full_mid_checkpoint_fails_cleanly_and_resumes_once_space_is_back(
+    tmp_path, small_disk, tiny_experiment, write_experiment
+):
     path = _experiment(tiny_experiment, write_experiment, tmp_path, checkpoint={"dir": str(small_disk), "every": 2, "keep": 1})
     full = _polyrl(tmp_path, "run", str(path), "--no-progress")
     arm_dir = small_disk / "rel" / "main"
-    stderr = _clean_error(full, 2, "could not write checkpoint step_000004", "No space left on device", "the disk is full",
-                          "step_000002, is kept", f"Continue with: polyrl run {path} --resume")
+    stderr = _clean_error(
+        full,
+        2,
+        "could not write checkpoint step_000004",
+        "No space left on device",
+        "the disk is full",
+        "step_000002, is kept",
+        f"Continue with: polyrl run {path} --resume",
+    )
     assert stderr.count("error") == 1
     assert _checkpoints(arm_dir) == ["step_000002"]  # no partial left using the space
     client = _client(tmp_path)
@@ -205,8 +224,9 @@ def test_mlflow_server_down_at_start_is_one_message_in_seconds(tmp_path, tiny_ex
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_changed_config_unless_allowed_and_then_applies_and_records_it(tmp_path, tiny_experiment,
-                                                                                       write_experiment):
+def test_resume_refuses_a_changed_config_unless_allowed_and_then_applies_and_records_it(
+    tmp_path, tiny_experiment, write_experiment
+):
     path = _experiment(tiny_experiment, write_experiment, tmp_path, train={"steps": 4})
     assert _child(tmp_path, "kill_after_save", 2, str(path), "--no-progress").returncode == -signal.SIGKILL
     client = _client(tmp_path)
@@ -215,10 +235,26 @@ def test_resume_refuses_a_changed_config_unless_allowed_and_then_applies_and_rec
     change = ["--set", "train.learning_rate=0.001", "--set", "objective.name=dr_grpo"]
 
     refused = _polyrl(tmp_path, "run", str(path), "--resume", "--no-progress", *change)
-    _clean_error(refused, 2, "train.learning_rate: 0.003 → 0.001", "objective.name: 'grpo' → 'dr_grpo'",
-                 "arm 'main' (resumes after step 2)", "--allow-config-change")
-    frozen = _polyrl(tmp_path, "run", str(path), "--resume", "--no-progress", "--allow-config-change", "--set", "seed=1",
-                     "--set", "data.limit=5")
+    _clean_error(
+        refused,
+        2,
+        "train.learning_rate: 0.003 → 0.001",
+        "objective.name: 'grpo' → 'dr_grpo'",
+        "arm 'main' (resumes after step 2)",
+        "--allow-config-change",
+    )
+    frozen = _polyrl(
+        tmp_path,
+        "run",
+        str(path),
+        "--resume",
+        "--no-progress",
+        "--allow-config-change",
+        "--set",
+        "seed=1",
+        "--set",
+        "data.limit=5",
+    )
     _clean_error(frozen, 2, "cannot apply to a resumed run", "seed: 0 → 1", "data.limit: None → 5")
     assert _steps(client, run_id) == [1, 2] and _checkpoints(arm_dir) == ["step_000002"]  # nothing trained meanwhile
 
@@ -227,11 +263,14 @@ def test_resume_refuses_a_changed_config_unless_allowed_and_then_applies_and_rec
     assert "applying config changes from step 3" in allowed.stdout
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
-    assert run.data.tags["polyrl.config_change.step_000002"] == ("objective.name: 'grpo' → 'dr_grpo'; "
-                                                                "train.learning_rate: 0.003 → 0.001")
+    assert run.data.tags["polyrl.config_change.step_000002"] == (
+        "objective.name: 'grpo' → 'dr_grpo'; train.learning_rate: 0.003 → 0.001"
+    )
     assert run.data.params["train.learning_rate"] == "0.003"  # params are what the run started with
     original = yaml.safe_load(Path(client.download_artifacts(run_id, "resolved_config.yaml", str(tmp_path))).read_text())
-    changed = yaml.safe_load(Path(client.download_artifacts(run_id, "resolved_config.resume_step_000002.yaml", str(tmp_path))).read_text())
+    changed = yaml.safe_load(
+        Path(client.download_artifacts(run_id, "resolved_config.resume_step_000002.yaml", str(tmp_path))).read_text()
+    )
     assert original["train"]["learning_rate"] == 0.003 and changed["train"]["learning_rate"] == 0.001
     assert changed["objective"]["name"] == "dr_grpo"
     # The new rate reached the optimizer itself, not only the logged metric.
@@ -284,8 +323,14 @@ def test_sigterm_checkpoints_the_step_marks_runs_killed_and_resumes(tmp_path, ti
         process.kill()
     done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
     arm_dir = tmp_path / "runs" / "rel" / "main"
-    _clean_error(done, 128 + signal.SIGTERM, "stopped by SIGTERM after step 3 of arm 'main'",
-                 f"checkpoint {arm_dir / 'step_000003'} saved", "marked KILLED", f"Continue with: polyrl run {path} --resume")
+    _clean_error(
+        done,
+        128 + signal.SIGTERM,
+        "stopped by SIGTERM after step 3 of arm 'main'",
+        f"checkpoint {arm_dir / 'step_000003'} saved",
+        "marked KILLED",
+        f"Continue with: polyrl run {path} --resume",
+    )
     assert "SIGTERM received: stopping after the current step" in out
     assert _checkpoints(arm_dir) == ["step_000003"]
     client = _client(tmp_path)
@@ -318,8 +363,9 @@ def test_submit_to_an_unreachable_ray_address_fails_in_seconds_naming_it(tmp_pat
 # --- 7. polyrl eval run:<A> never evaluates run B's weights ------------------------------------
 
 
-def test_eval_run_ref_finds_its_own_weights_after_a_later_run_reused_the_folder(tmp_path, tiny_experiment, write_experiment,
-                                                                               monkeypatch):
+def test_eval_run_ref_finds_its_own_weights_after_a_later_run_reused_the_folder(
+    tmp_path, tiny_experiment, write_experiment, monkeypatch
+):
     import shutil
 
     from polyrl.evals.models import resolve_model

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from polyrl.launch.cli import app
+from polyrl.cli.main import app
 from polyrl.tracking.mlflow_runs import ExperimentTracker
 from tests.ray_support import stop_blocking_head
 
@@ -34,8 +34,14 @@ def _invoke(folder: Path, monkeypatch, *args: str) -> tuple[int, str]:
 
 
 def test_a_large_seed_count_is_stated_and_needs_many_runs(tmp_path, monkeypatch):
-    config = {"name": "many", "seeds": 1000, "arms": {"a": {}, "b": {}}, "train": {"steps": 20},
-              "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}, "checkpoint": {"dir": str(tmp_path / "runs")}}
+    config = {
+        "name": "many",
+        "seeds": 1000,
+        "arms": {"a": {}, "b": {}},
+        "train": {"steps": 20},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "checkpoint": {"dir": str(tmp_path / "runs")},
+    }
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(config))
     code, output = _invoke(tmp_path, monkeypatch, "validate", str(path))
@@ -100,9 +106,26 @@ def token_ray_head(tmp_path):
     log = tmp_path / "head.log"
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must stay short (AF_UNIX: 107 bytes)
     with log.open("w") as out:
-        head = subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(port),
-                                 "--num-cpus", "1", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir],
-                                env=env, stdout=out, stderr=out)
+        head = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("ray")),
+                "start",
+                "--head",
+                "--block",
+                "--port",
+                str(port),
+                "--num-cpus",
+                "1",
+                "--include-dashboard",
+                "false",
+                "--disable-usage-stats",
+                "--temp-dir",
+                temp_dir,
+            ],
+            env=env,
+            stdout=out,
+            stderr=out,
+        )
     deadline = time.time() + 180
     while "Ray runtime started" not in log.read_text() and head.poll() is None and time.time() < deadline:
         time.sleep(0.5)  # --block prints its banner once the head is up, then waits
@@ -133,8 +156,9 @@ def test_submit_address_sends_the_ray_token_or_says_authentication_failed(tmp_pa
     (wrong / ".ray" / "auth_token").write_text(uuid.uuid4().hex)
     none.mkdir()
     said = connect(wrong)
-    assert said.startswith(f"refused: --address {address}: the Ray cluster requires token authentication and the token polyrl "
-                           "found was refused"), said
+    assert said.startswith(
+        f"refused: --address {address}: the Ray cluster requires token authentication and the token polyrl found was refused"
+    ), said
     assert "RAY_AUTH_TOKEN=<token>" in said
     said = connect(none)
     assert "polyrl found no token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) to send" in said, said

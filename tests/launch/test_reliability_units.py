@@ -28,8 +28,9 @@ def _tiny_state():
 
 
 def _save(arm_dir, step, model, optimizer, **state):
-    return ckpt.save_checkpoint(arm_dir / f"step_{step:06d}", step=step, models={"policy": model},
-                                optimizers={"policy": optimizer}, state=state)
+    return ckpt.save_checkpoint(
+        arm_dir / f"step_{step:06d}", step=step, models={"policy": model}, optimizers={"policy": optimizer}, state=state
+    )
 
 
 # --- 2. a complete .partial folder is never a checkpoint ---------------------------------------
@@ -91,7 +92,9 @@ def test_safetensors_io_error_is_reported_with_its_errno(tmp_path, monkeypatch):
 
     model, optimizer = _tiny_state()
     monkeypatch.setattr(ckpt, "save_file", full)
-    with pytest.raises(ckpt.CheckpointWriteError, match=r"step_000002 .*No space left on device \(the disk is full\).*no earlier checkpoint"):
+    with pytest.raises(
+        ckpt.CheckpointWriteError, match=r"step_000002 .*No space left on device \(the disk is full\).*no earlier checkpoint"
+    ):
         _save(tmp_path / "arm", 2, model, optimizer)
     assert list((tmp_path / "arm").iterdir()) == []
 
@@ -105,8 +108,17 @@ def test_nan_and_inf_metrics_are_logged_and_only_non_numbers_dropped(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     tracker = ExperimentTracker(uri, "nan")
     arm = tracker.start_arm(tracker.start_parent("nan").run_id, "a")
-    arm.log_step(1, {"actor/loss": float("nan"), "actor/grad_norm": float("inf"), "reward/mean": np.float32(0.25),
-                     "note": "text", "flag": True, "missing": None})
+    arm.log_step(
+        1,
+        {
+            "actor/loss": float("nan"),
+            "actor/grad_norm": float("inf"),
+            "reward/mean": np.float32(0.25),
+            "note": "text",
+            "flag": True,
+            "missing": None,
+        },
+    )
     arm.log_metrics(1, {"eval/accuracy": float("nan")})
     metrics = MlflowClient(uri).get_run(arm.run_id).data.metrics
     assert math.isnan(metrics["actor/loss"]) and math.isnan(metrics["eval/accuracy"])
@@ -158,7 +170,9 @@ def test_lock_recorded_by_another_host_is_refused_with_how_to_clear_it(tmp_path)
     from polyrl.launch.run_lock import LOCK_FILE, ExperimentLockedError, acquire_lock
 
     (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": 4242, "host": "elsewhere.example", "started": "2025-01-01 00:00:00"}))
-    with pytest.raises(ExperimentLockedError, match=r"pid 4242 on host elsewhere\.example.*another machine.*delete .*\.polyrl-run\.lock"):
+    with pytest.raises(
+        ExperimentLockedError, match=r"pid 4242 on host elsewhere\.example.*another machine.*delete .*\.polyrl-run\.lock"
+    ):
         acquire_lock(tmp_path, experiment="x")
 
 
@@ -194,14 +208,24 @@ def test_changes_that_cannot_apply_to_a_resumed_run_are_refused_even_with_the_fl
     from polyrl.launch.resume_config import check_resume_changes, resume_changes
 
     old = _snapshot()
-    new = _snapshot(seed=1, model={"builtin": {"size": "3m"}, "dtype": "bfloat16"}, data={"limit": 10},
-                    train={"steps": 40}, objective={"name": "ppo"})
+    new = _snapshot(
+        seed=1,
+        model={"builtin": {"size": "3m"}, "dtype": "bfloat16"},
+        data={"limit": 10},
+        train={"steps": 40},
+        objective={"name": "ppo"},
+    )
     changes = {"main": resume_changes("main", old, new)}
     with pytest.raises(ConfigError) as caught:
         check_resume_changes(changes, finished=set(), allow=True, resume_steps={"main": 2})
     message = str(caught.value)
-    for line in ("seed: 0 → 1", "model.builtin.size: '0.3m' → '3m'", "model.dtype: 'float32' → 'bfloat16'",
-                 "data.limit: None → 10", "critic (advantage estimator needing values): 'no' → 'yes'"):
+    for line in (
+        "seed: 0 → 1",
+        "model.builtin.size: '0.3m' → '3m'",
+        "model.dtype: 'float32' → 'bfloat16'",
+        "data.limit: None → 10",
+        "critic (advantage estimator needing values): 'no' → 'yes'",
+    ):
         assert line in message, (line, message)
     assert "arm 'main': train.steps" not in message  # more steps for a running arm is fine
 
@@ -220,8 +244,12 @@ def test_a_finished_arm_may_train_longer_but_no_run_may_train_fewer_steps_than_i
     ):
         for allow in (True, False):  # refused with or without the flag, never suggesting a flag that would refuse
             with pytest.raises(ConfigError) as caught:
-                check_resume_changes({"done": resume_changes("done", old, _snapshot(train=new))}, finished=finished, allow=allow,
-                                     resume_steps={"done": at})
+                check_resume_changes(
+                    {"done": resume_changes("done", old, _snapshot(train=new))},
+                    finished=finished,
+                    allow=allow,
+                    resume_steps={"done": at},
+                )
             assert said in str(caught.value) and "pass --allow-config-change" not in str(caught.value), str(caught.value)
 
 
@@ -235,9 +263,13 @@ def test_schedule_note_states_the_moved_horizon():
     assert schedule_note(config, 2, 2) == (
         "train.steps 2 → 4: the cosine schedule's horizon moves from step 2 to step 4; the learning rate was 0.5 × "
         "train.learning_rate at step 2 and is 0.5 × at step 3, decaying to 0 × by step 4 (a run planned for 4 steps from the "
-        "start was at 0.854 × at step 2)")
+        "start was at 0.854 × at step 2)"
+    )
     constant = ExperimentConfig.model_validate({"name": "e", "train": {"steps": 4}})
-    assert schedule_note(constant, 2, 2) == "train.steps 2 → 4: the learning-rate schedule is constant, so steps 3–4 train at train.learning_rate"
+    assert (
+        schedule_note(constant, 2, 2)
+        == "train.steps 2 → 4: the learning-rate schedule is constant, so steps 3–4 train at train.learning_rate"
+    )
 
 
 # --- 5. an unreachable tracking server is reported at once -------------------------------------

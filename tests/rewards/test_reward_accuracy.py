@@ -51,7 +51,12 @@ def test_exact_and_numeric_match():
     ]
     module = Accuracy()
     assert module.score(batch_with_answers(completions, ["3", "1000", "paris", "42", "5", None])) == [
-        1.0, 1.0, 1.0, 0.0, 0.0, None
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        None,
     ]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from polyrl.launch.rewards_cli import app
+from polyrl.cli.rewards import app
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from polyrl.models.text import build_random_text_model_dir
+from polyrl.policies.text import build_random_text_model_dir
 from polyrl.rewards import RewardBatch, RewardConfigError
 from polyrl.rewards.builtins import PerplexityFluency
 

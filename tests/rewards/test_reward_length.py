@@ -2,7 +2,7 @@
 
 import pytest
 
-from polyrl.models.text import build_char_tokenizer
+from polyrl.policies.text import build_char_tokenizer
 from polyrl.rewards import RewardBatch, RewardConfigError
 from polyrl.rewards.builtins import Length
 

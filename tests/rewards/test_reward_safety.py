@@ -65,7 +65,7 @@ def tiny_classifier(tmp_path_factory):
     """A randomly initialised 2-label sequence classifier with the character tokenizer."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from polyrl.models.text import build_char_tokenizer
+    from polyrl.policies.text import build_char_tokenizer
 
     directory = tmp_path_factory.mktemp("safety_classifier")
     tokenizer = build_char_tokenizer()

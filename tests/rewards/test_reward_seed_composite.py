@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from polyrl.models.text import build_random_text_model_dir
+from polyrl.policies.text import build_random_text_model_dir
 from polyrl.rewards import CompositeReward, RewardBatch, RewardSpec
 
 YAML_PATH = Path(__file__).resolve().parents[2] / "experiments" / "snippets" / "seed_composite_reward.yaml"
@@ -29,7 +29,10 @@ def test_seed_composite_totals(tmp_path):
     config = yaml.safe_load(YAML_PATH.read_text())
     specs = [RewardSpec.model_validate(entry) for entry in config["rewards"]]
     assert [(s.name or s.module, s.weight) for s in specs] == [
-        ("accuracy", 1.0), ("fluency", 0.3), ("safety", 1.0), ("length", 0.1)
+        ("accuracy", 1.0),
+        ("fluency", 0.3),
+        ("safety", 1.0),
+        ("length", 0.1),
     ]
     specs[1].params.update(model_path=model_dir, device="cpu")  # the trainer fills in model_path
     reward = CompositeReward(specs)

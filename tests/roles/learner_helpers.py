@@ -10,10 +10,10 @@ from typing import Iterator
 import torch
 
 from polyrl.config.schema import resolve_arms
+from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine
 from polyrl.roles.batches import Rollout
 from polyrl.roles.setup import Arm, build_arm
-from polyrl.core.types import Completion, PromptSample, SamplingSettings
 
 
 def make_config(config_dict: dict, *, arm: str = "main"):
@@ -21,10 +21,18 @@ def make_config(config_dict: dict, *, arm: str = "main"):
 
 
 @contextlib.contextmanager
-def built(tmp_path: Path, config_dict: dict, *, arm: str = "main", logger=None, resume: bool = False, engine=None) -> Iterator[Arm]:
+def built(
+    tmp_path: Path, config_dict: dict, *, arm: str = "main", logger=None, resume: bool = False, engine=None
+) -> Iterator[Arm]:
     """The arm's roles built from ``config_dict`` (the runner's set-up), closed afterwards."""
-    roles = build_arm(make_config(config_dict, arm=arm), arm=arm, arm_dir=Path(tmp_path) / "runs" / arm, logger=logger,
-                      resume=resume, engine=engine)
+    roles = build_arm(
+        make_config(config_dict, arm=arm),
+        arm=arm,
+        arm_dir=Path(tmp_path) / "runs" / arm,
+        logger=logger,
+        resume=resume,
+        engine=engine,
+    )
     try:
         yield roles
     finally:
@@ -47,16 +55,24 @@ def first_batch(arm: Arm):
 
 def completion(tokenizer, prompt: str, text: str, *, truncated: bool = False, modalities: tuple[str, ...] = ()) -> Completion:
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return Completion(prompt_ids=list(tokenizer(prompt, add_special_tokens=False)["input_ids"]), completion_ids=ids, text=text,
-                      sampling_logprobs=[-1.0] * len(ids), finish_reason="length" if truncated else "stop",
-                      completion_token_modalities=modalities)
+    return Completion(
+        prompt_ids=list(tokenizer(prompt, add_special_tokens=False)["input_ids"]),
+        completion_ids=ids,
+        text=text,
+        sampling_logprobs=[-1.0] * len(ids),
+        finish_reason="length" if truncated else "stop",
+        completion_token_modalities=modalities,
+    )
 
 
 def rollout_of(tokenizer, rows: list[tuple[int, str, bool]], prompt: str = "Q: 1+1=? A:") -> Rollout:
     """A rollout from ``(group id, text, truncated)`` rows, one prompt for all."""
     sample = PromptSample(prompt=prompt)
-    return Rollout([sample] * len(rows), [completion(tokenizer, prompt, text, truncated=t) for _, text, t in rows],
-                   torch.tensor([g for g, _, _ in rows], dtype=torch.long))
+    return Rollout(
+        [sample] * len(rows),
+        [completion(tokenizer, prompt, text, truncated=t) for _, text, t in rows],
+        torch.tensor([g for g, _, _ in rows], dtype=torch.long),
+    )
 
 
 class ScriptedEngine(RolloutEngine):

@@ -12,9 +12,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from polyrl.algos.logprobs import token_logprobs
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.config.tracking import HealthConfig
+from polyrl.modeling.logprobs import token_logprobs
 from polyrl.roles.async_loop import RolloutBuffer, staleness_metrics
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback
@@ -27,7 +27,9 @@ def _arm(tmp_path, config_dict, *, resume=False, folder="runs"):
 
 
 def _async_config(tiny_experiment, k=1, **train):
-    return tiny_experiment(rollout={"max_staleness": k}, train={"steps": 6, "learning_rate": 1e-2, "micro_batch_size": 8, **train})
+    return tiny_experiment(
+        rollout={"max_staleness": k}, train={"steps": 6, "learning_rate": 1e-2, "micro_batch_size": 8, **train}
+    )
 
 
 # --- light: the bound, the histogram, the buffer, the config and the health checks -----------
@@ -37,8 +39,13 @@ def test_staleness_histogram_counts_each_value_and_refuses_beyond_the_bound():
     # Trained at version 5 with k = 2: samples of versions 5, 4, 4, 3 are 0, 1, 1, 2 versions old;
     # mean (0 + 1 + 1 + 2) / 4 = 1.0.
     metrics = staleness_metrics([5, 4, 4, 3], trained_at=5, max_staleness=2)
-    assert metrics == {"async/staleness/0": 1.0, "async/staleness/1": 2.0, "async/staleness/2": 1.0,
-                       "async/staleness_mean": 1.0, "async/staleness_max": 2.0}
+    assert metrics == {
+        "async/staleness/0": 1.0,
+        "async/staleness/1": 2.0,
+        "async/staleness/2": 1.0,
+        "async/staleness_mean": 1.0,
+        "async/staleness_max": 2.0,
+    }
     with pytest.raises(RuntimeError, match=r"samples 0..3 policy versions old.*max_staleness is 2"):
         staleness_metrics([5, 2], trained_at=5, max_staleness=2)
     with pytest.raises(RuntimeError, match="without a policy version"):
@@ -73,8 +80,11 @@ def test_each_worker_partition_holds_its_own_steps_and_the_learner_draws_them_ro
     assert worker_groups(4, 0) == [[0, 1, 2, 3]] and worker_groups(3, 1) == [[0, 1], [2]] and worker_groups(1, 2) == [[0]]
     buffer = RolloutBuffer(max_staleness=3, version=0, partitions=2)
     for step in (2, 4, 1):
-        buffer.put(BufferedBatch(step, collected=None, sampler_before={}, sampler_after={}, engine_wait_s=0.0,
-                                 partition=partition_of(step, 2)))
+        buffer.put(
+            BufferedBatch(
+                step, collected=None, sampler_before={}, sampler_after={}, engine_wait_s=0.0, partition=partition_of(step, 2)
+            )
+        )
     assert [sorted(p) for p in buffer.partitions] == [[1], [2, 4]] and buffer.held() == [1, 2]
     batch, utilisation, _ = buffer.take(2)
     assert (batch.step, batch.partition, utilisation) == (2, 1, 1.0)  # 3 finished over 3 slots
@@ -111,11 +121,14 @@ def test_partition_producers_draw_their_prompts_in_step_order():
         draws.begin(5)
 
 
-@pytest.mark.parametrize("rollout, fragment", [
-    ({"max_staleness": 1, "top_p": 0.9}, "top_p < 1 renormalises"),
-    ({"max_staleness": 1, "threads": 1}, "process-wide thread count"),
-    ({"max_staleness": -1}, "greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    "rollout, fragment",
+    [
+        ({"max_staleness": 1, "top_p": 0.9}, "top_p < 1 renormalises"),
+        ({"max_staleness": 1, "threads": 1}, "process-wide thread count"),
+        ({"max_staleness": -1}, "greater than or equal to 0"),
+    ],
+)
 def test_combinations_that_cannot_work_are_refused_with_the_field_path(tiny_experiment, rollout, fragment):
     with pytest.raises(ConfigError) as caught:
         resolve_arms(tiny_experiment(rollout=rollout))
@@ -126,12 +139,16 @@ def test_buffer_utilisation_and_communication_health_checks_use_running_means():
     monitor = HealthMonitor(HealthConfig(), check_overlap=True)
     # Utilisation 1, 0.5, 0 -> running means 1.0, 0.75, 0.5; checked from the third report: 0.5 < 0.7.
     # Sync share 0.1, 0.1, 0.3 -> means 0.1, 0.1, 0.5/3 = 0.167 > 0.15 at the third.
-    warnings = [monitor.check(step, {"async/buffer_utilisation": u, "perf/sync_share": c})
-                for step, (u, c) in enumerate([(1.0, 0.1), (0.5, 0.1), (0.0, 0.3)], start=1)]
+    warnings = [
+        monitor.check(step, {"async/buffer_utilisation": u, "perf/sync_share": c})
+        for step, (u, c) in enumerate([(1.0, 0.1), (0.5, 0.1), (0.0, 0.3)], start=1)
+    ]
     assert warnings[0] == warnings[1] == []
     assert [w.split(":")[0] for w in warnings[2]] == ["buffer_utilisation", "communication"]
     assert "50% < 70%" in warnings[2][0] and "17% of a step > 15%" in warnings[2][1]
-    assert HealthMonitor(HealthConfig()).check(1, {"async/buffer_utilisation": 0.0, "perf/sync_share": 0.9}) == []  # synchronous: off
+    assert (
+        HealthMonitor(HealthConfig()).check(1, {"async/buffer_utilisation": 0.0, "perf/sync_share": 0.9}) == []
+    )  # synchronous: off
 
 
 # --- heavy: real roles on the tiny policy (hf engine) --------------------------------------------
@@ -228,6 +245,7 @@ def test_an_async_resume_loses_and_repeats_no_prompt(tmp_path, tiny_experiment):
                         time.sleep(0.01)
                     drawn_at_interrupt.append(arm.sampler.state_dict()["index"])
                     raise Interrupted(report.step)
+
         loop = arm.loop()
         loop.hooks.append(Record(lambda *_: None))
         return loop.run()

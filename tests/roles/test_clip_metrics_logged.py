@@ -30,15 +30,18 @@ def _logged_run(tmp_path, config):
     finally:
         arm.close()
     client = MlflowClient(config["tracking"]["uri"])
-    return {key: sorted((m.step, m.value) for m in client.get_metric_history(logger.run_id, key))
-            for key in (*CLIP_METRICS, *BAPO_METRICS)}
+    return {
+        key: sorted((m.step, m.value) for m in client.get_metric_history(logger.run_id, key))
+        for key in (*CLIP_METRICS, *BAPO_METRICS)
+    }
 
 
 @pytest.mark.parametrize("max_staleness", [0, 1])
 def test_bapo_logs_clip_shares_entropy_positive_share_and_bounds_every_step(tmp_path, tiny_experiment, max_staleness):
     # Two updates x two mini-batches per rollout, so the ratio leaves 1 and the bounds matter.
     config = tiny_experiment(
-        objective={"name": "bapo"}, rollout={"max_staleness": max_staleness},
+        objective={"name": "bapo"},
+        rollout={"max_staleness": max_staleness},
         train={"steps": STEPS, "learning_rate": 1e-2, "micro_batch_size": 8, "updates_per_batch": 2, "mini_batches": 2},
     )
     history = _logged_run(tmp_path, config)

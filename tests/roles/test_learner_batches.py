@@ -12,19 +12,18 @@ import shutil
 
 import pytest
 import torch
+from learner_helpers import ScriptedEngine, built, completion, make_config, rollout_of
 from mlflow.tracking import MlflowClient
-
 from transformers import AutoTokenizer
 
-from learner_helpers import ScriptedEngine, built, completion, make_config, rollout_of
-from polyrl.rewards.summary import accuracy_share
-from polyrl.models.text import build_char_tokenizer
 from polyrl.config.schema import ConfigError, resolve_arms
-from polyrl.algos.logprobs import pack_completions
-from polyrl.tracking.mlflow_runs import ExperimentTracker
-from polyrl.models.paths import resolve_policy_path
+from polyrl.modeling.logprobs import pack_completions
+from polyrl.policies.paths import resolve_policy_path
+from polyrl.policies.text import build_char_tokenizer
+from polyrl.rewards.summary import accuracy_share
 from polyrl.roles.batches import LearnerBatch, Rollout, Scores
-from polyrl.roles.pipeline import PipelineContext, token_discounts, PipelineBatch
+from polyrl.roles.pipeline import PipelineBatch, PipelineContext, token_discounts
+from polyrl.tracking.mlflow_runs import ExperimentTracker
 
 # --- dynamic sampling ---------------------------------------------------------------------------
 
@@ -34,8 +33,10 @@ INFORMATIVE, FLAT = ["ab", "abcd"], ["abc", "xyz"]
 
 @contextlib.contextmanager
 def _dynamic(tmp_path, tiny_experiment, rounds, max_rounds):
-    config = tiny_experiment(rollout={"prompts_per_step": 3, "samples_per_prompt": 2},
-                             advantage={"dynamic_sampling": {"enabled": True, "max_rounds": max_rounds}})
+    config = tiny_experiment(
+        rollout={"prompts_per_step": 3, "samples_per_prompt": 2},
+        advantage={"dynamic_sampling": {"enabled": True, "max_rounds": max_rounds}},
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_policy_path(make_config(config).model)))
     with built(tmp_path, config, engine=ScriptedEngine(tokenizer, rounds)) as arm:
         yield arm
@@ -52,8 +53,13 @@ def test_dynamic_sampling_keeps_only_informative_groups_and_trims_to_prompts_tim
     assert [c.text for c in rollout.completions] == INFORMATIVE * 3
     assert scores.totals == pytest.approx([0.02, 0.04] * 3)
     m = scores.metrics
-    assert (m["rollout/dynamic_sampling_rounds"], m["rollout/dynamic_sampling_dropped_groups"], m["rollout/dynamic_sampling_kept_groups"],
-            m["rollout/dynamic_sampling_surplus_groups"], m["rollout/dynamic_sampling_missing_groups"]) == (2, 2, 3, 1, 0)
+    assert (
+        m["rollout/dynamic_sampling_rounds"],
+        m["rollout/dynamic_sampling_dropped_groups"],
+        m["rollout/dynamic_sampling_kept_groups"],
+        m["rollout/dynamic_sampling_surplus_groups"],
+        m["rollout/dynamic_sampling_missing_groups"],
+    ) == (2, 2, 3, 1, 0)
     # Reward metrics describe all 12 generated samples: 8 informative (0.02/0.04) and 4 flat (0.03).
     assert m["reward/mean"] == pytest.approx((4 * 0.02 + 4 * 0.04 + 4 * 0.03) / 12)
 
@@ -66,8 +72,12 @@ def test_dynamic_sampling_never_merges_an_uninformative_last_round(tmp_path, tin
         rollout, scores = collected.rollout, collected.scores
     assert rollout.group_ids.tolist() == [0, 0] and len(scores.totals) == 2
     m = scores.metrics
-    assert (m["rollout/dynamic_sampling_rounds"], m["rollout/dynamic_sampling_dropped_groups"],
-            m["rollout/dynamic_sampling_kept_groups"], m["rollout/dynamic_sampling_missing_groups"]) == (2, 5, 1, 2)
+    assert (
+        m["rollout/dynamic_sampling_rounds"],
+        m["rollout/dynamic_sampling_dropped_groups"],
+        m["rollout/dynamic_sampling_kept_groups"],
+        m["rollout/dynamic_sampling_missing_groups"],
+    ) == (2, 5, 1, 2)
 
 
 def test_a_step_without_any_informative_group_makes_no_update_and_says_so(tmp_path, tiny_experiment):
@@ -85,8 +95,11 @@ def test_a_step_without_any_informative_group_makes_no_update_and_says_so(tmp_pa
 
 
 def test_a_truncated_sample_under_mask_truncated_leaves_the_loss_entirely(tmp_path, tiny_experiment):
-    config = tiny_experiment(objective={"name": "dapo"}, advantage={"overlong": {"mode": "mask_truncated"}},
-                             train={"steps": 1, "learning_rate": 1e-3, "kl_coef": 0.05, "entropy_coef": 0.01})
+    config = tiny_experiment(
+        objective={"name": "dapo"},
+        advantage={"overlong": {"mode": "mask_truncated"}},
+        train={"steps": 1, "learning_rate": 1e-3, "kl_coef": 0.05, "entropy_coef": 0.01},
+    )
     with built(tmp_path, config) as arm:
         learner, policy = arm.learner, arm.learner.policy
         # Group of two: the kept row is short, the truncated one long (it would dominate the
@@ -95,8 +108,13 @@ def test_a_truncated_sample_under_mask_truncated_leaves_the_loss_entirely(tmp_pa
         both = arm.pipeline.run(rollout, Scores([1.0, 0.0], {}))
         assert both.loss_mask[1].sum() == 0 and both.loss_mask[0].sum() == 2
         assert both.advantages[0, 0] != 0  # the truncated reward still counts in the group statistics
-        alone = LearnerBatch(packed=both.packed.select([0]), old_logprobs=None, advantages=both.advantages[[0]],
-                             ref_logprobs=both.ref_logprobs[[0]], loss_mask=both.loss_mask[[0]])
+        alone = LearnerBatch(
+            packed=both.packed.select([0]),
+            old_logprobs=None,
+            advantages=both.advantages[[0]],
+            ref_logprobs=both.ref_logprobs[[0]],
+            loss_mask=both.loss_mask[[0]],
+        )
         # SGD with momentum: the two updates run matmuls of different shapes (two padded rows vs
         # one), and Adam's g/√v would blow their last-bit differences up to ~lr on weights whose
         # gradient is ~0; plain gradients keep the comparison exact to fp32 rounding.
@@ -134,7 +152,9 @@ def test_unscored_rewards_reach_the_estimator_as_nan_and_their_rows_leave_the_lo
         batch = arm.pipeline.run(rollout, Scores([1.0, 0.0, None, None], {}))
     assert seen["rewards"][:2].tolist() == [1.0, 0.0] and torch.isnan(seen["rewards"][2:]).all()
     # group_norm over the scored pair: mean 0.5, unbiased std 0.7071 → ±0.7071.
-    assert batch.advantages[0, 0] == pytest.approx(0.7071, abs=1e-3) and batch.advantages[1, 0] == pytest.approx(-0.7071, abs=1e-3)
+    assert batch.advantages[0, 0] == pytest.approx(0.7071, abs=1e-3) and batch.advantages[1, 0] == pytest.approx(
+        -0.7071, abs=1e-3
+    )
     assert batch.loss_mask[2:].sum() == 0 and torch.count_nonzero(batch.advantages[2:]) == 0
     assert batch.metrics["reward/unscored_samples"] == 2
 
@@ -144,13 +164,17 @@ def test_unscored_rewards_reach_the_estimator_as_nan_and_their_rows_leave_the_lo
 
 def test_an_image_marked_completion_token_gets_the_image_gamma_and_lambda(tmp_path, tiny_experiment):
     # The stage alone: it reads only the modality settings.
-    context = PipelineContext(estimator=None, estimator_params={}, pad_token_id=0, modalities=make_config(tiny_experiment()).modalities)
+    context = PipelineContext(
+        estimator=None, estimator_params={}, pad_token_id=0, modalities=make_config(tiny_experiment()).modalities
+    )
     tokenizer = build_char_tokenizer()
     marked = completion(tokenizer, "draw:", "a#b", modalities=("text", "image", "text"))
     plain = completion(tokenizer, "draw:", "ab")
     assert plain.completion_token_modalities == ("text", "text")
     rollout = Rollout([None, None], [marked, plain], torch.tensor([0, 0]))
-    stage = token_discounts(PipelineBatch(rollout, Scores([None, None], {}), packed=pack_completions([marked, plain], pad_token_id=0)), context)
+    stage = token_discounts(
+        PipelineBatch(rollout, Scores([None, None], {}), packed=pack_completions([marked, plain], pad_token_id=0)), context
+    )
     gammas, lambdas = stage.gammas, stage.lambdas
     assert gammas[0].tolist() == pytest.approx([0.95, 0.85, 0.95]) and lambdas[0].tolist() == pytest.approx([0.9, 0.8, 0.9])
     assert gammas[1, :2].tolist() == pytest.approx([0.95, 0.95])
@@ -163,8 +187,11 @@ def test_the_critic_cadence_counts_optimizer_steps_across_a_resume_and_uses_trai
     # 2 mini-batches per step = 2 optimizer steps; a critic update every 4th: optimizer steps
     # 1 and 5, i.e. steps 1 and 3 (a count by training step would give steps 1 and 4).
     value = {"learning_rate": 1e-3, "update_every": 4, "betas": [0.8, 0.9], "weight_decay": 0.01, "max_grad_norm": 0.5}
-    config = tiny_experiment(objective={"name": "ppo"}, train={"steps": 4, "learning_rate": 1e-3, "mini_batches": 2, "value": value},
-                             checkpoint={"every": 2})
+    config = tiny_experiment(
+        objective={"name": "ppo"},
+        train={"steps": 4, "learning_rate": 1e-3, "mini_batches": 2, "value": value},
+        checkpoint={"every": 2},
+    )
     with built(tmp_path, config) as arm:
         group = arm.critic.optimizer.param_groups[0]
         assert (group["lr"], group["betas"], group["weight_decay"]) == (1e-3, (0.8, 0.9), 0.01)
@@ -196,7 +223,9 @@ def test_train_accuracy_comes_from_the_reward_the_yaml_names(tmp_path, tiny_expe
     assert scores.metrics["train/accuracy"] == 0.5 == accuracy_share(scores.per_module["verifier"])
     with built(tmp_path, tiny_experiment(rewards=rewards)) as unnamed:
         assert "train/accuracy" not in unnamed.collector.score(rollout).metrics
-    with pytest.raises(ConfigError, match=r"tracking\.accuracy_reward: no reward is labelled 'accuracy'; reward labels: verifier"):
+    with pytest.raises(
+        ConfigError, match=r"tracking\.accuracy_reward: no reward is labelled 'accuracy'; reward labels: verifier"
+    ):
         with built(tmp_path, tiny_experiment(rewards=rewards, tracking={"accuracy_reward": "accuracy"})):
             pass
 
@@ -205,8 +234,9 @@ def test_rollout_lengths_are_also_logged_for_the_right_and_the_wrong_samples(tmp
     # The verifier is the length reward (len/100 > 0 is "right"): "" is wrong, the rest right.
     # One token per character: right "abc", "a", "abcdefgh" → (3 + 1 + 8) / 3 = 4.0; wrong: "", "" → 0.0.
     rewards = [{"module": "length", "name": "verifier", "params": {"unit": "chars"}}]
-    config = tiny_experiment(rewards=rewards, tracking={"accuracy_reward": "verifier"},
-                             rollout={"prompts_per_step": 2, "samples_per_prompt": 3})
+    config = tiny_experiment(
+        rewards=rewards, tracking={"accuracy_reward": "verifier"}, rollout={"prompts_per_step": 2, "samples_per_prompt": 3}
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_policy_path(make_config(config).model)))
     with built(tmp_path, config, engine=ScriptedEngine(tokenizer, [[["abc", "", "a"], ["", "abcdefgh", ""]]])) as arm:
         metrics = arm.collector.collect(1).scores.metrics
@@ -245,7 +275,9 @@ def test_a_stale_weight_sync_trips_the_logprob_gap_check(tmp_path, tiny_experime
 
 
 def test_steps_recomputed_after_a_resume_do_not_append_to_logged_sample_tables(tmp_path, tiny_experiment):
-    config = tiny_experiment(train={"steps": 2}, tracking={"sample_table_every": 1, "sample_table_rows": 4}, checkpoint={"every": 1, "keep": 5})
+    config = tiny_experiment(
+        train={"steps": 2}, tracking={"sample_table_every": 1, "sample_table_rows": 4}, checkpoint={"every": 1, "keep": 5}
+    )
     tracker = ExperimentTracker(config["tracking"]["uri"], "tiny")
     parent = tracker.start_parent("tiny")
     logger = tracker.start_arm(parent.run_id, "main")
@@ -265,7 +297,9 @@ def test_steps_recomputed_after_a_resume_do_not_append_to_logged_sample_tables(t
     assert [m.step for m in client.get_metric_history(logger.run_id, "actor/loss")] == [1, 2]
 
 
-def test_under_dynamic_sampling_rollout_lengths_cover_every_generated_sample_and_train_lengths_the_kept_ones(tmp_path, tiny_experiment):
+def test_under_dynamic_sampling_rollout_lengths_cover_every_generated_sample_and_train_lengths_the_kept_ones(
+    tmp_path, tiny_experiment
+):
     # One token per character (the tiny policy's tokenizer). Round 1: INFORMATIVE (2, 4) and two
     # flat groups of 8-token answers; round 2: three INFORMATIVE groups. Kept: the 3 informative
     # groups of rounds 1-2 → (2 + 4) × 3 / 6 = 3.0. Generated: (2 + 4 + 8 × 4) + (2 + 4) × 3 = 56 over 12 = 4.667.

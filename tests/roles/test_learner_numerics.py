@@ -9,19 +9,19 @@ import math
 
 import pytest
 import torch
+from learner_helpers import built, changed_fraction, first_batch, snapshot
 from safetensors.torch import load_file
 
-from learner_helpers import built, changed_fraction, first_batch, snapshot
-from polyrl.core.errors import PolyrlError
-from polyrl.algos.packing import base_attention
-from polyrl.models.attention import FP32_CPU_SDPA
-from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm, save_model_dir
 from polyrl.algos.aggregation import global_loss_normalizer
-from polyrl.roles.health import NonFiniteTrainingError
-from polyrl.algos.logprobs import pack_completions, token_logprobs
 from polyrl.algos.objectives import list_objectives
-from polyrl.roles.schedule import lr_factor
+from polyrl.core.errors import PolyrlError
 from polyrl.core.types import Completion
+from polyrl.modeling.attention import FP32_CPU_SDPA
+from polyrl.modeling.logprobs import pack_completions, token_logprobs
+from polyrl.modeling.packing import base_attention
+from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm, save_model_dir
+from polyrl.roles.health import NonFiniteTrainingError
+from polyrl.roles.schedule import lr_factor
 
 # --- mixed precision -------------------------------------------------------------------------
 
@@ -29,8 +29,11 @@ from polyrl.core.types import Completion
 def test_bf16_compute_keeps_fp32_master_weights_so_lr_1e_6_moves_most_weights(tmp_path, tiny_experiment):
     # In pure bf16 an Adam step of 1e-6 is below half a rounding step of almost every weight
     # (bf16 spacing near 0.05 is 2^-12 ≈ 2.4e-4): under 2% of them moved. fp32 masters keep it.
-    config = tiny_experiment(model={"dtype": "bfloat16"}, objective={"name": "ppo"},
-                             train={"steps": 1, "learning_rate": 1e-6, "micro_batch_size": 16, "value": {"learning_rate": 1e-6}})
+    config = tiny_experiment(
+        model={"dtype": "bfloat16"},
+        objective={"name": "ppo"},
+        train={"steps": 1, "learning_rate": 1e-6, "micro_batch_size": 16, "value": {"learning_rate": 1e-6}},
+    )
     with built(tmp_path, config) as arm:
         policy, critic = arm.learner.policy, arm.critic.model
         compute = []
@@ -172,7 +175,9 @@ def test_lr_factor_by_hand():
     # cosine to m = 0.1: m + (1-m)(1+cos(pi p))/2 = 1, 0.1 + 0.45*1.5 = 0.775, 0.1 + 0.45*0.5 = 0.325
     cosine = [lr_factor(s, schedule="cosine", warmup_steps=1, total_steps=4, min_lr_ratio=0.1) for s in (1, 2, 3, 4)]
     assert cosine == pytest.approx([0.5, 1.0, 0.775, 0.325], abs=1e-12)
-    assert [lr_factor(s, schedule="constant", warmup_steps=2, total_steps=4) for s in (1, 2, 3, 4)] == pytest.approx([1 / 3, 2 / 3, 1, 1])
+    assert [lr_factor(s, schedule="constant", warmup_steps=2, total_steps=4) for s in (1, 2, 3, 4)] == pytest.approx(
+        [1 / 3, 2 / 3, 1, 1]
+    )
     # linear without warm-up over 2 steps: 1, then 1 - 1/2
     assert [lr_factor(s, schedule="linear", warmup_steps=0, total_steps=2) for s in (1, 2)] == pytest.approx([1.0, 0.5])
 
@@ -211,8 +216,11 @@ def test_one_sgd_update_is_the_same_for_any_micro_batch_size(tmp_path, tiny_expe
     normalisation would amplify. π_old is perturbed on half of the rows (ratios 0.5..2), so
     clipping, BAPO's bound search and GSPO's sequence clip all take part.
     """
-    config = tiny_experiment(objective={"name": objective}, rollout={"prompts_per_step": 2},
-                             train={"steps": 1, "learning_rate": 1e-2, "micro_batch_size": 16, "kl_coef": 0.01, "entropy_coef": 0.01})
+    config = tiny_experiment(
+        objective={"name": objective},
+        rollout={"prompts_per_step": 2},
+        train={"steps": 1, "learning_rate": 1e-2, "micro_batch_size": 16, "kl_coef": 0.01, "entropy_coef": 0.01},
+    )
     with built(tmp_path, config) as arm:
         learner = arm.learner
         learner.policy.double()
@@ -222,8 +230,9 @@ def test_one_sgd_update_is_the_same_for_any_micro_batch_size(tmp_path, tiny_expe
             current, _ = token_logprobs(learner.policy, batch.packed)
         noise = torch.randn(current.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.3
         noise[::2] = 0.0
-        batch = dataclasses.replace(batch, old_logprobs=torch.where(batch.loss_mask, current + noise, current),
-                                    advantages=batch.advantages.double())
+        batch = dataclasses.replace(
+            batch, old_logprobs=torch.where(batch.loss_mask, current + noise, current), advantages=batch.advantages.double()
+        )
         start = snapshot(learner.policy)
         deltas = []
         # A row count of 16 and of 1, and a token budget that cuts the batch unevenly by length.

@@ -3,22 +3,29 @@ Ray cluster, joined in a real gloo process group, against one process on the who
 
 from __future__ import annotations
 
-import torch
 import pytest
+import torch
 
-from polyrl.algos.logprobs import pack_completions
 from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
-from polyrl.engines.images import auto_model_class
+from polyrl.engines.image_prompts import auto_model_class
+from polyrl.modeling.logprobs import pack_completions
 from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.checkpoint import load_checkpoint, save_checkpoint
 from polyrl.roles.critic import Critic, CriticSettings, ValueModel
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
 from polyrl.roles.learner_ranks import DataParallelLearner, LearnerRanks, RankRecipe
 
 # Rows of different lengths (prompt ids, completion ids); one row has no completion tokens.
-ROWS = [([5, 6], [7, 8, 9, 10]), ([5, 6], [10, 11]), ([12], [7]), ([12], [8, 9, 10, 11, 12, 13]),
-        ([14, 15, 16], [17, 18, 19]), ([14, 15, 16], [20]), ([9], [21, 22, 23, 24, 25]), ([9], [])]
+ROWS = [
+    ([5, 6], [7, 8, 9, 10]),
+    ([5, 6], [10, 11]),
+    ([12], [7]),
+    ([12], [8, 9, 10, 11, 12, 13]),
+    ([14, 15, 16], [17, 18, 19]),
+    ([14, 15, 16], [20]),
+    ([9], [21, 22, 23, 24, 25]),
+    ([9], []),
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +37,10 @@ def ranks(ray_local):
 
 
 def _batch(policy_dir, *, critic: Critic | None = None) -> LearnerBatch:
-    completions = [Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[-3.0] * len(c), finish_reason="stop")
-                   for p, c in ROWS]
+    completions = [
+        Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[-3.0] * len(c), finish_reason="stop")
+        for p, c in ROWS
+    ]
     packed = pack_completions(completions, pad_token_id=0)
     generator = torch.Generator().manual_seed(0)
     mask = packed.response_mask
@@ -47,8 +56,16 @@ def _batch(policy_dir, *, critic: Critic | None = None) -> LearnerBatch:
 def _learner(policy_dir, objective: str, settings: dict, *, critic: CriticSettings | None = None) -> PolicyLearner:
     policy = auto_model_class(policy_dir).from_pretrained(str(policy_dir), dtype=torch.float32)
     spec = get_objective(objective)
-    learner_settings = LearnerSettings(**{"aggregation": spec.default_aggregation, "objective_params": dict(spec.default_params),
-                                          "learning_rate": 1e-4, "micro_batch_size": 2, "total_steps": 2, **settings})
+    learner_settings = LearnerSettings(
+        **{
+            "aggregation": spec.default_aggregation,
+            "objective_params": dict(spec.default_params),
+            "learning_rate": 1e-4,
+            "micro_batch_size": 2,
+            "total_steps": 2,
+            **settings,
+        }
+    )
     torch.manual_seed(1)  # the value head's random start (the ranks get the mirror's)
     value = Critic(ValueModel(policy_dir, torch.float32), critic) if critic is not None else None
     return PolicyLearner(policy, spec, learner_settings, critic=value)

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 import torch
-
 from learner_helpers import built, snapshot
+
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.roles.checkpoint import read_checkpoint_info
 from polyrl.roles.learner_ranks import DataParallelLearner
@@ -18,14 +18,24 @@ from polyrl.roles.learner_ranks import DataParallelLearner
 def _config(tiny_experiment, workers: int) -> dict:
     # PPO: a critic whose weights and AdamW state must cross the checkpoint too; lr 1e-4 keeps
     # AdamW's float-noise amplification below the tolerance (tests/roles/test_learner_ranks.py).
-    return tiny_experiment(objective={"name": "ppo"}, train={"steps": 3, "learning_rate": 1e-4, "micro_batch_size": 4,
-                                                              "learner_workers": workers, "value": {"learning_rate": 1e-4}},
-                           checkpoint={"every": 2})
+    return tiny_experiment(
+        objective={"name": "ppo"},
+        train={
+            "steps": 3,
+            "learning_rate": 1e-4,
+            "micro_batch_size": 4,
+            "learner_workers": workers,
+            "value": {"learning_rate": 1e-4},
+        },
+        checkpoint={"every": 2},
+    )
 
 
 def _weights(arm) -> dict[str, torch.Tensor]:
-    return {**{f"policy.{k}": v for k, v in snapshot(arm.learner.policy).items()},
-            **{f"critic.{k}": v for k, v in snapshot(arm.critic.model).items()}}
+    return {
+        **{f"policy.{k}": v for k, v in snapshot(arm.learner.policy).items()},
+        **{f"critic.{k}": v for k, v in snapshot(arm.critic.model).items()},
+    }
 
 
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rel: float) -> bool:
@@ -84,11 +94,14 @@ def test_a_one_rank_checkpoint_resumes_on_two_ranks(ray_local, tmp_path, tiny_ex
     assert _close(straight, resumed, 1e-5)  # AdamW moments and critic crossed from 1 rank to 2
 
 
-@pytest.mark.parametrize("clash, message", [
-    ({"model": {"lora": {"r": 4}}}, "model.lora"),
-    ({"train": {"compile": True}}, "train.compile: true"),
-    ({"train": {"share_prompts": True}}, "train.share_prompts: true"),
-])
+@pytest.mark.parametrize(
+    "clash, message",
+    [
+        ({"model": {"lora": {"r": 4}}}, "model.lora"),
+        ({"train": {"compile": True}}, "train.compile: true"),
+        ({"train": {"share_prompts": True}}, "train.share_prompts: true"),
+    ],
+)
 def test_settings_the_ranks_do_not_build_are_refused(tiny_experiment, clash, message):
     config = tiny_experiment(train={"learner_workers": 2})
     for section, values in clash.items():
@@ -102,8 +115,9 @@ def test_settings_the_ranks_do_not_build_are_refused(tiny_experiment, clash, mes
 def test_asynchronous_training_on_two_learner_ranks(ray_local, tmp_path, tiny_experiment):
     """rollout.max_staleness 1 with train.learner_workers 2: the producer generates ahead while
     the ranks update; the engine ends with the ranks' weights (the mirror's), within the bound."""
-    config = tiny_experiment(rollout={"max_staleness": 1}, train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 4,
-                                                                  "learner_workers": 2})
+    config = tiny_experiment(
+        rollout={"max_staleness": 1}, train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 4, "learner_workers": 2}
+    )
     with built(tmp_path, config) as arm:
         assert isinstance(arm.learner, DataParallelLearner) and arm.learner.world_size == 2
         start = snapshot(arm.learner.policy)

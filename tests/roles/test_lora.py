@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from polyrl.algos.logprobs import pack_completions, token_logprobs
 from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion
-from polyrl.models.lora import LoraError, add_lora
-from polyrl.roles.checkpoint import export_model_dir, latest_checkpoint
+from polyrl.modeling.logprobs import pack_completions, token_logprobs
+from polyrl.modeling.lora import LoraError, add_lora
+from polyrl.roles.checkpoint import latest_checkpoint
 from polyrl.roles.setup import build_arm
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -24,7 +24,9 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 def _lora(path, *, seed=1):
     """The random tiny policy with adapters whose B is random (an adapter that changes something)."""
-    lora = add_lora(AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval(), r=4, alpha=8, target_modules=TARGETS)
+    lora = add_lora(
+        AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval(), r=4, alpha=8, target_modules=TARGETS
+    )
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in lora.model.named_parameters():
@@ -35,8 +37,13 @@ def _lora(path, *, seed=1):
 
 def _batch():
     rows = [([5, 6, 7], [8, 9, 10, 11]), ([12, 13], [14, 15, 16]), ([17], [18])]
-    return pack_completions([Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[-1.0] * len(c),
-                                        finish_reason="length") for p, c in rows], pad_token_id=0)
+    return pack_completions(
+        [
+            Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[-1.0] * len(c), finish_reason="length")
+            for p, c in rows
+        ],
+        pad_token_id=0,
+    )
 
 
 def _base(path):
@@ -68,8 +75,14 @@ def test_reference_is_the_base_model_with_the_adapter_off(random_policy_dir):
 
     lora = _lora(random_policy_dir)
     packed = _batch()
-    ctx = PipelineContext(estimator=None, estimator_params={}, pad_token_id=0, policy=lora.model, reference=lora.model,
-                          reference_scope=lora.adapter_disabled)
+    ctx = PipelineContext(
+        estimator=None,
+        estimator_params={},
+        pad_token_id=0,
+        policy=lora.model,
+        reference=lora.model,
+        reference_scope=lora.adapter_disabled,
+    )
     batch = PipelineBatch(rollout=None, scores=None, packed=packed, loss_mask=packed.response_mask.bool())
     ref = ref_logprobs(batch, ctx).ref_logprobs
     with torch.no_grad():
@@ -111,9 +124,11 @@ def test_lora_arm_trains_the_adapter_only_checkpoints_it_resumes_and_exports(tmp
     """Build with kl_coef > 0: no reference model object (the reference is the policy, adapter
     off); the optimizer holds the adapter only; a checkpoint holds the adapter and its AdamW
     state; resume continues from it; the export is base + adapter merged."""
-    config = tiny_experiment(model={"lora": {"r": 4, "alpha": 8, "target_modules": TARGETS}},
-                             train={"steps": 2, "learning_rate": 5e-2, "micro_batch_size": 8, "kl_coef": 0.01},
-                             checkpoint={"dir": str(tmp_path / "runs"), "every": 1, "keep": 2})
+    config = tiny_experiment(
+        model={"lora": {"r": 4, "alpha": 8, "target_modules": TARGETS}},
+        train={"steps": 2, "learning_rate": 5e-2, "micro_batch_size": 8, "kl_coef": 0.01},
+        checkpoint={"dir": str(tmp_path / "runs"), "every": 1, "keep": 2},
+    )
     arm = _build(tmp_path, config)
     assert arm.reference is arm.learner.policy  # no second copy of the weights
     trainable = [p for p in arm.learner.policy.parameters() if p.requires_grad]
@@ -128,9 +143,15 @@ def test_lora_arm_trains_the_adapter_only_checkpoints_it_resumes_and_exports(tmp
     checkpoint = latest_checkpoint(tmp_path / "runs" / "main")
     files = sorted(p.name for p in checkpoint.iterdir())
     assert "policy_adapter" in files and "policy.safetensors" not in files, files
-    assert sorted(p.name for p in (checkpoint / "policy_adapter").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(p.name for p in (checkpoint / "policy_adapter").iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
     from safetensors.torch import load_file
-    assert len(load_file(str(checkpoint / "policy_optimizer.safetensors"))) == 3 * len(trainable)  # step, exp_avg, exp_avg_sq per adapter tensor
+
+    assert len(load_file(str(checkpoint / "policy_optimizer.safetensors"))) == 3 * len(
+        trainable
+    )  # step, exp_avg, exp_avg_sq per adapter tensor
 
     # Resume: the adapter comes back from the checkpoint, and the run goes on to step 3.
     trained = arm.learner.lora.adapter_state()
@@ -143,8 +164,12 @@ def test_lora_arm_trains_the_adapter_only_checkpoints_it_resumes_and_exports(tmp
 
     # Export (the CLI, on the arm folder): a plain HF folder with the adapter folded in.
     out = tmp_path / "exported"
-    done = subprocess.run([sys.executable, "-m", "polyrl.launch.cli", "export", str(tmp_path / "runs" / "main"), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "polyrl.cli.main", "export", str(tmp_path / "runs" / "main"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "base + LoRA adapter, merged" in done.stdout
     exported = _base(out)
@@ -164,7 +189,9 @@ def test_lora_checkpoint_is_a_small_fraction_of_a_full_one(tmp_path, tiny_experi
         config = tiny_experiment(model=model, train={"steps": 1}, checkpoint={"dir": str(folder / "runs"), "every": 1})
         _run(build_arm(resolve_arms(config)["main"], arm="main", arm_dir=folder / "runs" / "main"))
         checkpoint = latest_checkpoint(folder / "runs" / "main")
-        sizes[kind] = _dir_bytes(checkpoint) - _dir_bytes(checkpoint / "rng.json") - (checkpoint / "checkpoint.json").stat().st_size
+        sizes[kind] = (
+            _dir_bytes(checkpoint) - _dir_bytes(checkpoint / "rng.json") - (checkpoint / "checkpoint.json").stat().st_size
+        )
     # 0.3M policy: 337,408 parameters, ×3 (weights, exp_avg, exp_avg_sq) ×4 B = 4.0 MB; the
     # adapter: 16,384 parameters ×3 ×4 B = 0.2 MB (+ its JSON): about 5%.
     fraction = sizes["lora"] / sizes["full"]
@@ -179,15 +206,19 @@ def test_full_checkpoint_refuses_a_lora_resume(tmp_path, tiny_experiment):
         _build(tmp_path, {**config, "model": {**config["model"], "lora": {"r": 4}}}, resume=True)
 
 
-@pytest.mark.parametrize("kind, model, learning_rate", [
-    ("full", {}, 1e-2),
-    ("lora", {"lora": {"r": 8, "alpha": 16, "target_modules": "all-linear"}}, 3e-2),
-])
+@pytest.mark.parametrize(
+    "kind, model, learning_rate",
+    [
+        ("full", {}, 1e-2),
+        ("lora", {"lora": {"r": 8, "alpha": 16, "target_modules": "all-linear"}}, 3e-2),
+    ],
+)
 def test_lora_and_full_fine_tuning_both_learn_longer_answers(tmp_path, tiny_experiment, kind, model, learning_rate):
     """The trainer's tiny task (reward len/100 in characters, random 0.3M policy, HF engine), six
     steps: the reward and the response length rise with either way of training."""
-    config = tiny_experiment(model=model, train={"steps": 6, "learning_rate": learning_rate, "micro_batch_size": 8},
-                             rollout={"max_tokens": 24})
+    config = tiny_experiment(
+        model=model, train={"steps": 6, "learning_rate": learning_rate, "micro_batch_size": 8}, rollout={"max_tokens": 24}
+    )
     history = _run(_build(tmp_path, config))
     # The HF engine samples from the synced (for LoRA: merged) weights: measured gaps 1e-7.
     assert max(h["rollout/logprob_gap"] for h in history) < 1e-5
@@ -204,8 +235,11 @@ def test_vllm_engine_samples_from_the_adapted_policy_every_step(tmp_path, tiny_e
     """vLLM gets the merged weights (or the adapter alone, through its LoRA support) after each
     update: the sampler/learner log-prob gap stays at fp32 rounding while the adapter moves the
     policy far from the base model."""
-    config = tiny_experiment(model={"lora": {"r": 8, "alpha": 16, "sync": sync}}, rollout={"engine": "vllm", "max_tokens": 24},
-                             train={"steps": 4, "learning_rate": 3e-2, "micro_batch_size": 16, "kl_coef": 0.01})
+    config = tiny_experiment(
+        model={"lora": {"r": 8, "alpha": 16, "sync": sync}},
+        rollout={"engine": "vllm", "max_tokens": 24},
+        train={"steps": 4, "learning_rate": 3e-2, "micro_batch_size": 16, "kl_coef": 0.01},
+    )
     arm = _build(tmp_path, config)
     engine = arm.collector.engine
     synced_weights = []

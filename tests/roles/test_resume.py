@@ -17,7 +17,7 @@ from polyrl.tracking.mlflow_runs import STEP_MARKER
 KILL_AFTER_STEP_5 = """
 import os, signal, sys
 from polyrl.roles import loop
-from polyrl.launch.cli import app
+from polyrl.cli.main import app
 
 original_step = loop.TrainingLoop.step
 
@@ -36,7 +36,7 @@ COMPARED = ["reward/mean", "actor/loss", "actor/grad_norm", "rollout/response_le
 
 
 def _polyrl(*args, cwd):
-    return [sys.executable, "-m", "polyrl.launch.cli", *args]
+    return [sys.executable, "-m", "polyrl.cli.main", *args]
 
 
 def _arm_run(client, experiment):
@@ -68,8 +68,15 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_experim
     straight = tmp_path / "straight"
     straight.mkdir()
     path = write_experiment(straight, _config(tiny_experiment, straight, engine))
-    subprocess.run(_polyrl("run", str(path), "--no-progress", cwd=straight), cwd=straight, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    subprocess.run(
+        _polyrl("run", str(path), "--no-progress", cwd=straight),
+        cwd=straight,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=600,
+    )
 
     killed = tmp_path / "killed"
     killed.mkdir()
@@ -79,14 +86,26 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_experim
     # so the resumed run recomputes step 5 (already logged: must not be duplicated) and then
     # runs step 6. Killing from inside makes the point of death exact on any machine speed;
     # polling from outside raced a fast run to its end.
-    process = subprocess.run([sys.executable, "-c", KILL_AFTER_STEP_5, str(path)], cwd=killed, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    process = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_STEP_5, str(path)],
+        cwd=killed,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=600,
+    )
     assert process.returncode == -signal.SIGKILL
 
     checkpoints = sorted(p.name for p in (killed / "runs" / "resumable" / "main").glob("step_*"))
     assert checkpoints[-1] == "step_000004", checkpoints
-    resumed = subprocess.run(_polyrl("run", str(path), "--resume", "--no-progress", cwd=killed), cwd=killed, env=env,
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        _polyrl("run", str(path), "--resume", "--no-progress", cwd=killed),
+        cwd=killed,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 4" in resumed.stdout
 

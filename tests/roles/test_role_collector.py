@@ -10,9 +10,9 @@ import torch
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine
-from polyrl.models.text import build_char_tokenizer
+from polyrl.policies.text import build_char_tokenizer
 from polyrl.rewards import CompositeReward
-from polyrl.roles.collector import CollectSettings, Collected, RolloutCollector
+from polyrl.roles.collector import Collected, CollectSettings, RolloutCollector
 
 
 class ScriptedEngine(RolloutEngine):
@@ -32,8 +32,13 @@ class ScriptedEngine(RolloutEngine):
 
     def _completion(self, prompt: str, text: str) -> Completion:
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return Completion(prompt_ids=list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]), completion_ids=ids,
-                          text=text, sampling_logprobs=[-1.0] * len(ids), finish_reason="stop")
+        return Completion(
+            prompt_ids=list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]),
+            completion_ids=ids,
+            text=text,
+            sampling_logprobs=[-1.0] * len(ids),
+            finish_reason="stop",
+        )
 
     def sync_weights(self, named_tensors) -> None:
         self.synced.extend(name for name, _ in named_tensors)
@@ -47,8 +52,16 @@ def _prompts():
 def _collector(rounds, *, dynamic=False, max_rounds=1, accuracy_label=None, prompts=2, samples=2):
     rewards = CompositeReward([{"module": "length", "name": "len", "params": {"unit": "chars"}}])
     rewards.setup()
-    settings = CollectSettings(prompts_per_step=prompts, samples_per_prompt=samples, temperature=0.7, max_tokens=8, seed=3,
-                               dynamic_sampling=dynamic, max_rounds=max_rounds, accuracy_label=accuracy_label)
+    settings = CollectSettings(
+        prompts_per_step=prompts,
+        samples_per_prompt=samples,
+        temperature=0.7,
+        max_tokens=8,
+        seed=3,
+        dynamic_sampling=dynamic,
+        max_rounds=max_rounds,
+        accuracy_label=accuracy_label,
+    )
     engine = ScriptedEngine(rounds)
     return RolloutCollector(engine, rewards, _prompts(), settings), engine
 
@@ -83,8 +96,12 @@ def test_dynamic_sampling_refills_with_informative_groups_only_and_counts_them()
     assert [c.text for c in collected.rollout.completions] == informative * 2
     assert [s.seed for s in engine.settings] == [1_000_003 * 3 + 101, 1_000_003 * 3 + 101 + 1]
     m = collected.scores.metrics
-    assert (m["rollout/dynamic_sampling_rounds"], m["rollout/dynamic_sampling_dropped_groups"],
-            m["rollout/dynamic_sampling_kept_groups"], m["rollout/dynamic_sampling_missing_groups"]) == (2, 2, 2, 0)
+    assert (
+        m["rollout/dynamic_sampling_rounds"],
+        m["rollout/dynamic_sampling_dropped_groups"],
+        m["rollout/dynamic_sampling_kept_groups"],
+        m["rollout/dynamic_sampling_missing_groups"],
+    ) == (2, 2, 2, 0)
     # reward/mean covers all 8 generated samples: (0.02 + 0.04) × 2 + 0.03 × 4 over 8.
     assert m["reward/mean"] == pytest.approx((0.12 + 0.12) / 8)
 

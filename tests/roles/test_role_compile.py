@@ -7,12 +7,11 @@ import shutil
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
-from polyrl.algos.logprobs import pack_completions, token_logprobs
 from polyrl.core.types import Completion
-from torch._dynamo.utils import counters
-
+from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.runtime.compiled import CompileError, compile_decoder_layers
 from polyrl.runtime.cpu_matmul import linear_library, onednn_available, resolve_cpu_matmul, route_linears_through_onednn
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
@@ -21,9 +20,16 @@ needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="torch.c
 
 
 def _batch(lengths: list[int]):
-    completions = [Completion(prompt_ids=[5, 6, 7], completion_ids=[8 + (i + j) % 30 for j in range(n)], text="",
-                              sampling_logprobs=[], finish_reason="length")
-                   for i, n in enumerate(lengths)]
+    completions = [
+        Completion(
+            prompt_ids=[5, 6, 7],
+            completion_ids=[8 + (i + j) % 30 for j in range(n)],
+            text="",
+            sampling_logprobs=[],
+            finish_reason="length",
+        )
+        for i, n in enumerate(lengths)
+    ]
     return pack_completions(completions, pad_token_id=0)
 
 
@@ -53,7 +59,9 @@ def test_compiled_decoder_layers_match_eager_logprobs_share_a_graph_and_train(ra
     config = tiny_experiment(train={"steps": 2, "compile": True})
     with built(tmp_path, config) as arm:
         assert all("_torchdynamo_orig_callable" in dir(layer.forward) for layer in arm.learner.policy.get_decoder().layers)
-        assert linear_library(arm.learner.policy) == resolve_cpu_matmul("auto", device=torch.device("cpu"), compute_dtype=torch.float32)
+        assert linear_library(arm.learner.policy) == resolve_cpu_matmul(
+            "auto", device=torch.device("cpu"), compute_dtype=torch.float32
+        )
         before = snapshot(arm.learner.policy)
         loop = arm.loop(printer=lambda _line: None)
         metrics = [loop.step() for _ in range(2)]

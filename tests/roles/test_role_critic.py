@@ -6,16 +6,18 @@ import math
 
 import torch
 
-from polyrl.algos.logprobs import pack_completions
 from polyrl.core.types import Completion
+from polyrl.modeling.logprobs import pack_completions
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.critic import Critic, CriticSettings, ValueModel
 
 
 def _packed():
     rows = [([5, 6], [7, 8, 9]), ([5], [10]), ([12], [7, 8])]
-    return pack_completions([Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[], finish_reason="stop")
-                             for p, c in rows], pad_token_id=0)
+    return pack_completions(
+        [Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[], finish_reason="stop") for p, c in rows],
+        pad_token_id=0,
+    )
 
 
 def test_values_are_zero_off_the_response(random_policy_dir):
@@ -27,10 +29,17 @@ def test_values_are_zero_off_the_response(random_policy_dir):
 
 
 def test_the_cadence_counts_policy_optimizer_steps_and_updates_lower_the_value_loss(random_policy_dir):
-    critic = Critic(ValueModel(random_policy_dir, torch.float32), CriticSettings(learning_rate=1e-2, update_every=2, micro_batch_size=2))
+    critic = Critic(
+        ValueModel(random_policy_dir, torch.float32), CriticSettings(learning_rate=1e-2, update_every=2, micro_batch_size=2)
+    )
     packed = _packed()
-    batch = LearnerBatch(packed=packed, old_logprobs=None, advantages=torch.zeros(packed.response_mask.shape),
-                         old_values=critic.values(packed), returns=packed.response_mask.float())
+    batch = LearnerBatch(
+        packed=packed,
+        old_logprobs=None,
+        advantages=torch.zeros(packed.response_mask.shape),
+        old_values=critic.values(packed),
+        returns=packed.response_mask.float(),
+    )
     rows, skipped = torch.arange(3), {}
     # update_every 2: policy steps 1 and 3 update the critic, 2 and 4 do not.
     outcomes = [critic.after_policy_step(batch, rows, step, skipped) for step in (1, 2, 3, 4)]
@@ -38,4 +47,3 @@ def test_the_cadence_counts_policy_optimizer_steps_and_updates_lower_the_value_l
     first, second = outcomes[0], outcomes[2]
     assert math.isfinite(first["value/loss"]) and second["value/loss"] < first["value/loss"]
     assert {p.dtype for p in critic.model.parameters()} == {torch.float32} and not critic.model.training
-

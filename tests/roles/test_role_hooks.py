@@ -26,8 +26,16 @@ def test_checkpointer_saves_on_its_cadence_and_after_the_last_step_and_restores(
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     counter = {"n": 0}
-    checkpointer = Checkpointer(tmp_path / "arm", every=2, keep=2, last_step=5, models={"policy": model},
-                                optimizers={"policy": optimizer}, state=lambda: {"position": counter["n"]}, extra={"run": "r1"})
+    checkpointer = Checkpointer(
+        tmp_path / "arm",
+        every=2,
+        keep=2,
+        last_step=5,
+        models={"policy": model},
+        optimizers={"policy": optimizer},
+        state=lambda: {"position": counter["n"]},
+        extra={"run": "r1"},
+    )
     for step in range(1, 6):
         counter["n"] = step * 10
         checkpointer.publish(StepReport(step, {}))
@@ -62,12 +70,18 @@ def test_eval_and_sample_tables_log_once_per_step_and_not_again_for_a_replayed_s
         calls.append(step)
         return PeriodicResult({"p/accuracy": 0.5}, [{"prompt": "q", "completion": "a"}])
 
-    hooks = [SampleTableHook(logger, every=5, rows=1), PeriodicEvalHook(evaluator, "engine", every=2, logger=logger), MetricLogger(logger)]
+    hooks = [
+        SampleTableHook(logger, every=5, rows=1),
+        PeriodicEvalHook(evaluator, "engine", every=2, logger=logger),
+        MetricLogger(logger),
+    ]
     seen: list[int] = []
     hooks.append(Callback(lambda step, metrics: seen.append(step)))
     hooks[1].start(0)
     for step in (1, 2):
-        report = StepReport(step, {"m": float(step)}, samples=[{"prompt": "q", "completion": "x"}, {"prompt": "r", "completion": "y"}])
+        report = StepReport(
+            step, {"m": float(step)}, samples=[{"prompt": "q", "completion": "x"}, {"prompt": "r", "completion": "y"}]
+        )
         for hook in hooks:
             hook.observe(report)
         for hook in hooks:

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from polyrl.algos.logprobs import pack_completions
 from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
-from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm
+from polyrl.modeling.logprobs import pack_completions
+from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NonFiniteStop
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
@@ -20,8 +20,10 @@ from polyrl.roles.learner import LearnerSettings, PolicyLearner
 
 def _batch() -> LearnerBatch:
     rows = [([5, 6], [7, 8, 9]), ([5, 6], [10, 11]), ([12], [7]), ([12], [8, 9, 10])]
-    completions = [Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[-3.0] * len(c), finish_reason="stop")
-                   for p, c in rows]
+    completions = [
+        Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[-3.0] * len(c), finish_reason="stop")
+        for p, c in rows
+    ]
     packed = pack_completions(completions, pad_token_id=0)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * packed.response_mask
     return LearnerBatch(packed=packed, old_logprobs=None, advantages=advantages)
@@ -30,8 +32,13 @@ def _batch() -> LearnerBatch:
 def _learner(**settings) -> PolicyLearner:
     policy = build_tiny_causal_lm(build_char_tokenizer(), "0.3m", seed=0)
     objective = get_objective("grpo")
-    defaults = dict(aggregation=objective.default_aggregation, objective_params=dict(objective.default_params), learning_rate=1e-2,
-                    micro_batch_size=2, total_steps=2)
+    defaults = dict(
+        aggregation=objective.default_aggregation,
+        objective_params=dict(objective.default_params),
+        learning_rate=1e-2,
+        micro_batch_size=2,
+        total_steps=2,
+    )
     return PolicyLearner(policy, objective, LearnerSettings(**{**defaults, **settings}))
 
 
@@ -102,7 +109,8 @@ def test_gradients_exist_before_the_first_forward_and_are_freed_after_the_update
     trainable = [p for p in learner.policy.parameters() if p.requires_grad]
     seen = []  # per forward: every gradient already allocated, and its storage
     learner.policy.get_decoder().register_forward_pre_hook(
-        lambda module, args: seen.append([p.grad.untyped_storage().data_ptr() if p.grad is not None else None for p in trainable]))
+        lambda module, args: seen.append([p.grad.untyped_storage().data_ptr() if p.grad is not None else None for p in trainable])
+    )
     learner.update(_batch())
     assert len(seen) == 4 and all(ptr is not None for ptr in seen[0])  # before: None at the first forward
     assert all(forward == seen[0] for forward in seen)  # one buffer per parameter for the whole update

@@ -6,10 +6,10 @@ import math
 
 import torch
 
-from polyrl.algos.logprobs import pack_completions
 from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
-from polyrl.models.text import build_char_tokenizer, build_tiny_causal_lm
+from polyrl.modeling.logprobs import pack_completions
+from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
 
@@ -17,16 +17,22 @@ from polyrl.roles.learner import LearnerSettings, PolicyLearner
 def test_update_computes_only_the_micro_batches_own_lengths_and_still_learns():
     # Total lengths (prompt + completion): 3, 10, 4, 9 → the batch is padded to S = 10 columns.
     rows = [([5, 6], [7]), ([5, 6, 7], [8, 9, 10, 11, 12, 13, 14]), ([12], [7, 8, 9]), ([12, 5], [8, 9, 10, 11, 12, 13, 14])]
-    completions = [Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[-3.0] * len(c), finish_reason="stop")
-                   for p, c in rows]
+    completions = [
+        Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[-3.0] * len(c), finish_reason="stop")
+        for p, c in rows
+    ]
     packed = pack_completions(completions, pad_token_id=0)
     assert packed.input_ids.shape == (4, 10)
-    batch = LearnerBatch(packed=packed, old_logprobs=None,
-                         advantages=torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * packed.response_mask)
+    batch = LearnerBatch(
+        packed=packed, old_logprobs=None, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * packed.response_mask
+    )
     policy = build_tiny_causal_lm(build_char_tokenizer(), "0.3m", seed=0)
     objective = get_objective("dr_grpo")
-    learner = PolicyLearner(policy, objective, LearnerSettings(aggregation=objective.default_aggregation, learning_rate=1e-2,
-                                                               micro_batch_size=2, max_tokens=8))
+    learner = PolicyLearner(
+        policy,
+        objective,
+        LearnerSettings(aggregation=objective.default_aggregation, learning_rate=1e-2, micro_batch_size=2, max_tokens=8),
+    )
     positions = []
     policy.get_decoder().register_forward_pre_hook(lambda _m, _a, kw: positions.append(kw["input_ids"].shape), with_kwargs=True)
     before = [p.detach().clone() for p in policy.parameters()]

@@ -32,9 +32,14 @@ class Roles:
     def collect(self, step):
         self.calls.append("collect")
         self.position += 1
-        completions = [Completion(prompt_ids=[1], completion_ids=[2, 3], text="ab", sampling_logprobs=[-1.0, -1.0], finish_reason="stop")]
-        return Collected(Rollout([PromptSample(prompt="q")], completions, torch.tensor([0])), Scores([0.5], {"reward/mean": 0.5}),
-                         {"generate": 0.25, "score": 0.5})
+        completions = [
+            Completion(prompt_ids=[1], completion_ids=[2, 3], text="ab", sampling_logprobs=[-1.0, -1.0], finish_reason="stop")
+        ]
+        return Collected(
+            Rollout([PromptSample(prompt="q")], completions, torch.tensor([0])),
+            Scores([0.5], {"reward/mean": 0.5}),
+            {"generate": 0.25, "score": 0.5},
+        )
 
     def run(self, rollout, scores):
         self.calls.append("pipeline")
@@ -68,11 +73,28 @@ class Recorder(Hook):
 
 def _loop(tmp_path, roles, **kwargs):
     model = torch.nn.Linear(1, 1)
-    checkpointer = Checkpointer(tmp_path, every=10, keep=2, last_step=2, models={"policy": model}, optimizers={},
-                                state=lambda: {"sampler": roles.state_dict()})
+    checkpointer = Checkpointer(
+        tmp_path,
+        every=10,
+        keep=2,
+        last_step=2,
+        models={"policy": model},
+        optimizers={},
+        state=lambda: {"sampler": roles.state_dict()},
+    )
     recorder = Recorder(roles.calls)
-    loop = TrainingLoop(arm="a", steps=2, sampler=roles, collector=roles, pipeline=roles, learner=roles, engine_dtype=torch.bfloat16,
-                        checkpointer=checkpointer, hooks=[recorder], **kwargs)
+    loop = TrainingLoop(
+        arm="a",
+        steps=2,
+        sampler=roles,
+        collector=roles,
+        pipeline=roles,
+        learner=roles,
+        engine_dtype=torch.bfloat16,
+        checkpointer=checkpointer,
+        hooks=[recorder],
+        **kwargs,
+    )
     return loop, recorder
 
 
@@ -83,7 +105,9 @@ def test_a_step_runs_collect_pipeline_learn_sync_then_the_hooks_with_plain_data(
     assert roles.calls == ["collect", "pipeline", "learn", "sync:[torch.bfloat16]", "observe", "publish"] * 2
     assert len(history) == 2 and loop.step_index == 2
     report = recorder.reports[0]
-    assert report.step == 1 and report.samples == [{"prompt": "q", "completion": "ab", "reward": 0.5, "length": 2, "finish_reason": "stop", "modalities": "TT"}]
+    assert report.step == 1 and report.samples == [
+        {"prompt": "q", "completion": "ab", "reward": 0.5, "length": 2, "finish_reason": "stop", "modalities": "TT"}
+    ]
     m = history[0]
     assert m["hook/seen"] == 1.0 and m["actor/loss"] == 1.0 and m["rollout/samples"] == 1.0
     assert (m["perf/generate_s"], m["perf/score_s"]) == (0.25, 0.5) and m["perf/step_s"] >= 0.75
@@ -92,8 +116,11 @@ def test_a_step_runs_collect_pipeline_learn_sync_then_the_hooks_with_plain_data(
 def test_a_non_finite_stop_saves_the_last_good_weights_with_the_step_start_position(tmp_path):
     roles = Roles(fail_update=True)
     loop, _ = _loop(tmp_path, roles, start_step=3)
-    with pytest.raises(NonFiniteTrainingError, match=r"arm 'a': training stopped in step 4: 2 optimizer steps in a row had a "
-                                                     r"non-finite \(NaN/inf\) policy gradient norm"):
+    with pytest.raises(
+        NonFiniteTrainingError,
+        match=r"arm 'a': training stopped in step 4: 2 optimizer steps in a row had a "
+        r"non-finite \(NaN/inf\) policy gradient norm",
+    ):
         loop.step()
     info = json.loads((tmp_path / "step_000003" / "checkpoint.json").read_text())
     # the sampler had moved to 1 by generation; the checkpoint keeps the position before it (0)

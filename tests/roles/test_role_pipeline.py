@@ -12,16 +12,32 @@ import torch
 from polyrl.algos.advantages import get_advantage
 from polyrl.config.schema import ExperimentConfig
 from polyrl.core.types import Completion, PromptSample
-from polyrl.algos.logprobs import pack_completions
 from polyrl.roles.batches import LearnerBatch, Rollout, Scores
-from polyrl.roles.pipeline import (STAGES, BatchPipeline, PipelineBatch, PipelineContext, advantage_stats, fold_kl_into_rewards,
-                                   loss_mask, overlong_penalty, pack, run_pipeline, sequence_rewards, truncated_importance_sampling)
+from polyrl.roles.pipeline import (
+    STAGES,
+    BatchPipeline,
+    PipelineBatch,
+    PipelineContext,
+    advantage_stats,
+    fold_kl_into_rewards,
+    loss_mask,
+    overlong_penalty,
+    pack,
+    run_pipeline,
+    sequence_rewards,
+    truncated_importance_sampling,
+)
 
 
 def _completion(n_tokens: int, *, truncated: bool = False) -> Completion:
     ids = list(range(5, 5 + n_tokens))
-    return Completion(prompt_ids=[1, 2], completion_ids=ids, text="x" * n_tokens, sampling_logprobs=[-1.0] * n_tokens,
-                      finish_reason="length" if truncated else "stop")
+    return Completion(
+        prompt_ids=[1, 2],
+        completion_ids=ids,
+        text="x" * n_tokens,
+        sampling_logprobs=[-1.0] * n_tokens,
+        finish_reason="length" if truncated else "stop",
+    )
 
 
 def _rollout(lengths, truncated=None, groups=None) -> Rollout:
@@ -33,8 +49,15 @@ def _rollout(lengths, truncated=None, groups=None) -> Rollout:
 def _context(**overrides) -> PipelineContext:
     estimator = get_advantage("group_norm")
     config = ExperimentConfig(name="t", advantage={"overlong": overrides.pop("overlong", {})})
-    return PipelineContext(estimator=estimator, estimator_params=dict(estimator.default_params), pad_token_id=0,
-                           overlong=config.advantage.overlong, modalities=config.modalities, max_tokens=8, **overrides)
+    return PipelineContext(
+        estimator=estimator,
+        estimator_params=dict(estimator.default_params),
+        pad_token_id=0,
+        overlong=config.advantage.overlong,
+        modalities=config.modalities,
+        max_tokens=8,
+        **overrides,
+    )
 
 
 def _through(batch: PipelineBatch, ctx: PipelineContext, *stages) -> PipelineBatch:
@@ -76,8 +99,14 @@ def test_soft_overlong_punishment_shapes_the_reward_by_length():
 
 def test_mask_truncated_takes_truncated_rows_out_of_the_loss_but_not_out_of_the_rewards():
     ctx = _context(overlong={"mode": "mask_truncated"})
-    b = _through(PipelineBatch(_rollout([2, 3], truncated=[False, True]), Scores([1.0, 0.0], {})), ctx, pack, sequence_rewards,
-                 overlong_penalty, loss_mask)
+    b = _through(
+        PipelineBatch(_rollout([2, 3], truncated=[False, True]), Scores([1.0, 0.0], {})),
+        ctx,
+        pack,
+        sequence_rewards,
+        overlong_penalty,
+        loss_mask,
+    )
     assert b.loss_mask.sum(-1).tolist() == [2, 0] and b.rewards.tolist() == [1.0, 0.0]
     assert b.metrics["rollout/masked_truncated"] == 1
 
@@ -103,8 +132,14 @@ def test_truncated_importance_sampling_caps_the_learner_over_sampler_ratio():
 
 
 def test_advantage_stats_cover_trainable_tokens_only():
-    b = PipelineBatch(_rollout([2, 2]), Scores([0.0, 0.0], {}), advantages=torch.tensor([[1.0, -1.0], [3.0, 100.0]]),
-                      loss_mask=torch.tensor([[True, True], [True, False]]))
+    b = PipelineBatch(
+        _rollout([2, 2]),
+        Scores([0.0, 0.0], {}),
+        advantages=torch.tensor([[1.0, -1.0], [3.0, 100.0]]),
+        loss_mask=torch.tensor([[True, True], [True, False]]),
+    )
     m = advantage_stats(b, _context()).metrics
     # 1, -1, 3: mean 1, population std sqrt(8/3) = 1.63299, max |z| = 2 / 1.63299 = 1.22474
-    assert (m["advantage/mean"], m["advantage/std"], m["advantage/max_abs_z"]) == pytest.approx((1.0, math.sqrt(8 / 3), 1.22474), abs=1e-5)
+    assert (m["advantage/mean"], m["advantage/std"], m["advantage/max_abs_z"]) == pytest.approx(
+        (1.0, math.sqrt(8 / 3), 1.22474), abs=1e-5
+    )

@@ -31,8 +31,10 @@ def test_rollout_compile_is_refused_for_image_text_policies():
 @pytest.mark.skipif(shutil.which("g++") is None, reason="vLLM's compiled sampler on CPU needs g++")
 def test_compiled_vllm_sampler_takes_every_sync_and_trains(tmp_path, tiny_experiment):
     pytest.importorskip("vllm")
-    config = tiny_experiment(rollout={"engine": "vllm", "max_tokens": 24, "compile": True},
-                             train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 16})
+    config = tiny_experiment(
+        rollout={"engine": "vllm", "max_tokens": 24, "compile": True},
+        train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 16},
+    )
     with built(tmp_path, config) as arm:
         assert arm.collector.engine.compiled
         loop = arm.loop(printer=lambda _line: None)

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from polyrl.algos.packing import base_attention
 from polyrl.config.schema import ConfigError, resolve_arms
+from polyrl.modeling.packing import base_attention
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
 
@@ -35,8 +35,10 @@ def test_hf_engine_loads_the_rollout_dtype_and_the_learner_stays_fp32(tmp_path, 
 
 @pytest.mark.slow
 def test_vllm_samples_in_bf16_under_an_fp32_learner_and_stays_in_sync(tmp_path, tiny_experiment):
-    config = tiny_experiment(rollout={"engine": "vllm", "max_tokens": 24, "dtype": "bfloat16"},
-                             train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 16})
+    config = tiny_experiment(
+        rollout={"engine": "vllm", "max_tokens": 24, "dtype": "bfloat16"},
+        train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 16},
+    )
     with built(tmp_path, config) as arm:
         loop = arm.loop(printer=lambda _line: None)
         assert loop.engine_dtype == torch.bfloat16

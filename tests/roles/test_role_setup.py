@@ -35,9 +35,13 @@ class WantsPolicy(TakesModelPath):
 
 def test_only_a_reward_that_declares_it_gets_the_policy_path(tmp_path):
     (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
-    rewards = [{"module": "ppl_fluency"}, {"module": "ppl_fluency", "name": "own", "params": {"model_path": "/own"}},
-               {"module": f"{tmp_path}/my_rewards.py:TakesModelPath"}, {"module": f"{tmp_path}/my_rewards.py:WantsPolicy"},
-               {"module": "length"}]
+    rewards = [
+        {"module": "ppl_fluency"},
+        {"module": "ppl_fluency", "name": "own", "params": {"model_path": "/own"}},
+        {"module": f"{tmp_path}/my_rewards.py:TakesModelPath"},
+        {"module": f"{tmp_path}/my_rewards.py:WantsPolicy"},
+        {"module": "length"},
+    ]
     specs = reward_specs(ExperimentConfig(name="t", rewards=rewards), "/policy")
     assert [spec.params.get("model_path") for spec in specs] == ["/policy", "/own", None, "/policy", None]
 

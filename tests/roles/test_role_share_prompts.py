@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from polyrl.algos.logprobs import token_logprobs
+from polyrl.modeling.logprobs import token_logprobs
 from tests.roles.learner_helpers import built, changed_fraction, first_batch, snapshot
 
 

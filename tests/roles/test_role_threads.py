@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polyrl.models.cache import set_torch_threads, torch_threads
+from polyrl.runtime.threads import set_torch_threads, torch_threads
 
 
 @pytest.fixture

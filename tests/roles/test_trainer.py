@@ -13,8 +13,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from polyrl.config.schema import resolve_arms
-from polyrl.tracking.mlflow_runs import ARM_TAG, ExperimentTracker
 from polyrl.roles.setup import build_arm
+from polyrl.tracking.mlflow_runs import ARM_TAG, ExperimentTracker
 
 REQUIRED_METRICS = [
     "reward/mean",
@@ -114,8 +114,13 @@ def test_vllm_engine_stays_in_sync_with_the_learner_every_step(tmp_path, tiny_ex
 def test_ppo_with_gae_trains_a_critic_with_delayed_updates(tmp_path, tiny_experiment):
     config = tiny_experiment(
         objective={"name": "ppo"},
-        train={"steps": 4, "learning_rate": 1e-3, "updates_per_batch": 2, "mini_batches": 2,
-               "value": {"learning_rate": 1e-3, "update_every": 2}},
+        train={
+            "steps": 4,
+            "learning_rate": 1e-3,
+            "updates_per_batch": 2,
+            "mini_batches": 2,
+            "value": {"learning_rate": 1e-3, "update_every": 2},
+        },
     )
     arm = _arm(tmp_path, config)
     try:
@@ -133,8 +138,10 @@ def test_ppo_with_gae_trains_a_critic_with_delayed_updates(tmp_path, tiny_experi
 def test_dapo_with_dynamic_sampling_overlong_penalty_and_kl(tmp_path, tiny_experiment):
     config = tiny_experiment(
         objective={"name": "dapo"},
-        advantage={"dynamic_sampling": {"enabled": True, "max_rounds": 2},
-                   "overlong": {"mode": "soft_punishment", "cache_length": 4}},
+        advantage={
+            "dynamic_sampling": {"enabled": True, "max_rounds": 2},
+            "overlong": {"mode": "soft_punishment", "cache_length": 4},
+        },
         train={"steps": 2, "learning_rate": 1e-3, "kl_coef": 0.05},
         rewards=[{"module": "length", "params": {"unit": "chars", "target": 10}}],
     )
@@ -150,8 +157,11 @@ def test_dapo_with_dynamic_sampling_overlong_penalty_and_kl(tmp_path, tiny_exper
 
 def test_unscored_samples_get_zero_advantage_and_are_counted(tmp_path, tiny_experiment):
     # `accuracy` returns None for rows without an answer: every sample is unscored here.
-    config = tiny_experiment(data={"source": str(_no_answer_data(tmp_path))}, rewards=[{"module": "accuracy", "allow_unscored": True}],
-                             train={"steps": 1})
+    config = tiny_experiment(
+        data={"source": str(_no_answer_data(tmp_path))},
+        rewards=[{"module": "accuracy", "allow_unscored": True}],
+        train={"steps": 1},
+    )
     arm = _arm(tmp_path, config)
     try:
         collected = arm.collector.collect(1)

@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
+from learner_helpers import built, snapshot
 from safetensors.torch import load_file
 
-from learner_helpers import built, snapshot
+from polyrl.engines.base import RolloutEngine
 from polyrl.roles.checkpoint import latest_checkpoint, read_checkpoint_info
 from polyrl.roles.health import NonFiniteTrainingError
-from polyrl.engines.base import RolloutEngine
 
 
 def _nan_on_call(learner, call: int):
@@ -55,12 +55,17 @@ def test_a_nan_on_the_second_mini_batch_stops_with_the_last_whole_step_saved(tmp
     saved = load_file(str(checkpoint / "policy.safetensors"))
     assert all(torch.equal(saved[name], after_step_1[name]) for name in after_step_1)
     saved_moments = load_file(str(checkpoint / "policy_optimizer.safetensors"))
-    assert all(torch.equal(saved_moments[f"{i}.{key}"], arm.learner.optimizer.state[p][key])
-               for i, p in enumerate(arm.learner.policy.parameters()) for key in ("exp_avg", "exp_avg_sq"))
+    assert all(
+        torch.equal(saved_moments[f"{i}.{key}"], arm.learner.optimizer.state[p][key])
+        for i, p in enumerate(arm.learner.policy.parameters())
+        for key in ("exp_avg", "exp_avg_sq")
+    )
 
 
 def test_the_critics_nonfinite_count_is_checkpointed(tmp_path, tiny_experiment):
-    config = tiny_experiment(objective={"name": "ppo"}, advantage={"estimator": "gae"}, train={"steps": 2, "max_consecutive_nonfinite": 3})
+    config = tiny_experiment(
+        objective={"name": "ppo"}, advantage={"estimator": "gae"}, train={"steps": 2, "max_consecutive_nonfinite": 3}
+    )
     with built(tmp_path, config) as arm:
         arm.critic.guard.consecutive = 2
         arm.checkpointer.save(1)

@@ -11,12 +11,20 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from polyrl.algos.logprobs import pack_completions, token_logprobs
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.core.types import Completion
+from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.runtime import cpu_matmul
-from polyrl.runtime.cpu_matmul import (CpuMatmulError, cpu_vendor, linear_library, onednn_linear, onednn_linear_traceable,
-                                     resolve_cpu_matmul, route_linears_through_onednn, torch_blas)
+from polyrl.runtime.cpu_matmul import (
+    CpuMatmulError,
+    cpu_vendor,
+    linear_library,
+    onednn_linear,
+    onednn_linear_traceable,
+    resolve_cpu_matmul,
+    route_linears_through_onednn,
+    torch_blas,
+)
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(), reason="this torch build has no oneDNN")
@@ -96,12 +104,22 @@ def test_routed_linear_takes_torchs_path_for_what_onednn_cannot_compute():
     assert empty.shape == (2, 0, 3) and rows.grad.shape == (2, 0, 4)
     assert torch.equal(layer.weight.grad, torch.zeros(3, 4)) and torch.equal(layer.bias.grad, torch.zeros(3))
     doubled = layer.double()(torch.ones(1, 4, dtype=torch.float64))  # fp64 (test models): torch's kernel
-    assert doubled.dtype == torch.float64 and torch.allclose(doubled, torch.nn.functional.linear(torch.ones(1, 4, dtype=torch.float64), layer.weight, layer.bias))
+    assert doubled.dtype == torch.float64 and torch.allclose(
+        doubled, torch.nn.functional.linear(torch.ones(1, 4, dtype=torch.float64), layer.weight, layer.bias)
+    )
 
 
 def _batch():
-    completions = [Completion(prompt_ids=[5, 6, 7], completion_ids=[8 + (i + j) % 30 for j in range(n)], text="",
-                              sampling_logprobs=[], finish_reason="length") for i, n in enumerate([6, 11, 3, 9])]
+    completions = [
+        Completion(
+            prompt_ids=[5, 6, 7],
+            completion_ids=[8 + (i + j) % 30 for j in range(n)],
+            text="",
+            sampling_logprobs=[],
+            finish_reason="length",
+        )
+        for i, n in enumerate([6, 11, 3, 9])
+    ]
     return pack_completions(completions, pad_token_id=0)
 
 
@@ -158,7 +176,9 @@ def test_the_choice_follows_its_rule(monkeypatch):
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or not Path("/proc/cpuinfo").exists(), reason="reads an x86 Linux CPU")
 def test_this_machine_is_read_for_the_rule():
-    vendors = {line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id")}
+    vendors = {
+        line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id")
+    }
     assert cpu_vendor() in vendors and len(vendors) == 1
     assert torch_blas() == "mkl"  # PyPI's x86 CPU wheel links MKL
     expected = "onednn" if cpu_vendor() != "GenuineIntel" and cpu_matmul.onednn_available() else "torch"
@@ -186,6 +206,8 @@ def test_arm_routes_policy_and_reference_through_onednn_and_trains(tmp_path, tin
         assert metrics[0]["rollout/logprob_gap"] < 1e-4
     with built(tmp_path / "torch", tiny_experiment(train={"steps": 2, "cpu_matmul": "torch"})) as arm:
         assert linear_library(arm.learner.policy) == "torch"
-    with built(tmp_path / "auto", tiny_experiment(train={"steps": 2, "kl_coef": 0.05})) as arm:  # the default follows the rule here
+    with built(
+        tmp_path / "auto", tiny_experiment(train={"steps": 2, "kl_coef": 0.05})
+    ) as arm:  # the default follows the rule here
         auto = resolve_cpu_matmul("auto", device=torch.device("cpu"), compute_dtype=torch.float32)
         assert linear_library(arm.learner.policy) == linear_library(arm.reference) == auto

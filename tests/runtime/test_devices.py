@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from polyrl.algos.logprobs import PackedBatch, pack_completions
 from polyrl.core.types import Completion
+from polyrl.modeling.logprobs import PackedBatch, pack_completions
 from polyrl.roles.batches import LearnerBatch
 from polyrl.runtime.devices import LearnerDeviceError, learner_device
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
@@ -28,7 +28,10 @@ def test_auto_is_the_cpu_here_and_an_absent_cuda_device_is_refused():
     assert learner_device("auto") == torch.device("cpu")
     assert learner_device("cpu") == torch.device("cpu")
     for setting in ("cuda", "cuda:1"):
-        with pytest.raises(LearnerDeviceError, match=rf"train.device: '{setting}', but this torch sees no CUDA device.*allowed here: 'auto', 'cpu'"):
+        with pytest.raises(
+            LearnerDeviceError,
+            match=rf"train.device: '{setting}', but this torch sees no CUDA device.*allowed here: 'auto', 'cpu'",
+        ):
             learner_device(setting)
 
 
@@ -49,13 +52,24 @@ def test_an_arm_on_an_explicit_cpu_device_trains_there(tmp_path, tiny_experiment
 
 
 def test_a_learner_batch_moves_every_tensor_and_keeps_the_rest():
-    completions = [Completion(prompt_ids=[5, 6], completion_ids=[7, 8, 9][:n], text="", sampling_logprobs=[-1.0] * n,
-                              finish_reason="length") for n in (3, 2)]
+    completions = [
+        Completion(prompt_ids=[5, 6], completion_ids=[7, 8, 9][:n], text="", sampling_logprobs=[-1.0] * n, finish_reason="length")
+        for n in (3, 2)
+    ]
     packed = pack_completions(completions, pad_token_id=0)
-    packed = PackedBatch(**{**{f.name: getattr(packed, f.name) for f in fields(packed)}, "banned_token_ids": torch.tensor([1, 2])})
+    packed = PackedBatch(
+        **{**{f.name: getattr(packed, f.name) for f in fields(packed)}, "banned_token_ids": torch.tensor([1, 2])}
+    )
     shape = packed.response_mask.shape
-    batch = LearnerBatch(packed=packed, old_logprobs=torch.zeros(shape), advantages=torch.ones(shape), ref_logprobs=torch.zeros(shape),
-                         old_values=torch.zeros(shape), returns=torch.ones(shape), metrics={"reward/mean": 0.5})
+    batch = LearnerBatch(
+        packed=packed,
+        old_logprobs=torch.zeros(shape),
+        advantages=torch.ones(shape),
+        ref_logprobs=torch.zeros(shape),
+        old_values=torch.zeros(shape),
+        returns=torch.ones(shape),
+        metrics={"reward/mean": 0.5},
+    )
     # Every field is set, so a tensor field added later and left out of ``to`` fails here.
     unset = [f.name for f in fields(batch) if getattr(batch, f.name) is None]
     unset += [f"packed.{f.name}" for f in fields(packed) if getattr(packed, f.name) is None]
@@ -63,8 +77,11 @@ def test_a_learner_batch_moves_every_tensor_and_keeps_the_rest():
 
     moved = batch.to("meta")
     tensors = {f.name: getattr(moved, f.name) for f in fields(moved) if isinstance(getattr(moved, f.name), Tensor)}
-    tensors |= {f"packed.{f.name}": getattr(moved.packed, f.name) for f in fields(moved.packed)
-                if isinstance(getattr(moved.packed, f.name), Tensor)}
+    tensors |= {
+        f"packed.{f.name}": getattr(moved.packed, f.name)
+        for f in fields(moved.packed)
+        if isinstance(getattr(moved.packed, f.name), Tensor)
+    }
     assert len(tensors) == 6 + 7  # loss_mask, old_logprobs, advantages, ref_logprobs, old_values, returns; 7 of the packed batch
     assert {name for name, tensor in tensors.items() if tensor.device.type != "meta"} == set()
     assert moved.metrics == {"reward/mean": 0.5}

@@ -27,11 +27,12 @@ def test_a_local_cluster_lives_from_the_first_acquire_to_the_last_release():
             ray.shutdown()
 
 
-
 def test_a_run_that_cannot_fit_the_cluster_is_refused_naming_each_part_and_the_total():
     from polyrl.runtime.ray_cluster import RayDemand, RayRoomError, check_room, local_cluster_cpus
 
-    demand = RayDemand((("rollout.workers 2 × rollout.worker_resources", 2.0, 0.0), ("train.learner_workers 2 × train.threads 1", 2.0, 0.0)))
+    demand = RayDemand(
+        (("rollout.workers 2 × rollout.worker_resources", 2.0, 0.0), ("train.learner_workers 2 × train.threads 1", 2.0, 0.0))
+    )
     assert (demand.cpus, demand.gpus) == (4.0, 0.0)
     # A local cluster gets the machine's cores, or the demand rounded up when larger: 2 cores, 4 CPUs asked -> 4;
     # 1.5 asked -> 2 (the cores); 2.5 asked -> 3.
@@ -41,7 +42,8 @@ def test_a_run_that_cannot_fit_the_cluster_is_refused_naming_each_part_and_the_t
         check_room({"CPU": 2.0, "memory": 1e9}, demand)
     assert str(refused.value).startswith(
         "this run asks the Ray cluster for 4 CPU in all (rollout.workers 2 × rollout.worker_resources: 2 CPU; train.learner_workers "
-        "2 × train.threads 1: 2 CPU), but the cluster has 2 CPU in all")
+        "2 × train.threads 1: 2 CPU), but the cluster has 2 CPU in all"
+    )
     with pytest.raises(RayRoomError, match=r"asks the Ray cluster for 1 CPU, 2 GPU in all .* has 8 CPU in all"):
         check_room({"CPU": 8.0}, RayDemand((("train.learner_workers 2 × train.threads 1", 1.0, 2.0),)))
 
@@ -56,7 +58,12 @@ def test_a_local_cluster_is_sized_for_the_run_and_a_small_one_refuses_it_at_once
     ray = pytest.importorskip("ray")
     assert not ray.is_initialized()
     cores = os.cpu_count() or 1
-    demand = RayDemand((("rollout.workers 2 × rollout.worker_resources", float(cores), 0.0), ("train.learner_workers 2 × train.threads 1", 2.0, 0.0)))
+    demand = RayDemand(
+        (
+            ("rollout.workers 2 × rollout.worker_resources", float(cores), 0.0),
+            ("train.learner_workers 2 × train.threads 1", 2.0, 0.0),
+        )
+    )
     try:
         acquire_ray(demand)  # two learner ranks and workers of all the cores: more CPUs than this machine's
         assert ray.cluster_resources()["CPU"] == cores + 2

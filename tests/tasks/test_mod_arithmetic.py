@@ -38,7 +38,9 @@ def test_splits_are_disjoint(seed_train, seed_test):
 
 
 def test_every_solution_verifies():
-    rows = make_arithmetic_rows(SHIPPED_SIZES["train"], seed=SHIPPED_SEED, split="train") + make_arithmetic_rows(SHIPPED_SIZES["test"], seed=SHIPPED_SEED, split="test")
+    rows = make_arithmetic_rows(SHIPPED_SIZES["train"], seed=SHIPPED_SEED, split="train") + make_arithmetic_rows(
+        SHIPPED_SIZES["test"], seed=SHIPPED_SEED, split="test"
+    )
     for row in rows:
         a, op, b = parse_prompt(row["prompt"])
         expected = str(eval(f"{a}{op}{b}"))  # noqa: S307 - the prompt is our own digits-and-operator string

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from run_control import child_env, start_child, wait_for
 
 from polyrl.tracking.mlflow_runs import STEP_MARKER
-from run_control import child_env, start_child, wait_for
 
 COMPARED = ["reward/mean", "actor/loss", "rollout/response_length/mean"]
 
@@ -35,10 +35,24 @@ class MlflowServer:
     def start(self) -> None:
         mlflow_bin = Path(sys.executable).with_name("mlflow")
         self.process = subprocess.Popen(
-            [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(self.port),
-             "--backend-store-uri", f"sqlite:///{self.folder / 'server.db'}",
-             "--artifacts-destination", str(self.folder / "artifacts"), "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                str(mlflow_bin),
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--backend-store-uri",
+                f"sqlite:///{self.folder / 'server.db'}",
+                "--artifacts-destination",
+                str(self.folder / "artifacts"),
+                "--workers",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.time() + 180
         while time.time() < deadline:
             try:
@@ -73,9 +87,12 @@ def _env() -> dict[str, str]:
 
 
 def _experiment(tiny_experiment, write_experiment, folder: Path, uri: str, steps: int) -> Path:
-    config = tiny_experiment(name="outage", train={"steps": steps, "learning_rate": 3e-3, "micro_batch_size": 8},
-                             tracking={"uri": uri, "progress": False, "sample_table_every": 5},
-                             checkpoint={"dir": str(folder / "runs"), "every": 2, "keep": 10})
+    config = tiny_experiment(
+        name="outage",
+        train={"steps": steps, "learning_rate": 3e-3, "micro_batch_size": 8},
+        tracking={"uri": uri, "progress": False, "sample_table_every": 5},
+        checkpoint={"dir": str(folder / "runs"), "every": 2, "keep": 10},
+    )
     return write_experiment(folder, config)
 
 
@@ -133,8 +150,9 @@ def test_server_killed_and_restarted_mid_run_loses_no_step(tmp_path, server, tin
 
 
 @pytest.mark.slow
-def test_server_still_down_at_the_end_stops_with_checkpoints_and_resume_uploads_the_rest(tmp_path, server, tiny_experiment,
-                                                                                        write_experiment):
+def test_server_still_down_at_the_end_stops_with_checkpoints_and_resume_uploads_the_rest(
+    tmp_path, server, tiny_experiment, write_experiment
+):
     path = _experiment(tiny_experiment, write_experiment, tmp_path, server.url, steps=4)
     child = _start(tmp_path, "1", path)
     try:
@@ -150,8 +168,14 @@ def test_server_still_down_at_the_end_stops_with_checkpoints_and_resume_uploads_
     assert (arm_dir / "step_000004").is_dir() and list(arm_dir.glob("mlflow_buffer.*.jsonl"))
 
     server.start()
-    resumed = subprocess.run([sys.executable, "-m", "polyrl.launch.cli", "run", str(path), "--resume", "--no-progress"],
-                             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "polyrl.cli.main", "run", str(path), "--resume", "--no-progress"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "answers again: uploaded" in resumed.stdout
     client = MlflowClient(server.url)

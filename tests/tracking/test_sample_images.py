@@ -46,7 +46,7 @@ class Table(HTMLParser):
         elif tag == "img" and self.rows:
             prefix = "data:image/png;base64,"
             assert attrs["src"].startswith(prefix)
-            self.rows[-1]["images"].append(Image.open(io.BytesIO(base64.b64decode(attrs["src"][len(prefix):]))))
+            self.rows[-1]["images"].append(Image.open(io.BytesIO(base64.b64decode(attrs["src"][len(prefix) :]))))
 
     def handle_endtag(self, tag):
         if tag == "td":
@@ -67,8 +67,15 @@ def parse(text: str) -> Table:
 
 def scene_samples(n: int) -> list[PromptSample]:
     rows = scenes.split_rows("test")[:n]
-    return [PromptSample(prompt=r["prompt"], references=list(r["references"]), images=[scenes.render(scenes.make_scene(r["scene_id"]))],
-                         fields={"answer": r["answer"]}) for r in rows]
+    return [
+        PromptSample(
+            prompt=r["prompt"],
+            references=list(r["references"]),
+            images=[scenes.render(scenes.make_scene(r["scene_id"]))],
+            fields={"answer": r["answer"]},
+        )
+        for r in rows
+    ]
 
 
 def same_pixels(a: Image.Image, b: Image.Image) -> bool:
@@ -90,8 +97,17 @@ def test_image_samples_are_logged_as_html_beside_the_json_table(logger, tmp_path
     prompts = scene_samples(4)
     prompts[1].prompt = f"<image>{EVIL}"
     # Rows as the loop's sample_rows makes them; two reward modules score each row.
-    samples = [{"prompt": p.prompt, "completion": f" answer {i}", "reward": float(i), "length": 3, "finish_reason": "stop",
-                "modalities": "TTT"} for i, p in enumerate(prompts)]
+    samples = [
+        {
+            "prompt": p.prompt,
+            "completion": f" answer {i}",
+            "reward": float(i),
+            "length": 3,
+            "finish_reason": "stop",
+            "modalities": "TTT",
+        }
+        for i, p in enumerate(prompts)
+    ]
     parts = {"accuracy": [1.0, 0.0, None, 1.0], "length": [0.25, 0.5, 0.75, 1.0]}
     report = StepReport(10, {}, samples, prompts=prompts, reward_parts=parts)
     SampleTableHook(logger, every=10, rows=3).observe(report)
@@ -108,11 +124,15 @@ def test_image_samples_are_logged_as_html_beside_the_json_table(logger, tmp_path
         index, _, shown_prompt, completion, references, rewards = row["text"]
         assert shown_prompt == prompt.prompt  # the parser unescapes: the user's text, exactly
         assert completion.startswith(sample["completion"])
-        assert all(reference in references for reference in prompt.references) and f"answer: {prompt.fields['answer']}" in references
+        assert (
+            all(reference in references for reference in prompt.references) and f"answer: {prompt.fields['answer']}" in references
+        )
     scores = [dict(line.split(": ") for line in row["text"][5].splitlines()) for row in table.rows]
-    assert scores == [{"reward": "0", "reward/accuracy": "1", "reward/length": "0.25"},
-                      {"reward": "1", "reward/accuracy": "0", "reward/length": "0.5"},
-                      {"reward": "2", "reward/accuracy": "unscored", "reward/length": "0.75"}]
+    assert scores == [
+        {"reward": "0", "reward/accuracy": "1", "reward/length": "0.25"},
+        {"reward": "1", "reward/accuracy": "0", "reward/length": "0.5"},
+        {"reward": "2", "reward/accuracy": "unscored", "reward/length": "0.75"},
+    ]
     # The JSON table is unchanged: the text columns only.
     json_table = json.loads(download(logger, "samples/step_00010.json", tmp_path))
     assert json_table["columns"] == ["step", "prompt", "completion", "reward", "length", "finish_reason", "modalities"]
@@ -135,8 +155,15 @@ class FixedAnswers:
         self.texts = texts
 
     def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
-        return [[Completion(prompt_ids=[0], completion_ids=[1] * len(t), text=t, sampling_logprobs=[0.0] * len(t), finish_reason="stop")
-                 for t in self.texts[: settings.n]] for _ in prompts]
+        return [
+            [
+                Completion(
+                    prompt_ids=[0], completion_ids=[1] * len(t), text=t, sampling_logprobs=[0.0] * len(t), finish_reason="stop"
+                )
+                for t in self.texts[: settings.n]
+            ]
+            for _ in prompts
+        ]
 
 
 def test_periodic_eval_of_an_image_suite_logs_its_html_table(logger, tmp_path):
@@ -146,13 +173,25 @@ def test_periodic_eval_of_an_image_suite_logs_its_html_table(logger, tmp_path):
     pictures = [scenes.render(scenes.make_scene(r["scene_id"])) for r in rows]
     for i, picture in enumerate(pictures):
         picture.save(folder / f"{i}.png")
-    (folder / "vqa.jsonl").write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"], "images": [f"{i}.png"]}) + "\n"
-                                              for i, r in enumerate(rows)))
-    (folder / "suite.yaml").write_text(json.dumps({
-        "name": "img", "datasets": {"name": "img", "source": "vqa.jsonl", "image_field": "images"},
-        "generation": {"decoding": "sample", "n": 2, "max_tokens": 4}, "metrics": {"accuracy": {"extract": "full"}}}))
+    (folder / "vqa.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": r["prompt"], "answer": r["answer"], "images": [f"{i}.png"]}) + "\n" for i, r in enumerate(rows)
+        )
+    )
+    (folder / "suite.yaml").write_text(
+        json.dumps(
+            {
+                "name": "img",
+                "datasets": {"name": "img", "source": "vqa.jsonl", "image_field": "images"},
+                "generation": {"decoding": "sample", "n": 2, "max_tokens": 4},
+                "metrics": {"accuracy": {"extract": "full"}},
+            }
+        )
+    )
     answer = rows[0]["answer"]
-    hook = PeriodicEvalHook(PeriodicEvaluator(SuiteRunner(folder / "suite.yaml")), FixedAnswers([answer, "nope"]), every=2, logger=logger)
+    hook = PeriodicEvalHook(
+        PeriodicEvaluator(SuiteRunner(folder / "suite.yaml")), FixedAnswers([answer, "nope"]), every=2, logger=logger
+    )
     hook.observe(StepReport(2, {}))
 
     table = parse(download(logger, "eval_samples/step_00002.html", tmp_path))

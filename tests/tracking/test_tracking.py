@@ -13,12 +13,12 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from polyrl.launch.compare import compare_experiment
+from polyrl.analysis.compare import compare_experiment
 from polyrl.launch.runner import run_experiment
 from polyrl.runtime.cpu_matmul import cpu_vendor, resolve_cpu_matmul, torch_blas
 from polyrl.runtime.devices import learner_device
 from polyrl.runtime.host_memory import keep_freed_host_memory
-from polyrl.tracking.mlflow_runs import ExperimentTracker, STEP_MARKER, resolve_tracking_uri
+from polyrl.tracking.mlflow_runs import STEP_MARKER, ExperimentTracker, resolve_tracking_uri
 
 
 def test_default_store_is_sqlite_in_the_working_folder(tmp_path, monkeypatch):
@@ -57,10 +57,22 @@ def mlflow_server(tmp_path):
     port = _free_port()
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     process = subprocess.Popen(
-        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            str(mlflow_bin),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -97,7 +109,9 @@ def test_mlflow_view_run_lines_go_to_the_log_not_the_console(mlflow_server, caps
     assert MlflowClient(mlflow_server).get_run(arm.run_id).info.status == "FINISHED"
 
 
-def test_experiment_with_arms_logs_to_a_real_mlflow_server(tmp_path, tiny_experiment, mlflow_server, monkeypatch, write_experiment):
+def test_experiment_with_arms_logs_to_a_real_mlflow_server(
+    tmp_path, tiny_experiment, mlflow_server, monkeypatch, write_experiment
+):
     monkeypatch.chdir(tmp_path)
     config = tiny_experiment(name="served", train={"steps": 2}, tracking={"uri": mlflow_server, "progress": False})
     config["arms"] = {"grpo": {"objective": {"name": "grpo"}}, "dr_grpo": {"objective": {"name": "dr_grpo"}}}
@@ -116,11 +130,18 @@ def test_experiment_with_arms_logs_to_a_real_mlflow_server(tmp_path, tiny_experi
         assert int(run.data.params["runtime.torch_threads"]) >= 1
         assert run.data.params["runtime.learner_device"] == str(learner_device("auto"))  # train.device's default
         on_cpu = learner_device("auto").type == "cpu"  # a CPU learner keeps freed memory (glibc)
-        assert run.data.params["runtime.host_malloc"] == (keep_freed_host_memory() if on_cpu else "unchanged: the learner is on a GPU")
+        assert run.data.params["runtime.host_malloc"] == (
+            keep_freed_host_memory() if on_cpu else "unchanged: the learner is on a GPU"
+        )
         assert run.data.params["runtime.rollout_threads"] == run.data.params["runtime.torch_threads"]  # default: the learner's
         # auto's choice, recorded with what it was made from
-        assert run.data.params["runtime.cpu_matmul"] == resolve_cpu_matmul("auto", device=torch.device("cpu"), compute_dtype=torch.float32)
-        assert run.data.params["runtime.cpu_vendor"] == (cpu_vendor() or "unknown") and run.data.params["runtime.torch_blas"] == torch_blas()
+        assert run.data.params["runtime.cpu_matmul"] == resolve_cpu_matmul(
+            "auto", device=torch.device("cpu"), compute_dtype=torch.float32
+        )
+        assert (
+            run.data.params["runtime.cpu_vendor"] == (cpu_vendor() or "unknown")
+            and run.data.params["runtime.torch_blas"] == torch_blas()
+        )
         assert [m.step for m in client.get_metric_history(run_id, "reward/mean")] == [1, 2]
         artifacts = {a.path for a in client.list_artifacts(run_id)}
         assert "resolved_config.yaml" in artifacts

@@ -145,7 +145,9 @@ def test_weights_broadcast_over_a_gloo_group_reach_every_worker(engines, random_
     import dataclasses
 
     pool, reference = engines
-    pool.spec = dataclasses.replace(pool.spec, weight_sync="broadcast", broadcast_backend="gloo")  # the same workers, the other way
+    pool.spec = dataclasses.replace(
+        pool.spec, weight_sync="broadcast", broadcast_backend="gloo"
+    )  # the same workers, the other way
     try:
         broadcasts = pool.broadcasts
         version = sync_both(pool, reference, perturbed_weights(random_policy_dir, seed=6))
@@ -170,6 +172,7 @@ def test_two_vllm_workers_sample_what_one_vllm_engine_samples(ray_cluster, rando
     spec = WorkerSpec("vllm", str(random_policy_dir), {"seed": 0, "kv_cache_gb": 0.25, "max_model_len": 128}, num_cpus=1)
     pool = RolloutWorkerPool(spec, 2, seed=0)
     try:
+
         def one_engine(settings):
             version, groups = pool.ray.get(pool.workers[0].generate.remote(PROMPTS, settings, pool.policy_version))
             assert version == pool.policy_version

@@ -34,12 +34,16 @@ def train(config: dict, arm_dir) -> tuple[list[dict[str, float]], list[list[int]
 
 
 def test_two_workers_and_a_remote_reward_train_as_the_in_process_run(ray_cluster, tiny_experiment, tmp_path):
-    rewards = [{"module": "length", "params": {"unit": "chars"}}, {"module": "ppl_fluency", "weight": 0.1, "params": {"tau": 1.0}}]
+    rewards = [
+        {"module": "length", "params": {"unit": "chars"}},
+        {"module": "ppl_fluency", "weight": 0.1, "params": {"tau": 1.0}},
+    ]
     base = tiny_experiment(train={"steps": 2}, rewards=rewards)
     local, local_samples, local_engine = train(base, tmp_path / "one")
     remote_rewards = [rewards[0], {**rewards[1], "remote": {"num_cpus": 0.5}}]
-    spread, spread_samples, spread_engine = train({**base, "rollout": {**base["rollout"], "workers": 2}, "rewards": remote_rewards},
-                                                  tmp_path / "two")
+    spread, spread_samples, spread_engine = train(
+        {**base, "rollout": {**base["rollout"], "workers": 2}, "rewards": remote_rewards}, tmp_path / "two"
+    )
     assert (local_engine, spread_engine) == ("HFRolloutEngine", "RolloutWorkerPool")
     assert len(local_samples) == len(spread_samples) == 2 * 4 * 4
     assert spread_samples == local_samples  # step 2 samples with the weights of update 1 on both workers
@@ -78,6 +82,7 @@ def test_async_workers_collect_whole_steps_into_their_own_buffer_partitions(ray_
         class Record(Callback):
             def publish(self, report):
                 seen.append(([p.prompt for p in report.prompts], [row["completion"] for row in report.samples]))
+
         try:
             before = {name: p.detach().clone() for name, p in arm.learner.policy.named_parameters()}
             loop = arm.loop(printer=lambda _: None)

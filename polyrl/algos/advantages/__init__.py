@@ -38,6 +38,8 @@ from polyrl.algos.advantages.common import (
     token_rewards,
     unscored_rows,
 )
+from polyrl.algos.advantages.gae import gae_advantages, gae_value_targets, generalized_advantage_estimation, masked_whiten  # noqa: I001
+
 # Import order is registration order, the order estimators are listed in: group ones, then GAE.
 from polyrl.algos.advantages.group import (
     STD_SCALES,
@@ -46,7 +48,6 @@ from polyrl.algos.advantages.group import (
     group_normalized,
     rloo_advantages,
 )
-from polyrl.algos.advantages.gae import gae_advantages, gae_value_targets, generalized_advantage_estimation, masked_whiten  # noqa: I001
 from polyrl.algos.advantages.registry import (
     INPUT_NAMES,
     AdvantageFn,

@@ -96,9 +96,7 @@ def register_advantage(
 
 def get_advantage(name: str) -> AdvantageSpec:
     if name not in _ADVANTAGES:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; registered estimators: {', '.join(_ADVANTAGES)}"
-        )
+        raise ValueError(f"unknown advantage estimator {name!r}; registered estimators: {', '.join(_ADVANTAGES)}")
     return _ADVANTAGES[name]
 
 

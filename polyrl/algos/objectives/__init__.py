@@ -54,17 +54,28 @@ Layout: :mod:`.registry` (specs, typed params), :mod:`.common` (shared pieces), 
 family (:mod:`.ppo`: PPO, GRPO, Dr.GRPO, DAPO; :mod:`.gspo`; :mod:`.bapo`).
 """
 
+from polyrl.algos.objectives.bapo import (
+    bapo_loss,
+    bapo_positive_share,
+    bapo_prepare,
+    bapo_search_clip_bounds,
+    bapo_search_steps,
+    entropy_adaptive_epsilon,
+    positive_weight,
+)
 from polyrl.algos.objectives.common import (
     LOG_RATIO_CLAMP,
+    ObjectiveInputs,
     approx_kl_old_to_new,
     clamped_log_ratio,
     clipped_surrogate_per_token,
-    ObjectiveInputs,
     policy_metrics,
     sequence_advantages,
     sequence_log_ratio,
     token_ratio,
 )
+from polyrl.algos.objectives.gspo import gspo_loss, gspo_token_loss
+from polyrl.algos.objectives.ppo import ppo_loss  # registers ppo, grpo, dr_grpo, dapo
 from polyrl.algos.objectives.registry import (
     SHARED_PARAMS,
     TRAIN_SETTINGS,
@@ -74,17 +85,6 @@ from polyrl.algos.objectives.registry import (
     get_objective,
     list_objectives,
     register_objective,
-)
-from polyrl.algos.objectives.ppo import ppo_loss  # registers ppo, grpo, dr_grpo, dapo
-from polyrl.algos.objectives.gspo import gspo_loss, gspo_token_loss
-from polyrl.algos.objectives.bapo import (
-    bapo_loss,
-    bapo_positive_share,
-    bapo_prepare,
-    bapo_search_clip_bounds,
-    bapo_search_steps,
-    entropy_adaptive_epsilon,
-    positive_weight,
 )
 
 __all__ = [

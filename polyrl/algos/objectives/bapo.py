@@ -51,7 +51,9 @@ class BAPOParams(ObjectiveParams):
     c_high_step: float = number(0.1, gt=0, description="raise of the upper bound per search step")
     target_positive_share: float = number(0.5, ge=0, le=1, description="rho_0: positive share of the loss the search aims for")
     bound_search: bool = flag(True, description="search the bounds every mini-batch; false: use the start bounds")
-    dual_clip: float | None = number(None, gt=1, description="dual-clip c (> 1) for A<0 tokens; null = off (the authors' recipe uses 3)")
+    dual_clip: float | None = number(
+        None, gt=1, description="dual-clip c (> 1) for A<0 tokens; null = off (the authors' recipe uses 3)"
+    )
     entropy_adaptive_clip: bool = flag(False, description="seed 000: start bounds 1 -/+ eps_t from the mini-batch entropy")
     clip_eps_base: float = number(0.2, ge=0, lt=1, description="eps_base of the entropy-adaptive epsilon")
     entropy_clip_alpha: float = number(0.2, description="alpha of the entropy-adaptive epsilon (negative: the seed's prose)")
@@ -221,8 +223,12 @@ def bapo_prepare(
         c_low, c_high, steps = c_low_start, c_high_start, 0
         positive_share = bapo_positive_share(ratio, advantages, mask, c_low=c_low, c_high=c_high)
     kept_positive, kept_negative = kept_contributions(ratio, advantages, mask, low_bound=c_low, high_bound=c_high)
-    state.update(clip_bounds=(c_low, c_high), positive_share=positive_share, search_steps=steps,
-                 share_measured=kept_positive + kept_negative > 0)
+    state.update(
+        clip_bounds=(c_low, c_high),
+        positive_share=positive_share,
+        search_steps=steps,
+        share_measured=kept_positive + kept_negative > 0,
+    )
     return state
 
 

@@ -74,8 +74,9 @@ def approx_kl_old_to_new(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def kept_contributions(ratio: Tensor, advantages: Tensor, mask: Tensor, *, low_bound: float, high_bound: float
-                       ) -> tuple[float, float]:
+def kept_contributions(
+    ratio: Tensor, advantages: Tensor, mask: Tensor, *, low_bound: float, high_bound: float
+) -> tuple[float, float]:
     """``(pos, neg)``: the summed ``|r*A|`` of the tokens whose surrogate term the clip keeps,
     A>0 with ``r <= high_bound`` and A<0 with ``r >= low_bound`` (for those the clipped
     surrogate is ``r*A``); the tokens the clip zeroes are left out. BAPO (arXiv 2510.18927)

@@ -20,7 +20,9 @@ from polyrl.algos.params import number
 class PPOParams(ObjectiveParams):
     clip_low: float = number(0.2, ge=0, lt=1, description="lower clip width: the ratio is clipped below at 1 - clip_low")
     clip_high: float = number(0.2, ge=0, description="upper clip width: the ratio is clipped above at 1 + clip_high")
-    dual_clip: float | None = number(None, gt=1, description="dual-clip c (> 1): caps the loss of A<0 tokens at c*|A|; null = off")
+    dual_clip: float | None = number(
+        None, gt=1, description="dual-clip c (> 1): caps the loss of A<0 tokens at c*|A|; null = off"
+    )
 
 
 class DAPOParams(PPOParams):
@@ -79,9 +81,7 @@ def ppo_loss(
                                     loss_normalizer=loss_normalizer, aggregation=aggregation, **shared)  # fmt: skip
     ratio = token_ratio(x.logprobs, x.old_logprobs)
     low_bound, high_bound = 1.0 - clip_low, 1.0 + clip_high
-    per_token = clipped_surrogate_per_token(
-        ratio, x.advantages, low_bound=low_bound, high_bound=high_bound, dual_clip=dual_clip
-    )
+    per_token = clipped_surrogate_per_token(ratio, x.advantages, low_bound=low_bound, high_bound=high_bound, dual_clip=dual_clip)
     loss, metrics = x.finalize(per_token, ratio=ratio, low_bound=low_bound, high_bound=high_bound)
     if dual_clip is not None:
         with torch.no_grad():

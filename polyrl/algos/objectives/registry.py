@@ -27,7 +27,9 @@ TRAIN_SETTINGS: dict[str, str] = {
 class ObjectiveParams(Params):
     """Parameters every objective accepts besides its own."""
 
-    high_prob_threshold: float = number(0.5, gt=0, le=1, description="p at or above which a token counts as high-probability in the quadrant metrics")
+    high_prob_threshold: float = number(
+        0.5, gt=0, le=1, description="p at or above which a token counts as high-probability in the quadrant metrics"
+    )
 
 
 # Kept for callers that read the shared defaults.

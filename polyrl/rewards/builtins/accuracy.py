@@ -157,7 +157,9 @@ class Accuracy(RewardModule):
     def matches(self, predicted: str | None, gold: str) -> bool:
         if predicted is None:
             return False
-        if normalize_answer(predicted, case_sensitive=self.case_sensitive) == normalize_answer(gold, case_sensitive=self.case_sensitive):
+        if normalize_answer(predicted, case_sensitive=self.case_sensitive) == normalize_answer(
+            gold, case_sensitive=self.case_sensitive
+        ):
             return True
         if self.numeric:
             a, b = parse_number(predicted), parse_number(gold)
@@ -220,6 +222,4 @@ class Format(RewardModule):
 
     def score(self, batch: RewardBatch) -> list[float | None]:
         test = self.regex.fullmatch if self.match == "fullmatch" else self.regex.search
-        return [
-            self.matched if test(c.strip() if self.strip else c) else self.unmatched for c in batch.completions
-        ]
+        return [self.matched if test(c.strip() if self.strip else c) else self.unmatched for c in batch.completions]

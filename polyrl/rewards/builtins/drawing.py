@@ -62,7 +62,11 @@ def parse_drawing(
     if close_at < 0:
         return ParsedDrawing(None, after, f"no {close_marker}")
     if stripped.count(open_marker) != 1 or stripped.count(close_marker) != 1:
-        return ParsedDrawing(None, after, f"{stripped.count(open_marker)} {open_marker} and {stripped.count(close_marker)} {close_marker} (one pair expected)")
+        return ParsedDrawing(
+            None,
+            after,
+            f"{stripped.count(open_marker)} {open_marker} and {stripped.count(close_marker)} {close_marker} (one pair expected)",
+        )
     body = stripped[len(open_marker) : close_at]
     cells: list[str] = []
     position = 0
@@ -71,7 +75,7 @@ def parse_drawing(
     while position < len(body):
         token = next((t for t in ordered if body.startswith(t, position)), None)
         if token is None:
-            return ParsedDrawing(None, after, f"cell {len(cells)}: {body[position:position + 12]!r} is not a palette token")
+            return ParsedDrawing(None, after, f"cell {len(cells)}: {body[position : position + 12]!r} is not a palette token")
         cells.append(token)
         position += len(token)
     return ParsedDrawing(tuple(cells), after)
@@ -143,7 +147,9 @@ class Drawing(RewardModule):
         if not palette or any(not isinstance(t, str) or not t for t in palette):
             raise RewardConfigError(f"drawing: palette must be a non-empty list of non-empty strings, got {palette!r}")
         if not open_marker or not close_marker or open_marker == close_marker:
-            raise RewardConfigError(f"drawing: open_marker and close_marker must be two different non-empty strings, got {open_marker!r}, {close_marker!r}")
+            raise RewardConfigError(
+                f"drawing: open_marker and close_marker must be two different non-empty strings, got {open_marker!r}, {close_marker!r}"
+            )
         self.text_weight = float(text_weight)
         self.palette = tuple(palette)
         self.open_marker, self.close_marker = open_marker, close_marker
@@ -154,7 +160,9 @@ class Drawing(RewardModule):
     def _score_one(self, completion: str, reference: str, batch: RewardBatch, index: int) -> DrawingScore:
         target = self.parse(reference)
         if target.cells is None:
-            raise RewardModuleError(f"drawing: the reference of {batch.sample(index)} is not a drawing: {target.reason}", index=index)
+            raise RewardModuleError(
+                f"drawing: the reference of {batch.sample(index)} is not a drawing: {target.reason}", index=index
+            )
         drawn = self.parse(completion)
         text = caption_f1(drawn.text, target.text)
         if drawn.cells is None or len(drawn.cells) != len(target.cells):

@@ -92,7 +92,9 @@ class Length(RewardModule):
     def reward(self, length: float) -> float:
         if self.overlong_max_length is not None:
             lengths = torch.tensor([float(length)], dtype=torch.float64)
-            value = float(dapo_overlong_penalty(lengths, max_length=self.overlong_max_length, cache_length=self.overlong_cache_length)[0])
+            value = float(
+                dapo_overlong_penalty(lengths, max_length=self.overlong_max_length, cache_length=self.overlong_cache_length)[0]
+            )
         elif self.target is not None:
             value = -abs(length - self.target) / self.scale
         else:

@@ -145,7 +145,9 @@ class Safety(RewardModule):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        device = "cuda" if self.device == "auto" and torch.cuda.is_available() else ("cpu" if self.device == "auto" else self.device)
+        device = (
+            "cuda" if self.device == "auto" and torch.cuda.is_available() else ("cpu" if self.device == "auto" else self.device)
+        )
         self._classifier_tokenizer = AutoTokenizer.from_pretrained(self.classifier_path)
         model = AutoModelForSequenceClassification.from_pretrained(self.classifier_path)
         model.eval().requires_grad_(False)
@@ -191,9 +193,7 @@ class Safety(RewardModule):
         texts = self._texts(batch)
         out = []
         for text in texts:
-            findings = [
-                SafetyFinding(name, match.group(0)) for name, rule in self.rules.items() if (match := rule.search(text))
-            ]
+            findings = [SafetyFinding(name, match.group(0)) for name, rule in self.rules.items() if (match := rule.search(text))]
             out.append(SafetyDetails(findings))
         if self._classifier is not None and texts:
             for detail, extra in zip(out, self._classify(texts)):

@@ -1,0 +1,97 @@
+"""``polyrl eval``: run models on an eval suite, log MLflow eval runs, write reports.
+
+``eval_command`` is the typer command function; the main CLI mounts it as ``polyrl eval``.
+``python -m polyrl.cli.evaluate --model ... --suite ...`` runs it on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from polyrl.cli.errors import fail, user_errors
+
+console = Console()
+
+
+def _describe(error: BaseException) -> str:
+    from polyrl.rewards import RewardModuleError
+
+    if isinstance(error, RewardModuleError):  # a metric failed: say which, then why
+        return f"metric {error.label or '?'!r} failed: {error}"
+    return str(error)
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4g}"
+
+
+def eval_command(
+    model: list[str] = typer.Option(
+        ..., "--model", "-m", help="Model folder, run:<run_id> (latest checkpoint) or run:<run_id>@<step>. Repeat to compare."
+    ),
+    suite: str = typer.Option(..., "--suite", "-s", help="Suite name (experiments/evals/<name>.yaml) or a YAML path."),
+    engine: str = typer.Option("vllm", "--engine", help="Rollout engine: vllm or hf."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N prompts per dataset (caps the suite's limit)."),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        help="Report folder; default reports/eval/<suite>/<model-slug> (several models: the folder holding one per model and comparison.md).",
+    ),
+    experiment: str = typer.Option("polyrl-eval", "--experiment", help="MLflow experiment of the eval runs."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."),
+    cache_dir: Optional[Path] = typer.Option(
+        None, "--cache-dir", help="Where run checkpoints are exported as model folders; default $POLYRL_CACHE/eval-exports."
+    ),
+    dtype: str = typer.Option("float32", "--dtype", help="Engine dtype."),
+    max_model_len: int = typer.Option(512, "--max-model-len", min=1, help="Longest prompt + completion (vLLM)."),
+    kv_cache_gb: float = typer.Option(1.0, "--kv-cache-gb", min=0.01, help="vLLM KV cache size."),
+) -> None:
+    """Evaluate one or more models on an eval suite; log MLflow eval runs and write reports."""
+    from polyrl.engines.base import ROLLOUT_ENGINES
+    from polyrl.evals.evaluate import EngineOptions, evaluate_models
+
+    if engine not in ROLLOUT_ENGINES:
+        fail(f"--engine {engine!r}: allowed: {', '.join(sorted(ROLLOUT_ENGINES))}")
+
+    def on_model(resolved, result, folder) -> None:
+        console.print(
+            f"[green]done[/] [cyan]{resolved.slug}[/] ({resolved.ref}): {result.datasets} in {result.seconds:.1f} s → {folder}"
+        )
+
+    with user_errors(_describe):
+        outcome = evaluate_models(
+            list(model),
+            suite,
+            engine=EngineOptions(engine, dtype, max_model_len, kv_cache_gb),
+            limit=limit,
+            out=out,
+            experiment=experiment,
+            tracking_uri=tracking_uri,
+            cache_dir=cache_dir,
+            on_model=on_model,
+        )
+    table = Table(title=f"eval {outcome.reports[0]['suite']}")
+    table.add_column("metric")
+    for report in outcome.reports:
+        table.add_column(report["model"]["slug"], justify="right")
+    for name in sorted({k for r in outcome.reports for k in r["metrics"]}):
+        table.add_row(name, *(_fmt(r["metrics"].get(name)) for r in outcome.reports))
+    console.print(table)
+    for report, folder in zip(outcome.reports, outcome.report_dirs):
+        console.print(f"report: {folder / 'report.md'} · MLflow eval run {report['mlflow_run_id']} ({report['tracking_uri']})")
+    if outcome.comparison:
+        console.print(f"comparison: {outcome.comparison[1]} and {outcome.comparison[0].name}")
+
+
+def main() -> None:  # pragma: no cover - exercised through a subprocess in the tests
+    typer.run(eval_command)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
