@@ -12,8 +12,10 @@ cache are dead data that share the host with the update, the step's memory peak.
 * Every parameter that still holds memory (the input embedding, tied to the output head or not,
   an untied head, the norms) likewise: its storage is resized to nothing, and allocated again
   (zeroed) *before* the reload, which copies the new values into the same storage. A parameter
-  the reload then misses would stay zero: vLLM names it and polyrl's sync filter
-  (``vllm_quiet``) turns that into an error.
+  the reload then misses would stay zero: vLLM names its layer ("Failed to load weights"),
+  polyrl's sync filter (``vllm_quiet``) counts it in ``WEIGHT_SYNC_FAILURES``, and
+  :func:`restore_after_reload` reads that count and raises, naming the layers: an engine that
+  would sample with zeros never samples.
 * The KV cache is one zero-initialised buffer viewed per layer. Releasing resizes its storage to
   nothing (the views keep the storage object, as FSDP frees parameter storage); the restore
   allocates it again and zeroes it, before the prefix cache is reset as after every sync, so no
@@ -32,6 +34,8 @@ import gc
 from typing import Any
 
 import torch
+
+from polyrl.engines.vllm_quiet import WEIGHT_SYNC_FAILURES
 
 __all__ = [
     "RELEASED",
@@ -105,10 +109,14 @@ def _reallocate_zeroed(storage: torch.UntypedStorage, nbytes: int) -> None:
 
 
 def restore_before_reload(runner: Any) -> None:
-    """Before a reload: the released parameters' memory back (zeroed), for the reload to copy into."""
-    for storage, nbytes in getattr(runner, "_polyrl_released_parameters", None) or []:
+    """Before a reload: the released parameters' memory back (zeroed), for the reload to copy into.
+    Notes the sync filter's failure counts, so that :func:`restore_after_reload` sees this reload's."""
+    released = getattr(runner, "_polyrl_released_parameters", None) or []
+    for storage, nbytes in released:
         _reallocate_zeroed(storage, nbytes)
     runner._polyrl_released_parameters = []
+    # None: nothing was released, a missed layer keeps its previous weights (a warning of the filter's).
+    runner._polyrl_failures_before = dict(WEIGHT_SYNC_FAILURES) if released else None
 
 
 def restore_after_reload(runner: Any, model: torch.nn.Module) -> None:
@@ -116,6 +124,16 @@ def restore_after_reload(runner: Any, model: torch.nn.Module) -> None:
     for storage, nbytes in getattr(runner, "_polyrl_released_kv", None) or []:
         _reallocate_zeroed(storage, nbytes)
     runner._polyrl_released_kv = []
+    before = getattr(runner, "_polyrl_failures_before", None)
+    runner._polyrl_failures_before = None
+    if before is not None:
+        zeroed = sorted(layer for layer, count in WEIGHT_SYNC_FAILURES.items() if count > before.get(layer, 0))
+        if zeroed:
+            raise RuntimeError(
+                f"weight sync: vLLM loaded none of the tensors of {len(zeroed)} layer type(s) ({', '.join(zeroed)}) "
+                "after their memory was released for the update, so they hold zeros; the engine would sample "
+                "with them. The sync must send every parameter of the policy"
+            )
     missed = [name for name, module in model.named_modules() if getattr(module, "cpu_linear", None) is RELEASED]
     if missed:
         raise RuntimeError(
