@@ -16,11 +16,17 @@ Modes, named for the maths:
 - ``seq_mean_token_mean``: each sequence's token mean, summed, ``/ number of sequences``
   (GRPO, arXiv 2402.03300).
 - ``seq_mean_token_sum``: each sequence's token sum, summed, ``/ number of sequences``.
-- ``seq_sum_constant_norm``: ``sum of all token losses / (number of sequences * L_max)``
-  (Dr.GRPO, arXiv 2503.20783: a constant normaliser removes the length bias).
+- ``seq_sum_constant_norm``: ``sum of all token losses / (number of rows * L_max)``
+  (Dr.GRPO, arXiv 2503.20783 §3.1: a constant normaliser removes the length bias).
 
-"Number of sequences" counts rows with at least one response token: an all-masked row (e.g. a
-padding row) contributes no loss, so counting it would only shrink the loss.
+For the two ``seq_mean_*`` modes, "number of sequences" counts rows with at least one loss
+token: an all-masked row contributes no loss, so counting it would only shrink the others'
+weight. ``seq_sum_constant_norm`` counts *every* row of the mini-batch, masked ones included
+(a row whose reward failed to score, a truncated answer under ``mask_truncated``): its
+normaliser is the paper's constant, the number of sampled sequences times L_max, so masking a
+row changes no other row's weight, as in TRL's ``dr_grpo`` loss and verl's
+``seq-mean-token-sum-norm``. (Counting only unmasked rows would make the normaliser shrink as
+rows are masked, and with it every remaining token's weight grow.)
 
 With data-parallel training (``train.learner_workers``), each rank computes
 :func:`loss_normalizer_count` over its shard, the counts are all-reduced (summed) and clamped to
@@ -59,8 +65,9 @@ def loss_normalizer_count(mask: Tensor, *, mode: str, max_response_length: int |
     if mode == "token_mean":
         return float(mask.bool().sum().item())
     if mode == "seq_sum_constant_norm":
+        # Every row, masked ones too: the paper's constant (see the module docstring).
         length = mask.shape[-1] if max_response_length is None else max_response_length
-        return float(count_sequences(mask) * length)
+        return float(mask.shape[0] * length)
     return float(count_sequences(mask))
 
 

@@ -40,10 +40,10 @@ def test_seq_sum_constant_norm_by_hand():
     assert _loss("seq_sum_constant_norm") == pytest.approx(7 / 6, abs=1e-12, rel=0)
 
 
-def test_empty_rows_are_not_counted_as_sequences():
+def test_empty_rows_are_not_counted_as_sequences_by_the_sequence_means():
     mask = torch.tensor([[1, 0, 0], [0, 0, 0]], dtype=torch.bool)
     assert global_loss_normalizer(mask, mode="seq_mean_token_mean") == 1.0
-    assert global_loss_normalizer(mask, mode="seq_sum_constant_norm", max_response_length=5) == 5.0
+    assert global_loss_normalizer(mask, mode="seq_mean_token_sum") == 1.0
     # An empty batch still divides by 1, not 0.
     assert global_loss_normalizer(torch.zeros(2, 3, dtype=torch.bool), mode="token_mean") == 1.0
 
@@ -96,3 +96,17 @@ def test_one_batch_of_8_equals_8_accumulated_micro_batches_of_1(mode):
         total += float(micro.detach())
     torch.testing.assert_close(weight.grad, full_grad, atol=1e-12, rtol=0)
     assert total == pytest.approx(float(full_loss.detach()), abs=1e-12, rel=0)
+
+
+def test_dr_grpo_normaliser_stays_constant_when_rows_are_masked():
+    # Dr.GRPO (arXiv 2503.20783): sum of token losses / (sampled sequences * L_max), a constant.
+    # 4 rows of per-token loss 1, L_max 5; rows 2 and 3 are masked out (unscored, mask_truncated).
+    loss = torch.ones(4, 3, dtype=F64)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [0, 0, 0]], dtype=torch.bool)
+    normalizer = global_loss_normalizer(mask, mode="seq_sum_constant_norm", max_response_length=5)
+    # 4 rows * 5 = 20 (before: 2 rows with tokens * 5 = 10, so masking rows doubled the others' weight)
+    assert normalizer == 20.0
+    # (1 + 1 + 1) / 20 = 0.15
+    assert float(aggregate(loss, mask, mode="seq_sum_constant_norm", loss_normalizer=normalizer)) == pytest.approx(0.15)
+    unmasked = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    assert global_loss_normalizer(unmasked, mode="seq_sum_constant_norm", max_response_length=5) == normalizer
