@@ -154,6 +154,19 @@ class ExperimentConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _rollout_correction_applies(self) -> "ExperimentConfig":
+        """objective.rollout_correction against the rollout (polyrl.config.objective.check_rollout_correction)."""
+        from polyrl.config.objective import check_rollout_correction
+
+        errors = [
+            InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
+            for loc, message, value in check_rollout_correction(self)
+        ]
+        if errors:
+            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        return self
+
+    @model_validator(mode="after")
     def _cpu_matmul_applies(self) -> "ExperimentConfig":
         """An explicit ``train.cpu_matmul: onednn`` that would silently not run is refused here;
         the device and the torch build are checked when the arm is built."""

@@ -8,9 +8,95 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from polyrl.config.base import StrictModel
+
+
+class RatioBandConfig(StrictModel):
+    """A band ``[low, high]`` around 1 for an importance ratio; what leaves it is masked."""
+
+    low: float = Field(..., gt=0, le=1, description="Lower bound of the ratio (≤ 1).")
+    high: float = Field(..., ge=1, description="Upper bound of the ratio (≥ 1).")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "RatioBandConfig":
+        if self.low >= self.high:
+            raise ValueError(f"low {self.low} must be below high {self.high}")
+        return self
+
+
+class RolloutCorrectionConfig(StrictModel):
+    """Rollout correction (docs/rollout_correction.md; verl's ``algorithm.rollout_correction``):
+    importance weights and rejection masks for a sampler that differs from the learner (bf16 sampler,
+    other kernels, ``rollout.max_staleness``). The mismatch diagnostics (``rollout_corr/*``) are
+    logged in every run, with or without this block."""
+
+    mode: Literal["decoupled", "bypass"] = Field(
+        "decoupled",
+        description="'decoupled' (verl bypass_mode: false): three policies; π_old is recomputed by the learner "
+        "before the update, the weights and masks compare it with the sampler, and the objective's ratio is π_θ/π_old. "
+        "'bypass' (verl bypass_mode: true): the sampler's log-probs are π_old (no recomputation), the objective's ratio "
+        "π_θ/π_sampler is itself the importance weight (is_level refused), and the masks compare the current π_θ with "
+        "the sampler in each micro-batch.",
+    )
+    is_level: Literal["token", "sequence"] | None = Field(
+        None,
+        description="Truncated importance sampling (verl rollout_is): 'token' weights each token by min(ρ_t, "
+        "is_threshold), 'sequence' each row by min(∏ρ_t, is_threshold); decoupled mode only.",
+    )
+    is_threshold: float = Field(2.0, gt=1, description="TIS cap C (verl rollout_is_threshold); needs is_level.")
+    mis: RatioBandConfig | None = Field(
+        None, description="Sequence MIS (verl seq_sum_k1): mask rows whose product of ratios ∏ρ_t leaves [low, high]."
+    )
+    geometric: RatioBandConfig | None = Field(
+        None,
+        description="Geo-RS (verl seq_mean_k1): mask rows whose geometric-mean ratio exp(mean log ρ_t) leaves "
+        "[low, high] (length-independent; e.g. 0.999 / 1.001).",
+    )
+    k3_threshold: float | None = Field(
+        None, gt=0, description="K3 rejection (verl seq_mean_k3): mask rows whose mean ρ−1−log ρ exceeds this."
+    )
+    icepop: RatioBandConfig | None = Field(
+        None, description="ICEPOP (verl token_k1 with two bounds): mask tokens whose ratio ρ_t leaves [low, high]."
+    )
+    opsm_threshold: float | None = Field(
+        None,
+        ge=0,
+        description="DeepSeek-V3.2's off-policy sequence masking: mask negative-advantage rows whose mean "
+        "log π_sampler − log π_learner exceeds this (δ).",
+    )
+
+    @model_validator(mode="after")
+    def _every_setting_acts(self) -> "RolloutCorrectionConfig":
+        if "is_threshold" in self.model_fields_set and self.is_level is None:
+            raise ValueError("is_threshold caps the importance weights, but is_level is null; set is_level: token or sequence")
+        if self.mode == "bypass" and self.is_level is not None:
+            raise ValueError(
+                "mode 'bypass' uses the sampler's log-probs as π_old, so the objective's ratio π_θ/π_sampler is already "
+                "the importance weight; is_level applies in mode 'decoupled' only; allowed here: is_level: null, or mode: decoupled"
+            )
+        return self
+
+    def settings(self) -> Any:
+        """The pure-maths settings (:class:`polyrl.algos.rollout_correction.CorrectionSettings`)."""
+        from polyrl.algos.rollout_correction import CorrectionSettings
+
+        band = lambda b: None if b is None else (b.low, b.high)  # noqa: E731
+        return CorrectionSettings(
+            is_level=self.is_level,
+            is_threshold=self.is_threshold,
+            mis=band(self.mis),
+            geometric=band(self.geometric),
+            k3_threshold=self.k3_threshold,
+            icepop=band(self.icepop),
+            opsm_threshold=self.opsm_threshold,
+        )
+
+    @property
+    def corrects(self) -> bool:
+        """Whether it weights or masks anything (else it only picks the mode)."""
+        return self.is_level is not None or self.settings().rejects
 
 
 class ObjectiveConfig(StrictModel):
@@ -20,6 +106,11 @@ class ObjectiveConfig(StrictModel):
         description="The objective's typed params (`polyrl objectives show NAME`); kl_coef, kl_estimator and entropy_coef live in train.",
     )
     aggregation: str | None = Field(None, description="Loss aggregation mode; default: the objective's own.")
+    rollout_correction: RolloutCorrectionConfig | None = Field(
+        None,
+        description="Importance weights and rejection masks for a sampler that differs from the learner "
+        "(docs/rollout_correction.md); null: none (the mismatch diagnostics are logged all the same).",
+    )
 
     @field_validator("name")
     @classmethod
@@ -86,3 +177,46 @@ class ModalitiesConfig(StrictModel):
 
     text: ModalityGAEConfig = ModalityGAEConfig(gamma=0.95, lam=0.9)
     image: ModalityGAEConfig = ModalityGAEConfig(gamma=0.85, lam=0.8)
+
+
+def check_rollout_correction(cfg: Any) -> list[tuple[tuple[str, ...], str, Any]]:
+    """Cross-section checks of the rollout correction: ``(field path, message, value)`` for each
+    refusal (:class:`polyrl.config.experiment.ExperimentConfig` raises them)."""
+    correction, rollout = cfg.objective.rollout_correction, cfg.rollout
+    tis = rollout.truncated_importance_sampling.enabled
+    errors: list[tuple[tuple[str, ...], str, Any]] = []
+    if correction is not None and tis:
+        errors.append(
+            (
+                ("rollout", "truncated_importance_sampling", "enabled"),
+                "token TIS is also objective.rollout_correction (is_level: token); set one of them; allowed here: "
+                "enabled: false beside objective.rollout_correction",
+                True,
+            )
+        )
+    stale = rollout.max_staleness >= 1
+    if stale and correction is not None and correction.mode == "decoupled" and not correction.corrects:
+        errors.append(
+            (
+                ("objective", "rollout_correction", "mode"),
+                "mode 'decoupled' recomputes π_old at the learner's weights, so with rollout.max_staleness "
+                f"{rollout.max_staleness} and neither is_level nor a rejection the samples' staleness would be ignored; "
+                "allowed here: is_level token/sequence or a rejection (mis, geometric, k3_threshold, icepop, opsm_threshold), "
+                "or mode: bypass",
+                "decoupled",
+            )
+        )
+    if stale and correction is None and not tis and cfg.sampling_dtype != cfg.model.dtype:
+        # π_old is then the sampler's log-probs, so its rounding enters every ratio: harmless for a
+        # PPO clip of 0.2, but GSPO's band of 3e-4 would start most sequences outside the clip.
+        errors.append(
+            (
+                ("rollout", "dtype"),
+                f"the sampler runs in {cfg.sampling_dtype} and the learner in {cfg.model.dtype} under rollout.max_staleness "
+                f"{rollout.max_staleness}: π_old would be the sampler's log-probs, so its rounding would enter every "
+                "ratio; allowed here: rollout.dtype equal to model.dtype, or objective.rollout_correction "
+                "(mode: decoupled with is_level: token recomputes π_old in the learner's dtype; mode: bypass accepts the rounding)",
+                cfg.sampling_dtype,
+            )
+        )
+    return errors
