@@ -88,7 +88,7 @@ def skip_host_trims() -> None:
 def default_host_allocator() -> None:
     """The bench's A/B of polyrl's raised glibc thresholds (runtime/host_memory.py): glibc's
     defaults kept, in this worker process only."""
-    import polyrl.roles.setup as setup
+    import polyrl.roles.build_models as setup
 
     setup.keep_freed_host_memory = lambda: "unchanged: compare_trl's default-malloc arm"
 
@@ -149,7 +149,7 @@ def polyrl_worker(
 ) -> dict:
     """One polyrl arm built from :func:`polyrl_settings` (``settings`` are its keyword arguments), timed."""
     from polyrl.config.schema import resolve_arms
-    from polyrl.roles.setup import build_arm
+    from polyrl.roles.arm import build_arm
     from polyrl.runtime.cpu_matmul import linear_library
 
     compile = settings.get("compile", False)

@@ -144,7 +144,7 @@ def _stop_at_step_end(arm: Any, stop: StopSignals):
 
 
 def train_with_progress(arm: Any, console: Console, show: bool, stop: StopSignals | None = None) -> None:
-    """Run ``arm``'s loop (a :class:`polyrl.roles.setup.Arm`) with a progress bar and stop requests honoured."""
+    """Run ``arm``'s loop (a :class:`polyrl.roles.arm.Arm`) with a progress bar and stop requests honoured."""
     total = arm.config.train.steps
     stop = stop or StopSignals()
     stop.arm()

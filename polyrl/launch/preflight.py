@@ -64,7 +64,7 @@ def reward_problems(specs: list[RewardSpec], *, model_path: str | None = None) -
         labels.setdefault(label, index)
         params = dict(spec.params)
         # A reward that declares policy_path_param gets the policy's folder there in training
-        # (roles/setup.py); without a model.path that folder is only known once the built-in
+        # (roles/build_data.py); without a model.path that folder is only known once the built-in
         # policy is built.
         param = getattr(cls, "policy_path_param", None)
         injected = bool(param) and param not in params

@@ -154,11 +154,11 @@ def train_arm(
     """Build the arm's roles, train them and close the MLflow run (FINISHED, FAILED or KILLED).
 
     ``train(arm)`` runs the loop (default ``arm.loop().run()``; ``polyrl run`` passes its
-    progress-bar loop), where ``arm`` is the built :class:`polyrl.roles.setup.Arm`. Returns the
+    progress-bar loop), where ``arm`` is the built :class:`polyrl.roles.arm.Arm`. Returns the
     per-step metric history. A failure closes the run with the error's message in the
     ``polyrl.error`` tag.
     """
-    from polyrl.roles.setup import build_arm  # torch, vLLM: only where an arm trains
+    from polyrl.roles.arm import build_arm  # torch, vLLM: only where an arm trains
 
     remove_partial_checkpoints(arm_dir)  # a write cut short by a kill; this process owns the folder now
     # Every checkpoint names the run it belongs to (polyrl eval run:<id> checks it) and the

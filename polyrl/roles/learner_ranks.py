@@ -142,7 +142,7 @@ def _load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
 
 
 def build_rank_learner(recipe: RankRecipe, group: Any) -> PolicyLearner:
-    """The learner of one rank, built as :func:`polyrl.roles.setup.build_arm` builds the driver's
+    """The learner of one rank, built as :func:`polyrl.roles.arm.build_arm` builds the driver's
     (fp32 master weights, the same attention, checkpointing and GEMM choices)."""
     set_torch_threads(recipe.threads)
     device = torch.device("cuda", torch.cuda.current_device()) if recipe.cuda else torch.device("cpu")

@@ -1,7 +1,7 @@
 """The training loop of one arm: collect → pipeline → learn → sync → hooks, each phase timed.
 
 The roles it drives take and return plain data (:mod:`polyrl.roles.batches`), and it gets them
-all in its constructor (:func:`polyrl.roles.setup.build_arm` builds them from a config).
+all in its constructor (:func:`polyrl.roles.arm.build_arm` builds them from a config).
 """
 
 from __future__ import annotations

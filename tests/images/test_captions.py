@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from polyrl.config.schema import VLM_CAPTION_WARMUP_STEPS, ConfigError, ExperimentConfig, resolve_arms
 from polyrl.data.prompts import load_prompt_dataset, rows_to_prompt_samples
 from polyrl.policies import vlm
-from polyrl.roles.setup import reward_specs
+from polyrl.roles.build_data import reward_specs
 from polyrl.tasks import scenes
 
 

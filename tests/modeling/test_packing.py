@@ -20,8 +20,8 @@ from polyrl.modeling.microbatches import token_budget_micro_batches
 from polyrl.modeling.packing import PaddingFreeError, padding_free_refusal, row_layout, use_packed_rows_attention
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.roles.batches import LearnerBatch
+from polyrl.roles.build_models import resolve_padding_free
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
-from polyrl.roles.setup import resolve_padding_free
 
 VOCAB = 64
 TINY = dict(

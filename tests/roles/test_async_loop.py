@@ -15,10 +15,10 @@ import torch
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.config.tracking import HealthConfig
 from polyrl.modeling.logprobs import token_logprobs
+from polyrl.roles.arm import build_arm
 from polyrl.roles.async_loop import RolloutBuffer, staleness_metrics
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback
-from polyrl.roles.setup import build_arm
 
 
 def _arm(tmp_path, config_dict, *, resume=False, folder="runs"):

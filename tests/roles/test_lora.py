@@ -16,8 +16,8 @@ from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.modeling.lora import LoraError, add_lora
+from polyrl.roles.arm import build_arm
 from polyrl.roles.checkpoint import latest_checkpoint
-from polyrl.roles.setup import build_arm
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -39,7 +39,7 @@ def test_threads_are_set_after_a_real_vllm_engine_starts(random_policy_dir, rest
 
 
 def test_rollout_threads_default_to_the_learners_and_config_wins():
-    from polyrl.roles.setup import rollout_threads
+    from polyrl.roles.build_rollout import rollout_threads
 
     assert rollout_threads(None, learner_threads=2) == 2
     assert rollout_threads(1, learner_threads=2) == 1  # rollout.threads is taken as given

@@ -13,7 +13,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from polyrl.config.schema import resolve_arms
-from polyrl.roles.setup import build_arm
+from polyrl.roles.arm import build_arm
 from polyrl.tracking.mlflow_runs import ARM_TAG, ExperimentTracker
 
 REQUIRED_METRICS = [

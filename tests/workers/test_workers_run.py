@@ -10,7 +10,7 @@ import pytest
 
 from polyrl.config.schema import ExperimentConfig
 from polyrl.rewards import CompositeReward, RewardBatch
-from polyrl.roles.setup import build_arm
+from polyrl.roles.arm import build_arm
 
 
 def train(config: dict, arm_dir) -> tuple[list[dict[str, float]], list[list[int]], str]:

@@ -1,0 +1,362 @@
+"""Assembling one arm from its config: the data, the models (:mod:`polyrl.roles.build_models`),
+the rewards, the rollout side (:mod:`polyrl.roles.build_rollout`), the batch pipeline, health
+checks and checkpointer; the latest checkpoint restored on resume. :meth:`Arm.loop` assembles
+the loop with its hooks. Every decision that reads the config lives in these set-up modules,
+so the roles themselves only see their own settings.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer
+
+from polyrl.config.rollout import WorkerResourcesConfig
+from polyrl.config.schema import ExperimentConfig
+from polyrl.data.prompts import PromptSampler
+from polyrl.engines.base import RolloutEngine
+from polyrl.engines.image_prompts import model_takes_images
+from polyrl.policies.paths import resolve_policy_path
+from polyrl.roles.async_loop import AsyncTrainingLoop
+from polyrl.roles.build_data import build_rewards, build_sampler, training_rows
+from polyrl.roles.build_models import Models, build_models
+from polyrl.roles.build_rollout import RolloutSide, adapter_sync, build_collector, build_rollout
+from polyrl.roles.collector import RolloutCollector
+from polyrl.roles.critic import Critic
+from polyrl.roles.health import HealthMonitor
+from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
+from polyrl.roles.learner import PolicyLearner
+from polyrl.roles.loop import TrainingLoop, sync_policy
+from polyrl.roles.pipeline import BatchPipeline, PipelineContext
+from polyrl.runtime.compiled import check_sampler_compile
+from polyrl.runtime.cpu_matmul import cpu_vendor, torch_blas
+from polyrl.runtime.devices import learner_device
+from polyrl.runtime.precision import compute_dtype
+from polyrl.runtime.ray_cluster import RayDemand, acquire_ray, release_ray
+from polyrl.runtime.threads import set_torch_threads
+
+__all__ = ["Arm", "build_arm", "ray_demand", "reuses_old_logprobs", "seed_everything"]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def reuses_old_logprobs(cfg: ExperimentConfig) -> bool:
+    """With one on-policy optimizer step per rollout batch, π_old is the policy of the update's
+    own forward pass, so a separate no-grad pass over the batch would compute the same numbers
+    again; the update reads them off its first pass instead."""
+    return (
+        cfg.train.updates_per_batch == 1
+        and cfg.train.mini_batches == 1
+        and not cfg.rollout.truncated_importance_sampling.enabled
+        and not cfg.train.kl_in_reward
+    )
+
+
+@dataclass
+class Arm:
+    """One arm's roles, checkpointer and start state; :meth:`loop` assembles the loop."""
+
+    config: ExperimentConfig
+    name: str
+    policy_path: Path
+    tokenizer: Any
+    sampler: PromptSampler
+    health: HealthMonitor
+    collector: RolloutCollector
+    pipeline: BatchPipeline
+    learner: PolicyLearner
+    critic: Critic | None
+    reference: torch.nn.Module | None
+    checkpointer: Checkpointer
+    logger: Any | None = None
+    evaluator: Callable[[Any, int], Any] | None = None
+    start_step: int = 0
+    start_state: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+    # Said when the loop starts (health hook): e.g. eval rows that are also training rows.
+    data_warnings: list[str] = field(default_factory=list)
+    holds_ray: bool = False  # build_arm acquired Ray for the run's actors (ray_demand); close releases it
+
+    def hooks(
+        self, *, printer: Callable[[str], None] = print, callbacks: Sequence[Callable[[int, dict[str, float]], None]] = ()
+    ) -> list[Hook]:
+        cfg, logger = self.config, self.logger
+        hooks: list[Hook] = [HealthHook(self.health, arm=self.name, printer=printer, logger=logger, notes=self.data_warnings)]
+        if logger is not None:
+            hooks.append(
+                SampleTableHook(
+                    logger,
+                    every=cfg.tracking.sample_table_every,
+                    rows=cfg.tracking.sample_table_rows,
+                    answer_field=cfg.data.answer_field,
+                )
+            )
+        if self.evaluator is not None and cfg.eval.every:
+            hooks.append(PeriodicEvalHook(self.evaluator, self.collector.engine, every=cfg.eval.every, logger=logger))
+        if logger is not None:
+            hooks.append(MetricLogger(logger))
+        hooks.append(self.checkpointer)
+        return hooks + [Callback(fn) for fn in callbacks]
+
+    def loop(
+        self,
+        *,
+        printer: Callable[[str], None] = print,
+        callbacks: Sequence[Callable[[int, dict[str, float]], None]] = (),
+        max_staleness: int | None = None,
+    ) -> TrainingLoop:
+        """The arm's loop: asynchronous when ``max_staleness`` (default rollout.max_staleness) is set;
+        an explicit 0 runs the asynchronous machinery in lock-step (tests compare it with the plain loop)."""
+        k = self.config.rollout.max_staleness if max_staleness is None else max_staleness
+        loop_class = functools.partial(AsyncTrainingLoop, max_staleness=k) if k or max_staleness is not None else TrainingLoop
+        return loop_class(
+            arm=self.name,
+            steps=self.config.train.steps,
+            sampler=self.sampler,
+            collector=self.collector,
+            pipeline=self.pipeline,
+            learner=self.learner,
+            engine_dtype=compute_dtype(self.config.sampling_dtype),
+            checkpointer=self.checkpointer,
+            hooks=self.hooks(printer=printer, callbacks=callbacks),
+            start_step=self.start_step,
+            history=self.history,
+            adapter_sync=adapter_sync(self.config),
+        )
+
+    def close(self) -> None:
+        try:
+            self.collector.close()
+        finally:
+            try:
+                if hasattr(self.learner, "close"):  # data-parallel learner ranks (and the Ray it started)
+                    self.learner.close()
+            finally:
+                if self.holds_ray:
+                    self.holds_ray = False
+                    release_ray()
+
+
+def ray_demand(cfg: ExperimentConfig, *, rollout_workers: bool = True) -> RayDemand:
+    """What the arm reserves on the Ray cluster: rollout workers, learner ranks (one CPU per
+    ``train.threads``, a GPU each on CUDA), remote reward actors (runtime/ray_cluster.py)."""
+    parts = []
+    r, t = cfg.rollout, cfg.train
+    if r.workers > 1 and rollout_workers:
+        each = r.worker_resources or WorkerResourcesConfig()
+        parts.append(
+            (f"rollout.workers {r.workers} × rollout.worker_resources", r.workers * each.num_cpus, r.workers * each.num_gpus)
+        )
+    if t.learner_workers > 1:
+        cuda = learner_device(t.device).type == "cuda"
+        parts.append(
+            (
+                f"train.learner_workers {t.learner_workers} × train.threads {t.threads or 1}",
+                t.learner_workers * (t.threads or 1),
+                float(t.learner_workers) if cuda else 0.0,
+            )
+        )
+    for index, spec in enumerate(cfg.rewards):
+        if spec.remote_resources is not None:
+            parts.append((f"rewards[{index}].remote", spec.remote_resources.num_cpus, spec.remote_resources.num_gpus))
+    return RayDemand(tuple(parts))
+
+
+def build_arm(
+    config: ExperimentConfig,
+    *,
+    arm: str,
+    arm_dir: str | Path,
+    logger: Any | None = None,
+    evaluator: Any | None = None,
+    checkpoint_extra: dict[str, Any] | None = None,
+    resume: bool = False,
+    engine: RolloutEngine | None = None,
+) -> Arm:
+    """Build models, engine, data and rewards into roles; restore the latest checkpoint if ``resume``.
+
+    ``engine`` replaces the configured rollout engine (its caller closes nothing: :meth:`Arm.close` does).
+    A run with Ray actors first acquires Ray for all of them (:func:`ray_demand`): a local cluster
+    sized for them, or a refusal naming them when the cluster is too small in all.
+    """
+    demand = ray_demand(config, rollout_workers=engine is None)
+    if not demand.parts:
+        return _build_arm(
+            config,
+            arm=arm,
+            arm_dir=arm_dir,
+            logger=logger,
+            evaluator=evaluator,
+            checkpoint_extra=checkpoint_extra,
+            resume=resume,
+            engine=engine,
+        )
+    acquire_ray(demand)
+    try:
+        built = _build_arm(
+            config,
+            arm=arm,
+            arm_dir=arm_dir,
+            logger=logger,
+            evaluator=evaluator,
+            checkpoint_extra=checkpoint_extra,
+            resume=resume,
+            engine=engine,
+        )
+    except BaseException:
+        release_ray()
+        raise
+    built.holds_ray = True
+    return built
+
+
+def _build_arm(
+    config: ExperimentConfig,
+    *,
+    arm: str,
+    arm_dir: str | Path,
+    logger: Any | None,
+    evaluator: Any | None,
+    checkpoint_extra: dict[str, Any] | None,
+    resume: bool,
+    engine: RolloutEngine | None,
+) -> Arm:
+    cfg = config
+    build_started = time.perf_counter()
+    if cfg.train.threads:
+        set_torch_threads(cfg.train.threads)
+    seed_everything(cfg.seed)
+    # The data (every row's images decoded) before any model is built or loaded: a bad row costs seconds.
+    rows = training_rows(cfg)
+    policy_path = resolve_policy_path(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(str(policy_path))
+    sampler = build_sampler(cfg, rows, policy_path, tokenizer)
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if cfg.rollout.compile and engine is None:  # refused before any model loads
+        check_sampler_compile(takes_images=model_takes_images(policy_path))
+    models = build_models(cfg, policy_path)
+    learner, critic = models.learner, models.critic
+    rewards, label = build_rewards(cfg, policy_path, sampler)
+    rollout = build_rollout(cfg, policy_path, tokenizer, sampler.samples, takes_images=models.takes_images, engine=engine)
+    if logger is not None:
+        _log_runtime(logger, models, rollout, build_started)
+    collector = build_collector(cfg, rollout.engine, rewards, sampler.next_batch, accuracy_label=label)
+    pipeline = BatchPipeline(_pipeline_context(cfg, models, pad_token_id))
+    r = cfg.rollout
+    # Asynchronous training: the sampler/learner gap includes the staleness, so it is no sync check.
+    health = HealthMonitor(
+        cfg.health,
+        check_logprob_gap=r.top_p == 1.0 and not r.max_staleness,
+        sampler_dtype=cfg.sampling_dtype,
+        check_overlap=r.max_staleness > 0,
+    )
+    saved: dict[str, Any] = {
+        "policy": models.lora if models.lora is not None else models.policy,
+        **({"critic": critic.model} if critic is not None else {}),
+    }
+    optimizers = {"policy": learner.optimizer, **({"critic": critic.optimizer} if critic is not None else {})}
+    checkpointer = Checkpointer(
+        arm_dir, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep, last_step=cfg.train.steps, models=saved, optimizers=optimizers,
+        state=lambda: {"sampler": sampler.state_dict(), "health": health.state_dict(), **learner.state_dict(), "arm": arm,
+                       "policy_path": str(policy_path)},
+        extra=checkpoint_extra, logger=logger)  # fmt: skip
+    built = Arm(
+        config=cfg,
+        name=arm,
+        policy_path=Path(policy_path),
+        tokenizer=tokenizer,
+        sampler=sampler,
+        health=health,
+        collector=collector,
+        pipeline=pipeline,
+        learner=learner,
+        critic=critic,
+        reference=models.reference,
+        checkpointer=checkpointer,
+        logger=logger,
+        evaluator=evaluator,
+    )
+    overlap = getattr(evaluator, "overlap_warnings", None)  # periodic evaluation's datasets against the training rows
+    built.data_warnings = list(overlap(sampler.samples)) if overlap is not None else []
+    if resume:
+        _restore(built)
+    learner.apply_optimizer_settings()
+    return built
+
+
+def _log_runtime(logger: Any, models: Models, rollout: RolloutSide, build_started: float) -> None:
+    # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
+    policy = models.policy
+    logger.log_params(
+        {
+            "runtime.learner_device": str(models.device),
+            "runtime.host_malloc": models.host_malloc,
+            "runtime.torch_threads": rollout.torch_threads,
+            "runtime.rollout_threads": rollout.generate_threads,
+            "runtime.cpu_matmul": models.cpu_matmul,
+            "runtime.cpu_vendor": cpu_vendor() or "unknown",
+            "runtime.torch_blas": torch_blas(),
+            "runtime.learner_attention": policy.config._attn_implementation if hasattr(policy, "config") else "unknown",
+            "runtime.padding_free": models.padding_free,
+            "runtime.engine_startup_s": round(rollout.startup_s, 2),
+            "runtime.build_s": round(time.perf_counter() - build_started, 2),
+        }
+    )
+
+
+def _pipeline_context(cfg: ExperimentConfig, models: Models, pad_token_id: int) -> PipelineContext:
+    r, critic, lora, estimator = cfg.rollout, models.critic, models.lora, models.estimator
+    return PipelineContext(
+        estimator=estimator,
+        estimator_params={**estimator.default_params, **cfg.advantage.params},
+        pad_token_id=pad_token_id,
+        policy=models.policy,
+        reference=models.reference,
+        reference_scope=lora.adapter_disabled if lora is not None else None,
+        values=critic.values if critic is not None else None,
+        compute_dtype=models.dtype,
+        micro_batch_size=cfg.train.micro_batch_size,
+        temperature=r.temperature,
+        max_tokens=r.max_tokens,
+        reuse_old_logprobs=reuses_old_logprobs(cfg),
+        overlong=cfg.advantage.overlong,
+        kl_coef=cfg.train.kl_coef,
+        kl_estimator=cfg.train.kl_estimator,
+        kl_in_reward=cfg.train.kl_in_reward,
+        tis_cap=r.truncated_importance_sampling.cap if r.truncated_importance_sampling.enabled else None,
+        modalities=cfg.modalities,
+        share_prompts=cfg.train.share_prompts,
+        padding_free=models.padding_free,
+        behaviour_logprobs=r.max_staleness > 0,
+    )
+
+
+def _restore(built: Arm) -> None:
+    """The latest checkpoint's state into the built arm (nothing when there is none)."""
+    state = built.checkpointer.restore_latest()
+    if state is None:
+        return
+    cfg, learner = built.config, built.learner
+    built.sampler.load_state_dict(state["sampler"])
+    built.start_step, built.start_state = int(state["step"]), state
+    learner.load_state_dict(
+        {
+            "optimizer_step": state.get("optimizer_step", built.start_step * learner.optimizer_steps_per_step()),
+            "nonfinite": state.get("nonfinite", {}),
+            "critic_nonfinite": state.get("critic_nonfinite", {}),
+        }
+    )
+    built.health.load_state_dict(state.get("health", {}))
+    # The engine was built from the base weights; it samples in rollout.dtype (else model.dtype), as every later sync.
+    sync_policy(built.collector, learner, compute_dtype(cfg.sampling_dtype), adapter=adapter_sync(cfg))
