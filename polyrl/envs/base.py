@@ -1,0 +1,123 @@
+"""The environment protocol: a data row starts an episode; each assistant turn gets an answer.
+
+An environment is a small class, like a reward module. One instance plays one episode:
+
+- ``start(row) -> list[message]``: the conversation the policy first sees (``{role, content}``
+  messages ending with the turn the policy answers, usually a user message). ``row`` is the
+  dataset row: its prompt text and every other column.
+- ``step(text) -> Step``: the policy's assistant turn (its text, stop token removed) in; out: the
+  observation (zero or more messages: a tool result, a user message, feedback), a reward for
+  this turn or ``None``, and whether the episode is over.
+- ``tools`` (optional): :class:`~polyrl.envs.tools.Tool` objects the policy may call. An
+  environment with tools usually derives from :class:`ToolEnvironment`, which answers tool
+  calls itself and hands every other turn to ``answer(text)``.
+
+Parameters come from the experiment YAML (``env.params``) as constructor keyword arguments. The
+episode's return is the sum of its turns' rewards (``None`` counts 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from polyrl.core.errors import PolyrlError
+
+__all__ = ["EnvConfigError", "Environment", "EpisodeRow", "Step", "ToolEnvironment", "checked_messages"]
+
+
+class EnvConfigError(PolyrlError, ValueError):
+    """An environment is configured wrongly: unknown reference, bad parameter, bad messages."""
+
+
+@dataclass
+class EpisodeRow:
+    """The data row an episode starts from: the prompt text, references and every other column."""
+
+    prompt: str
+    references: list[str] = field(default_factory=list)
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        """``row["a"]``: a column (``prompt`` included), as a dict row reads."""
+        if key == "prompt":
+            return self.prompt
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+@dataclass
+class Step:
+    """The environment's answer to one assistant turn."""
+
+    observation: list[dict[str, Any]] = field(default_factory=list)  # messages appended after the turn
+    reward: float | None = None
+    done: bool = False
+    tool_calls: int = 0  # tool calls this turn made (metrics)
+    tool_errors: int = 0  # of which failed: exception, time-out, malformed call, unknown tool
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What the episode rollout calls (see the module docstring)."""
+
+    def start(self, row: EpisodeRow) -> list[dict[str, Any]]: ...
+
+    def step(self, text: str) -> Step: ...
+
+
+def checked_messages(messages: Any, *, where: str, last_user: bool = False) -> list[dict[str, Any]]:
+    """``messages`` as a list of ``{role: str, content: str, ...}`` dicts, or :class:`EnvConfigError`
+    naming ``where`` (the environment method that returned them)."""
+    if isinstance(messages, dict):
+        messages = [messages]
+    if not isinstance(messages, (list, tuple)):
+        raise EnvConfigError(f"{where} must return a list of {{role, content}} messages, got {type(messages).__name__}")
+    out = []
+    for index, message in enumerate(messages):
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
+            raise EnvConfigError(f"{where}[{index}] must be a {{role: str, content: str}} dict, got {message!r:.200}")
+        out.append(dict(message))
+    if last_user and (not out or out[-1]["role"] == "assistant"):
+        raise EnvConfigError(f"{where} must end with the turn the policy answers (a user message), got {out[-1:]!r:.200}")
+    return out
+
+
+class ToolEnvironment:
+    """Base class of an environment with tools: a turn holding tool calls gets their results (one
+    ``tool`` message each) and the episode goes on; any other turn is the final answer, scored by
+    :meth:`answer`. Subclasses set ``tools`` and implement :meth:`start` and :meth:`answer`."""
+
+    tools: ClassVar[list[Any]] = []
+    # Filled by the episode rollout from env.tool_timeout_s / env.tool_output_chars.
+    tool_timeout_s: float = 5.0
+    tool_output_chars: int = 2000
+
+    def start(self, row: EpisodeRow) -> list[dict[str, Any]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def answer(self, text: str) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def step(self, text: str) -> Step:
+        from polyrl.envs.tools import parse_tool_calls, run_tool_call
+
+        calls = parse_tool_calls(text)
+        if not calls:
+            return Step(reward=float(self.answer(text)), done=True)
+        results = [run_tool_call(call, self.tools, timeout_s=self.tool_timeout_s, output_chars=self.tool_output_chars)
+                   for call in calls]  # fmt: skip
+        return Step(
+            observation=[{"role": "tool", "name": r.name, "content": r.content} for r in results],
+            tool_calls=len(results),
+            tool_errors=sum(not r.ok for r in results),
+        )

@@ -1,0 +1,38 @@
+"""``guess_number``: find a hidden integer with higher/lower feedback (no tools).
+
+Rows give ``low``, ``high`` and the hidden ``target`` (``polyrl/tasks/guess_number.py``). Each
+assistant turn's last integer is its guess; the environment answers "Higher." or "Lower." (a user
+message) until the guess is right. Reward: ``solved`` on the turn that finds it (then the episode
+ends), ``0`` otherwise; a turn without a number gets "Please answer with a number." and counts
+as a turn. Failing within ``rollout.episodes.max_turns`` leaves the return at 0, so the reward
+rewards solving within the turn budget, and multi-turn credit assignment is exercised without tools.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polyrl.envs.base import EpisodeRow, Step
+from polyrl.envs.builtins.calculator import last_integer
+from polyrl.envs.registry import register_env
+
+
+@register_env("guess_number")
+class GuessNumberEnv:
+    tools: list[Any] = []
+
+    def __init__(self, solved: float = 1.0):
+        self.solved = float(solved)
+        self.target = 0
+
+    def start(self, row: EpisodeRow) -> list[dict[str, Any]]:
+        self.target = int(row["target"])
+        return [{"role": "user", "content": row.prompt}]
+
+    def step(self, text: str) -> Step:
+        guess = last_integer(text)
+        if guess is None:
+            return Step([{"role": "user", "content": "Please answer with a number."}])
+        if guess == self.target:
+            return Step(reward=self.solved, done=True)
+        return Step([{"role": "user", "content": "Higher." if guess < self.target else "Lower."}])

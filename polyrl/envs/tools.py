@@ -1,0 +1,179 @@
+"""Tools: Python functions with a JSON schema, the calls a policy writes, and running them safely.
+
+The plain-text protocol (used where the chat template has no tool format, and always to parse
+the policy's calls): a call is a JSON object between tags,
+
+    <tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>
+
+and a turn may hold several. This is the format Hermes-style and Qwen2.5 chat templates ask
+models to write, so a template that renders ``tools=`` and the plain protocol agree on the calls.
+
+Every call runs under a time limit and an output cap. A call that raises, runs out of time, is
+not valid JSON, names no tool or an unknown one, or passes arguments the function does not take,
+becomes a result with ``ok=False`` whose text tells the policy what went wrong: an observation,
+never a crashed run. A timed-out call runs on in its own daemon thread (Python cannot stop a
+thread); its result is thrown away.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = [
+    "TOOL_CALL_PATTERN",
+    "Tool",
+    "ToolCall",
+    "ToolResult",
+    "parse_tool_calls",
+    "run_tool_call",
+    "tool",
+    "tool_protocol_text",
+]
+
+TOOL_CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the policy may call, with its JSON schema (OpenAI function format)."""
+
+    name: str
+    function: Callable[..., Any]
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def schema(self) -> dict[str, Any]:
+        """The ``{"type": "function", "function": {...}}`` dict chat templates take as ``tools=``."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+def tool(function: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None) -> Any:
+    """Make a :class:`Tool` of a function: its name, its docstring's first paragraph and a JSON
+    schema of its annotated parameters (``int``, ``float``, ``str``, ``bool``, ``list``, ``dict``).
+    Use as ``@tool`` or ``@tool(name=..., description=...)``."""
+
+    def make(fn: Callable[..., Any]) -> Tool:
+        properties, required = {}, []
+        for param in inspect.signature(fn).parameters.values():
+            json_type = _JSON_TYPES.get(
+                param.annotation if not isinstance(param.annotation, str) else eval_annotation(param.annotation)
+            )
+            properties[param.name] = {"type": json_type} if json_type else {}
+            if param.default is inspect.Parameter.empty:
+                required.append(param.name)
+        doc = (description if description is not None else inspect.getdoc(fn) or "").split("\n\n")[0].strip()
+        return Tool(name or fn.__name__, fn, doc, {"type": "object", "properties": properties, "required": required})
+
+    return make(function) if function is not None else make
+
+
+def eval_annotation(text: str) -> type | None:
+    """A string annotation (``from __future__ import annotations``) of a plain type, else None."""
+    return {t.__name__: t for t in _JSON_TYPES}.get(text)
+
+
+def tool_protocol_text(tools: list[Tool]) -> str:
+    """The plain-text protocol, told to the policy in the system message where the chat template
+    takes no ``tools=``."""
+    lines = [
+        "You can call tools. To call one, write a JSON object between <tool_call> and </tool_call>, e.g.",
+        '<tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>',
+        "and stop; the result comes back in the next message. Available tools:",
+    ]
+    lines += [json.dumps(t.schema()["function"], sort_keys=True) for t in tools]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str | None
+    arguments: dict[str, Any]
+    error: str | None = None  # a malformed call: what is wrong with it
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    name: str
+    content: str
+    ok: bool
+    error_kind: str | None = None  # "exception", "timeout", "malformed", "unknown_tool", "bad_arguments"
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """The calls in an assistant turn (plain-text protocol); a malformed one is kept, with its error."""
+    calls = []
+    for body in TOOL_CALL_PATTERN.findall(text):
+        try:
+            value = json.loads(body)
+        except json.JSONDecodeError as error:
+            calls.append(ToolCall(None, {}, f"the tool call is not valid JSON ({error.msg} at character {error.pos})"))
+            continue
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            calls.append(ToolCall(None, {}, 'a tool call must be a JSON object with a "name" string'))
+            continue
+        arguments = value.get("arguments", {})
+        if isinstance(arguments, str):  # some templates write the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                arguments = None
+        if not isinstance(arguments, dict):
+            calls.append(ToolCall(value["name"], {}, '"arguments" must be a JSON object'))
+            continue
+        calls.append(ToolCall(value["name"], arguments))
+    return calls
+
+
+def _capped(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[output truncated: {len(text)} characters, {limit} shown]"
+
+
+def run_tool_call(call: ToolCall, tools: list[Tool], *, timeout_s: float, output_chars: int) -> ToolResult:
+    """Run ``call`` against ``tools`` (see the module docstring); never raises for the tool's sake."""
+    name = call.name or "?"
+    if call.error is not None:
+        return ToolResult(name, f"Error: {call.error}", False, "malformed")
+    by_name = {t.name: t for t in tools}
+    if call.name not in by_name:
+        known = ", ".join(sorted(by_name)) or "(none)"
+        return ToolResult(name, f"Error: unknown tool {call.name!r}; available tools: {known}", False, "unknown_tool")
+    function = by_name[call.name].function
+    try:
+        inspect.signature(function).bind(**call.arguments)
+    except TypeError as error:
+        return ToolResult(name, f"Error: bad arguments for {call.name}: {error}", False, "bad_arguments")
+    except ValueError:  # no signature to check (a builtin): let the call say
+        pass
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = function(**call.arguments)
+        except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt of a tool included
+            box["error"] = error
+
+    worker = threading.Thread(target=target, name=f"polyrl-tool-{name}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return ToolResult(name, f"Error: {call.name} did not finish within {timeout_s:g} s", False, "timeout")
+    if "error" in box:
+        error = box["error"]
+        return ToolResult(name, _capped(f"Error: {type(error).__name__}: {error}", output_chars), False, "exception")
+    value = box.get("value")
+    try:
+        text = value if isinstance(value, str) else json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return ToolResult(name, _capped(text, output_chars), True)

@@ -1,0 +1,160 @@
+"""Tools: calls parsed from text, run under a time limit and an output cap; every failure an observation."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from polyrl.envs import EnvConfigError, EpisodeRow, ToolEnvironment, load_env_class, parse_tool_calls, run_tool_call, tool
+from polyrl.envs.arithmetic import evaluate
+
+
+@tool
+def raises(x: int) -> str:
+    """Always fails."""
+    raise RuntimeError(f"boom {x}")
+
+
+@tool
+def hangs() -> str:
+    """Never returns in time."""
+    time.sleep(30)
+    return "late"
+
+
+@tool
+def huge() -> str:
+    """Returns 10 MB."""
+    return "x" * 10_000_000
+
+
+@tool
+def exits() -> str:
+    """Calls sys.exit."""
+    raise SystemExit(3)
+
+
+TOOLS = [raises, hangs, huge, exits]
+
+
+def call(text: str, timeout_s: float = 0.5, output_chars: int = 100):
+    (parsed,) = parse_tool_calls(text)
+    return run_tool_call(parsed, TOOLS, timeout_s=timeout_s, output_chars=output_chars)
+
+
+def test_schema_from_signature():
+    assert raises.schema() == {
+        "type": "function",
+        "function": {
+            "name": "raises",
+            "description": "Always fails.",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+        },
+    }
+
+
+def test_exception_becomes_an_observation():
+    result = call('<tool_call>{"name": "raises", "arguments": {"x": 7}}</tool_call>')
+    assert (result.ok, result.error_kind) == (False, "exception")
+    assert result.content == "Error: RuntimeError: boom 7"
+
+
+def test_sys_exit_in_a_tool_becomes_an_observation():
+    result = call('<tool_call>{"name": "exits", "arguments": {}}</tool_call>')
+    assert (result.ok, result.error_kind) == (False, "exception")
+    assert "SystemExit" in result.content
+
+
+def test_hang_times_out():
+    start = time.perf_counter()
+    result = call('<tool_call>{"name": "hangs", "arguments": {}}</tool_call>', timeout_s=0.2)
+    assert time.perf_counter() - start < 2.0
+    assert (result.ok, result.error_kind) == (False, "timeout")
+    assert "did not finish within 0.2 s" in result.content
+
+
+def test_ten_megabytes_are_capped():
+    result = call('<tool_call>{"name": "huge", "arguments": {}}</tool_call>', output_chars=100)
+    assert result.ok
+    assert result.content.startswith("x" * 100 + "\n[output truncated: 10000000 characters, 100 shown]")
+    assert len(result.content) < 200
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("<tool_call>{not json</tool_call>", "malformed"),
+        ('<tool_call>["a list"]</tool_call>', "malformed"),
+        ('<tool_call>{"name": "raises", "arguments": 5}</tool_call>', "malformed"),
+        ('<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "unknown_tool"),
+        ('<tool_call>{"name": "raises", "arguments": {"y": 1}}</tool_call>', "bad_arguments"),
+    ],
+)
+def test_bad_calls_become_observations(text, kind):
+    result = call(text)
+    assert (result.ok, result.error_kind) == (False, kind)
+    assert result.content.startswith("Error: ")
+
+
+def test_arithmetic_allow_list():
+    assert evaluate("123 * 45") == 5535  # 123*45 = 5535
+    assert evaluate("(2 + 3) x 4 - -1") == 21  # 5*4 + 1
+    for bad in ("__import__('os')", "a * 2", "(1).real", "'1' * 3", "[1]"):
+        with pytest.raises(ArithmeticError):
+            evaluate(bad)
+    with pytest.raises(ArithmeticError):
+        evaluate("9 ** 9 ** 9")  # exponent 387420489 > 64: refused, not computed
+
+
+def test_calculator_env_scores_final_answer():
+    env = load_env_class("calculator")()
+    assert env.start(EpisodeRow("What is 123 * 45?", fields={"answer": 5535})) == [
+        {"role": "user", "content": "What is 123 * 45?"}
+    ]
+    step = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>')
+    assert (step.done, step.tool_calls, step.tool_errors, step.observation[0]["content"]) == (False, 1, 0, "5535")
+    assert env.step("The answer is 5,535.").reward == 1.0
+    assert env.step("The answer is 5534.").reward == 0.0
+
+
+def test_guess_number_feedback():
+    env = load_env_class("guess_number")()
+    env.start(EpisodeRow("Guess", fields={"target": 6}))
+    assert env.step("3").observation == [{"role": "user", "content": "Higher."}]
+    assert env.step("I guess 9").observation == [{"role": "user", "content": "Lower."}]
+    assert env.step("no idea").observation == [{"role": "user", "content": "Please answer with a number."}]
+    step = env.step("6")
+    assert (step.done, step.reward) == (True, 1.0)
+
+
+ONE_FILE_ENV = '''
+from polyrl.envs import Step, ToolEnvironment, tool
+
+@tool
+def echo(text: str) -> str:
+    """Echo the text."""
+    return text
+
+class EchoEnv(ToolEnvironment):
+    tools = [echo]
+    def start(self, row):
+        return [{"role": "user", "content": row.prompt}]
+    def answer(self, text):
+        return float("done" in text)
+'''
+
+
+def test_load_from_file_and_errors(tmp_path):
+    (tmp_path / "my_env.py").write_text(ONE_FILE_ENV)
+    cls = load_env_class("my_env.py:EchoEnv", base_dir=tmp_path)
+    assert issubclass(cls, ToolEnvironment)
+    with pytest.raises(EnvConfigError, match="unknown environment 'nope'.*calculator"):
+        load_env_class("nope")
+    with pytest.raises(EnvConfigError, match="has no attribute 'Missing'"):
+        load_env_class("my_env.py:Missing", base_dir=tmp_path)
+    (tmp_path / "broken.py").write_text("import not_a_module_anywhere\n")
+    with pytest.raises(EnvConfigError, match=r"environment 'broken.py:X' failed to load: .*broken.py, line 1"):
+        load_env_class("broken.py:X", base_dir=tmp_path)
+    with pytest.raises(EnvConfigError, match="not a class with start"):
+        load_env_class("polyrl.envs.tools:tool")
