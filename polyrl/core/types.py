@@ -58,8 +58,20 @@ class Completion:
     # The policy version whose weights sampled it: 0 = the weights the engine started with, then
     # one more per weight sync (RolloutEngine.update_weights). None: an engine that does not say.
     policy_version: int | None = None
+    # Episodes (polyrl/roles/episodes.py): 1 for each completion token the policy sampled, 0 for
+    # an observation token the environment appended (tool result, user message), which carries
+    # no gradient and counts in no length. Empty: every token is the policy's (a plain completion).
+    completion_mask: tuple[int, ...] = ()
+    # Episodes: the episode turn by turn for sample tables (roles, contents, tool calls, per-turn
+    # rewards, which tokens trained) and its return; None for a plain completion.
+    episode: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        self.completion_mask = tuple(int(m) for m in self.completion_mask)
+        if self.completion_mask and len(self.completion_mask) != len(self.completion_ids):
+            raise ValueError(
+                f"completion_mask has {len(self.completion_mask)} entries for {len(self.completion_ids)} completion tokens"
+            )
         if not self.completion_token_modalities:
             self.completion_token_modalities = ("text",) * len(self.completion_ids)
         else:
@@ -73,6 +85,11 @@ class Completion:
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+    @property
+    def policy_length(self) -> int:
+        """The number of tokens the policy sampled (an episode's observation tokens left out)."""
+        return sum(self.completion_mask) if self.completion_mask else len(self.completion_ids)
 
 
 @dataclass

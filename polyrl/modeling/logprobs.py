@@ -109,7 +109,9 @@ def pack_completions(completions: list[Completion], *, pad_token_id: int) -> Pac
         if n_resp:
             input_ids[row, n_prompt : n_prompt + n_resp] = torch.as_tensor(c.completion_ids, dtype=torch.long)
             completion_ids[row, :n_resp] = torch.as_tensor(c.completion_ids, dtype=torch.long)
-            response_mask[row, :n_resp] = 1
+            # An episode's observation tokens (Completion.completion_mask 0) are inputs, not actions:
+            # off the response mask, hence out of every loss, normaliser and metric built on it.
+            response_mask[row, :n_resp] = torch.as_tensor(c.completion_mask, dtype=torch.long) if c.completion_mask else 1
             response_index[row, :n_resp] = torch.arange(n_prompt - 1, n_prompt - 1 + n_resp)
             if c.sampling_logprobs:
                 sampling_logprobs[row, :n_resp] = torch.as_tensor(c.sampling_logprobs, dtype=torch.float32)

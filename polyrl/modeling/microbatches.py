@@ -72,7 +72,9 @@ def trim_padding(packed: PackedBatch) -> PackedBatch:
     because rows are right-padded.
     """
     seq = max(1, int(packed.attention_mask.sum(dim=1).max()))
-    resp = max(1, int(packed.response_mask.sum(dim=1).max()))
+    # The last response column in use (an episode's mask has holes: its sum is not its width).
+    used = packed.response_mask.bool().any(dim=0).nonzero()
+    resp = max(1, int(used.max()) + 1 if len(used) else 1)
     trimmed = {}
     for f in fields(packed):
         value = getattr(packed, f.name)

@@ -116,7 +116,7 @@ def share_prompts(
     """
     batch, width = response_index.shape
     prompts = row_prompts(input_ids, response_index)
-    completion_lengths = response_mask.sum(dim=1).tolist()
+    completion_lengths = completion_widths(response_mask)
     packs = [(prompts[rows[0]], rows) for rows in plan_packs(prompts, completion_lengths, attention_cost_ratio)]
     length = max(len(prompt) + sum(completion_lengths[row] for row in rows) for prompt, rows in packs)
     packed = torch.full((len(packs), length), pad_token_id, dtype=input_ids.dtype)
@@ -186,6 +186,13 @@ def shared_prompt_hidden(decoder: torch.nn.Module, batch, *, pad_token_id: int =
     ).last_hidden_state
     flat = hidden.reshape(-1, hidden.shape[-1])
     return flat[rows.source.to(device).reshape(-1)].reshape(*rows.source.shape, hidden.shape[-1])
+
+
+def completion_widths(response_mask: Tensor) -> list[int]:
+    """Each row's completion length: one past its last response token (an episode's observation
+    tokens inside the completion are off the mask but still occupy their positions)."""
+    columns = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    return torch.where(response_mask.bool(), columns, torch.zeros_like(columns)).max(dim=1).values.tolist()
 
 
 def row_prompts(input_ids: Tensor, response_index: Tensor) -> list[tuple[int, ...]]:

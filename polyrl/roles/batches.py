@@ -83,7 +83,8 @@ def length_metrics(completions: Sequence[Any], prefix: str) -> dict[str, float]:
     """``<prefix>/response_length/{mean,min,max,clipped_ratio}`` and ``<prefix>/samples`` of ``completions``."""
     if not len(completions):
         return {f"{prefix}/samples": 0.0}
-    lengths = np.array([len(c.completion_ids) for c in completions], dtype=np.float64)
+    # The policy's tokens only: an episode's observation tokens are no response length.
+    lengths = np.array([c.policy_length for c in completions], dtype=np.float64)
     return {
         f"{prefix}/response_length/mean": float(lengths.mean()),
         f"{prefix}/response_length/min": float(lengths.min()),

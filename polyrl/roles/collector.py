@@ -154,7 +154,7 @@ class RolloutCollector:
         """``rollout/response_length/{correct,wrong}_mean``, right as ``train/accuracy`` counts it."""
         if self.settings.accuracy_label is None:
             return {}
-        lengths = [len(c.completion_ids) for c in completions]
+        lengths = [c.policy_length for c in completions]
         split = length_by_correctness(lengths, per_module[self.settings.accuracy_label])
         return {f"rollout/response_length/{k}": v for k, v in split.items()}
 

@@ -24,7 +24,7 @@ from polyrl.algos.aggregation import loss_normalizer_count
 from polyrl.modeling.logprobs import token_logprobs
 from polyrl.modeling.lora import write_adapter
 from polyrl.modeling.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
-from polyrl.modeling.shared_prompts import attention_cost_ratio, row_prompts, shared_prompt_micro_batches
+from polyrl.modeling.shared_prompts import attention_cost_ratio, completion_widths, row_prompts, shared_prompt_micro_batches
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
@@ -240,7 +240,7 @@ class PolicyLearner:
         lengths = batch.packed.attention_mask.sum(dim=1)
         if s.share_prompts:
             prompts = row_prompts(batch.packed.input_ids, batch.packed.response_index)
-            completion_lengths = batch.packed.response_mask.sum(dim=1).tolist()
+            completion_lengths = completion_widths(batch.packed.response_mask)
             pack_cost_ratio = attention_cost_ratio(self.policy.get_decoder())
         # Micro-batch plans come from the host copy above (no device syncs); the tensors go to the
         # policy's device once here (a no-op on the CPU).

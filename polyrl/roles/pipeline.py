@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from polyrl.algos.advantages import AdvantageInputs
+from polyrl.algos.advantages.common import last_response_index
 from polyrl.algos.dapo_data import dapo_overlong_penalty
 from polyrl.algos.losses import kl_in_reward, kl_penalty, masked_mean, masked_mean_std
 from polyrl.modeling.logprobs import PackedBatch, logprob_gap, pack_completions, token_logprobs
@@ -180,7 +181,7 @@ def fold_kl_into_rewards(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatc
     if not ctx.kl_in_reward or b.ref_logprobs is None:
         return b
     mask = b.packed.response_mask.bool()
-    last = (mask.sum(-1) - 1).clamp(min=0)
+    last = last_response_index(mask).clamp(min=0)  # an episode's mask has holes: not its sum - 1
     placed = torch.zeros(mask.shape, dtype=b.rewards.dtype)
     placed[torch.arange(len(b.rewards)), last] = b.rewards
     shaped, metrics = kl_in_reward(placed, b.old_logprobs, b.ref_logprobs, mask, kl_coef=ctx.kl_coef, estimator=ctx.kl_estimator)
