@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.polyrl-installed
 
-.PHONY: setup test test-fast demo bench clean-venv
+.PHONY: setup test test-fast demo bench docs docs-serve clean-venv
 
 setup: $(STAMP)
 
@@ -26,6 +26,14 @@ bench: $(STAMP)
 	$(PY) bench/bench_rewards.py
 	$(PY) bench/bench_generation.py
 	$(PY) bench/bench_step.py
+
+# The documentation site (mkdocs.yml, docs/): reference pages are generated from the code at build
+# time; --strict makes every warning (a broken link, a missing page) an error.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
 clean-venv:
 	rm -rf $(VENV)

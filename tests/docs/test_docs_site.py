@@ -1,0 +1,90 @@
+"""The documentation site builds with warnings as errors, and its generated pages list what the code has."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
+        cwd=config.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _page_text(site: Path, page: str) -> str:
+    return (site / page / "index.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory) -> Path:
+    site = tmp_path_factory.mktemp("site")
+    result = _build(ROOT / "mkdocs.yml", site)
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    return site
+
+
+def test_site_builds_strict_with_every_page(built_site):
+    for page in ("getting_started", "config_reference", "objectives", "architecture", "benchmarks", "results"):
+        assert (built_site / page / "index.html").is_file(), page
+    assert (built_site / "index.html").is_file()
+
+
+def test_generated_pages_hold_the_live_registries(built_site):
+    from polyrl.algos.advantages import list_advantages
+    from polyrl.algos.objectives import list_objectives
+    from polyrl.config.experiment import ExperimentConfig
+
+    objectives = _page_text(built_site, "objectives")
+    for spec in list_objectives():
+        assert f'id="objective-{spec.name}"' in objectives, spec.name
+    for spec in list_advantages():
+        assert f'id="advantage-{spec.name}"' in objectives, spec.name
+    reference = _page_text(built_site, "config_reference")
+    for name in ExperimentConfig.model_fields:
+        assert f"<code>{name}</code>" in reference, name
+    # No marker is left unreplaced anywhere.
+    for html in built_site.rglob("*.html"):
+        assert "polyrl-generated:" not in html.read_text(), html
+
+
+def _copy_project(tmp_path: Path) -> Path:
+    """The files a build reads (config, docs, the two files the generated sections read)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("mkdocs.yml", ".importlinter", "pyproject.toml"):
+        shutil.copy(ROOT / name, project / name)
+    shutil.copytree(ROOT / "docs", project / "docs", ignore=shutil.ignore_patterns("*.png"))
+    # Pages point at images; without them the build would fail for that reason instead.
+    for image in (ROOT / "docs").rglob("*.png"):
+        target = project / "docs" / image.relative_to(ROOT / "docs")
+        target.write_bytes(b"")
+    return project
+
+
+@pytest.mark.slow  # two more builds, ~10 s each on 2 busy cores
+def test_a_broken_link_fails_the_build_and_a_new_page_joins_the_nav(tmp_path):
+    project = _copy_project(tmp_path)
+    (project / "docs" / "zz_new_topic.md").write_text("# A new topic\n\nSee [the setup](getting_started.md).\n")
+    ok = _build(project / "mkdocs.yml", tmp_path / "site_ok")
+    assert ok.returncode == 0, ok.stderr
+    home = (tmp_path / "site_ok" / "index.html").read_text()
+    assert "A new topic" in home and "zz_new_topic/" in home  # listed under "More" without a nav entry
+
+    (project / "docs" / "zz_new_topic.md").write_text("# A new topic\n\nSee [nowhere](no_such_page.md).\n")
+    broken = _build(project / "mkdocs.yml", tmp_path / "site_broken")
+    assert broken.returncode != 0
+    assert "no_such_page.md" in broken.stderr + broken.stdout
