@@ -218,8 +218,12 @@ def test_every_estimator_takes_the_uniform_call():
         values=torch.zeros(6, 3, dtype=F64),
         gammas=torch.ones(6, 3, dtype=F64),
         lambdas=torch.ones(6, 3, dtype=F64),
+        baselines=torch.zeros(6, dtype=F64),  # ReMax's greedy rewards
     )
-    assert {spec.name for spec in list_advantages()} == {"group_norm", "group_mean_centered", "rloo", "gae"}
+    assert {spec.name for spec in list_advantages()} == {
+        "group_norm", "group_mean_centered", "rloo", "gae",
+        "reinforce_pp", "reinforce_pp_baseline", "remax", "gpg",  # tested in test_advantages_2026.py
+    }  # fmt: skip
     for spec in list_advantages():
         advantages, metrics = spec.fn(AdvantageInputs(**tensors), **spec.default_params)
         assert advantages.shape == (6, 3)

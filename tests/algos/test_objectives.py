@@ -12,7 +12,10 @@ from polyrl.cli.objectives import app
 
 F64 = torch.float64
 NAN = math.nan
-EXPECTED_OBJECTIVES = {"ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "bapo"}
+EXPECTED_OBJECTIVES = {"ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "bapo",
+                       # the 2025-26 ones, tested by hand in test_objectives_2026.py
+                       "cispo", "gpg", "sapo", "gmpo", "clip_cov", "kl_cov", "rloo", "reinforce_pp",
+                       "reinforce_pp_baseline", "remax"}  # fmt: skip
 
 # The shared 2x3 example. Row 0 has two response tokens, row 1 three.
 #   token      p_new  p_old  ratio r  A

@@ -26,10 +26,11 @@ returning ``(returns [B, T], metrics)``, the targets for the value loss (``retur
 before any whitening).
 
 Layout: :mod:`.registry` (specs, :class:`AdvantageInputs`), :mod:`.common` (reward shapes,
-metrics), one module per family (:mod:`.group`: GRPO, Dr.GRPO, RLOO; :mod:`.gae`).
+metrics), one module per family (:mod:`.group`: GRPO, Dr.GRPO, RLOO; :mod:`.gae`; :mod:`.reinforce`:
+REINFORCE++, REINFORCE++-baseline, ReMax, GPG).
 """
 
-from polyrl.algos.advantages.common import (
+from polyrl.algos.advantages.common import (  # noqa: I001 - registration order, below
     advantage_metrics,
     broadcast_to_tokens,
     last_response_index,
@@ -38,15 +39,23 @@ from polyrl.algos.advantages.common import (
     token_rewards,
     unscored_rows,
 )
-from polyrl.algos.advantages.gae import gae_advantages, gae_value_targets, generalized_advantage_estimation, masked_whiten  # noqa: I001
 
-# Import order is registration order, the order estimators are listed in: group ones, then GAE.
+# Import order is registration order, the order estimators are listed in: group ones, then GAE,
+# then the REINFORCE family.
 from polyrl.algos.advantages.group import (
     STD_SCALES,
     group_mean_centered_advantages,
     group_norm_advantages,
     group_normalized,
     rloo_advantages,
+)
+from polyrl.algos.advantages.gae import gae_advantages, gae_value_targets, generalized_advantage_estimation, masked_whiten
+from polyrl.algos.advantages.reinforce import (
+    global_whiten,
+    gpg_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    remax_advantages,
 )
 from polyrl.algos.advantages.registry import (
     INPUT_NAMES,
@@ -66,5 +75,6 @@ __all__ = [
     "gae_value_targets", "generalized_advantage_estimation", "get_advantage", "group_mean_centered_advantages",
     "group_mean_std", "group_norm_advantages", "group_normalized", "last_response_index", "list_advantages",
     "masked_whiten", "register_advantage", "rloo_advantages", "scored_mask", "sequence_rewards", "token_rewards",
-    "unscored_rows",
+    "unscored_rows", "global_whiten", "gpg_advantages", "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages", "remax_advantages",
 ]  # fmt: skip

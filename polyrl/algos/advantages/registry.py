@@ -16,7 +16,7 @@ class AdvantageInputs:
     """Every tensor an estimator may use; ``None`` where the learner has none.
 
     ``rewards`` is [B] (sequence) or [B, T] (token rewards); the others are [B, T] except
-    ``group_ids`` [B] (equal for the G samples of one prompt).
+    ``group_ids`` [B] (equal for the G samples of one prompt) and ``baselines`` [B].
     """
 
     rewards: Tensor
@@ -25,6 +25,7 @@ class AdvantageInputs:
     values: Tensor | None = None  # value-head predictions
     gammas: Tensor | None = None  # per-token discount: each token's modality setting
     lambdas: Tensor | None = None  # per-token GAE lambda
+    baselines: Tensor | None = None  # [B] a reward baseline per sample (ReMax: its prompt's greedy completion's reward)
 
     def require(self, name: str) -> Tensor:
         """The tensor ``name``; a ``ValueError`` naming it when the learner passed none."""

@@ -24,7 +24,7 @@ on it::
   samples of one optimizer step, all its micro-batches and data-parallel ranks), computed once
   before its micro-batch loop (see :mod:`polyrl.algos.aggregation`), so the micro-batch
   losses simply add up to the mini-batch loss.
-- ``prepare`` (only BAPO has one) makes batch-level choices over the whole mini-batch without
+- ``prepare`` (BAPO, Clip-Cov and KL-Cov have one) makes batch-level choices over the whole mini-batch without
   gradient; its dict holds batch-level scalars only and goes unchanged to every micro-batch.
 - The log-ratio ``log pi - log pi_old`` (and GSPO's sequence log-ratio) is clamped to +-20 before
   the exp, as verl does, so the ratio is always finite.
@@ -51,9 +51,14 @@ so an arm without BAPO's search reports the share BAPO would steer; and the four
 "high prob" means ``logprobs >= log(high_prob_threshold)``.
 
 Layout: :mod:`.registry` (specs, typed params), :mod:`.common` (shared pieces), one module per
-family (:mod:`.ppo`: PPO, GRPO, Dr.GRPO, DAPO; :mod:`.gspo`; :mod:`.bapo`).
+family (:mod:`.ppo`: PPO, GRPO, Dr.GRPO, DAPO; :mod:`.gspo`; :mod:`.bapo`; :mod:`.reinforce`: CISPO,
+GPG and the PPO-clip registrations named for their estimator, RLOO, REINFORCE++(-baseline),
+ReMax; :mod:`.soft_gates`: SAPO, GMPO; :mod:`.covariance`: Clip-Cov, KL-Cov).
 """
 
+# Import order is registration order, the order objectives are listed in (`polyrl objectives list`).
+from polyrl.algos.objectives.ppo import ppo_loss  # noqa: I001 - registers ppo, grpo, dr_grpo, dapo
+from polyrl.algos.objectives.gspo import gspo_loss, gspo_token_loss
 from polyrl.algos.objectives.bapo import (
     bapo_loss,
     bapo_positive_share,
@@ -63,6 +68,11 @@ from polyrl.algos.objectives.bapo import (
     entropy_adaptive_epsilon,
     positive_weight,
 )
+
+# The 2025-26 objectives.
+from polyrl.algos.objectives.reinforce import cispo_loss, gpg_loss  # also rloo, reinforce_pp(_baseline), remax
+from polyrl.algos.objectives.soft_gates import gmpo_loss, sapo_gate, sapo_loss
+from polyrl.algos.objectives.covariance import clip_cov_loss, clip_cov_prepare, kl_cov_loss, kl_cov_prepare, token_covariance
 from polyrl.algos.objectives.common import (
     LOG_RATIO_CLAMP,
     ObjectiveInputs,
@@ -74,8 +84,6 @@ from polyrl.algos.objectives.common import (
     sequence_log_ratio,
     token_ratio,
 )
-from polyrl.algos.objectives.gspo import gspo_loss, gspo_token_loss
-from polyrl.algos.objectives.ppo import ppo_loss  # registers ppo, grpo, dr_grpo, dapo
 from polyrl.algos.objectives.registry import (
     SHARED_PARAMS,
     TRAIN_SETTINGS,
@@ -93,4 +101,6 @@ __all__ = [
     "bapo_search_steps", "clamped_log_ratio", "clipped_surrogate_per_token", "entropy_adaptive_epsilon",
     "get_objective", "gspo_loss", "gspo_token_loss", "list_objectives", "policy_metrics",
     "positive_weight", "ppo_loss", "register_objective", "sequence_advantages", "sequence_log_ratio", "token_ratio",
+    "cispo_loss", "clip_cov_loss", "clip_cov_prepare", "gmpo_loss", "gpg_loss", "kl_cov_loss", "kl_cov_prepare",
+    "sapo_gate", "sapo_loss", "token_covariance",
 ]  # fmt: skip
