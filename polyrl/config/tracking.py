@@ -43,6 +43,18 @@ class HealthConfig(StrictModel):
     max_logprob_gap: float = Field(
         1e-2, gt=0, description="Warn when rollout/logprob_gap (nats/token) exceeds this: a stale or partial weight sync."
     )
+    max_mismatch_kl: float = Field(
+        1e-3,
+        gt=0,
+        description="Warn when rollout_corr/k3_kl (the sampler/learner mismatch KL per token, docs/rollout_correction.md) "
+        "exceeds this.",
+    )
+    mismatch_growth: float = Field(
+        10.0,
+        gt=1,
+        description="Warn when rollout_corr/k3_kl grows past this multiple of its mean over the run's first three "
+        "reports (and past 1e-5, below which it is rounding noise): the mismatch that precedes a collapse.",
+    )
     # Seed 000 §5.2's two figures for a slow distributed run; checked in asynchronous training (rollout.max_staleness > 0).
     min_buffer_utilisation: float = Field(
         0.7,

@@ -254,10 +254,11 @@ def _build_arm(
     collector = build_collector(cfg, rollout.engine, rewards, sampler.next_batch, accuracy_label=label)
     pipeline = BatchPipeline(_pipeline_context(cfg, models, pad_token_id))
     r = cfg.rollout
-    # Asynchronous training: the sampler/learner gap includes the staleness, so it is no sync check.
+    # Asynchronous training too: the gap is measured on the rows sampled at the learner's weights
+    # (staleness 0), so it stays a sync check (polyrl/roles/learner.py, _rows_to_diagnose).
     health = HealthMonitor(
         cfg.health,
-        check_logprob_gap=r.top_p == 1.0 and not r.max_staleness,
+        check_logprob_gap=r.top_p == 1.0,
         sampler_dtype=cfg.sampling_dtype,
         check_overlap=r.max_staleness > 0,
     )
@@ -339,6 +340,7 @@ def _pipeline_context(cfg: ExperimentConfig, models: Models, pad_token_id: int) 
         share_prompts=cfg.train.share_prompts,
         padding_free=models.padding_free,
         behaviour_logprobs=r.max_staleness > 0,
+        rollout_correction=cfg.objective.rollout_correction,
     )
 
 

@@ -68,6 +68,13 @@ class LearnerBatch:
     # samples; truncated ones under overlong.mode mask_truncated). It is the mask of the loss,
     # its normaliser, the KL and entropy terms, the metrics and the critic loss.
     loss_mask: Tensor | None = None
+    # Each row's policy version (Completion.policy_version; -1 where none, as in the synchronous
+    # loop): the learner compares its first forward with the sampler on the rows sampled at its
+    # own weights only (the mismatch diagnostics, polyrl/algos/rollout_correction.py).
+    policy_versions: Tensor | None = None
+    # Rollout correction in bypass mode (CorrectionSettings): its masks compare the current π_θ with
+    # the sampler, so the learner applies them in each micro-batch; None: nothing left to apply.
+    in_update_correction: Any = None
 
     def __post_init__(self) -> None:
         if self.loss_mask is None:

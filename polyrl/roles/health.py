@@ -97,6 +97,12 @@ def guarded_step(
     return False
 
 
+# Below this mismatch KL per token the sampler and learner differ by float rounding only (fp32:
+# ~1e-12; a bf16 sampler: ~1e-5 at 30M parameters): growth under it is no signal.
+MISMATCH_KL_FLOOR = 1e-5
+MISMATCH_BASELINE_REPORTS = 3
+
+
 class HealthMonitor:
     def __init__(
         self, settings: Any, *, check_logprob_gap: bool = True, sampler_dtype: str = "float32", check_overlap: bool = False
@@ -115,6 +121,7 @@ class HealthMonitor:
         self.check_logprob_gap = check_logprob_gap
         self.fired: dict[str, int] = {}
         self._first_length: float | None = None
+        self._mismatch_baseline: list[float] = []  # rollout_corr/k3_kl of the first reports
 
     def _trip(self, name: str, message: str, out: list[str], *, every_time: bool = False) -> None:
         self.fired[name] = self.fired.get(name, 0) + 1
@@ -144,6 +151,8 @@ class HealthMonitor:
                 ),
                 warnings,
             )
+        if self.check_logprob_gap:
+            self._check_mismatch(metrics, warnings)
         kept_groups = metrics.get("rollout/dynamic_sampling_kept_groups")
         if kept_groups is not None and kept_groups == 0:
             self._trip(
@@ -188,6 +197,32 @@ class HealthMonitor:
         metrics.update({f"health/{name}_trips": float(count) for name, count in self.fired.items()})
         return warnings
 
+    def _check_mismatch(self, metrics: dict[str, float], warnings: list[str]) -> None:
+        """The sampler/learner mismatch KL (rollout_corr/k3_kl): above health.max_mismatch_kl, or grown
+        past health.mismatch_growth times its mean over the first reports ("When Speed Kills Stability",
+        Liu, Li et al. 2025: the mismatch grows before training collapses)."""
+        s = self.settings
+        kl = metrics.get("rollout_corr/k3_kl")
+        if kl is None:
+            return
+        cure = (
+            "→ correct it (objective.rollout_correction, docs/rollout_correction.md: e.g. mode decoupled with is_level "
+            "token, or a geometric rejection band), sample in the learner's dtype (rollout.dtype), or check the weight sync"
+        )
+        if kl > s.max_mismatch_kl:
+            self._trip("mismatch_kl", f"sampler/learner mismatch KL {kl:.3g} per token > {s.max_mismatch_kl:g} {cure}", warnings)
+        if len(self._mismatch_baseline) < MISMATCH_BASELINE_REPORTS:
+            self._mismatch_baseline.append(kl)
+            return
+        baseline = sum(self._mismatch_baseline) / len(self._mismatch_baseline)
+        if kl > MISMATCH_KL_FLOOR and kl > s.mismatch_growth * baseline:
+            self._trip(
+                "mismatch_growth",
+                f"sampler/learner mismatch KL {kl:.3g} per token grew past {s.mismatch_growth:g}x its starting "
+                f"{baseline:.3g} {cure}",
+                warnings,
+            )
+
     def _running_mean(self, key: str, metrics: dict[str, float]) -> tuple[float, int] | None:
         if key not in metrics:
             return None
@@ -222,7 +257,11 @@ class HealthMonitor:
                 )
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"fired": dict(self.fired), "first_length": self._first_length}
+        state = {
+            "fired": dict(self.fired),
+            "first_length": self._first_length,
+            "mismatch_baseline": list(self._mismatch_baseline),
+        }
         if self.check_overlap:
             state["overlap"] = {"sums": dict(self.overlap_sums), "counts": dict(self.overlap_counts)}
         return state
@@ -230,5 +269,6 @@ class HealthMonitor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.fired = dict(state.get("fired", {}))
         self._first_length = state.get("first_length")
+        self._mismatch_baseline = list(state.get("mismatch_baseline", []))
         overlap = state.get("overlap", {})
         self.overlap_sums, self.overlap_counts = dict(overlap.get("sums", {})), dict(overlap.get("counts", {}))

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from polyrl.algos.aggregation import loss_normalizer_count
+from polyrl.algos.rollout_correction import apply_correction, mismatch_from_sums, mismatch_sums
 from polyrl.modeling.logprobs import token_logprobs
 from polyrl.modeling.lora import write_adapter
 from polyrl.modeling.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
@@ -234,7 +235,7 @@ class PolicyLearner:
         grad_norms, losses = [], []
         skipped: dict[str, int] = defaultdict(int)
         critic_updates = 0
-        sampler_gap_sum = 0.0
+        mismatch: dict[str, float] = defaultdict(float)
         learning_rate = self.learning_rate(self.optimizer_step + 1)
         shuffle = s.updates_per_batch > 1 or s.mini_batches > 1
         lengths = batch.packed.attention_mask.sum(dim=1)
@@ -245,6 +246,7 @@ class PolicyLearner:
         # Micro-batch plans come from the host copy above (no device syncs); the tensors go to the
         # policy's device once here (a no-op on the CPU).
         batch = batch.to(next(self.policy.parameters()).device)
+        diagnose = self._rows_to_diagnose(batch, step_index)
         for _ in range(s.updates_per_batch):
             order = torch.randperm(size, generator=generator) if shuffle else torch.arange(size)
             for mini in torch.tensor_split(order, s.mini_batches):
@@ -273,14 +275,12 @@ class PolicyLearner:
                     micro_batches = length_sorted_micro_batches(shard, lengths, s.micro_batch_size) if len(shard) else []
                 for micro in micro_batches:
                     loss, metrics, logprobs = self.policy_loss(batch, micro, normalizer, prepared)
-                    if batch.old_logprobs is None:
+                    if diagnose is not None:
                         width = logprobs.shape[1]
-                        sampler_gap_sum += float(
-                            (logprobs.detach() - batch.packed.sampling_logprobs[micro][:, :width])
-                            .abs()
-                            .mul(batch.packed.response_mask[micro][:, :width])
-                            .sum()
-                        )
+                        compared = batch.packed.response_mask[micro][:, :width].bool() & diagnose[micro][:, None]
+                        sampled = batch.packed.sampling_logprobs[micro][:, :width]
+                        for key, value in mismatch_sums(logprobs.detach(), sampled, compared).items():
+                            mismatch[key] += value
                     # No heap trim in here: handing pages back after a mini-batch's first backward made the
                     # next micro-batches fault them in again, for no lower peak (runtime/host_memory.py).
                     loss.backward()
@@ -299,6 +299,7 @@ class PolicyLearner:
                 learning_rate = self.learning_rate(self.optimizer_step + 1)
                 applied = guarded_step(self.optimizer, self.guard, mini_loss, grad_norm, skipped, learning_rate)
                 self.optimizer_step += int(applied)
+                diagnose = None  # the weights may have moved: no longer the sampler's
                 grad_norms.append(grad_norm)
                 losses.append(mini_loss)
                 value_metrics = (
@@ -311,13 +312,11 @@ class PolicyLearner:
                     for key, value in value_metrics.items():
                         sums[key] += value
                         weights[key] += 1
-        sums, weights, sampler_gap_sum = self.group.merge_sums(sums, weights, sampler_gap_sum)
-        out = {
-            f"actor/{k}" if not k.startswith(("bapo/", "quadrant/", "value/")) else k: sums[k] / max(weights[k], 1e-12)
-            for k in sums
-        }
-        if batch.old_logprobs is None:
-            out["rollout/logprob_gap"] = sampler_gap_sum / max(float(batch.packed.response_mask.sum()), 1.0)
+        sums, weights, _ = self.group.merge_sums(sums, weights, 0.0)
+        mismatch, _, _ = self.group.merge_sums(mismatch, {}, 0.0)
+        unprefixed = ("bapo/", "quadrant/", "value/", "rollout_corr/")
+        out = {f"actor/{k}" if not k.startswith(unprefixed) else k: sums[k] / max(weights[k], 1e-12) for k in sums}
+        out.update(mismatch_from_sums(mismatch))  # rollout/logprob_gap and rollout_corr/*
         out["actor/loss"] = float(np.mean(losses)) if losses else 0.0
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
         out["actor/grad_norm_max"] = float(np.max(grad_norms)) if grad_norms else 0.0
@@ -329,6 +328,19 @@ class PolicyLearner:
         if self.critic is not None:
             out["value/updates"] = float(critic_updates)
         return out
+
+    @staticmethod
+    def _rows_to_diagnose(batch: LearnerBatch, step_index: int) -> Tensor | None:
+        """The rows whose sampler/learner mismatch the update measures from its first forward (before
+        its first optimizer step): those sampled at the learner's weights (no version: the synchronous
+        loop; else version ``step_index``, staleness 0). None where the pipeline measured it already
+        (π_old recomputed before the update)."""
+        if "rollout/logprob_gap" in batch.metrics:
+            return None
+        versions = batch.policy_versions
+        if versions is None:
+            return torch.ones(len(batch.packed), dtype=torch.bool, device=batch.advantages.device)
+        return (versions < 0) | (versions == step_index)
 
     def _objective_params(self, batch: LearnerBatch, rows: Tensor) -> dict[str, Any]:
         s = self.settings
@@ -400,6 +412,13 @@ class PolicyLearner:
             [batch.advantages[rows], batch.loss_mask[rows], None if batch.old_logprobs is None else batch.old_logprobs[rows]],
         )
         old_logprobs = logprobs.detach() if old is None else old
+        corrected: dict[str, float] = {}
+        if batch.in_update_correction is not None:
+            # Bypass-mode rollout correction: its masks compare the current π_θ with the sampler.
+            sampled = batch.packed.sampling_logprobs[rows][:, :width]
+            _, loss_mask, corrected = apply_correction(
+                logprobs.detach() - sampled, loss_mask, advantages, settings=batch.in_update_correction, importance=False
+            )
         loss, metrics = self.objective.fn(
             logprobs,
             old_logprobs,
@@ -410,4 +429,4 @@ class PolicyLearner:
             entropy=entropy,
             **params,
         )
-        return loss, metrics, logprobs
+        return loss, {**metrics, **corrected}, logprobs

@@ -22,7 +22,8 @@ from polyrl.algos.advantages import AdvantageInputs
 from polyrl.algos.advantages.common import last_response_index
 from polyrl.algos.dapo_data import dapo_overlong_penalty
 from polyrl.algos.losses import kl_in_reward, kl_penalty, masked_mean, masked_mean_std
-from polyrl.modeling.logprobs import PackedBatch, logprob_gap, pack_completions, token_logprobs
+from polyrl.algos.rollout_correction import apply_correction, mismatch_diagnostics
+from polyrl.modeling.logprobs import PackedBatch, pack_completions, token_logprobs
 from polyrl.roles.batches import LearnerBatch, Rollout, Scores
 from polyrl.runtime.precision import autocast
 
@@ -59,6 +60,8 @@ class PipelineContext:
     # Asynchronous training (rollout.max_staleness > 0): a sample may come from an older policy
     # than the learner's, so π_old is the behaviour policy, the sampler's log-probs (old_logprobs).
     behaviour_logprobs: bool = False
+    # objective.rollout_correction (polyrl.config.objective.RolloutCorrectionConfig); None: no correction.
+    rollout_correction: Any = None
 
 
 @dataclass
@@ -77,6 +80,7 @@ class PipelineBatch:
     lambdas: Tensor | None = None
     advantages: Tensor | None = None
     returns: Tensor | None = None
+    in_update_correction: Any = None  # bypass mode's masks, applied by the learner (LearnerBatch)
     metrics: dict[str, float] = field(default_factory=dict)
 
     def with_metrics(self, metrics: dict[str, float], **fields: Any) -> "PipelineBatch":
@@ -109,19 +113,31 @@ def pack(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
     return replace(b, packed=pack_completions(b.rollout.completions, pad_token_id=ctx.pad_token_id))
 
 
+def _decoupled(ctx: PipelineContext) -> bool:
+    return ctx.rollout_correction is not None and ctx.rollout_correction.mode == "decoupled"
+
+
 def old_logprobs(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
-    if ctx.behaviour_logprobs and ctx.tis_cap is None:
+    correction = ctx.rollout_correction
+    if correction is not None and correction.mode == "bypass":
+        # Bypass (verl bypass_mode): the sampler's log-probs are π_old, never recomputed; the
+        # learner compares its first forward with them (the mismatch diagnostics).
+        return b.with_metrics({}, old_logprobs=behaviour_logprobs(b.rollout.completions, b.packed))
+    if ctx.behaviour_logprobs and ctx.tis_cap is None and not _decoupled(ctx):
         # Off-policy (asynchronous) training: the ratio is π_θ / π_behaviour, so clipping and
         # BAPO's bounds see the real staleness. With truncated importance sampling π_old is instead
         # the learner's current policy (recomputed below) and the TIS weight min(π_old/π_sampler, C)
         # carries the staleness: decoupled PPO (Hilton et al. 2021; AReaL, Fu et al. 2025).
         return b.with_metrics({}, old_logprobs=behaviour_logprobs(b.rollout.completions, b.packed))
-    if ctx.reuse_old_logprobs:
+    if ctx.reuse_old_logprobs and not _decoupled(ctx):
         return b
+    # Decoupled correction needs π_old before the update (its weights compare it with the sampler).
     old = _logprobs(ctx.policy, b.packed, ctx)
-    return b.with_metrics(
-        {"rollout/logprob_gap": logprob_gap(b.packed.sampling_logprobs, old, b.packed.response_mask.bool())}, old_logprobs=old
-    )
+    if ctx.behaviour_logprobs:
+        # Asynchronous: rows sampled at older weights would measure their staleness, not the sync;
+        # the learner compares its first forward with the rows sampled at its own weights instead.
+        return b.with_metrics({}, old_logprobs=old)
+    return b.with_metrics(mismatch_diagnostics(old, b.packed.sampling_logprobs, b.packed.response_mask.bool()), old_logprobs=old)
 
 
 def behaviour_logprobs(completions: Sequence[Any], packed: PackedBatch) -> Tensor:
@@ -243,6 +259,26 @@ def truncated_importance_sampling(b: PipelineBatch, ctx: PipelineContext) -> Pip
     )
 
 
+def rollout_correction(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    """objective.rollout_correction (polyrl/algos/rollout_correction.py). Decoupled: the weights
+    (π_old/π_sampler, truncated) fold into the detached advantage as truncated_importance_sampling's
+    do, and the rejected tokens leave the loss mask, hence the loss normaliser. Bypass: nothing here;
+    the learner applies the masks with the current π_θ. The combined masked shares are logged in every
+    run (0 without a correction)."""
+    correction = ctx.rollout_correction
+    none_masked = {"rollout_corr/masked_token_fraction": 0.0, "rollout_corr/masked_seq_fraction": 0.0}
+    if correction is None:
+        return b.with_metrics(none_masked)
+    if correction.mode == "bypass":
+        settings = correction.settings()
+        return b.with_metrics(none_masked, in_update_correction=settings if settings.rejects else None)
+    weights, keep, metrics = apply_correction(
+        b.old_logprobs - b.packed.sampling_logprobs, b.loss_mask, b.advantages, settings=correction.settings()
+    )
+    advantages = torch.where(keep, b.advantages * weights, torch.zeros_like(b.advantages))
+    return b.with_metrics(metrics, advantages=advantages, loss_mask=keep)
+
+
 def advantage_stats(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
     mean, std = (float(v) for v in masked_mean_std(b.advantages, b.loss_mask))
     picked = b.advantages[b.loss_mask]
@@ -264,6 +300,7 @@ STAGES: tuple[Stage, ...] = (
     token_discounts,
     advantages,
     truncated_importance_sampling,
+    rollout_correction,
     advantage_stats,
 )
 
@@ -292,4 +329,9 @@ def run_pipeline(rollout: Rollout, scores: Scores, ctx: PipelineContext, stages:
         returns=batch.returns,
         metrics=batch.metrics,
         loss_mask=batch.loss_mask,
+        policy_versions=torch.tensor(
+            [-1 if getattr(c, "policy_version", None) is None else int(c.policy_version) for c in rollout.completions],
+            dtype=torch.long,
+        ),
+        in_update_correction=batch.in_update_correction,
     )
