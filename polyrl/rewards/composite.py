@@ -17,8 +17,13 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from polyrl.core.user_code import TimeBudgetError, call_with_time_budget
 from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModuleError, module_label
 from polyrl.rewards.registry import build_reward, load_reward_class
+from polyrl.rewards.summary import SCORE_LIMIT, mean_and_std
+
+# A module's time budget per batch when its spec sets none (rewards[].timeout_s).
+DEFAULT_TIMEOUT_S = 300.0
 
 
 class RemoteScoring(BaseModel):
@@ -44,6 +49,12 @@ class RewardSpec(BaseModel):
     )
     allow_unscored: bool = Field(
         False, description="accept a batch where the module scores no sample (all None); by default that is an error"
+    )
+    timeout_s: float = Field(
+        DEFAULT_TIMEOUT_S,
+        gt=0,
+        description="seconds one score() call on a batch may take (setup excluded); past it the run stops with an "
+        "error naming the module (the stuck call cannot be interrupted, so the run cannot go on)",
     )
     remote: bool | RemoteScoring = Field(
         False,
@@ -107,22 +118,25 @@ def _summary(values: Sequence[float | None], prefix: str) -> dict[str, float]:
     scored = [v for v in values if v is not None]
     out = {f"{prefix}unscored": float(len(values) - len(scored))}
     if scored:
-        mean = math.fsum(scored) / len(scored)
-        out[f"{prefix}mean"] = mean
-        out[f"{prefix}std"] = math.sqrt(math.fsum((v - mean) ** 2 for v in scored) / len(scored))
+        out[f"{prefix}mean"], out[f"{prefix}std"] = mean_and_std(scored)
     return out
 
 
-def run_module(module: Any, batch: RewardBatch, *, label: str, on_nonfinite: str = "error") -> list[float | None]:
+def run_module(
+    module: Any, batch: RewardBatch, *, label: str, on_nonfinite: str = "error", timeout_s: float | None = None
+) -> list[float | None]:
     """Score ``batch`` with ``module`` and enforce the contract, naming the culprit on failure.
 
     When the batched call raises, the module is re-run one sample at a time to find the first
-    sample that fails on its own.
+    sample that fails on its own. Each call has ``timeout_s`` seconds (None: no limit); past it,
+    :class:`RewardModuleError` names the module (see :func:`polyrl.core.user_code.call_with_time_budget`).
     """
     try:
-        values = module.score(batch)
+        values = timed_score(module, batch, label=label, timeout_s=timeout_s)
+    except RewardStopped:
+        raise
     except Exception as error:  # noqa: BLE001 - any module failure is reported the same way
-        index, sample_error = locate_failing_sample(module, batch)
+        index, sample_error = locate_failing_sample(module, batch, label=label, timeout_s=timeout_s)
         if index is None:
             raise RewardModuleError(
                 f"reward module {label!r} raised {type(error).__name__}: {error} on a batch of {len(batch)} "
@@ -137,11 +151,33 @@ def run_module(module: Any, batch: RewardBatch, *, label: str, on_nonfinite: str
     return validate_scores(values, batch, label=label, on_nonfinite=on_nonfinite)
 
 
-def locate_failing_sample(module: Any, batch: RewardBatch) -> tuple[int | None, BaseException | None]:
+class RewardStopped(RewardModuleError):
+    """A module's score ran past its time budget or tried to end the process: not retried per sample."""
+
+
+def timed_score(module: Any, batch: RewardBatch, *, label: str, timeout_s: float | None) -> Any:
+    """``module.score(batch)`` within ``timeout_s`` seconds, else :class:`RewardModuleError` naming the module."""
+    try:
+        return call_with_time_budget(module.score, batch, timeout_s=timeout_s, what=f"reward module {label!r}")
+    except SystemExit as error:  # would end the run with its exit status (0 for sys.exit()) and no message
+        raise RewardStopped(f"reward module {label!r} called sys.exit({error.code!r}) in score", label=label) from None
+    except TimeBudgetError as error:
+        raise RewardStopped(
+            f"{error}; it was scoring a batch of {len(batch)} samples (first: {batch.sample(0) if len(batch) else '-'}). "
+            "If it is slow rather than stuck, raise its rewards[].timeout_s (polyrl rewards check: --timeout)",
+            label=label,
+        ) from None
+
+
+def locate_failing_sample(
+    module: Any, batch: RewardBatch, *, label: str = "", timeout_s: float | None = None
+) -> tuple[int | None, BaseException | None]:
     """The first index whose one-sample batch makes ``module.score`` raise, and the error."""
     for i in range(len(batch)):
         try:
-            module.score(batch.subset([i]))
+            timed_score(module, batch.subset([i]), label=label or type(module).__name__, timeout_s=timeout_s)
+        except RewardStopped:
+            raise
         except Exception as error:  # noqa: BLE001
             return i, error
     return None, None
@@ -182,6 +218,16 @@ def validate_scores(values: Any, batch: RewardBatch, *, label: str, on_nonfinite
                 label=label,
                 index=i,
             )
+        if abs(value) > SCORE_LIMIT:
+            # Finite, but the learner holds rewards as float32 (max ~3.4e38), where it would
+            # become inf, and the batch's mean and std may not be floats at all.
+            raise RewardModuleError(
+                f"reward module {label!r} returned {value:g} for {batch.sample(i)}: beyond the float32 range "
+                f"(|score| <= {SCORE_LIMIT:.4g}) rewards are trained in, so its mean over the batch is not representable; "
+                "rescale the score",
+                label=label,
+                index=i,
+            )
         out.append(value)
     return out
 
@@ -201,6 +247,7 @@ class CompositeReward:
         self.weights: dict[str, float] = {}
         self._policies: dict[str, str] = {}
         self._allow_unscored: dict[str, bool] = {}
+        self._timeouts: dict[str, float] = {}
         for spec in self.specs:
             cls = spec.resolve(base_dir=base_dir)
             label = spec.name or module_label(cls)
@@ -217,6 +264,7 @@ class CompositeReward:
             self.weights[label] = spec.weight
             self._policies[label] = spec.on_nonfinite
             self._allow_unscored[label] = spec.allow_unscored
+            self._timeouts[label] = spec.timeout_s
         self._set_up = False
 
     @property
@@ -250,7 +298,7 @@ class CompositeReward:
     def score(self, batch: RewardBatch) -> RewardResult:
         self.setup()
         per_module = {
-            label: run_module(module, batch, label=label, on_nonfinite=self._policies[label])
+            label: run_module(module, batch, label=label, on_nonfinite=self._policies[label], timeout_s=self._timeouts[label])
             for label, module in self.modules.items()
         }
         for label, scores in per_module.items():
@@ -268,6 +316,16 @@ class CompositeReward:
             terms = [(self.weights[label], scores[i]) for label, scores in per_module.items()]
             if any(value is None for _, value in terms):
                 totals.append(None)
-            else:
-                totals.append(math.fsum(weight * value for weight, value in terms))
+                continue
+            try:
+                total = math.fsum(weight * value for weight, value in terms)
+            except (OverflowError, ValueError):  # an intermediate sum past the float range, or inf - inf
+                total = math.inf
+            if not abs(total) <= SCORE_LIMIT:
+                parts = ", ".join(f"{label} {self.weights[label]:g} × {scores[i]:g}" for label, scores in per_module.items())
+                raise RewardModuleError(
+                    f"the total reward of {batch.sample(i)} is {total:g} ({parts}): beyond the float32 range "
+                    f"(|total| <= {SCORE_LIMIT:.4g}) rewards are trained in; rescale the weights or the scores"
+                )
+            totals.append(total)
         return RewardResult(totals=totals, per_module=per_module, weights=dict(self.weights))

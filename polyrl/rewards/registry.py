@@ -12,14 +12,12 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.metadata
-import importlib.util
 import inspect
-import sys
-import traceback
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from polyrl.core.errors import PolyrlError
+from polyrl.core.user_code import UserCodeError, error_reason, import_user_file, import_user_module, module_file, where_it_failed
 from polyrl.rewards.base import RewardConfigError, module_label
 
 ENTRY_POINT_GROUP = "polyrl.rewards"
@@ -65,34 +63,8 @@ def _ensure_builtins() -> None:
     importlib.import_module("polyrl.rewards.builtins")
 
 
-def where_it_failed(error: BaseException, prefer_file: str | Path | None = None) -> str:
-    """``file, line N`` of the user's code that raised ``error``.
-
-    A syntax error names its own place. Otherwise the deepest traceback frame in
-    ``prefer_file`` (the reward's source file) wins, so a failing ``import numpyy`` or a
-    library call that raises is reported at the user's line rather than deep inside a library;
-    failing that, the deepest frame that is not import machinery.
-    """
-    if isinstance(error, SyntaxError) and error.filename:
-        return f"{error.filename}, line {error.lineno}"
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<")]
-    if prefer_file is not None:
-        target = Path(prefer_file).resolve()
-        own = [f for f in frames if Path(f.filename).resolve() == target]
-        if own:
-            return f"{own[-1].filename}, line {own[-1].lineno}"
-    if frames:
-        return f"{frames[-1].filename}, line {frames[-1].lineno}"
-    return str(prefer_file) if prefer_file is not None else "(unknown place)"
-
-
-def _reason(error: BaseException) -> str:
-    text = error.msg if isinstance(error, SyntaxError) else str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _load_failed(ref: str, error: BaseException, source_file: str | Path | None) -> RewardConfigError:
-    return RewardConfigError(f"reward module {ref!r} failed to load: {where_it_failed(error, source_file)}: {_reason(error)}")
+def _load_failed(ref: str, error: UserCodeError) -> RewardConfigError:
+    return RewardConfigError(f"reward module {ref!r} failed to load: {error}")
 
 
 def _load_file(path: Path, ref: str) -> object:
@@ -100,39 +72,21 @@ def _load_file(path: Path, ref: str) -> object:
     if path in _FILE_MODULES:
         return _FILE_MODULES[path]
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    module_name = f"polyrl_reward_file_{path.stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise RewardConfigError(f"reward module {ref!r}: cannot load file {str(path)!r}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look classes up here
     try:
-        spec.loader.exec_module(module)
-    except Exception as error:  # noqa: BLE001 - any failure of the user's file is reported with its line
-        sys.modules.pop(module_name, None)
-        raise _load_failed(ref, error, path) from error
+        module = import_user_file(path, f"polyrl_reward_file_{path.stem}_{digest}")
+    except UserCodeError as error:
+        raise _load_failed(ref, error) from error
     _FILE_MODULES[path] = module
     return module
 
 
 def _import_target(target: str, ref: str) -> object:
     try:
-        return importlib.import_module(target)
-    except ModuleNotFoundError as error:
-        missing = error.name or ""
-        if target == missing or target.startswith(missing + "."):  # the module itself is not there
-            raise RewardConfigError(f"reward module {ref!r}: cannot import {target!r}: {error}") from error
-        raise _load_failed(ref, error, _module_file(target)) from error
-    except Exception as error:  # noqa: BLE001 - the module exists but fails while importing
-        raise _load_failed(ref, error, _module_file(target)) from error
-
-
-def _module_file(target: str) -> str | None:
-    try:
-        spec = importlib.util.find_spec(target)
-    except Exception:  # noqa: BLE001 - a parent package that fails to import
-        return None
-    return spec.origin if spec is not None else None
+        return import_user_module(target)
+    except ModuleNotFoundError as error:  # the module itself is not there
+        raise RewardConfigError(f"reward module {ref!r}: cannot import {target!r}: {error}") from error
+    except UserCodeError as error:
+        raise _load_failed(ref, error) from error
 
 
 def _unknown(ref: str, why: str = "") -> RewardConfigError:
@@ -182,10 +136,10 @@ def load_reward_class(ref: str, *, base_dir: str | Path | None = None) -> type:
     if ref in entry_points:
         try:
             cls = entry_points[ref].load()
-        except Exception as error:  # noqa: BLE001 - report any plug-in import failure as config
+        except (Exception, SystemExit) as error:  # noqa: BLE001 - report any plug-in import failure as config
             raise RewardConfigError(
                 f"reward entry point {ref!r} ({entry_points[ref].value}) failed to load: "
-                f"{where_it_failed(error, _module_file(entry_points[ref].module))}: {_reason(error)}"
+                f"{where_it_failed(error, module_file(entry_points[ref].module))}: {error_reason(error, importing=True)}"
             ) from error
         if not isinstance(cls, type) or not callable(getattr(cls, "score", None)):
             raise RewardConfigError(f"reward entry point {ref!r} is not a class with a score(batch) method")
@@ -222,11 +176,11 @@ def build_reward(cls: type, params: dict[str, Any], *, ref: str, label: str | No
         return cls(**params)
     except PolyrlError:
         raise
-    except Exception as error:  # noqa: BLE001 - any constructor failure is the reward author's to fix
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - any constructor failure is the reward author's to fix
         try:
             source = inspect.getsourcefile(cls)
         except TypeError:
             source = None
         raise RewardConfigError(
-            f"reward {label!r} ({ref}) failed in __init__ with params {params}: {where_it_failed(error, source)}: {_reason(error)}"
+            f"reward {label!r} ({ref}) failed in __init__ with params {params}: {where_it_failed(error, source)}: {error_reason(error)}"
         ) from error

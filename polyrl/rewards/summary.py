@@ -7,11 +7,43 @@ from collections.abc import Sequence
 
 import numpy as np
 
+# The largest |score| a reward module may return, and a total may reach: float32's largest
+# finite value, because the learner holds rewards as a float32 tensor (roles/pipeline.py).
+SCORE_LIMIT = float(np.finfo(np.float32).max)
+
+
+def mean_and_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population (ddof=0) std of finite ``values``, never raising on their size.
+
+    ``math.fsum`` raises OverflowError on an intermediate sum past the float range (1e308 + 1e308)
+    and squaring a deviation of 1e160 does too; both are computed on the values divided by
+    their largest magnitude (in [-1, 1]) and scaled back, so the result is inf only when the
+    mean or std itself is past the float range. Values of ordinary size take the direct sums
+    (bit for bit what they always gave).
+    """
+    if not values:
+        return math.nan, math.nan
+    try:
+        mean = math.fsum(values) / len(values)
+        std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+        if math.isfinite(mean) and math.isfinite(std):
+            return mean, std
+    except OverflowError:
+        pass
+    scale = max(abs(float(v)) for v in values)
+    if scale == 0 or not math.isfinite(scale):
+        mean = math.fsum(values) / len(values) if math.isfinite(scale) else math.nan
+        return mean, 0.0 if scale == 0 else math.nan
+    unit = [float(v) / scale for v in values]
+    unit_mean = math.fsum(unit) / len(unit)
+    unit_std = math.sqrt(math.fsum((u - unit_mean) ** 2 for u in unit) / len(unit))
+    return unit_mean * scale, unit_std * scale
+
 
 def mean_of_scored(values: Sequence[float | None]) -> float:
     """Mean over the values that are not ``None``; NaN when none are."""
     scored = [float(v) for v in values if v is not None]
-    return math.fsum(scored) / len(scored) if scored else float("nan")
+    return mean_and_std(scored)[0] if scored else float("nan")
 
 
 def is_correct(value: float | None) -> bool:
