@@ -32,9 +32,9 @@ from polyrl.roles.collector import RolloutCollector
 from polyrl.roles.critic import Critic
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
-from polyrl.roles.learner import PolicyLearner
 from polyrl.roles.loop import TrainingLoop, sync_policy
 from polyrl.roles.pipeline import BatchPipeline, PipelineContext
+from polyrl.roles.protocols import Closes, Evaluator, Learner, Tracker
 from polyrl.runtime.compiled import check_sampler_compile
 from polyrl.runtime.cpu_matmul import cpu_vendor, torch_blas
 from polyrl.runtime.devices import learner_device
@@ -75,12 +75,12 @@ class Arm:
     health: HealthMonitor
     collector: RolloutCollector
     pipeline: BatchPipeline
-    learner: PolicyLearner
+    learner: Learner  # a PolicyLearner, or a DataParallelLearner with train.learner_workers > 1
     critic: Critic | None
     reference: torch.nn.Module | None
     checkpointer: Checkpointer
-    logger: Any | None = None
-    evaluator: Callable[[Any, int], Any] | None = None
+    logger: Tracker | None = None
+    evaluator: Evaluator | None = None
     start_step: int = 0
     start_state: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
@@ -140,7 +140,7 @@ class Arm:
             self.collector.close()
         finally:
             try:
-                if hasattr(self.learner, "close"):  # data-parallel learner ranks (and the Ray it started)
+                if isinstance(self.learner, Closes):  # data-parallel learner ranks (and the Ray it started)
                     self.learner.close()
             finally:
                 if self.holds_ray:
@@ -178,8 +178,8 @@ def build_arm(
     *,
     arm: str,
     arm_dir: str | Path,
-    logger: Any | None = None,
-    evaluator: Any | None = None,
+    logger: Tracker | None = None,
+    evaluator: Evaluator | None = None,
     checkpoint_extra: dict[str, Any] | None = None,
     resume: bool = False,
     engine: RolloutEngine | None = None,
@@ -226,8 +226,8 @@ def _build_arm(
     *,
     arm: str,
     arm_dir: str | Path,
-    logger: Any | None,
-    evaluator: Any | None,
+    logger: Tracker | None,
+    evaluator: Evaluator | None,
     checkpoint_extra: dict[str, Any] | None,
     resume: bool,
     engine: RolloutEngine | None,
@@ -288,7 +288,8 @@ def _build_arm(
         logger=logger,
         evaluator=evaluator,
     )
-    overlap = getattr(evaluator, "overlap_warnings", None)  # periodic evaluation's datasets against the training rows
+    # Periodic evaluation's datasets against the training rows, where the evaluator can tell (PeriodicEvaluator).
+    overlap = getattr(evaluator, "overlap_warnings", None)
     built.data_warnings = list(overlap(sampler.samples)) if overlap is not None else []
     if resume:
         _restore(built)
@@ -296,7 +297,7 @@ def _build_arm(
     return built
 
 
-def _log_runtime(logger: Any, models: Models, rollout: RolloutSide, build_started: float) -> None:
+def _log_runtime(logger: Tracker, models: Models, rollout: RolloutSide, build_started: float) -> None:
     # Start-up cost is part of "faster to a comparison": recorded per arm so it can be compared.
     policy = models.policy
     logger.log_params(
@@ -308,6 +309,7 @@ def _log_runtime(logger: Any, models: Models, rollout: RolloutSide, build_starte
             "runtime.cpu_matmul": models.cpu_matmul,
             "runtime.cpu_vendor": cpu_vendor() or "unknown",
             "runtime.torch_blas": torch_blas(),
+            # A transformers model's config (third-party; a bare torch module has none).
             "runtime.learner_attention": policy.config._attn_implementation if hasattr(policy, "config") else "unknown",
             "runtime.padding_free": models.padding_free,
             "runtime.engine_startup_s": round(rollout.startup_s, 2),

@@ -38,9 +38,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.roles.async_partitions import DrawsClosed, LockedRewards, OrderedDraws, partition_of, worker_groups
-from polyrl.roles.collector import RolloutCollector
+from polyrl.roles.collector import Collected, RolloutCollector
 from polyrl.roles.loop import PhaseTimer, TrainingLoop, sync_policy
+from polyrl.roles.protocols import Engine, WorkerPool
 
 __all__ = ["AsyncTrainingLoop", "BufferedBatch", "RolloutBuffer", "VersionedEngine", "staleness_metrics"]
 
@@ -54,7 +56,7 @@ class VersionedEngine:
     (:attr:`partitions`, each with its own lock) for the partitions' producers; a sync holds every
     lock and sets every version."""
 
-    def __init__(self, engine: Any, version: int = 0):
+    def __init__(self, engine: Engine, version: int = 0):
         self.engine = engine
         self.version = version
         self.lock = threading.Lock()
@@ -64,12 +66,13 @@ class VersionedEngine:
     def split(self, max_staleness: int) -> None:
         """One partition per group of workers (:func:`~polyrl.roles.async_partitions.worker_groups`);
         an engine that is not a pool of several workers stays one partition."""
-        groups = worker_groups(getattr(self.engine, "worker_count", 1), max_staleness)
+        pool = self.engine if isinstance(self.engine, WorkerPool) else None
+        groups = worker_groups(pool.worker_count if pool is not None else 1, max_staleness)
         self.partitions = (
-            [self] if len(groups) <= 1 else [VersionedEngine(self.engine.worker_engine(g), self.version) for g in groups]
+            [self] if pool is None or len(groups) <= 1 else [VersionedEngine(pool.worker_engine(g), self.version) for g in groups]
         )
 
-    def generate(self, prompts: Any, settings: Any) -> Any:
+    def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]:
         asked = time.perf_counter()
         with self.lock:
             self.lock_wait_s += time.perf_counter() - asked
@@ -114,7 +117,7 @@ class VersionedEngine:
 @dataclass
 class BufferedBatch:
     step: int
-    collected: Any  # polyrl.roles.collector.Collected
+    collected: Collected
     sampler_before: dict[str, Any]  # the prompt sampler's position before this step's draws
     sampler_after: dict[str, Any]  # ... and after them: what a checkpoint of this step records
     engine_wait_s: float  # the producer's wait for newer weights (throttle and engine lock)
@@ -327,7 +330,7 @@ class AsyncTrainingLoop(TrainingLoop):
     def train_on(
         self,
         step: int,
-        collected: Any,
+        collected: Collected,
         timer: PhaseTimer,
         step_start_sampler: dict[str, Any],
         extra_metrics: dict[str, float] | None = None,

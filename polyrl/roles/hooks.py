@@ -2,7 +2,8 @@
 metric logging, checkpointing and user callbacks.
 
 Each hook gets a :class:`StepReport` (plain data: the step, its metrics, the rollout's sample
-rows) and whatever it needs in its constructor; none reaches into the loop. ``observe`` runs
+rows) and whatever it needs in its constructor (the tracker, the evaluator and the engine as
+:mod:`polyrl.roles.protocols` describes them); none reaches into the loop. ``observe`` runs
 inside the step's "log" phase and may add metrics; ``publish`` runs once the metrics are final
 (timings included), in list order: log, then checkpoint, then callbacks (a kill in between
 then repeats the step on resume, and the logger skips what it already has, instead of losing it).
@@ -14,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from polyrl.core.types import PromptSample
 from polyrl.roles.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from polyrl.roles.health import HealthMonitor
+from polyrl.roles.protocols import Engine, Evaluator, Tracker
 from polyrl.tracking.sample_html import has_images, samples_html
 
 __all__ = ["Callback", "Checkpointer", "HealthHook", "Hook", "MetricLogger", "PeriodicEvalHook", "SampleTableHook", "StepReport"]
@@ -28,7 +31,7 @@ class StepReport:
     samples: list[dict[str, Any]] = field(default_factory=list)  # prompt, completion, reward, length, finish_reason
     # The PromptSample of each row of ``samples`` (its images and references) and each reward
     # module's score per row: the image sample table is drawn from them.
-    prompts: list[Any] = field(default_factory=list)
+    prompts: list[PromptSample] = field(default_factory=list)
     reward_parts: dict[str, list[float | None]] = field(default_factory=dict)
 
 
@@ -43,7 +46,7 @@ class Hook:
         """After the metrics are final."""
 
 
-def _replayed(logger: Any, step: int) -> bool:
+def _replayed(logger: Tracker | None, step: int) -> bool:
     """A step the logger already has (recomputed after a resume): MLflow tables append, so
     tables and evaluations of it are not written again."""
     return logger is not None and step in logger.logged_steps()
@@ -59,7 +62,7 @@ class HealthHook(Hook):
         *,
         arm: str,
         printer: Callable[[str], None] = print,
-        logger: Any | None = None,
+        logger: Tracker | None = None,
         notes: list[str] | None = None,
     ):
         self.monitor, self.arm, self.printer, self.logger = monitor, arm, printer, logger
@@ -88,7 +91,7 @@ class SampleTableHook(Hook):
     when any of them has prompt images, also as ``samples/step_<n>.html`` with the images
     (:mod:`polyrl.tracking.sample_html`)."""
 
-    def __init__(self, logger: Any, *, every: int, rows: int, answer_field: str = "answer"):
+    def __init__(self, logger: Tracker, *, every: int, rows: int, answer_field: str = "answer"):
         self.logger, self.every, self.rows, self.answer_field = logger, every, rows, answer_field
 
     def observe(self, report: StepReport) -> None:
@@ -100,7 +103,7 @@ class SampleTableHook(Hook):
             return
         self.logger.log_table(rows, f"samples/step_{step:05d}.json")
         prompts = report.prompts[: len(rows)]
-        images = [list(getattr(p, "images", None) or []) for p in prompts]
+        images = [list(p.images) for p in prompts]
         if len(prompts) == len(rows) and has_images(images):
             rich = [
                 {
@@ -119,7 +122,7 @@ class PeriodicEvalHook(Hook):
     so every eval curve begins at the model the arm started from). The evaluator returns an
     object with ``metrics`` and ``rows`` (:class:`polyrl.evals.periodic.PeriodicResult`)."""
 
-    def __init__(self, evaluator: Callable[[Any, int], Any], engine: Any, *, every: int, logger: Any | None = None):
+    def __init__(self, evaluator: Evaluator, engine: Engine, *, every: int, logger: Tracker | None = None):
         self.evaluator, self.engine, self.every, self.logger = evaluator, engine, every, logger
         self.start_metrics: dict[str, float] = {}
 
@@ -139,6 +142,7 @@ class PeriodicEvalHook(Hook):
         if self.logger is not None and result.rows:
             rows = [{"step": step, **row} for row in result.rows]
             self.logger.log_table(rows, f"eval_samples/step_{step:05d}.json")
+            # The suite's full result, where the evaluator gives one (PeriodicResult.result), has the rows' images.
             images = getattr(getattr(result, "result", None), "row_images", None) or []
             if len(images) == len(rows) and has_images(images):
                 self.logger.log_text(
@@ -147,7 +151,7 @@ class PeriodicEvalHook(Hook):
 
 
 class MetricLogger(Hook):
-    def __init__(self, logger: Any):
+    def __init__(self, logger: Tracker):
         self.logger = logger
 
     def publish(self, report: StepReport) -> None:
@@ -174,7 +178,7 @@ class Checkpointer(Hook):
 
     def __init__(self, arm_dir: str | Path, *, every: int, keep: int, last_step: int, models: dict[str, Any],
                  optimizers: dict[str, Any], state: Callable[[], dict[str, Any]], extra: dict[str, Any] | None = None,
-                 logger: Any | None = None):  # fmt: skip
+                 logger: Tracker | None = None):  # fmt: skip
         self.arm_dir = Path(arm_dir)
         self.every, self.keep, self.last_step = every, keep, last_step
         self.models, self.optimizers, self.state, self.extra, self.logger = models, optimizers, state, dict(extra or {}), logger

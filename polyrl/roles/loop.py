@@ -1,7 +1,8 @@
 """The training loop of one arm: collect → pipeline → learn → sync → hooks, each phase timed.
 
 The roles it drives take and return plain data (:mod:`polyrl.roles.batches`), and it gets them
-all in its constructor (:func:`polyrl.roles.arm.build_arm` builds them from a config).
+all in its constructor (:func:`polyrl.roles.arm.build_arm` builds them from a config); what it
+uses of each is its protocol in :mod:`polyrl.roles.protocols`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ import time
 from collections import defaultdict
 from typing import Any, Iterator, Sequence
 
+import torch
+
 from polyrl.engines.modality_marks import modality_string
 from polyrl.roles.batches import Rollout, Scores, length_metrics
+from polyrl.roles.collector import Collected
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteStop, NonFiniteTrainingError
 from polyrl.roles.hooks import Checkpointer, Hook, StepReport
+from polyrl.roles.protocols import Collector, Learner, Pipeline, PromptSource
 from polyrl.runtime.host_memory import release_freed_host_memory
 
 __all__ = ["PHASES", "PhaseTimer", "TrainingLoop", "length_metrics", "rollout_metrics", "sample_rows"]
@@ -62,7 +67,7 @@ def sample_rows(rollout: Rollout, scores: Scores) -> list[dict[str, Any]]:
     ]
 
 
-def sync_policy(collector: Any, learner: Any, engine_dtype: Any, adapter: bool = False) -> None:
+def sync_policy(collector: Collector, learner: Learner, engine_dtype: torch.dtype, adapter: bool = False) -> None:
     """The learner's policy into the rollout engine: its LoRA adapter alone (``adapter``,
     ``model.lora.sync: adapter``) or its weights in the engine's dtype (with LoRA: merged)."""
     if adapter:
@@ -72,9 +77,9 @@ def sync_policy(collector: Any, learner: Any, engine_dtype: Any, adapter: bool =
 
 
 class TrainingLoop:
-    def __init__(self, *, arm: str, steps: int, sampler: Any, collector: Any, pipeline: Any, learner: Any, engine_dtype: Any,
-                 checkpointer: Checkpointer, hooks: Sequence[Hook] = (), start_step: int = 0,
-                 history: list[dict[str, float]] | None = None, adapter_sync: bool = False):  # fmt: skip
+    def __init__(self, *, arm: str, steps: int, sampler: PromptSource, collector: Collector, pipeline: Pipeline,
+                 learner: Learner, engine_dtype: torch.dtype, checkpointer: Checkpointer, hooks: Sequence[Hook] = (),
+                 start_step: int = 0, history: list[dict[str, float]] | None = None, adapter_sync: bool = False):  # fmt: skip
         self.arm, self.steps = arm, steps
         self.adapter_sync = adapter_sync
         self.sampler, self.collector, self.pipeline, self.learner = sampler, collector, pipeline, learner
@@ -103,7 +108,7 @@ class TrainingLoop:
     def train_on(
         self,
         step: int,
-        collected: Any,
+        collected: Collected,
         timer: PhaseTimer,
         step_start_sampler: dict[str, Any],
         extra_metrics: dict[str, float] | None = None,
@@ -144,7 +149,8 @@ class TrainingLoop:
             prompts=list(rollout.prompts),
             reward_parts=dict(collected.scores.per_module),
         )
-        # The weight sync's share of the step so far (communication, seed 000 §5.2; checked in asynchronous training).
+        # The weight sync's share of the step so far: polyrl's own measure of the cost of communication
+        # between learner and sampler (checked in asynchronous training).
         metrics["perf/sync_share"] = timer.seconds.get("sync", 0.0) / max(sum(timer.seconds.values()), 1e-9)
         with timer("log"):
             metrics["train/samples_per_s"] = len(rollout) / max(sum(timer.seconds.values()), 1e-9)
@@ -160,7 +166,9 @@ class TrainingLoop:
         """Before the update, the step's peak: the sampler's weights go (``release_sampler``, an
         engine with ``release_weights``; vLLM on CPU), then the host memory freed since the last
         update that glibc still holds (runtime/host_memory.py). Returns whether weights went."""
-        release = getattr(getattr(self.collector, "engine", None), "release_weights", None) if release_sampler else None
+        # Only some engines can (protocols.ReleasesWeights). A getattr, not isinstance: a VersionedEngine
+        # forwards it by __getattr__, which isinstance on a Protocol no longer follows from Python 3.12.
+        release = getattr(self.collector.engine, "release_weights", None) if release_sampler else None
         released = bool(release()) if release is not None else False
         release_freed_host_memory()
         return released

@@ -25,6 +25,7 @@ class Roles:
         self.position = 0
         self.fail_update = fail_update
         self.settings = LearnerSettings(aggregation="token_mean", max_consecutive_nonfinite=2)
+        self.engine = None  # the collector's engine (protocols.Collector): none here, so no weights to release
 
     def state_dict(self):
         return {"position": self.position}

@@ -1,0 +1,204 @@
+"""The seams of the training loop, one :class:`typing.Protocol` each: what the loop
+(:mod:`polyrl.roles.loop`, :mod:`polyrl.roles.async_loop`), its hooks (:mod:`polyrl.roles.hooks`)
+and the arm (:mod:`polyrl.roles.arm`) use of each collaborator, and nothing more.
+
+The built roles satisfy them (:class:`~polyrl.roles.collector.RolloutCollector`,
+:class:`~polyrl.roles.pipeline.BatchPipeline`, :class:`~polyrl.roles.learner.PolicyLearner` and
+:class:`~polyrl.roles.learner_ranks.DataParallelLearner`,
+:class:`~polyrl.data.prompts.PromptSampler`, :class:`~polyrl.tracking.run_logger.RunLogger`,
+:class:`~polyrl.evals.periodic.PeriodicEvaluator`); tests drive the loop with small stand-ins
+that satisfy them too. The hooks' own contract is the :class:`~polyrl.roles.hooks.Hook` base
+class (three no-op methods a hook overrides).
+
+The few capabilities only some implementations have are protocols of their own
+(:class:`ReleasesWeights`, :class:`WorkerPool`, :class:`Closes`). Where the object may be a
+:class:`~polyrl.roles.async_loop.VersionedEngine`, which forwards the engine's attributes by
+``__getattr__``, they are probed with ``getattr``: ``isinstance`` against a runtime-checkable
+protocol looks attributes up statically from Python 3.12 and would not see them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from polyrl.core.types import Completion, PromptSample, SamplingSettings
+
+if TYPE_CHECKING:  # annotations only: the roles import this module
+    from polyrl.roles.batches import Rollout, Scores
+    from polyrl.roles.collector import Collected, CollectSettings
+    from polyrl.roles.learner import LearnerSettings
+
+__all__ = [
+    "BatchSource",
+    "Closes",
+    "Collector",
+    "Engine",
+    "EvalOutcome",
+    "Evaluator",
+    "Learner",
+    "Pipeline",
+    "PromptSource",
+    "ReleasesWeights",
+    "Rewards",
+    "Tracker",
+    "WorkerPool",
+]
+
+
+class PromptSource(Protocol):
+    """The training prompts (:class:`~polyrl.data.prompts.PromptSampler`): drawn in order, its
+    position saved in every checkpoint and restored on resume."""
+
+    def next_batch(self, num_prompts: int) -> list[PromptSample]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+BatchSource = Callable[[int], list[PromptSample]]
+"""What the collector draws its prompts from: ``num_prompts`` → the next prompts."""
+
+
+class Engine(Protocol):
+    """The rollout engine as the loop and periodic evaluation see it (through the collector);
+    :class:`~polyrl.engines.base.RolloutEngine` is the full contract, and the asynchronous loop
+    wraps one in a :class:`~polyrl.roles.async_loop.VersionedEngine`."""
+
+    def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReleasesWeights(Protocol):
+    """An engine that can drop its weights for the update's memory peak (vLLM on CPU); the next
+    sync loads them all again. Returns whether anything was released."""
+
+    def release_weights(self) -> bool: ...
+
+
+@runtime_checkable
+class WorkerPool(Protocol):
+    """A pool of rollout workers (:class:`~polyrl.engines.worker_pool.RolloutWorkerPool`), which
+    the asynchronous loop splits into groups with a producer each."""
+
+    @property
+    def worker_count(self) -> int: ...
+
+    def worker_engine(self, workers: list[int]) -> Engine:
+        """These workers alone, as an engine."""
+        ...
+
+
+@runtime_checkable
+class Closes(Protocol):
+    """Holds resources until closed (a data-parallel learner's ranks and the Ray they started)."""
+
+    def close(self) -> None: ...
+
+
+class Rewards(Protocol):
+    """The arm's rewards (:class:`~polyrl.rewards.CompositeReward`) as the collector and the
+    asynchronous loop's producers share them."""
+
+    @property
+    def labels(self) -> list[str]: ...
+
+    def score(self, batch: Any) -> Any: ...
+
+
+class Collector(Protocol):
+    """Generates and scores one step's rollout (:class:`~polyrl.roles.collector.RolloutCollector`)
+    and carries the learner's policy into its engine."""
+
+    engine: Any  # an Engine; the asynchronous loop replaces it with its VersionedEngine
+    rewards: Any  # Rewards
+    settings: CollectSettings
+
+    def collect(self, step: int) -> Collected: ...
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None: ...
+
+    def sync_adapter(self, write: Callable[[Path], Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Pipeline(Protocol):
+    """Rollout and scores → the learner's batch: advantages, old and reference log-probs,
+    masks (:class:`~polyrl.roles.pipeline.BatchPipeline`). The batch carries ``metrics``."""
+
+    def run(self, rollout: Rollout, scores: Scores) -> Any: ...
+
+
+class Learner(Protocol):
+    """Updates the policy on a batch (:class:`~polyrl.roles.learner.PolicyLearner`, or
+    :class:`~polyrl.roles.learner_ranks.DataParallelLearner` with ``train.learner_workers``)."""
+
+    @property
+    def settings(self) -> LearnerSettings: ...
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+
+    def update(self, batch: Any, step_index: int = 0) -> dict[str, float]:
+        """One step's optimizer steps; raises :class:`~polyrl.roles.health.NonFiniteStop` after
+        too many non-finite ones in a row, having put itself back as it was before the step."""
+        ...
+
+    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, Tensor]]:
+        """The policy's weights for the engine, in ``dtype`` (with LoRA: merged)."""
+        ...
+
+    def write_adapter(self, folder: Any) -> None:
+        """The LoRA adapter alone into ``folder`` (``model.lora.sync: adapter``)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def optimizer_steps_per_step(self) -> int: ...
+
+    def apply_optimizer_settings(self) -> None: ...
+
+
+class Tracker(Protocol):
+    """Where a run's parameters, metrics, tags and tables go
+    (:class:`~polyrl.tracking.run_logger.RunLogger`, MLflow)."""
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
+    def set_tags(self, tags: dict[str, Any]) -> None: ...
+
+    def logged_steps(self) -> set[int]:
+        """Steps it already holds (a resumed run recomputes them; tables are not written twice)."""
+        ...
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> bool: ...
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def log_text(self, text: str, artifact_file: str) -> None: ...
+
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None: ...
+
+
+class EvalOutcome(Protocol):
+    """One periodic evaluation (:class:`~polyrl.evals.periodic.PeriodicResult`): its metrics
+    (logged as ``eval/<name>``) and sample rows (an MLflow table)."""
+
+    metrics: dict[str, float]
+    rows: list[dict[str, Any]]
+
+
+class Evaluator(Protocol):
+    """Periodic evaluation with the rollout engine at a step (``eval.every``;
+    :class:`~polyrl.evals.periodic.PeriodicEvaluator`)."""
+
+    def __call__(self, engine: Any, step: int) -> EvalOutcome: ...
