@@ -1,7 +1,7 @@
 """Finding environment classes from the reference written in a YAML file (``env.module``).
 
-A reference is one of, exactly as for reward modules (:mod:`polyrl.rewards.registry`, whose
-loader this calls: one implementation of importing a user's file):
+A reference is one of, exactly as for reward modules (:mod:`polyrl.rewards.registry`); the
+user's file or module is imported by :mod:`polyrl.core.user_code`, as rewards are:
 - a registered name (``calculator``), from ``@register_env`` on a class;
 - ``package.module:Class`` — an importable module;
 - ``path/to/file.py:Class`` — a file, loaded only because this reference names it;
@@ -10,6 +10,7 @@ loader this calls: one implementation of importing a user's file):
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata
 import inspect
@@ -17,15 +18,15 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from polyrl.core.errors import PolyrlError
+from polyrl.core.user_code import UserCodeError, error_reason, import_user_file, import_user_module, module_file, where_it_failed
 from polyrl.envs.base import EnvConfigError
-from polyrl.rewards import registry as user_code
-from polyrl.rewards.base import RewardConfigError
 
 __all__ = ["ENTRY_POINT_GROUP", "build_env", "env_entry_points", "load_env_class", "register_env", "registered_envs"]
 
 ENTRY_POINT_GROUP = "polyrl.envs"
 
 _REGISTRY: dict[str, type] = {}
+_FILE_MODULES: dict[Path, object] = {}
 T = TypeVar("T", bound=type)
 
 
@@ -60,9 +61,24 @@ def env_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def _as_env_error(error: RewardConfigError) -> EnvConfigError:
-    # The shared loader words its messages for rewards; the place and reason are what matter.
-    return EnvConfigError(str(error).replace("reward module ", "environment ", 1))
+def _load_file(path: Path, ref: str) -> object:
+    path = path.resolve()
+    if path not in _FILE_MODULES:
+        digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+        try:
+            _FILE_MODULES[path] = import_user_file(path, f"polyrl_env_file_{path.stem}_{digest}")
+        except UserCodeError as error:
+            raise EnvConfigError(f"environment {ref!r} failed to load: {error}") from error
+    return _FILE_MODULES[path]
+
+
+def _import_target(target: str, ref: str) -> object:
+    try:
+        return import_user_module(target)
+    except ModuleNotFoundError as error:
+        raise EnvConfigError(f"environment {ref!r}: cannot import {target!r}: {error}") from error
+    except UserCodeError as error:
+        raise EnvConfigError(f"environment {ref!r} failed to load: {error}") from error
 
 
 def _checked(cls: Any, ref: str) -> type:
@@ -93,18 +109,15 @@ def load_env_class(ref: str, *, base_dir: str | Path | None = None) -> type:
         target, _, attr = ref.rpartition(":")
         if not target or not attr:
             raise _unknown(ref, "expected 'module:Class' or 'file.py:Class'")
-        try:
-            if target.endswith(".py") or "/" in target or "\\" in target:
-                path = Path(target).expanduser()
-                if not path.is_absolute() and base_dir is not None:
-                    path = Path(base_dir) / path
-                if not path.is_file():
-                    raise EnvConfigError(f"environment {ref!r}: file {str(path)!r} does not exist")
-                module = user_code._load_file(path, ref)
-            else:
-                module = user_code._import_target(target, ref)
-        except RewardConfigError as error:
-            raise _as_env_error(error) from error.__cause__
+        if target.endswith(".py") or "/" in target or "\\" in target:
+            path = Path(target).expanduser()
+            if not path.is_absolute() and base_dir is not None:
+                path = Path(base_dir) / path
+            if not path.is_file():
+                raise EnvConfigError(f"environment {ref!r}: file {str(path)!r} does not exist")
+            module = _load_file(path, ref)
+        else:
+            module = _import_target(target, ref)
         cls = getattr(module, attr, None)
         if cls is None:
             raise EnvConfigError(f"environment {ref!r}: {target!r} has no attribute {attr!r}")
@@ -113,10 +126,10 @@ def load_env_class(ref: str, *, base_dir: str | Path | None = None) -> type:
     if ref in entry_points:
         try:
             cls = entry_points[ref].load()
-        except Exception as error:  # noqa: BLE001 - any plug-in import failure is a config error
+        except (Exception, SystemExit) as error:  # noqa: BLE001 - any plug-in import failure is a config error
             raise EnvConfigError(
                 f"environment entry point {ref!r} ({entry_points[ref].value}) failed to load: "
-                f"{user_code.where_it_failed(error, user_code._module_file(entry_points[ref].module))}: {user_code._reason(error)}"
+                f"{where_it_failed(error, module_file(entry_points[ref].module))}: {error_reason(error, importing=True)}"
             ) from error
         return _checked(cls, ref)
     raise _unknown(ref)
@@ -144,12 +157,12 @@ def build_env(cls: type, params: dict[str, Any], *, ref: str) -> Any:
         return cls(**params)
     except PolyrlError:
         raise
-    except Exception as error:  # noqa: BLE001 - any constructor failure is the author's to fix
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - any constructor failure is the author's to fix
         try:
             source = inspect.getsourcefile(cls)
         except TypeError:
             source = None
         raise EnvConfigError(
             f"environment {ref!r} failed in __init__ with params {params}: "
-            f"{user_code.where_it_failed(error, source)}: {user_code._reason(error)}"
+            f"{where_it_failed(error, source)}: {error_reason(error)}"
         ) from error

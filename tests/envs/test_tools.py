@@ -158,3 +158,9 @@ def test_load_from_file_and_errors(tmp_path):
         load_env_class("broken.py:X", base_dir=tmp_path)
     with pytest.raises(EnvConfigError, match="not a class with start"):
         load_env_class("polyrl.envs.tools:tool")
+
+
+def test_a_file_that_exits_at_import_is_reported_not_obeyed(tmp_path):
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\n")
+    with pytest.raises(EnvConfigError, match=r"environment 'exits.py:X' failed to load: .*exits.py"):
+        load_env_class("exits.py:X", base_dir=tmp_path)

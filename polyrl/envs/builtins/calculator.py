@@ -37,6 +37,8 @@ def last_integer(text: str) -> int | None:
 
 @register_env("calculator")
 class CalculatorEnv(ToolEnvironment):
+    """Multiply with a calculator tool; reward: the final answer's accuracy."""
+
     tools = [calculator]
 
     def __init__(self, correct: float = 1.0, wrong: float = 0.0, system_prompt: str | None = None):

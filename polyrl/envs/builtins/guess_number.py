@@ -19,6 +19,8 @@ from polyrl.envs.registry import register_env
 
 @register_env("guess_number")
 class GuessNumberEnv:
+    """Find a hidden number with higher/lower feedback; reward for solving within the turns."""
+
     tools: list[Any] = []
 
     def __init__(self, solved: float = 1.0):
