@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from polyrl.algos.aggregation import loss_normalizer_count
+from polyrl.algos.metric_parts import MetricAccumulator
 from polyrl.algos.rollout_correction import apply_correction, mismatch_from_sums, mismatch_sums
 from polyrl.modeling.logprobs import token_logprobs
 from polyrl.modeling.lora import write_adapter
@@ -230,8 +231,8 @@ class PolicyLearner:
         s = self.settings
         size = len(batch.packed)
         generator = torch.Generator().manual_seed(s.seed * 7919 + step_index)
-        sums: dict[str, float] = defaultdict(float)
-        weights: dict[str, float] = defaultdict(float)
+        # Token means, ratios of sums and extremes, each combined as its meaning asks (algos/metric_parts.py).
+        accumulated = MetricAccumulator()
         grad_norms, losses = [], []
         skipped: dict[str, int] = defaultdict(int)
         critic_updates = 0
@@ -285,10 +286,7 @@ class PolicyLearner:
                     # next micro-batches fault them in again, for no lower peak (runtime/host_memory.py).
                     loss.backward()
                     mini_loss += float(loss.detach())
-                    tokens = float(batch.loss_mask[micro].sum())
-                    for key, value in metrics.items():
-                        sums[key] += value * tokens
-                        weights[key] += tokens
+                    accumulated.add(metrics, float(batch.loss_mask[micro].sum()))
                 # A parameter this mini-batch did not reach has no gradient, as without the buffers.
                 gradients.drop_unreached()
                 # Gradients and loss summed over the ranks: every rank clips by the global norm,
@@ -309,13 +307,11 @@ class PolicyLearner:
                 )
                 if value_metrics is not None:
                     critic_updates += 1
-                    for key, value in value_metrics.items():
-                        sums[key] += value
-                        weights[key] += 1
-        sums, weights, _ = self.group.merge_sums(sums, weights, 0.0)
+                    accumulated.add(value_metrics, 1.0)
+        combined = MetricAccumulator.merged(self.group.gather(accumulated.state())).result()
         mismatch, _, _ = self.group.merge_sums(mismatch, {}, 0.0)
         unprefixed = ("bapo/", "quadrant/", "value/", "rollout_corr/")
-        out = {f"actor/{k}" if not k.startswith(unprefixed) else k: sums[k] / max(weights[k], 1e-12) for k in sums}
+        out = {f"actor/{k}" if not k.startswith(unprefixed) else k: value for k, value in combined.items()}
         out.update(mismatch_from_sums(mismatch))  # rollout/logprob_gap and rollout_corr/*
         out["actor/loss"] = float(np.mean(losses)) if losses else 0.0
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0

@@ -11,7 +11,10 @@ combined with the others' (:mod:`polyrl.roles.learner`, :mod:`polyrl.roles.criti
 - :meth:`reduce_gradients`: gradients summed over the ranks before clipping, so the clip uses
   the global norm and each rank applies the same step (a sum, not a mean: the normaliser is
   already global, so the per-rank losses add up to the single-process loss);
-- :meth:`merge_sums`: the token-weighted metric sums of every rank, added.
+- :meth:`merge_sums`: the token-weighted metric sums of every rank, added;
+- :meth:`gather`: every rank's object (the metric accumulators, combined by the learner);
+- :meth:`most`: the largest of an integer over the ranks (the micro-batch count every rank runs
+  with FSDP2, whose forwards and backwards are collectives).
 
 :class:`LocalGroup` (one process, today's learner) does nothing at each of them.
 :class:`TorchDistributedGroup` does them with ``torch.distributed`` (gloo on CPU, NCCL on CUDA)
@@ -23,7 +26,7 @@ is written for CUDA clusters and was not run here (no GPU).
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from torch import Tensor
@@ -62,6 +65,12 @@ class LocalGroup:
         self, sums: dict[str, float], weights: dict[str, float], extra: float
     ) -> tuple[dict[str, float], dict[str, float], float]:
         return sums, weights, extra
+
+    def gather(self, value: Any) -> list[Any]:
+        return [value]
+
+    def most(self, value: int) -> int:
+        return value
 
 
 class TorchDistributedGroup(LocalGroup):
@@ -114,6 +123,16 @@ class TorchDistributedGroup(LocalGroup):
         norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
         full = getattr(norm, "full_tensor", None)  # FSDP2: a DTensor norm over all shards
         return float(full() if full is not None else norm)
+
+    def gather(self, value: Any) -> list[Any]:
+        gathered: list = [None] * self.world_size
+        self.dist.all_gather_object(gathered, value)
+        return gathered
+
+    def most(self, value: int) -> int:
+        tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
+        self.dist.all_reduce(tensor, op=self.dist.ReduceOp.MAX)
+        return int(tensor.item())
 
     def merge_sums(
         self, sums: dict[str, float], weights: dict[str, float], extra: float

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from polyrl.algos.aggregation import aggregate, token_weights
 from polyrl.algos.losses import kl_penalty, masked_mean, zero_masked
+from polyrl.algos.metric_parts import ratio_parts
 
 # exp(20) ~ 4.9e8 is finite in every float dtype; beyond it the log-ratio is clamped (and gets no
 # gradient), so a stale or corrupted old log-prob cannot turn the loss into inf/NaN. verl's
@@ -127,11 +128,15 @@ def policy_metrics(
     signed_mass = zero_masked(loss_mass, mask & (positive | negative)).sum()
     positive_mass = zero_masked(loss_mass, mask & positive).sum()
     metrics["pos_loss_share"] = float(positive_mass / signed_mass) if signed_mass > 0 else 0.0
+    # The ratios' sums too: the learner combines micro-batches and ranks as a ratio of sums
+    # (polyrl.algos.metric_parts), not as a mean of ratios.
+    metrics.update(ratio_parts("pos_loss_share", float(positive_mass), float(signed_mass)))
     # BAPO's balance at this objective's own bounds, so an arm without BAPO's search reports the
     # share BAPO would steer; left out when no token contributes (a mean over steps stays honest).
     kept_positive, kept_negative = kept_contributions(ratio, advantages, mask, low_bound=low_bound, high_bound=high_bound)
     if kept_positive + kept_negative > 0:
         metrics["positive_share"] = kept_positive / (kept_positive + kept_negative)
+    metrics.update(ratio_parts("positive_share", kept_positive, kept_positive + kept_negative))
 
     signed = mask & (positive | negative)
     high_prob = logprobs >= math.log(high_prob_threshold)
@@ -140,6 +145,7 @@ def policy_metrics(
         for adv_name, adv_selector in (("pos_adv", positive), ("neg_adv", negative)):
             count = int((signed & prob_selector & adv_selector).sum())
             metrics[f"quadrant/{prob_name}_{adv_name}"] = count / denominator
+            metrics.update(ratio_parts(f"quadrant/{prob_name}_{adv_name}", count, int(signed.sum())))
     return metrics
 
 
