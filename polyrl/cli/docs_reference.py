@@ -9,7 +9,7 @@ the page at the next ``make docs``, without anyone editing a page. The sections:
 - ``objectives`` / ``advantages``: the registered objectives and advantage estimators with their
   paper, deviations and typed parameters (what ``polyrl objectives show NAME`` prints);
 - ``rewards``: the built-in reward modules and their constructor parameters;
-- ``layers``: the import layers of ``.importlinter`` as a Mermaid diagram;
+- ``layers``: the import layers of ``.importlinter`` as a diagram (inline SVG) and a table;
 - ``pytest-markers``: the test markers declared in ``pyproject.toml``.
 """
 
@@ -161,18 +161,34 @@ def layers_from_importlinter(text: str) -> list[str]:
     raise ValueError("no layers contract in .importlinter")
 
 
-def layers_mermaid(text: str) -> str:
-    """The layers as a Mermaid flowchart, each arrow pointing the way imports may go (down)."""
+def layers_diagram(text: str) -> str:
+    """The layers as an inline SVG (no JavaScript, so it shows offline too): one box per package,
+    top to bottom, each arrow pointing the way imports may go; then the same as a table."""
     layers = layers_from_importlinter(text)
-    lines = ["```mermaid", "flowchart TB"]
+    box_w, box_h, gap, left, top = 240, 26, 16, 20, 10
+    height = top * 2 + len(layers) * box_h + (len(layers) - 1) * gap
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{box_w + 2 * left}" height="{height}" '
+        f'viewBox="0 0 {box_w + 2 * left} {height}" role="img" aria-label="polyrl import layers, top to bottom">',
+        '<defs><marker id="polyrl-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" markerHeight="6" '
+        'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="currentColor"/></marker></defs>',
+    ]
     for index, layer in enumerate(layers):
-        lines.append(f'    L{index}["{layer}"]')
-    for index in range(len(layers) - 1):
-        lines.append(f"    L{index} --> L{index + 1}")
-    lines.append("```")
+        y = top + index * (box_h + gap)
+        parts.append(
+            f'<rect x="{left}" y="{y}" width="{box_w}" height="{box_h}" rx="4" fill="none" stroke="currentColor"/>'
+            f'<text x="{left + box_w / 2}" y="{y + box_h / 2 + 5}" text-anchor="middle" font-family="monospace" '
+            f'font-size="14" fill="currentColor">{layer}</text>'
+        )
+        if index + 1 < len(layers):
+            x, y0 = left + box_w / 2, y + box_h
+            parts.append(
+                f'<line x1="{x}" y1="{y0}" x2="{x}" y2="{y0 + gap - 1}" stroke="currentColor" marker-end="url(#polyrl-arrow)"/>'
+            )
+    parts.append("</svg>")
     table = ["", "| height | package |", "|---|---|"]
     table += [f"| {len(layers) - index} | `{layer}` |" for index, layer in enumerate(layers)]
-    return "\n".join(lines + table) + "\n"
+    return "<div>" + "".join(parts) + "</div>\n" + "\n".join(table) + "\n"
 
 
 # Each generator takes the repository root (where .importlinter lives).
@@ -181,7 +197,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "objectives": lambda root: objectives_markdown(),
     "advantages": lambda root: advantages_markdown(),
     "rewards": lambda root: rewards_markdown(),
-    "layers": lambda root: layers_mermaid((root / ".importlinter").read_text()),
+    "layers": lambda root: layers_diagram((root / ".importlinter").read_text()),
     "pytest-markers": lambda root: pytest_markers_markdown((root / "pyproject.toml").read_text()),
 }
 

@@ -66,15 +66,15 @@ class RolloutConfig(StrictModel):
     dtype: Literal["float32", "bfloat16"] | None = Field(
         None,
         description="The dtype the rollout engine samples in; default: model.dtype. bfloat16 under a float32 "
-        "learner samples at bf16 speed (AMX on a recent Xeon: x1.5 for vLLM at 30M) while the learner keeps fp32; the "
+        "learner samples at bf16 speed (much faster with AMX on a recent Xeon) while the learner keeps fp32; the "
         "sampler then differs from the learner by bf16 rounding (rollout/logprob_gap ~4e-3 nats/token against ~5e-7 in "
         "fp32), a small off-policy gap that rollout.truncated_importance_sampling corrects.",
     )
     compile: bool = Field(
         False,
         description="vLLM compiles the sampler's forward (torch.compile with Inductor; on CUDA also CUDA graphs) "
-        "instead of running it eagerly. On the 30m policy here x1.18 faster generation (64 x 192 tokens, fp32) for a "
-        "start-up of ~45 s instead of ~8 s: it pays on runs of more than a few dozen rollout-heavy steps. Weight syncs "
+        "instead of running it eagerly: faster generation for a longer start-up (docs/benchmarks.md), so it pays on "
+        "runs of more than a few dozen rollout-heavy steps. Weight syncs "
         "reach the compiled model (it reads the same parameters). vllm engine and text policies only.",
     )
     truncated_importance_sampling: TruncatedImportanceSamplingConfig = TruncatedImportanceSamplingConfig()

@@ -46,7 +46,7 @@ class TrainConfig(StrictModel):
         False,
         description="The G completions of a prompt run as one packed row in the learner's forward (prompt once, "
         "a 4-D mask keeps completions apart; Prefix Grouper), where a FLOP cost model says it pays. Same log-probs and "
-        "gradients up to float rounding; on the 30m update here ×1.28 (21-token completions) and ×1.12 (100-token). Text "
+        "gradients up to float rounding; the more of each row the prompt is, the more it saves (docs/benchmarks.md). Text "
         "policies with sdpa/eager attention; micro-batches are then whole packs (not with micro_batch_tokens).",
     )
     padding_free: bool | Literal["auto"] = Field(
@@ -95,9 +95,9 @@ class TrainConfig(StrictModel):
     compile: bool = Field(
         False,
         description="torch.compile each of the policy's decoder layers (text policies; dynamic shapes; one graph shared "
-        "by all layers): fuses the element-wise work between the matmuls (oneDNN's, with train.cpu_matmul). ~35-50 s one-off "
-        "compile on the 30m policy here; the update ×1.18-1.20 (interleaved, same batches), so it pays on runs longer than a "
-        "few minutes of updates; off by default.",
+        "by all layers): fuses the element-wise work between the matmuls (oneDNN's, with train.cpu_matmul). A one-off "
+        "compile buys a faster update (docs/benchmarks.md), so it pays on runs longer than a few minutes of updates; off "
+        "by default.",
     )
     gradient_checkpointing: bool = Field(
         False,
@@ -108,8 +108,8 @@ class TrainConfig(StrictModel):
     cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
         "auto",
         description="GEMM library of the learner's fp32 Linear layers on CPU (policy, reference, critic): 'onednn' "
-        "(what vLLM's CPU backend uses; same fp32 maths, ×1.65–1.8 on the 30m update on an AMD Zen 5, where MKL runs AVX2 "
-        "kernels) or 'torch' (its default BLAS, MKL; ×1.15–1.18 faster than oneDNN on an Intel Xeon). 'auto': oneDNN when "
+        "(what vLLM's CPU backend uses; same fp32 maths, faster on AMD CPUs, where MKL runs AVX2 "
+        "kernels) or 'torch' (its default BLAS, MKL; faster than oneDNN on Intel CPUs; docs/benchmarks.md). 'auto': oneDNN when "
         "torch's BLAS is MKL on a CPU that is not Intel's, model.dtype is float32 and this torch has oneDNN; else torch. "
         "Recorded as runtime.cpu_matmul, with runtime.cpu_vendor and runtime.torch_blas.",
     )

@@ -21,8 +21,8 @@ cache are dead data that share the host with the update, the step's memory peak.
   allocates it again and zeroes it, before the prefix cache is reset as after every sync, so no
   block of the old policy is read.
 
-Measured on SmolLM2-135M-Instruct in fp32: the handles held 622 MiB of live allocations (more than
-the 406 MiB of Linear weights), the KV cache its ``rollout.kv_cache_gb``. Off the CPU nothing is
+On SmolLM2-135M-Instruct in fp32 the handles held more live memory than the Linear weights
+themselves (docs/benchmarks.md, "Where the memory went"), the KV cache its ``rollout.kv_cache_gb``. Off the CPU nothing is
 released (the weights are the parameters, and the KV cache is on the GPU), nor for image-text
 models (their vision tower's reload after a release was not tested). Exactness: the tests
 compare the reloaded engine's log-probs with the learner's (< 1e-5 nats/token).

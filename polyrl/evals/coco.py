@@ -66,7 +66,7 @@ _meteor = None
 def meteor_scorer():
     """pycocoevalcap's METEOR, started once per process and reused.
 
-    Starting it loads METEOR's paraphrase tables in a fresh JVM (~20 s on a small CPU box);
+    Starting it loads METEOR's paraphrase tables in a fresh JVM (slow: seconds to tens of seconds);
     periodic evaluation would pay that at every eval step. The process is stopped at exit.
     """
     global _meteor

@@ -1,14 +1,12 @@
 """Attention for a bf16 learner on CPU: scaled-dot-product attention computed in fp32.
 
-torch's CPU flash-attention kernel (what ``sdpa`` runs on CPU) has no fast bf16 backward. On a
-2-core Xeon with AMX, at the 30M learner's shapes (16 rows × 8 heads × 76 positions × 64), its
-backward took 33–34 ms per layer call in bf16 against 5.6–6.0 ms in fp32, a quarter of a bf16
-update. Under autocast the kernel gets bf16 inputs whatever arrives (rotary embeddings leave q and
+torch's CPU flash-attention kernel (what ``sdpa`` runs on CPU) has no fast bf16 backward: on a
+Xeon with AMX its bf16 backward was several times slower than its fp32 one, a large share of a
+bf16 update (docs/benchmarks.md, "bf16"). Under autocast the kernel gets bf16 inputs whatever arrives (rotary embeddings leave q and
 k in fp32, v is bf16), so this attention casts q, k and v to fp32 with autocast off around the
 kernel and returns the autocast dtype, as ``sdpa`` would. The matmuls around attention still run
-in bf16; only the attention kernel runs in fp32, which is also the more exact choice. Measured
-on the 30M RL update (Dr.GRPO, 64 rows, same process, the same 3 batches, 4 interleaved rounds):
-fp32 16.4 s, bf16 with ``sdpa`` 11.8 s, bf16 with this attention 8.9 s per 3 updates.
+in bf16; only the attention kernel runs in fp32, which is also the more exact choice, and the
+bf16 update is faster with it than with ``sdpa`` (docs/benchmarks.md).
 
 ``sdpa_fp32_on_cpu`` is registered with transformers' attention and mask interfaces and behaves
 as ``sdpa`` (same boolean masks, same kernel) except for the dtype the kernel computes in on CPU.

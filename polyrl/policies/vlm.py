@@ -50,7 +50,7 @@ VLM_SIZES: dict[str, dict[str, Any]] = {
     ),
 }
 WARMUP_CODE_VERSION = "1"
-# 200 steps at lr 1e-3, batch 32: 55% held-out greedy VQA accuracy in ~20 s on one core (measured);
+# 200 steps at lr 1e-3, batch 32: 55% held-out greedy VQA accuracy (measured);
 # the full supervised run reaches 99% (DESIGN.md), so RL has room above this start.
 DEFAULT_WARMUP_STEPS = 200
 DEFAULT_WARMUP_LR = 1e-3

@@ -9,13 +9,8 @@ work between the matmuls.
 Each decoder layer is compiled on its own (as torchtitan does per transformer block), not the
 decoder as one graph: every layer runs the same code, so Dynamo traces it once and all layers
 share the graph (its parameters are graph inputs), and compile time no longer grows with depth.
-Measured on the 2-core Intel Xeon, 30m policy (9 layers), fp32, MKL GEMMs, the RL update of
-Dr.GRPO batches (64 rows, micro-batches of 16), the same three batches in one process,
-interleaved over 4 rounds:
-
-* per layer: ×1.18–1.20 over eager (13.66 → 11.59 s per round), one-off compile ~35–50 s cold
-  (~6 s with Inductor's on-disk cache warm);
-* the whole decoder as one graph: ×1.25, but its one-off compile took ~220 s.
+Per layer, the update gains nearly what one whole-decoder graph gains, for a fraction of its
+one-off compile time (the measured figures: docs/benchmarks.md).
 
 Dynamo's guards give at most a couple of graphs per run (``dynamic=True``; one recompile when
 rows × columns crosses an Inductor code-generation threshold), far below its recompile limit of
@@ -27,7 +22,7 @@ not Intel's, :mod:`polyrl.runtime.cpu_matmul`), they run as custom ops that Indu
 then the GEMMs are oneDNN's and compilation fuses the element-wise work between them.
 
 Off by default, as in TRL (``torch_compile``) and torchtitan (``compile.enable``): the one-off
-compile costs more than it saves on short runs such as the demo's (arms of ~45 s). Each layer's
+compile costs more than it saves on short runs such as the demo's. Each layer's
 bound ``forward`` is replaced on the instance, so parameter names, the state dict
 (checkpoints), weight sync and the optimizer see the same modules as in eager mode.
 """

@@ -1,11 +1,11 @@
 """The learner's fp32 Linear layers on CPU through oneDNN instead of torch's default BLAS (``train.cpu_matmul``).
 
 Why: torch's CPU build runs an fp32 ``nn.Linear`` as an MKL ``sgemm``. MKL picks its kernels by
-CPU vendor, and on an AMD EPYC (Zen 5, AVX-512 with full-width FMA units) it runs
-at ~200 GFLOP/s on two threads, where oneDNN (which dispatches on the instruction set, not the
-vendor) runs the same fp32 products at ~420–470 GFLOP/s. vLLM's CPU backend already sends its
+CPU vendor, and on an AMD EPYC (AVX-512 with full-width FMA units) it reaches about
+half the rate that oneDNN (which dispatches on the instruction set, not the vendor) reaches on
+the same fp32 products (``bench/bench_matmul.py``; figures: docs/benchmarks.md). vLLM's CPU backend already sends its
 Linear layers to oneDNN (``dispatch_cpu_unquantized_gemm``), so the rollout side had this and
-the learner did not. Matmuls are ~87% of the 30m policy's update (torch profiler), so the GEMM
+the learner did not. Matmuls are most of the 30m policy's update (torch profiler), so the GEMM
 library bounds the update.
 
 What changes: each ``nn.Linear`` of the routed module computes ``x Wᵀ + b`` and both gradients
@@ -19,7 +19,7 @@ instances' ``forward`` is replaced.
 When: ``auto`` (the default) routes where torch's BLAS is MKL on a CPU that is not Intel's
 (``vendor_id`` in ``/proc/cpuinfo``), the learner computes in fp32 and oneDNN is in this torch
 build. That is the case the slow path comes from: on an Intel CPU MKL takes its own fast kernels,
-and there oneDNN was the slower library (a 5th-gen Xeon, 30m update: ×0.85–0.87, because
+and there oneDNN was the slower library (a 5th-gen Xeon, 30m update, because
 oneDNN re-lays out the transposed operands of the backward products). A CPU whose vendor cannot
 be read keeps torch's default. The choice is a rule about the machine and the build, not a
 timing, so that two runs of one config on one machine (and a resumed run) compute with the same
@@ -178,7 +178,7 @@ def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 # The same three products as registered custom ops, for a decoder under ``torch.compile``:
 # Inductor cannot lower the autograd function above (it asserts on the oneDNN op's arguments),
 # but it calls a custom op as an opaque kernel and fuses the element-wise work around it.
-# Eager code keeps the autograd function: its dispatch is cheaper (3m update 0.44 s vs 0.51 s).
+# Eager code keeps the autograd function: its dispatch is cheaper (measured on the 3m update).
 @torch.library.custom_op("polyrl::onednn_linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return _inner_product(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])

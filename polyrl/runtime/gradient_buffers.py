@@ -4,10 +4,10 @@ mini-batch.
 Left to autograd, a parameter's gradient is allocated by the first backward that reaches it:
 in the middle of that backward, among the activations it is freeing. On the CPU those blocks
 then sit between the holes the activations leave, and the next micro-batch's activations no
-longer fit the holes: glibc grows the heap and keeps the holes resident. Measured on
-SmolLM2-135M (fp32, full fine-tuning, ``bench/compare_trl.py --trace-rss``, 2026-12-03): the
-update's second micro-batch grew the resident set by ~0.8 GiB for ~0.5 GiB more live memory
-(the gradients), and glibc held 1.2-1.5 GiB of freed memory during the update (TRL: 0.4-0.7).
+longer fit the holes: glibc grows the heap and keeps the holes resident. A trace on
+SmolLM2-135M (``bench/compare_trl.py --trace-rss``) showed the update's second micro-batch
+growing the resident set by more than the gradients it added, and glibc holding far more freed
+memory during the update than TRL did (docs/benchmarks.md, "Where the memory went").
 
 Here every trainable parameter's gradient is allocated when the update begins, before
 any activation, and zeroed in place for each mini-batch: backward adds into it (autograd

@@ -3,37 +3,26 @@
 glibc's ``malloc`` serves every block above its mmap threshold (dynamic, at most 32 MiB) with a
 fresh ``mmap`` and unmaps it on ``free``; above its trim threshold it hands the top of the heap
 back to the kernel. An RL update frees and re-allocates the same activation sizes every
-micro-batch, so each step touches its pages for the first time again: ~53,000 minor page faults
-per 30m update on the 2-core AMD EPYC machine. There, one transposing copy of a gate/up gradient
-([1536, 1216], 7.5 MB) inside oneDNN's weight-gradient product took 15.7 ms in a profile of the
-update, against ~1.7 ms on memory already mapped.
+micro-batch, so each step touches its pages for the first time again: tens of thousands of
+minor page faults per update, and in a profile copies into freshly mapped memory ran several
+times slower than on memory already mapped (docs/benchmarks.md).
 
 Raising both thresholds (``mallopt``; the effect of ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=
 …:glibc.malloc.trim_threshold=…``) keeps freed blocks in the heap for the next micro-batch. On
-that machine, 30m policy, Dr.GRPO, 8 × 8 samples, whole RL steps with vLLM (median of 6 steps per
-process, processes alternating with and without):
-
-* ≤ 64 new tokens, three pairs: update ×1.01, ×1.08, ×1.03; step ×1.01, ×1.07, ×1.00; faults per
-  step 19-52k → 5-15k (glibc's default moves with its dynamic threshold's history);
-* 192 new tokens, one pair: update ×1.13 (7.15 → 6.32 s), generation ×1.08, step ×1.10; faults
-  per step 145k → 12k.
-
-A 5th-gen Intel Xeon showed no change beyond its noise (stop 17 of this project, 4 pairs).
+the AMD EPYC machine that made whole RL steps faster and cut their page faults by an order of
+magnitude; a 5th-gen Intel Xeon showed no change beyond its noise (docs/benchmarks.md).
 
 Freed memory that the next phase cannot reuse is handed back (:func:`release_freed_host_memory`,
-glibc's ``malloc_trim``): before each update and before the weight sync. Measured on SmolLM2-135M
-(fp32, full fine-tuning, 8 × 8 samples, vLLM in-process, ``bench/compare_trl.py --trace-rss``,
-glibc's ``mallinfo2``): glibc held 1.3 GiB of free chunks when the second update began and
-2.6 GiB after it, resident, that the update did not reuse: chunks freed by generation and by the
-previous update, of other sizes. Handing back whole free pages keeps the chunks for reuse (a
+glibc's ``malloc_trim``): before each update and before the weight sync. A trace on SmolLM2-135M
+(``bench/compare_trl.py --trace-rss``, glibc's ``mallinfo2``) showed glibc holding gigabytes of
+free chunks, resident, that the update did not reuse: chunks freed by generation and by the
+previous update, of other sizes (docs/benchmarks.md, "Where the memory went"). Handing back whole free pages keeps the chunks for reuse (a
 reuse faults its pages in again).
 
 A third trim, after each mini-batch's first backward (to hand back the holes it leaves among the
-activations), was removed: in one interleaved ``compare_trl`` round on the 2-core AMD EPYC
-(2026-12-03, fp32 full cell) the update took 37.3 s with it against 26.3 s without, for the same
-peak RSS (5905 vs 5892 MiB): the next micro-batches faulted the pages in again. Without any trim
-the step was 32.3 s (update 23.9 s) with a peak of 6188 MiB, so the two that stay cost ~10% of
-the step for ~0.3 GiB less peak.
+activations), was removed: in an interleaved ``compare_trl`` A/B it slowed the update for the same
+peak RSS, because the next micro-batches faulted the pages in again; the two trims that stay cost
+a little step time for a lower peak (the A/B: docs/benchmarks.md, "Where the memory went").
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from polyrl.cli.docs_reference import generated_section, layers_from_importlinter, objectives_markdown
-from polyrl.config.experiment import ExperimentConfig
+from polyrl.config.schema import ExperimentConfig
 from polyrl.config.reference import all_field_paths, allowed_values, schema_reference_markdown, type_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,8 @@ def test_layers_match_importlinter_and_unknown_sections_are_refused():
     layers = layers_from_importlinter((ROOT / ".importlinter").read_text())
     assert layers[0] == "polyrl.cli" and layers[-1] == "polyrl.core"
     diagram = generated_section("layers", ROOT)
-    assert diagram.startswith("```mermaid") and all(f'"{layer}"' in diagram for layer in layers)
+    assert diagram.startswith("<div><svg") and all(f">{layer}</text>" in diagram for layer in layers)
+    assert diagram.count("<line ") == len(layers) - 1  # one arrow between each pair of neighbours
     with pytest.raises(KeyError, match="unknown generated section 'nope'"):
         generated_section("nope", ROOT)
 

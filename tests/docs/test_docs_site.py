@@ -46,7 +46,7 @@ def test_site_builds_strict_with_every_page(built_site):
 def test_generated_pages_hold_the_live_registries(built_site):
     from polyrl.algos.advantages import list_advantages
     from polyrl.algos.objectives import list_objectives
-    from polyrl.config.experiment import ExperimentConfig
+    from polyrl.config.schema import ExperimentConfig
 
     objectives = _page_text(built_site, "objectives")
     for spec in list_objectives():

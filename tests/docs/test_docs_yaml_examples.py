@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from polyrl.config.dotted_keys import deep_merge
-from polyrl.config.experiment import resolve_arms
+from polyrl.config.schema import deep_merge, resolve_arms, safe_load_unique
 from polyrl.config.seeds import experiment_seeds
-from polyrl.config.yaml_files import safe_load_unique
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
@@ -65,7 +63,7 @@ def test_yaml_example_is_valid(page: Path, body: str):
 
 
 def test_an_invalid_example_is_caught():
-    from polyrl.config.base import ConfigError
+    from polyrl.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="rollout.engine"):
         validate_example("# fragment\nrollout: {engine: tgi}\n", "example.md")
