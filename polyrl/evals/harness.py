@@ -27,7 +27,8 @@ from typing import Any
 
 from polyrl.core.types import Completion, PromptSample
 from polyrl.data.chat import ChatFormat, chat_in_effect, format_prompts
-from polyrl.data.prompts import load_prompt_dataset, rows_to_prompt_samples
+from polyrl.data.prompt_samples import rows_to_prompt_samples
+from polyrl.data.prompts import load_prompt_dataset
 from polyrl.evals.coco import coco_caption_metrics
 from polyrl.evals.passk import mean_pass_at_k
 from polyrl.evals.suite import DatasetSpec, EvalError, EvalSuite, load_suite, resolve_source

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 
 from polyrl.config.rollout import WorkerResourcesConfig
 from polyrl.config.schema import ExperimentConfig
-from polyrl.data.prompts import PromptSampler
+from polyrl.data.sampler import PromptSampler
 from polyrl.engines.base import RolloutEngine
 from polyrl.engines.image_prompts import model_takes_images
 from polyrl.policies.paths import resolve_policy_path

@@ -10,7 +10,9 @@ from typing import Any
 from polyrl.config.schema import ConfigError, ExperimentConfig
 from polyrl.data.chat import ChatFormat, format_prompts
 from polyrl.data.image_rows import ImageCheck, check_model_takes_images
-from polyrl.data.prompts import PromptSampler, load_prompt_dataset, rows_to_prompt_samples
+from polyrl.data.prompt_samples import rows_to_prompt_samples
+from polyrl.data.prompts import load_prompt_dataset
+from polyrl.data.sampler import PromptSampler
 from polyrl.rewards import CompositeReward, load_reward_class
 
 __all__ = ["accuracy_label", "build_rewards", "build_sampler", "chat_format", "reward_specs", "training_rows"]

@@ -5,7 +5,7 @@ and the arm (:mod:`polyrl.roles.arm`) use of each collaborator, and nothing more
 The built roles satisfy them (:class:`~polyrl.roles.collector.RolloutCollector`,
 :class:`~polyrl.roles.pipeline.BatchPipeline`, :class:`~polyrl.roles.learner.PolicyLearner` and
 :class:`~polyrl.roles.learner_ranks.DataParallelLearner`,
-:class:`~polyrl.data.prompts.PromptSampler`, :class:`~polyrl.tracking.run_logger.RunLogger`,
+:class:`~polyrl.data.sampler.PromptSampler`, :class:`~polyrl.tracking.run_logger.RunLogger`,
 :class:`~polyrl.evals.periodic.PeriodicEvaluator`); tests drive the loop with small stand-ins
 that satisfy them too. The hooks' own contract is the :class:`~polyrl.roles.hooks.Hook` base
 class (three no-op methods a hook overrides).
@@ -50,7 +50,7 @@ __all__ = [
 
 
 class PromptSource(Protocol):
-    """The training prompts (:class:`~polyrl.data.prompts.PromptSampler`): drawn in order, its
+    """The training prompts (:class:`~polyrl.data.sampler.PromptSampler`): drawn in order, its
     position saved in every checkpoint and restored on resume."""
 
     def next_batch(self, num_prompts: int) -> list[PromptSample]: ...

@@ -13,7 +13,8 @@ from transformers import AutoTokenizer
 
 from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.data.chat import ChatFormat, ChatTemplateError, format_prompts
-from polyrl.data.prompts import load_prompt_dataset, rows_to_prompt_samples
+from polyrl.data.prompt_samples import rows_to_prompt_samples
+from polyrl.data.prompts import load_prompt_dataset
 from polyrl.engines.stop_tokens import end_of_turn_id, stop_token_ids
 from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.tasks import arithmetic

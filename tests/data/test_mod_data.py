@@ -9,13 +9,9 @@ import pytest
 datasets = pytest.importorskip("datasets")
 
 from polyrl.core.types import PromptSample  # noqa: E402
-from polyrl.data.prompts import (  # noqa: E402
-    DataConfigError,
-    PromptSampler,
-    check_prompt_source,
-    load_prompt_dataset,
-    rows_to_prompt_samples,
-)
+from polyrl.data.prompt_samples import rows_to_prompt_samples  # noqa: E402
+from polyrl.data.prompts import DataConfigError, check_prompt_source, load_prompt_dataset  # noqa: E402
+from polyrl.data.sampler import PromptSampler  # noqa: E402
 from polyrl.tasks.arithmetic import SHIPPED_SIZES  # noqa: E402
 
 

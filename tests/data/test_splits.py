@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from polyrl.config.schema import ExperimentConfig
 from polyrl.core.types import PromptSample
-from polyrl.data.prompts import DataConfigError, check_prompt_source, load_prompt_dataset, rows_to_prompt_samples
+from polyrl.data.prompt_samples import rows_to_prompt_samples
+from polyrl.data.prompts import DataConfigError, check_prompt_source, load_prompt_dataset
 from polyrl.data.splits import declared_split, overlap_count
 from polyrl.evals.harness import SuiteRunner
 from polyrl.evals.periodic import PeriodicEvaluator

@@ -72,7 +72,8 @@ def test_shipped_files_are_the_generator_output():
 
 
 def test_the_prompt_loader_knows_the_builtin_source():
-    from polyrl.data.prompts import DataConfigError, check_prompt_source, load_prompt_dataset, rows_to_prompt_samples
+    from polyrl.data.prompt_samples import rows_to_prompt_samples
+    from polyrl.data.prompts import DataConfigError, check_prompt_source, load_prompt_dataset
 
     dataset = load_prompt_dataset("drawing", "test")
     assert len(dataset) == drawing.SHIPPED_SIZES["test"]

@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from polyrl.config.schema import VLM_CAPTION_WARMUP_STEPS, ConfigError, ExperimentConfig, resolve_arms
-from polyrl.data.prompts import load_prompt_dataset, rows_to_prompt_samples
+from polyrl.data.prompt_samples import rows_to_prompt_samples
+from polyrl.data.prompts import load_prompt_dataset
 from polyrl.policies import vlm
 from polyrl.roles.build_data import reward_specs
 from polyrl.tasks import scenes

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from polyrl.data.image_rows import check_model_takes_images
-from polyrl.data.prompts import DataConfigError, load_prompt_dataset, rows_to_prompt_samples
+from polyrl.data.prompt_samples import rows_to_prompt_samples
+from polyrl.data.prompts import DataConfigError, load_prompt_dataset
 from polyrl.tasks import scenes
 
 

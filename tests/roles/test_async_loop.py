@@ -95,7 +95,7 @@ def test_partition_producers_draw_their_prompts_in_step_order():
     import threading
 
     from polyrl.core.types import PromptSample
-    from polyrl.data.prompts import PromptSampler
+    from polyrl.data.sampler import PromptSampler
     from polyrl.roles.async_partitions import DrawsClosed, OrderedDraws
 
     sampler = PromptSampler([PromptSample(prompt=str(i)) for i in range(10)], seed=0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from polyrl.core.types import PromptSample
-from polyrl.data.prompts import PromptSampler
+from polyrl.data.sampler import PromptSampler
 from polyrl.engines.base import RolloutEngine
 from polyrl.engines.worker_pool import RolloutWorkerPool
 from polyrl.evals.periodic import PeriodicEvaluator, PeriodicResult
