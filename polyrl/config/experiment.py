@@ -136,6 +136,8 @@ class ExperimentConfig(StrictModel):
         clash = (
             "model.lora"
             if self.model.lora is not None
+            else "model.freeze"
+            if self.model.freeze is not None
             else "train.compile: true"
             if t.compile
             else "train.share_prompts: true"

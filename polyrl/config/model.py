@@ -118,6 +118,29 @@ class LoraConfig(StrictModel):
         return targets
 
 
+class FreezeConfig(StrictModel):
+    """Parts of the policy that do not train (polyrl/modeling/freeze.py); the optimizer gets only the rest."""
+
+    parts: list[Literal["embeddings", "lm_head", "vision_tower", "projector"]] = Field(
+        default_factory=list,
+        description="Named parts: embeddings (input embedding; with tied embeddings the output head too), "
+        "lm_head, vision_tower and projector (a vision-language model's image encoder and its connector). A part the "
+        "policy does not have is refused, listing those it has.",
+    )
+    first_layers: int = Field(0, ge=0, description="Freeze the decoder's first N layers.")
+    patterns: list[str] = Field(
+        default_factory=list,
+        description="Shell-style patterns over parameter names (e.g. 'model.layers.0.*'); one that matches "
+        "nothing is refused, listing the model's names.",
+    )
+
+    @model_validator(mode="after")
+    def _freezes_something(self) -> "FreezeConfig":
+        if not self.parts and not self.first_layers and not self.patterns:
+            raise ValueError("freezes nothing; set parts, first_layers or patterns, or remove model.freeze")
+        return self
+
+
 class ModelConfig(StrictModel):
     path: str | None = Field(
         None,
@@ -140,6 +163,25 @@ class ModelConfig(StrictModel):
         "gets merged weights or the adapter (lora.sync), the KL reference is the base model (adapter off), checkpoints hold the "
         "adapter only.",
     )
+
+    freeze: FreezeConfig | None = Field(
+        None,
+        description="Parts of the policy that do not train (e.g. {parts: [vision_tower, projector]}); refused with "
+        "lora (only the adapter trains there already).",
+    )
+
+    @model_validator(mode="after")
+    def _freeze_without_lora(self) -> "ModelConfig":
+        if self.freeze is not None and self.lora is not None:
+            raise ValueError("freeze and lora together: with lora only the adapter trains already; keep one of them")
+        vision = [p for p in (self.freeze.parts if self.freeze is not None else []) if p in ("vision_tower", "projector")]
+        if vision and self.path is None and self.builtin.task not in VLM_TASKS:
+            # Known before any model loads: the built-in text policies have no vision side.
+            raise ValueError(
+                f"freeze.parts {vision}: the built-in {self.builtin.name or self.builtin.task} policy is text-only; "
+                "parts it has: embeddings, lm_head"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":

@@ -19,6 +19,7 @@ from polyrl.algos.objectives import get_objective
 from polyrl.config.schema import ExperimentConfig
 from polyrl.engines.image_prompts import auto_model_class, model_takes_images
 from polyrl.modeling.attention import attend_in_fp32_on_cpu
+from polyrl.modeling.freeze import freeze_parameters
 from polyrl.modeling.gradient_checkpointing import GradientCheckpointingError, checkpoint_layers
 from polyrl.modeling.logprobs import logit_scaling
 from polyrl.modeling.lora import LoraPolicy, add_lora
@@ -133,6 +134,9 @@ def build_models(cfg: ExperimentConfig, policy_path: Path) -> Models:
     host_malloc = keep_freed_host_memory() if device.type == "cpu" else "unchanged: the learner is on a GPU"
     policy = _load(policy_path, device, dtype)
     takes_images = model_takes_images(policy_path)
+    if cfg.model.freeze is not None:  # before anything counts trainable parameters (the optimizer, LoRA)
+        f = cfg.model.freeze
+        freeze_parameters(policy, parts=f.parts, first_layers=f.first_layers, patterns=f.patterns)
     lora = None
     if cfg.model.lora is not None:
         # The learner trains the same model with PEFT's LoRA layers injected; only they train.
