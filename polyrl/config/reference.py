@@ -117,6 +117,16 @@ def _text(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*")
 
 
+def _section_summary(annotation: Any) -> str:
+    """For a field that is a section of its own: the first sentence of the section's docstring."""
+    for model in _nested_models(annotation):
+        doc = inspect.cleandoc(model.__doc__ or "")
+        if doc:
+            return doc.split("\n\n")[0].split(". ")[0].rstrip(".") + " (section below)."
+        return "Its own section (below)."
+    return ""
+
+
 def _cell(text: str) -> str:
     """Table-cell safe: no line breaks, no bare pipes."""
     return " ".join(text.split()).replace("|", "\\|")
@@ -152,7 +162,7 @@ def section_markdown(path: str, model: type[BaseModel]) -> str:
             type_name(field.annotation, child),
             default_value(field),
             allowed_values(field),
-            _text(field.description or ""),
+            _text(field.description or _section_summary(field.annotation)),
         )
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -31,6 +31,8 @@ def test_schema_reference_lists_nested_fields_with_type_default_and_allowed_valu
     assert "| `top_p` | number | `1.0` | > 0; ≤ 1 |" in text
     # name has no default.
     assert "| `name` | string | required | length ≥ 1 |" in text
+    # A section field without a description of its own is described by its section's docstring.
+    assert "| `rewards` | list of [mapping](#config-rewards) | `[{module: accuracy}]` |  | One reward term" in text
 
 
 def test_type_names_and_bounds():
