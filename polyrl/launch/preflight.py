@@ -10,7 +10,7 @@ One check reads every row: a local data file with an image column has each image
 an arm trains on (``data.limit``, ``data.holdout``) opened and decoded, and its size held
 against ``data.max_image_pixels``, once per distinct data setting, and how many images that was
 and how long it took is said. It costs what the arm's own data load costs (that load decodes
-every image too, :class:`polyrl.data.prompts.PromptSampler`), and spares a run that would fail
+every image too, :class:`polyrl.data.sampler.PromptSampler`), and spares a run that would fail
 on row 9,000 after its MLflow runs exist and its policy has loaded.
 """
 
@@ -129,26 +129,99 @@ def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[s
         problems += image_problems(config)
     except DataConfigError as error:
         problems.append(f"data.source: {error}")
-    return problems + chat_problems(config)
+    return problems + chat_problems(config) + padding_free_problems(config)
 
 
 def chat_problems(config: ExperimentConfig) -> list[str]:
-    """Chat settings that cannot apply, from what is cheap to see (the rest is refused when the
-    prompts are formatted, polyrl/data/chat.py)."""
+    """Chat settings that cannot apply, from what is cheap to see: the settings, the policy's
+    tokenizer files and the first row of the data. The same rules as the run's own refusal when
+    the prompts are formatted (polyrl/data/chat.py ``format_prompts``), so that ``validate`` refuses
+    what ``run`` would, before any MLflow run exists or any model loads."""
     data, problems = config.data, []
-    if data.system_prompt is not None and data.chat_template is False:
+    in_effect = data.chat_template if data.chat_template is not None else rows_carry_messages(config)
+    if data.system_prompt is not None and in_effect is False:
         problems.append(
-            "data.system_prompt: set, but data.chat_template is false (a system prompt is a chat message); "
-            "set data.chat_template: true, or remove system_prompt"
+            f"data.system_prompt: set, but prompts are not formatted through a chat template (data.chat_template is "
+            f"{str(data.chat_template).lower() if data.chat_template is not None else 'unset'}, the rows have no "
+            f"{data.messages_field!r} column); set data.chat_template: true, or remove system_prompt"
         )
-    path = config.model.path
-    if data.chat_template and path and Path(path, "config.json").is_file() and not has_chat_template(path):
+    if not in_effect:
+        return problems
+    policy, has_template = policy_chat_template(config)
+    if has_template is False:
+        if data.chat_template is True:
+            problems.append(
+                f"data.chat_template: true, but the tokenizer of {policy} has no chat template; allowed: "
+                "chat_template: false, or a model whose tokenizer has one"
+            )
+        else:
+            problems.append(
+                f"data.messages_field: the rows of data.source {data.source!r} carry a {data.messages_field!r} column, "
+                f"which is formatted through the tokenizer's chat template, but the tokenizer of {policy} has none; give "
+                "the rows a prompt column and set data.chat_template: false, or use a model whose tokenizer has a template"
+            )
+    try:
+        images = source_has_images(data.source, data.train_split, images_field=data.images_field)
+    except DataConfigError:  # a broken source is reported by the data check
+        images = False
+    if images:
         problems.append(
-            f"data.chat_template: true, but the tokenizer of model.path {path!r} has no chat template "
-            "(no chat_template.jinja, no chat_template in tokenizer_config.json); allowed: chat_template: false, "
-            "or a model whose tokenizer has one"
+            f"data.chat_template: the rows of data.source {data.source!r} have images; image prompts are built by the "
+            "model's processor, not a chat template, here; allowed for image data: chat_template: false"
         )
     return problems
+
+
+def rows_carry_messages(config: ExperimentConfig) -> bool | None:
+    """Whether the training rows carry ``data.messages_field`` (chat rows), from the first row;
+    None where that is not cheap to see (a dataset name) or the source is broken (reported apart)."""
+    data = config.data
+    try:
+        if data.source in BUILTIN_SOURCES:
+            rows = load_prompt_dataset(data.source, data.train_split, limit=1, messages_field=data.messages_field)
+            return data.messages_field in rows.column_names
+        if not Path(data.source).is_file():  # a folder or a dataset name: left to the loader
+            return None
+        # The first row is checked for the messages column as if it were the prompt column.
+        check_prompt_source(data.source, data.train_split, prompt_field=data.messages_field, holdout=data.holdout)
+        return True
+    except DataConfigError as error:
+        return False if f"prompt field {data.messages_field!r}" in str(error) else None
+
+
+def policy_chat_template(config: ExperimentConfig) -> tuple[str, bool | None]:
+    """The policy in words and whether its tokenizer has a chat template (None: not known before it loads)."""
+    model = config.model
+    if model.path and not is_gguf_path(model.path):
+        folder = Path(model.path)
+        known = has_chat_template(folder) if (folder / "config.json").is_file() else None
+        return f"model.path {model.path!r}", known
+    if model.path:
+        return f"model.path {model.path!r}", None  # a GGUF file's template is read when it is converted
+    if model.builtin.name is not None:
+        return f"model.builtin.name {model.builtin.name!r}", None
+    # The tiny built-in policies' tokenizers (policies/text.py, vlm.py, drawing.py) carry no template.
+    return f"the built-in policy (model.builtin.task {model.builtin.task!r})", False
+
+
+def padding_free_problems(config: ExperimentConfig) -> list[str]:
+    """``train.padding_free: true`` with an image-text policy: refused by the run when the policy
+    loads (polyrl/modeling/packing.py), here before."""
+    if config.train.padding_free is not True:
+        return []
+    model = config.model
+    if model.path and not is_gguf_path(model.path):
+        images = Path(model.path, "config.json").is_file() and model_takes_images(model.path)
+        policy = f"model.path {model.path!r} is an image-text model (its config.json has a vision_config)"
+    else:
+        images = not model.path and model.builtin.name is None and model.builtin.task in IMAGE_TASKS
+        policy = f"model.builtin.task {model.builtin.task!r} is an image-text policy"
+    if not images:
+        return []
+    return [
+        f"train.padding_free: true, but {policy}; padding-free rows are for text policies only (image features are "
+        "placed by padded rows); allowed here: padding_free: false or auto"
+    ]
 
 
 def has_chat_template(model_dir: str | Path) -> bool:
