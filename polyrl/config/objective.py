@@ -99,6 +99,27 @@ class RolloutCorrectionConfig(StrictModel):
         return self.is_level is not None or self.settings().rejects
 
 
+class AdaptiveEntropyConfig(StrictModel):
+    """The entropy coefficient adapted toward a target entropy (polyrl/algos/entropy_control.py):
+    after each step ``coef ← clip(coef + step_size·(target − H), 0, max_coef)``, starting from
+    train.entropy_coef; logged as actor/entropy_coef."""
+
+    target: float = Field(..., ge=0, description="Target mean token entropy (nats).")
+    step_size: float = Field(..., gt=0, description="η: coefficient change per nat of entropy below the target, per step.")
+    max_coef: float = Field(0.1, gt=0, description="The coefficient's upper bound.")
+
+
+class HighEntropyTokensConfig(StrictModel):
+    """Only the highest-entropy tokens keep their policy gradient (Wang et al., arXiv 2506.01939)."""
+
+    top_ratio: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="ρ: the share of response tokens, by entropy, that train (the paper: 0.2); taken per micro-batch.",
+    )
+
+
 class ObjectiveConfig(StrictModel):
     name: str = "grpo"
     params: dict[str, Any] = Field(
@@ -106,6 +127,12 @@ class ObjectiveConfig(StrictModel):
         description="The objective's typed params (`polyrl objectives show NAME`); kl_coef, kl_estimator and entropy_coef live in train.",
     )
     aggregation: str | None = Field(None, description="Loss aggregation mode; default: the objective's own.")
+    adaptive_entropy: AdaptiveEntropyConfig | None = Field(
+        None, description="Adapt the entropy coefficient toward a target entropy (starts at train.entropy_coef)."
+    )
+    high_entropy_tokens: HighEntropyTokensConfig | None = Field(
+        None, description="Gradient only through the top-ρ tokens by entropy (forking tokens)."
+    )
     rollout_correction: RolloutCorrectionConfig | None = Field(
         None,
         description="Importance weights and rejection masks for a sampler that differs from the learner "

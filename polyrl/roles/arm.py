@@ -359,6 +359,7 @@ def _restore(built: Arm) -> None:
             "optimizer_step": state.get("optimizer_step", built.start_step * learner.optimizer_steps_per_step()),
             "nonfinite": state.get("nonfinite", {}),
             "critic_nonfinite": state.get("critic_nonfinite", {}),
+            "entropy": state.get("entropy", {}),  # the adapted entropy coefficient (objective.adaptive_entropy)
         }
     )
     built.health.load_state_dict(state.get("health", {}))

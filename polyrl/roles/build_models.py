@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from polyrl.algos.advantages import get_advantage
+from polyrl.algos.entropy_control import AdaptiveEntropySettings
 from polyrl.algos.objectives import get_objective
 from polyrl.config.schema import ExperimentConfig
 from polyrl.engines.image_prompts import auto_model_class, model_takes_images
@@ -91,7 +92,14 @@ def learner_settings(cfg: ExperimentConfig, objective: Any, padding_free: bool =
         max_grad_norm=t.max_grad_norm, max_consecutive_nonfinite=t.max_consecutive_nonfinite, temperature=cfg.rollout.temperature,
         max_tokens=cfg.rollout.max_tokens, kl_coef=0.0 if t.kl_in_reward else t.kl_coef, kl_estimator=t.kl_estimator,
         entropy_coef=t.entropy_coef, seed=cfg.seed, compute_dtype=compute_dtype(cfg.model.dtype),
+        entropy_control=_adaptive_entropy(cfg), high_entropy_top_ratio=(
+            cfg.objective.high_entropy_tokens.top_ratio if cfg.objective.high_entropy_tokens is not None else None),
     )  # fmt: skip
+
+
+def _adaptive_entropy(cfg: ExperimentConfig) -> AdaptiveEntropySettings | None:
+    a = cfg.objective.adaptive_entropy
+    return None if a is None else AdaptiveEntropySettings(target=a.target, step_size=a.step_size, max_coef=a.max_coef)
 
 
 def critic_settings(cfg: ExperimentConfig) -> CriticSettings:

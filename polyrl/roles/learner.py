@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from polyrl.algos.aggregation import loss_normalizer_count
+from polyrl.algos.entropy_control import EntropyController, high_entropy_token_mask
 from polyrl.algos.metric_parts import MetricAccumulator
 from polyrl.algos.rollout_correction import apply_correction, mismatch_from_sums, mismatch_sums
 from polyrl.modeling.logprobs import token_logprobs
@@ -63,6 +64,8 @@ class LearnerSettings:
     kl_coef: float = 0.0  # in the loss; 0 when the KL is folded into the rewards
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
+    entropy_control: Any = None  # AdaptiveEntropySettings: entropy_coef adapted toward a target after each step
+    high_entropy_top_ratio: float | None = None  # only this share of tokens, by entropy, keeps its gradient
     seed: int = 0
     compute_dtype: torch.dtype = torch.float32
 
@@ -103,6 +106,7 @@ class PolicyLearner:
             fused=True,
         )
         self.guard = NonFiniteGuard(settings.max_consecutive_nonfinite)
+        self.entropy = EntropyController(settings.entropy_coef, settings.entropy_control)  # the bonus' coefficient
         self.optimizer_step = 0  # applied policy optimizer steps: the schedule's and the critic cadence's clock
 
     # --- schedule and state ----------------------------------------------------------------------
@@ -132,6 +136,8 @@ class PolicyLearner:
 
     def state_dict(self) -> dict[str, Any]:
         state = {"optimizer_step": self.optimizer_step, "nonfinite": self.guard.state_dict()}
+        if self.entropy.settings is not None:
+            state["entropy"] = self.entropy.state_dict()
         if self.critic is not None:
             state["critic_nonfinite"] = self.critic.guard.state_dict()
         return state
@@ -139,6 +145,7 @@ class PolicyLearner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer_step = int(state["optimizer_step"])
         self.guard.load_state_dict(state.get("nonfinite", {}))
+        self.entropy.load_state_dict(state.get("entropy", {}))
         if self.critic is not None:
             self.critic.guard.load_state_dict(state.get("critic_nonfinite", {}))
 
@@ -207,7 +214,9 @@ class PolicyLearner:
         # The gradients' memory before any activation's, reused by every mini-batch (runtime/gradient_buffers.py).
         gradients = update_gradients(self.policy.parameters(), sharded=self.group.shards_parameters)
         try:
-            return self._update(batch, gradients, step_index)
+            metrics = self._update(batch, gradients, step_index)
+            metrics.update(self.entropy.observe(metrics.get("actor/entropy")))  # the next step's coefficient
+            return metrics
         except NonFiniteStop:
             if snapshot is not None:
                 self._restore(snapshot)
@@ -340,7 +349,7 @@ class PolicyLearner:
 
     def _objective_params(self, batch: LearnerBatch, rows: Tensor) -> dict[str, Any]:
         s = self.settings
-        params = {**s.objective_params, "kl_coef": s.kl_coef, "kl_estimator": s.kl_estimator, "entropy_coef": s.entropy_coef}
+        params = {**s.objective_params, "kl_coef": s.kl_coef, "kl_estimator": s.kl_estimator, "entropy_coef": self.entropy.coef}
         if batch.ref_logprobs is not None:
             params["ref_logprobs"] = batch.ref_logprobs[rows]
         return params
@@ -395,7 +404,7 @@ class PolicyLearner:
                 packed,
                 temperature=s.temperature,
                 compute_entropy=True,
-                entropy_grad=s.entropy_coef != 0,
+                entropy_grad=self.entropy.active,
                 share_prompts=s.share_prompts,
                 padding_free=s.padding_free,
             )
@@ -415,6 +424,10 @@ class PolicyLearner:
             _, loss_mask, corrected = apply_correction(
                 logprobs.detach() - sampled, loss_mask, advantages, settings=batch.in_update_correction, importance=False
             )
+        if s.high_entropy_top_ratio is not None:
+            # Forking tokens (polyrl/algos/entropy_control.py): the rest of the tokens leave the loss.
+            loss_mask, selected = high_entropy_token_mask(entropy, loss_mask, top_ratio=s.high_entropy_top_ratio)
+            corrected = {**corrected, **selected}
         loss, metrics = self.objective.fn(
             logprobs,
             old_logprobs,
