@@ -21,7 +21,7 @@ from polyrl.config.data import DataConfig
 from polyrl.config.dotted_keys import deep_merge, expand_dotted, parse_set_options
 from polyrl.config.model import ModelConfig
 from polyrl.config.objective import AdvantageConfig, ModalitiesConfig, ObjectiveConfig
-from polyrl.config.presets import PRESETS, PresetError, preset_overrides
+from polyrl.config.presets import PRESETS, PresetError, objective_preset_overrides, preset_overrides
 from polyrl.config.rollout import RolloutConfig
 from polyrl.config.tracking import CheckpointConfig, EvalConfig, HealthConfig, TrackingConfig
 from polyrl.config.train import TrainConfig
@@ -231,6 +231,8 @@ def resolve_arms(
         if not isinstance(arm_overrides, dict):
             raise ConfigError(f"{source}: invalid experiment config\n  - arms.{arm_name}: expected a mapping of overrides")
         merged = deep_merge(deep_merge(raw, expand_dotted(arm_overrides)), overrides)
+        # The objective's own preset (e.g. REINFORCE++'s KL in the reward), under the explicit keys.
+        merged = deep_merge(objective_preset_overrides(merged), merged)
         preset = merged.get("preset")
         if preset is not None:
             if preset not in PRESETS:

@@ -18,6 +18,16 @@ Every value a preset sets does something; keys written in the YAML always win:
 - ``gamma`` / ``lam`` set the text modality's GAE discount, only when the advantage estimator
   uses per-token discounts (GAE); group estimators ignore them, so they are not set.
 - ``lr`` sets ``train.learning_rate``.
+
+Objective presets (:data:`OBJECTIVE_PRESETS`) are the other kind: the settings outside
+``objective.params`` that an objective's paper pairs with it, applied whenever ``objective.name``
+names it (with or without a size preset), again under the YAML's own keys. Everything else an
+objective's paper fixes is in its registration: its typed params' defaults, its default
+advantage estimator and aggregation (``polyrl objectives show NAME``), so ``objective: {name:
+cispo}`` alone is CISPO as published. Only REINFORCE++ needs more: its token-level k1 KL in the
+reward. The objectives whose ratio is bounded on another scale take no clip from a size preset
+(CISPO's IS-weight cap, SAPO's gate, GMPO's log-space range, KL-Cov's unclipped ratio, GPG's
+ratio-free loss); RLOO, REINFORCE++(-baseline), ReMax and Clip-Cov take it as PPO does.
 """
 
 from __future__ import annotations
@@ -35,6 +45,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# objective name -> the config keys its paper pairs with it (merged under the YAML's keys).
+OBJECTIVE_PRESETS: dict[str, dict[str, Any]] = {
+    # REINFORCE++ (Hu et al., arXiv 2501.03262): r_t = R 1[t = last] - beta * (log pi_old - log pi_ref),
+    # k1 per token, in the reward; beta 0.01 as in the authors' OpenRLHF recipes. A reference
+    # model is loaded (train.kl_coef > 0); set train.kl_coef: 0 for REINFORCE++ without KL.
+    "reinforce_pp": {"train": {"kl_in_reward": True, "kl_estimator": "k1", "kl_coef": 0.01}},
+}
+
+
 class PresetError(PolyrlError, ValueError):
     """A preset that cannot apply to this config."""
 
@@ -42,6 +61,15 @@ class PresetError(PolyrlError, ValueError):
 def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
     section = config.get(name)
     return section if isinstance(section, dict) else {}
+
+
+def objective_preset_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """The config keys the objective preset of the raw ``config``'s ``objective.name`` sets
+    (empty for an objective without one); merge them UNDER the config, so explicit keys win."""
+    import copy
+
+    name = _section(config, "objective").get("name", ObjectiveConfig.model_fields["name"].default)
+    return copy.deepcopy(OBJECTIVE_PRESETS.get(name, {})) if isinstance(name, str) else {}
 
 
 def preset_overrides(preset: str, config: dict[str, Any] | None = None) -> dict[str, Any]:

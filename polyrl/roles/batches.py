@@ -50,9 +50,16 @@ class Scores:
     totals: list[float | None]
     metrics: dict[str, float]
     per_module: dict[str, list[float | None]] = field(default_factory=dict)
+    # One reward baseline per sample (ReMax: the reward of its prompt's greedy completion); None: none.
+    baselines: list[float | None] | None = None
 
     def select(self, keep: list[int]) -> "Scores":
-        return Scores([self.totals[i] for i in keep], self.metrics, {k: [v[i] for i in keep] for k, v in self.per_module.items()})
+        return Scores(
+            [self.totals[i] for i in keep],
+            self.metrics,
+            {k: [v[i] for i in keep] for k, v in self.per_module.items()},
+            None if self.baselines is None else [self.baselines[i] for i in keep],
+        )
 
 
 @dataclass

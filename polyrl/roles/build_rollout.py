@@ -134,6 +134,16 @@ def build_rollout(
     )
 
 
+def needs_greedy_baseline(cfg: ExperimentConfig) -> bool:
+    """Whether the arm's advantage estimator takes a reward baseline per sample (ReMax's greedy
+    completion), which the collector then generates and scores."""
+    from polyrl.algos.advantages import get_advantage
+    from polyrl.algos.objectives import get_objective
+
+    name = cfg.advantage.estimator or get_objective(cfg.objective.name).default_advantage
+    return "baselines" in get_advantage(name).requires
+
+
 def build_collector(
     cfg: ExperimentConfig,
     engine: Any,
@@ -159,5 +169,6 @@ def build_collector(
             max_rounds=dynamic.max_rounds,
             accuracy_label=accuracy_label,
             threads=r.threads,  # None: generation keeps the learner's count, nothing to switch per call
+            greedy_baseline=needs_greedy_baseline(cfg),
         ),
     )

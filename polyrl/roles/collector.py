@@ -11,7 +11,7 @@ import math
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,6 +42,10 @@ class CollectSettings:
     accuracy_label: str | None = None
     # torch threads while the engine generates (None: leave the learner's); restored after.
     threads: int | None = None
+    # ReMax (Li et al., arXiv 2310.10505): one extra greedy completion per prompt through the same
+    # engine, scored by the same rewards; its reward is the baseline of the prompt's samples
+    # (Scores.baselines, advantage estimator 'remax'). It is not part of the rollout: never trained on.
+    greedy_baseline: bool = False
 
 
 @dataclass
@@ -186,7 +190,7 @@ class RolloutCollector:
             scores.metrics.update(length_metrics(rollout.completions, "rollout"))
             scores.metrics.update(self.length_by_correctness(rollout.completions, scores.per_module))
             scores.metrics.update(self.version_metrics(rollout.completions))
-            return Collected(rollout, scores, seconds)
+            return self.with_greedy_baselines(step, Collected(rollout, scores, seconds))
         wanted = s.prompts_per_step
         kept: list[tuple[Rollout, Scores]] = []
         generated: list[Scores] = []
@@ -219,4 +223,33 @@ class RolloutCollector:
             "rollout/dynamic_sampling_surplus_groups": float(surplus_groups),
             "rollout/dynamic_sampling_missing_groups": float(wanted - kept_groups),
         })  # fmt: skip
-        return Collected(merged, Scores([t for _, sc in kept for t in sc.totals], metrics), seconds)
+        collected = Collected(merged, Scores([t for _, sc in kept for t in sc.totals], metrics), seconds)
+        return self.with_greedy_baselines(step, collected)
+
+    def with_greedy_baselines(self, step: int, collected: Collected) -> Collected:
+        """With ``greedy_baseline``: ReMax's baselines for ``collected`` (each row gets the reward of
+        one greedy completion of its prompt, generated and scored here); unchanged otherwise."""
+        if not self.settings.greedy_baseline:
+            return collected
+        if getattr(self, "episodes", None) is not None:
+            raise ValueError("the 'remax' advantage estimator's greedy baseline is not available with env: episodes")
+        rollout, seconds = collected.rollout, collected.seconds
+        first_rows: dict[int, int] = {}
+        for row, group in enumerate(rollout.group_ids.tolist()):
+            first_rows.setdefault(group, row)
+        prompts = [rollout.prompts[row] for row in first_rows.values()]
+        settings = replace(self.sampling_settings(step), n=1, temperature=0.0, top_p=1.0)
+        start = time.perf_counter()
+        with torch_threads(self.settings.threads):
+            completions = [group[0] for group in self.engine.generate(prompts, settings)] if prompts else []
+        seconds["generate"] = seconds.get("generate", 0.0) + time.perf_counter() - start
+        start = time.perf_counter()
+        greedy = self.score(Rollout(prompts, completions, torch.tensor(list(first_rows), dtype=torch.long)))
+        seconds["score"] = seconds.get("score", 0.0) + time.perf_counter() - start
+        by_group = dict(zip(first_rows, greedy.totals))
+        collected.scores.baselines = [by_group[group] for group in rollout.group_ids.tolist()]
+        scored = [t for t in greedy.totals if t is not None]
+        if scored:
+            collected.scores.metrics["reward/greedy_baseline_mean"] = sum(scored) / len(scored)
+        collected.scores.metrics.update(length_metrics(completions, "rollout/greedy"))
+        return collected

@@ -149,10 +149,14 @@ def behaviour_logprobs(completions: Sequence[Any], packed: PackedBatch) -> Tenso
     return packed.sampling_logprobs.clone()
 
 
+def _as_rewards(values: Sequence[float | None]) -> Tensor:
+    return torch.tensor([math.nan if t is None else float(t) for t in values], dtype=torch.float32)
+
+
 def sequence_rewards(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
     # Unscored rewards reach the estimator as NaN: it leaves them out of group statistics and
     # gives them no advantage; their rows then leave the loss (loss_mask).
-    rewards = torch.tensor([math.nan if t is None else float(t) for t in b.scores.totals], dtype=torch.float32)
+    rewards = _as_rewards(b.scores.totals)
     unscored = torch.isnan(rewards)
     return b.with_metrics({"reward/unscored_samples": float(unscored.sum())}, rewards=rewards, excluded=unscored.clone())
 
@@ -237,6 +241,7 @@ def advantages(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
         values=b.values,
         gammas=b.gammas,
         lambdas=b.lambdas,
+        baselines=None if b.scores.baselines is None else _as_rewards(b.scores.baselines),
     )
     adv, adv_metrics = estimator.fn(inputs, **ctx.estimator_params)
     returns = None
