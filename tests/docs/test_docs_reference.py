@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from polyrl.cli.docs_reference import generated_section, layers_from_importlinter, objectives_markdown
-from polyrl.config.schema import ExperimentConfig
 from polyrl.config.reference import all_field_paths, allowed_values, schema_reference_markdown, type_name
+from polyrl.config.schema import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
