@@ -231,3 +231,21 @@ def test_every_run_logs_the_mismatch_and_corrected_runs_train(tmp_path, tiny_exp
         assert "rollout_corr/is_weight_mean" in history[-1] and "rollout_corr/geo_masked_token_fraction" in history[-1]
     if correction is not None and correction["mode"] == "bypass":
         assert "rollout_corr/icepop_masked_token_fraction" in history[-1]
+
+
+@pytest.mark.slow
+def test_an_asynchronous_run_keeps_its_sync_check(tmp_path, tiny_experiment):
+    """Issue 38: with max_staleness 1 the gap was neither computed nor checked."""
+    from polyrl.roles.arm import build_arm
+
+    raw = tiny_experiment(rollout={"max_staleness": 1}, train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 8})
+    arm = build_arm(resolve_arms(raw)["main"], arm="main", arm_dir=tmp_path / "runs" / "main")
+    try:
+        assert arm.health.check_logprob_gap
+        history = arm.loop().run()
+    finally:
+        arm.close()
+    checked = [m for m in history if "rollout/logprob_gap" in m]
+    # Step 1 always trains on version-0 samples (staleness 0); later steps on the rows still at staleness 0.
+    assert checked and all(m["rollout/logprob_gap"] < 1e-3 for m in checked)
+    assert all(0 < m["rollout_corr/compared_tokens"] for m in checked)
