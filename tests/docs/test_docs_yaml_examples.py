@@ -1,11 +1,14 @@
 """Every YAML example in the docs (and the README) is valid: an experiment against the schema,
 an eval suite against the suite model.
 
-A fenced ```yaml block is read by its first line:
-- ``# fragment``: part of an experiment (a few sections); validated merged onto a minimal base;
-- ``# eval-suite``: an eval suite (``polyrl.evals.suite.parse_suite``);
-- otherwise a whole experiment, validated as ``polyrl validate`` does (every arm resolved, the
-  ``seeds`` key checked), without loading models, data or reward files.
+A fenced ```yaml block is read as:
+- an eval suite (``polyrl.evals.suite.parse_suite``) when its first line is ``# eval-suite`` or it
+  has a top-level ``datasets`` key;
+- a whole experiment when it has a top-level ``name``, validated as ``polyrl validate`` does (every
+  arm resolved, the ``seeds`` key checked), without loading models, data or reward files;
+- otherwise a fragment of one (a few sections; ``# fragment`` on its first line says so), validated
+  merged onto a minimal base, so every key it shows is still checked;
+- not at all when its first line is ``# not-polyrl-config`` (YAML for another tool).
 """
 
 from __future__ import annotations
@@ -40,14 +43,16 @@ def _examples() -> list:
 def validate_example(body: str, source: str) -> None:
     """Raise the schema's own error (naming the field path) when the example is not valid."""
     first = body.lstrip().splitlines()[0].strip() if body.strip() else ""
+    if first == "# not-polyrl-config":
+        return
     data = safe_load_unique(body, source)
-    if first == "# eval-suite":
+    assert isinstance(data, dict), f"{source}: a yaml example should be a mapping (or say # not-polyrl-config)"
+    if first == "# eval-suite" or "datasets" in data:
         from polyrl.evals.suite import parse_suite
 
         parse_suite(data, source)
         return
-    assert isinstance(data, dict), f"{source}: a yaml example should be a mapping"
-    if first == "# fragment":
+    if first == "# fragment" or "name" not in data:
         data = deep_merge(MINIMAL_BASE, data)
     resolve_arms(data, source=source)
     experiment_seeds(data, source=source)
@@ -67,5 +72,8 @@ def test_an_invalid_example_is_caught():
 
     with pytest.raises(ConfigError, match="rollout.engine"):
         validate_example("# fragment\nrollout: {engine: tgi}\n", "example.md")
-    with pytest.raises(ConfigError, match="name"):
-        validate_example("rollout: {engine: vllm}\n", "example.md")  # a whole experiment needs its name
+    # A fragment's keys are checked as they would be in a whole experiment.
+    with pytest.raises(ConfigError, match="train.steps"):
+        validate_example("train: {steps: 0}\n", "example.md")
+    with pytest.raises(ConfigError, match="arms"):
+        validate_example("name: x\narms: [grpo]\n", "example.md")
