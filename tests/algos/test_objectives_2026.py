@@ -265,6 +265,15 @@ def test_kl_cov_by_hand():
     _close(metrics["cov/selected_frac"], 2 / 5)
 
 
+def test_kl_cov_selects_at_most_k_tokens_when_covariances_tie():
+    # Every advantage equal: A - mean A = 0, so every covariance is 0; nothing drives the entropy
+    # and no token is selected (a ">= k-th value" rule would select all five).
+    loss, grad, metrics = _run("kl_cov", advantages=[[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], kl_cov_ratio=0.4)
+    _close(metrics["cov/selected_frac"], 0.0)
+    # plain -r * A, token mean: -(1.5 + 0.5 + 1.1 + 0.7 + 1.0) / 5
+    _close(loss, -4.8 / 5)
+
+
 def _verl_kl_cov(logprobs, old, adv, mask, ratio_share, coef):
     """verl core_algos.compute_policy_loss_kl_cov with token-mean, written out."""
     log_ratio = logprobs - old

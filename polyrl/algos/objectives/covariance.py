@@ -177,7 +177,10 @@ def kl_cov_prepare(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, entropy: Tensor | None = None, **params: Any
 ) -> dict[str, Any]:
     """KL-Cov's batch-level choices over a whole mini-batch: ``cov_means`` and ``cov_threshold``,
-    the k-th largest covariance with ``k = max(1, int(kl_cov_ratio * tokens))``."""
+    the (k+1)-th largest covariance with ``k = max(1, int(kl_cov_ratio * tokens))`` (-inf when
+    k covers every token): the tokens strictly above it are the top k, or fewer when values tie
+    across the boundary (a batch whose advantages all agree has covariance 0 everywhere and
+    selects none, rather than every token)."""
     ratio_share = params.get("kl_cov_ratio", KLCovParams.model_fields["kl_cov_ratio"].default)
     logprobs, _, advantages, mask, _ = zero_masked_inputs(logprobs.detach(), old_logprobs, advantages, mask, None)
     means = (float(masked_mean(advantages, mask)), float(masked_mean(logprobs, mask)))
@@ -185,7 +188,9 @@ def kl_cov_prepare(
     if not values.numel():
         return {"cov_means": means, "cov_threshold": math.inf}
     k = max(1, int(values.numel() * ratio_share))
-    return {"cov_means": means, "cov_threshold": float(torch.topk(values, k).values[-1])}
+    if k >= values.numel():
+        return {"cov_means": means, "cov_threshold": -math.inf}
+    return {"cov_means": means, "cov_threshold": float(torch.topk(values, k + 1).values[-1])}
 
 
 @register_objective(
@@ -196,10 +201,11 @@ def kl_cov_prepare(
     default_advantage="group_norm",
     params=KLCovParams,
     prepare=kl_cov_prepare,
-    deviations="equal to verl's 'kl_cov' on the same tensors when the top-k has no ties (tokens tied with the k-th "
-    "covariance are all selected here); the covariance means and the k-th value are taken over the whole "
-    "mini-batch (verl: per micro-batch), so the selection does not depend on the split; the log-ratio is clamped "
-    "to +-20",
+    deviations="equal to verl's 'kl_cov' on the same tensors when no covariance ties across the top-k boundary "
+    "(with a tie polyrl selects only the tokens strictly above it, so at most k: a batch whose advantages all "
+    "agree selects none; verl picks k arbitrary ones); the covariance means and the boundary are taken over the "
+    "whole mini-batch (verl: per micro-batch), so the selection does not depend on the split; the log-ratio is "
+    "clamped to +-20",
 )
 def kl_cov_loss(
     logprobs: Tensor,
@@ -227,7 +233,7 @@ def kl_cov_loss(
     log_ratio = clamped_log_ratio(x.logprobs, x.old_logprobs)
     ratio = torch.exp(log_ratio)
     with torch.no_grad():
-        selected = x.mask & (token_covariance(x.logprobs, x.advantages, x.mask, means=cov_means) >= cov_threshold)
+        selected = x.mask & (token_covariance(x.logprobs, x.advantages, x.mask, means=cov_means) > cov_threshold)
     per_token = -x.advantages * ratio + torch.where(selected, cov_kl_coef * log_ratio.abs(), torch.zeros_like(ratio))
     loss, metrics = x.finalize(per_token, ratio=ratio, low_bound=0.0, high_bound=math.inf)
     metrics["cov/selected_frac"] = float(masked_mean(selected.to(ratio.dtype), x.mask))
