@@ -31,7 +31,7 @@ from polyrl.modeling.shared_prompts import attention_cost_ratio, completion_widt
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
-from polyrl.runtime.data_parallel import LocalGroup
+from polyrl.runtime.data_parallel import LocalGroup, through_root
 from polyrl.runtime.gradient_buffers import AutogradGradients, GradientBuffers, update_gradients
 from polyrl.runtime.precision import autocast
 
@@ -283,6 +283,11 @@ class PolicyLearner:
                     )
                 else:
                     micro_batches = length_sorted_micro_batches(shard, lengths, s.micro_batch_size) if len(shard) else []
+                micro_batches = list(micro_batches)
+                # FSDP2: every rank runs as many forwards and backwards as the busiest (collectives in each).
+                rounds = self.group.most(len(micro_batches)) if self.group.shards_parameters else len(micro_batches)
+                for _ in range(rounds - len(micro_batches)):
+                    self._zero_weight_pass(batch, mini[:1])
                 for micro in micro_batches:
                     loss, metrics, logprobs = self.policy_loss(batch, micro, normalizer, prepared)
                     if diagnose is not None:
@@ -354,6 +359,34 @@ class PolicyLearner:
             params["ref_logprobs"] = batch.ref_logprobs[rows]
         return params
 
+    def _token_logprobs(self, packed: Any, **options: Any) -> tuple[Tensor, Tensor | None]:
+        """:func:`token_logprobs` of the policy with the settings' temperature, shared prompts and
+        padding-free rows; inside the FSDP2 root's forward where the policy is sharded
+        (:func:`polyrl.runtime.data_parallel.through_root`)."""
+        s = self.settings
+        return through_root(
+            self.policy,
+            lambda: token_logprobs(
+                self.policy,
+                packed,
+                temperature=s.temperature,
+                share_prompts=s.share_prompts,
+                padding_free=s.padding_free,
+                **options,
+            ),
+        )
+
+    def _zero_weight_pass(self, batch: LearnerBatch, rows: Tensor) -> None:
+        """A forward and backward that add nothing to the gradients (weight 0), for an FSDP2 rank
+        with fewer micro-batches in this mini-batch than another (a shard a row shorter, or empty):
+        FSDP2 gathers parameters in every forward and reduces gradients in every backward, and every
+        rank must join each of those collectives or all of them wait. verl evens its micro-batch
+        counts across ranks likewise. ``rows``: any row of the batch (every rank holds it all)."""
+        packed = trim_padding(batch.packed.select(rows))
+        with autocast(self.policy, self.settings.compute_dtype):
+            logprobs, _ = self._token_logprobs(packed, compute_entropy=False)
+        (logprobs.sum() * 0.0).backward()
+
     @torch.no_grad()
     def prepare_objective(self, batch: LearnerBatch, mini: Tensor) -> dict[str, Any]:
         """The objective's once-per-mini-batch preparation (e.g. BAPO's clip-bound search) on
@@ -368,16 +401,7 @@ class PolicyLearner:
         with autocast(self.policy, s.compute_dtype):
             for start in range(0, len(packed), s.micro_batch_size):
                 part = packed.select(slice(start, start + s.micro_batch_size))
-                parts.append(
-                    token_logprobs(
-                        self.policy,
-                        part,
-                        temperature=s.temperature,
-                        compute_entropy=True,
-                        share_prompts=s.share_prompts,
-                        padding_free=s.padding_free,
-                    )
-                )
+                parts.append(self._token_logprobs(part, compute_entropy=True))
         logprobs = torch.cat([lp for lp, _ in parts])
         entropy = torch.cat([h for _, h in parts])
         old_logprobs = logprobs if batch.old_logprobs is None else batch.old_logprobs[mini]
@@ -399,15 +423,7 @@ class PolicyLearner:
         width = packed.response_mask.shape[1]
         # The entropy takes part in the gradient only through an entropy bonus; else it is a metric.
         with autocast(self.policy, s.compute_dtype):
-            logprobs, entropy = token_logprobs(
-                self.policy,
-                packed,
-                temperature=s.temperature,
-                compute_entropy=True,
-                entropy_grad=self.entropy.active,
-                share_prompts=s.share_prompts,
-                padding_free=s.padding_free,
-            )
+            logprobs, entropy = self._token_logprobs(packed, compute_entropy=True, entropy_grad=self.entropy.active)
         params = self._objective_params(batch, rows)
         if "ref_logprobs" in params:
             params["ref_logprobs"] = params["ref_logprobs"][:, :width]

@@ -19,9 +19,15 @@ every rank, so a checkpoint written with M ranks resumes on M' (1 included).
 
 On CUDA each rank takes one GPU and shards its parameters with FSDP2 (``fully_shard`` per decoder
 layer, then the root; gradients reduce-scattered as sums); full state dicts are gathered for rank
-0 with ``torch.distributed.checkpoint.state_dict``. That path is written for CUDA clusters and
-was NOT run here (this machine has no GPU); the CPU path (plain data parallelism, every rank a
-whole replica) is the tested one.
+0 with ``torch.distributed.checkpoint.state_dict``. FSDP2's forwards and backwards are
+collectives, so the learner evens its micro-batch counts over the ranks (zero-weight passes on a
+rank with fewer) and runs its forwards through the FSDP root (``through_root``). The sharded
+learner itself runs in the suite over gloo on the CPU with two processes and gives the
+single-process update (tests/roles/test_learner_fsdp.py); the CUDA path (NCCL, these Ray actors,
+``train.learner_workers`` on GPUs) stays EXPERIMENTAL until it is run on a GPU. The critic is not
+yet evened (its micro-batch loop, roles/critic.py), so a sharded critic can still wait on an
+uneven split. The CPU path of ``train.learner_workers`` is plain data parallelism (every rank a
+whole replica).
 """
 
 from __future__ import annotations
@@ -79,8 +85,10 @@ class RankRecipe:
 
 def shard_model(model: torch.nn.Module) -> None:
     """FSDP2 on ``model``: each decoder layer, then the root (torchtitan's layout); gradients are
-    reduce-scattered as SUMS (divide factor 1), since the loss normaliser is already global.
-    CUDA only; not run here (no GPU)."""
+    reduce-scattered as SUMS (divide factor 1, plain sum reductions: gloo has no pre-multiplied
+    sum), since the loss normaliser is already global. The learner runs its forwards through the
+    root (runtime/data_parallel.through_root) and evens its micro-batch counts over the ranks.
+    Run over gloo on the CPU in the suite (tests/roles/test_learner_fsdp.py); on CUDA experimental."""
     from torch.distributed.fsdp import fully_shard
 
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
@@ -89,6 +97,7 @@ def shard_model(model: torch.nn.Module) -> None:
         fully_shard(unit)
     for unit in units:
         unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
 
 
 def _model_state(model: torch.nn.Module, sharded: bool) -> dict[str, Tensor] | None:

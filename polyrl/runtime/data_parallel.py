@@ -16,22 +16,26 @@ combined with the others' (:mod:`polyrl.roles.learner`, :mod:`polyrl.roles.criti
 - :meth:`most`: the largest of an integer over the ranks (the micro-batch count every rank runs
   with FSDP2, whose forwards and backwards are collectives).
 
+:func:`through_root` runs a computation inside an FSDP2 root module's forward, so that the
+root's hooks (gather its own parameters, register the backward's reduction) run around it.
+
 :class:`LocalGroup` (one process, today's learner) does nothing at each of them.
 :class:`TorchDistributedGroup` does them with ``torch.distributed`` (gloo on CPU, NCCL on CUDA)
 over the default process group. With FSDP2 (``fully_shard``) the gradients are already
 reduce-scattered by the backward, so :meth:`reduce_gradients` leaves them alone, and the norm of
-sharded (DTensor) gradients is computed over the whole model by ``clip_grad_norm_``; that path
-is written for CUDA clusters and was not run here (no GPU).
+sharded (DTensor) gradients is computed over the whole model by ``clip_grad_norm_``. That path
+runs in the suite over gloo on the CPU with two processes (tests/roles/test_learner_fsdp.py: the
+same update as one process); on CUDA (NCCL) it is experimental, not yet run on a GPU.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import Tensor
 
-__all__ = ["LocalGroup", "TorchDistributedGroup", "balanced_shard"]
+__all__ = ["LocalGroup", "TorchDistributedGroup", "balanced_shard", "through_root"]
 
 
 def balanced_shard(rows: Tensor, lengths: Tensor, rank: int, world_size: int) -> Tensor:
@@ -40,6 +44,37 @@ def balanced_shard(rows: Tensor, lengths: Tensor, rank: int, world_size: int) ->
     (the normaliser is global); this one only balances the work."""
     order = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
     return order[rank::world_size]
+
+
+_ROUTED = object()  # the argument that marks through_root's call of the root's forward
+
+
+def through_root(model: torch.nn.Module, compute: Callable[[], Any]) -> Any:
+    """``compute()``, run inside ``model``'s forward where ``model`` is an FSDP2 module (else
+    directly). The learner reads log-probs through the decoder and the output head rather than
+    the model's forward (only the response positions' logits); called directly, those would skip
+    the root's pre-forward, which gathers the parameters the root itself holds (embeddings, final
+    norm, head) and sets up the reduction of their gradients in the backward. Here the root's
+    hooks run around ``compute`` as around any forward; a call of ``model(...)`` inside it is the
+    model's own forward."""
+    if not torch.distributed.is_available():
+        return compute()
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return compute()
+    own_forward = type(model).forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and args[0] is _ROUTED and not kwargs:
+            return compute()
+        return own_forward(model, *args, **kwargs)
+
+    model.forward = forward  # an instance attribute: nn.Module.__call__ runs the hooks, then this
+    try:
+        return model(_ROUTED)
+    finally:
+        del model.forward
 
 
 class LocalGroup:

@@ -1,0 +1,70 @@
+"""FSDP2 for real: two processes over gloo on the CPU, the policy sharded with ``fully_shard``
+(learner_ranks.shard_model), give the same update as one process, also where the ranks' shards
+differ by a row or one rank's shard is empty (its micro-batch count evened by zero-weight passes;
+before, the ranks ran different numbers of forwards and backwards, FSDP2's collectives in each,
+and waited on each other until the group's time-out)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fsdp_cases import CASES, learner_for, shared_batch
+from safetensors.torch import load_file
+
+pytestmark = [pytest.mark.distributed, pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed")]
+
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(random_policy_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp")
+    port = _free_port()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(rank), "2", str(port), str(random_policy_dir), str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    logs = []
+    for rank in ranks:
+        try:
+            logs.append(rank.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            for other in ranks:
+                other.kill()
+            pytest.fail("the FSDP2 ranks did not finish within 120 s (a collective that one rank never joined?)")
+    assert all(rank.returncode == 0 for rank in ranks), "\n".join(log[-3000:] for log in logs)
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fsdp2_over_gloo_gives_the_single_process_update(two_ranks, random_policy_dir, case):
+    single = learner_for(str(random_policy_dir), case)
+    before = {name: p.detach().clone() for name, p in single.policy.named_parameters()}
+    metrics = single.update(shared_batch(), 0)
+    sharded = load_file(str(two_ranks / f"{case}.safetensors"))
+    sharded_metrics = json.loads((two_ranks / f"{case}.json").read_text())
+    assert sharded_metrics["optimizer_step"] == single.optimizer_step > 1
+    moved = 0
+    for name, parameter in single.policy.state_dict().items():
+        torch.testing.assert_close(sharded[name], parameter, rtol=1e-5, atol=1e-6, msg=f"{case}: {name}")
+        moved += name in before and not torch.equal(before[name], parameter)
+    assert moved > 0  # the update moved the weights (so equal means equal updates)
+    for key in ("actor/loss", "actor/grad_norm", "actor/ratio_max", "actor/ratio_min", "actor/pos_loss_share", "actor/entropy"):
+        assert sharded_metrics[key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
