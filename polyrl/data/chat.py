@@ -67,6 +67,9 @@ def checked_messages(value: Any, *, index: int, field: str) -> list[dict[str, st
         messages.append({"role": message["role"], "content": message["content"]})
     if messages[-1]["role"] == "assistant":
         raise ChatTemplateError(f"{where} ends with an assistant message; a prompt ends with the turn the model answers (user)")
+    if messages[-1]["role"] == "user" and not messages[-1]["content"].strip():
+        # An empty turn trained silently: the model answered nothing, and every score of the row meant nothing.
+        raise ChatTemplateError(f"{where}[{len(messages) - 1}] is an empty user turn; give the turn the model answers its text")
     return messages
 
 

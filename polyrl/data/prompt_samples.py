@@ -61,6 +61,8 @@ def rows_to_prompt_samples(
             prompt = row[prompt_field]
         if not isinstance(prompt, str):
             raise DataConfigError(f"row {index}: prompt field {prompt_field!r} must be a string, got {type(prompt).__name__}")
+        if not prompt.strip():
+            raise DataConfigError(f"row {index}: the prompt is empty (field {prompt_field!r}); a row needs a prompt to answer")
         fields = {key: value for key, value in row.items() if key not in (prompt_field, references_field, images_field)}
         values = image_rows.image_values(row, images_field, index=index)
         samples.append(
