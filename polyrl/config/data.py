@@ -27,15 +27,29 @@ class DataConfig(StrictModel):
         "fraction is 'test', the rest 'train' (an eval dataset with the same holdout and split: test "
         "reads the other rows).",
     )
-    prompt_field: str = "prompt"
-    answer_field: str = "answer"
-    references_field: str = "references"
+    prompt_field: str = Field(
+        "prompt",
+        description="The column of each row's prompt text; a row without it but with messages_field is a chat row. "
+        "Every other column (except references and images) reaches the reward modules as the sample's fields.",
+    )
+    answer_field: str = Field(
+        "answer",
+        description="The column of each row's gold answer: the references when the row has no references_field, and "
+        "the answer the sample tables show.",
+    )
+    references_field: str = Field(
+        "references",
+        description="The column of each row's reference texts (a string or a list; for rewards that compare with "
+        "references); absent: [answer], else none.",
+    )
     images_field: str = Field(
         "images",
         description="The column of each row's images (paths, or an Image feature); "
         "rows without it are text-only. One <image> in the prompt per image.",
     )
-    limit: int | None = Field(None, ge=1)
+    limit: int | None = Field(
+        None, ge=1, description="Train on the first N rows of the training split only (after holdout); default: all rows."
+    )
     # Pillow's own default (Image.MAX_IMAGE_PIXELS, polyrl.data.image_rows.DEFAULT_MAX_IMAGE_PIXELS).
     max_image_pixels: int = Field(
         89_478_485,

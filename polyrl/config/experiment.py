@@ -31,10 +31,28 @@ from polyrl.rewards import RewardSpec
 
 
 class ExperimentConfig(StrictModel):
-    name: str = Field(..., min_length=1)
-    description: str = ""
-    seed: int = 0
-    preset: Literal["lt_1b", "1b_10b", "gt_10b"] | None = None
+    name: str = Field(
+        ...,
+        min_length=1,
+        description="The experiment's name: it names the checkpoint folder (checkpoint.dir/<name>/<arm>) and the MLflow "
+        "runs, and is the default MLflow experiment (tracking.experiment).",
+    )
+    description: str = Field(
+        "",
+        description="Free text saying what the experiment asks; logged with the run's params and shown as the "
+        "question in the results document.",
+    )
+    seed: int = Field(
+        0,
+        description="Seeds Python, NumPy and torch, the prompt sampler's order and the rollout engine's per-request "
+        "sampling seeds; the file's seeds: (or --seeds) runs each arm once per seed and sets this for each.",
+    )
+    preset: Literal["lt_1b", "1b_10b", "gt_10b"] | None = Field(
+        None,
+        description="A hyper-parameter preset by model size (< 1B, 1–10B, > 10B): the rollout batch, clip width, "
+        "text GAE γ/λ and learning rate, applied objective-aware under the keys the YAML writes itself "
+        "(polyrl/config/presets.py). polyrl's own starting points, not a published recipe.",
+    )
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()

@@ -39,7 +39,11 @@ class BuiltinModelConfig(StrictModel):
     size: Literal["0.3m", "3m", "30m", "0.7m"] = Field(
         "0.3m", description="Text policies: 0.3m/3m/30m; tasks 'vqa' and 'caption': 0.7m (their default)."
     )
-    seed: int = 0
+    seed: int = Field(
+        0,
+        description="Seed of the built-in policy's random initialisation and supervised warm-up (the policy is cached "
+        "per task, size, seed and warm-up settings); independent of the experiment's seed.",
+    )
     warmup_steps: int = Field(
         400,
         ge=0,

@@ -6,9 +6,9 @@ read); typed params are checked where the objective and the estimator meet
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from polyrl.config.base import StrictModel
 
@@ -121,7 +121,11 @@ class HighEntropyTokensConfig(StrictModel):
 
 
 class ObjectiveConfig(StrictModel):
-    name: str = "grpo"
+    name: str = Field(
+        "grpo",
+        description="The policy objective, a registered name (`polyrl objectives list`; the list below under "
+        "Objectives): it brings its own default advantage estimator, aggregation and typed params.",
+    )
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="The objective's typed params (`polyrl objectives show NAME`); kl_coef, kl_estimator and entropy_coef live in train.",
@@ -159,20 +163,50 @@ class ObjectiveConfig(StrictModel):
         return mode
 
 
+def _yaml_false_is_off(value: Any) -> Any:
+    """YAML 1.1 reads an unquoted ``off`` as ``false``; where "off" is an allowed value, that is what was meant
+    (and ``true``, from an unquoted ``on``, stays a bool for the schema to refuse with the allowed values)."""
+    return "off" if value is False else value
+
+
 class DynamicSamplingConfig(StrictModel):
     """DAPO's dynamic sampling: drop groups whose rewards all agree, refill, bounded."""
 
-    enabled: bool = False
-    max_rounds: int = Field(3, ge=1)
+    enabled: bool = Field(
+        False,
+        description="Drop every group whose scored rewards all agree (zero advantage, no gradient) and generate more "
+        "prompts until the batch holds rollout.prompts_per_step informative groups (DAPO, arXiv 2503.14476, §3.2).",
+    )
+    max_rounds: int = Field(
+        3,
+        ge=1,
+        description="Generation rounds per step at most (the first included); after them the batch keeps the informative "
+        "groups it has, even if short or empty (logged as rollout/dynamic_sampling_missing_groups).",
+    )
 
 
 class OverlongConfig(StrictModel):
     """DAPO's overlong handling: soft punishment added to the reward, or masking truncated samples."""
 
-    mode: Literal["off", "soft_punishment", "mask_truncated"] = "off"
-    max_length: int | None = Field(None, ge=1, description="L_max; default rollout.max_tokens")
-    cache_length: int = Field(16, ge=0)
-    penalty_weight: float = 1.0
+    mode: Annotated[Literal["off", "soft_punishment", "mask_truncated"], BeforeValidator(_yaml_false_is_off)] = Field(
+        "off",
+        description="'soft_punishment': add DAPO's length penalty (0 up to L_max − L_cache tokens, falling linearly to "
+        "−1 at L_max, −1 beyond; arXiv 2503.14476, Eq. 13) × penalty_weight to each sample's reward. 'mask_truncated': "
+        "samples cut at rollout.max_tokens keep their place in the group statistics but leave the loss. 'off': neither. "
+        "An unquoted YAML off (read as false) means 'off'.",
+    )
+    max_length: int | None = Field(
+        None, ge=1, description="L_max of the soft punishment, in response tokens; default rollout.max_tokens."
+    )
+    cache_length: int = Field(
+        16,
+        ge=0,
+        description="L_cache: the soft punishment's ramp, in tokens before L_max (0: a step from 0 to −1 past L_max); "
+        "soft_punishment only.",
+    )
+    penalty_weight: float = Field(
+        1.0, description="Multiplies the soft punishment before it is added to the reward; soft_punishment only."
+    )
 
 
 class AdvantageConfig(StrictModel):
@@ -195,12 +229,23 @@ class AdvantageConfig(StrictModel):
 
 
 class ModalityGAEConfig(StrictModel):
-    gamma: float = Field(..., gt=0, le=1)
-    lam: float = Field(..., ge=0, le=1)
+    """One modality's GAE discount and trace decay (Schulman et al., "High-Dimensional Continuous Control Using
+    Generalized Advantage Estimation", arXiv 1506.02438)."""
+
+    gamma: float = Field(
+        ...,
+        gt=0,
+        le=1,
+        description="γ: the discount applied at this modality's response tokens (estimators that use per-token "
+        "discounts, i.e. GAE; group estimators ignore it).",
+    )
+    lam: float = Field(..., ge=0, le=1, description="λ: GAE's trace decay at this modality's response tokens.")
 
 
 class ModalitiesConfig(StrictModel):
-    """Per-modality GAE settings (seed 003 §7): each token uses its own modality's γ/λ."""
+    """Per-modality GAE settings, polyrl's own design: each response token uses its own modality's γ/λ
+    (GAE itself: arXiv 1506.02438). The defaults (text 0.95/0.9, image 0.85/0.8) are polyrl's heuristic,
+    not a published recipe; group estimators (GRPO and the like) ignore them."""
 
     text: ModalityGAEConfig = ModalityGAEConfig(gamma=0.95, lam=0.9)
     image: ModalityGAEConfig = ModalityGAEConfig(gamma=0.85, lam=0.8)

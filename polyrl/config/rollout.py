@@ -13,8 +13,13 @@ from polyrl.config.base import StrictModel
 class TruncatedImportanceSamplingConfig(StrictModel):
     """Correct for the sampler/learner log-prob gap (Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training')."""
 
-    enabled: bool = False
-    cap: float = Field(2.0, gt=1.0)
+    enabled: bool = Field(
+        False,
+        description="Weight each response token's advantage by min(π_old/π_sampler, cap): the learner's log-prob over "
+        "the rollout engine's, for the same token (logged as rollout/tis_weight_mean). Not with "
+        "objective.rollout_correction, which covers the same with more choices.",
+    )
+    cap: float = Field(2.0, gt=1.0, description="C: the truncation of each token's importance weight (enabled: true only).")
 
 
 class WorkerResourcesConfig(StrictModel):
@@ -42,13 +47,52 @@ def _field_error(loc: tuple[str, ...], message: str, value: object, **context: s
 
 
 class RolloutConfig(StrictModel):
-    engine: Literal["vllm", "hf"] = "vllm"
-    prompts_per_step: int = Field(8, ge=1)
-    samples_per_prompt: int = Field(8, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(64, ge=1)
-    max_model_len: int = Field(512, ge=16)
+    engine: Literal["vllm", "hf"] = Field(
+        "vllm",
+        description="What generates the rollouts: 'vllm' (vLLM's engine; weights synced into it after each update) or "
+        "'hf' (transformers' generate, same per-request seeding; no rollout.compile, no LoRA adapter sync).",
+    )
+    prompts_per_step: int = Field(
+        8,
+        ge=1,
+        description="Prompts drawn from the training data per step (each step's batch is prompts_per_step × "
+        "samples_per_prompt samples); with advantage.dynamic_sampling, the number of informative groups kept. A size "
+        "preset sets it from its batch when it is not written.",
+    )
+    samples_per_prompt: int = Field(
+        8,
+        ge=1,
+        description="Completions sampled per prompt: the group over which group-relative estimators (GRPO, RLOO...) "
+        "compute each advantage; with env:, episodes per prompt.",
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        description="Sampling temperature; the learner divides its logits by the same value, so its log-probs are "
+        "those of the distribution the samples came from.",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p. Below 1 "
+        "the sampler's log-probs are renormalised over the nucleus, so the log-prob-gap health check is off and "
+        "asynchronous training (max_staleness > 0) is refused.",
+    )
+    max_tokens: int = Field(
+        64,
+        ge=1,
+        description="The longest response in tokens (with env:, of one assistant turn); a sample cut there is truncated "
+        "(advantage.overlong). Also the default L_max of advantage.overlong and the normaliser of the "
+        "seq_sum_constant_norm aggregation.",
+    )
+    max_model_len: int = Field(
+        512,
+        ge=16,
+        description="Positions the rollout engine holds per sequence, prompt and response together; a training prompt "
+        "of this many tokens or more (or of the model's own max_position_embeddings, if smaller) is refused before "
+        "training, naming its rows.",
+    )
     kv_cache_gb: float | Literal["auto"] = Field(
         "auto",
         description="vLLM's KV cache in GiB, or auto: what one step's generation holds (prompts_per_step x "

@@ -13,9 +13,19 @@ class TrackingConfig(StrictModel):
         None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working folder."
     )
     experiment: str | None = Field(None, description="MLflow experiment name; default: the config's name.")
-    sample_table_every: int = Field(5, ge=1)
-    sample_table_rows: int = Field(16, ge=1)
-    progress: bool = True
+    sample_table_every: int = Field(
+        5,
+        ge=1,
+        description="Log a table of samples (prompt, completion, rewards, answer) to MLflow at step 1 and every N-th "
+        "step, as samples/step_<n>.json (with images or episodes, also an HTML page).",
+    )
+    sample_table_rows: int = Field(
+        16, ge=1, description="How many of the step's samples each sample table holds (the first ones)."
+    )
+    progress: bool = Field(
+        True,
+        description="A progress bar per arm in the terminal while it trains; false: plain log lines (as polyrl run --no-progress).",
+    )
     accuracy_reward: str | None = Field(
         None,
         description="Label of the reward whose score defines train/accuracy; default: the reward labelled 'accuracy', if any.",
@@ -24,22 +34,52 @@ class TrackingConfig(StrictModel):
 
 class CheckpointConfig(StrictModel):
     dir: str = Field("runs", description="Checkpoints go to <dir>/<name>/<arm>/step_<n>.")
-    every: int = Field(10, ge=1)
-    keep: int = Field(2, ge=1)
+    every: int = Field(
+        10,
+        ge=1,
+        description="Save a checkpoint (weights, optimizer state, sampler position) every N steps and after the last "
+        "step; a resumed run starts from the latest.",
+    )
+    keep: int = Field(
+        2, ge=1, description="How many of the latest checkpoints stay on disk; older ones are deleted after each save."
+    )
 
 
 class EvalConfig(StrictModel):
     every: int = Field(0, ge=0, description="Evaluate every N steps inside training (0 = never).")
-    suite: str | None = None
-    limit: int | None = Field(None, ge=1)
+    suite: str | None = Field(
+        None,
+        description="The eval suite periodic evaluation runs: a suite name (experiments/evals/<name>.yaml, or a folder "
+        "in $POLYRL_EVAL_SUITES) or a YAML path. Required when every > 0.",
+    )
+    limit: int | None = Field(
+        None, ge=1, description="At most this many prompts per dataset of the suite (the suite's own limit, if lower, wins)."
+    )
 
 
 class HealthConfig(StrictModel):
-    min_entropy: float = 0.1
-    advantage_sigma: float = 3.0
-    positive_share_target: float = 0.45
-    positive_share_tolerance: float = 0.25
-    min_mean_length: float = 2.0
+    # The defaults of the checks below are polyrl's own heuristics (from its design notes), not figures from a paper.
+    min_entropy: float = Field(
+        0.1, description="Warn when the mean token entropy (actor/entropy, nats) falls below this: entropy collapse."
+    )
+    advantage_sigma: float = Field(
+        3.0,
+        description="Warn when an advantage lies more than this many standard deviations from the batch mean "
+        "(advantage/max_abs_z): check the reward scale and advantage normalisation.",
+    )
+    positive_share_target: float = Field(
+        0.45,
+        description="The expected share of the policy loss from positive-advantage tokens (actor/pos_loss_share); "
+        "warn when it strays further than positive_share_tolerance (BAPO's balance, arXiv 2510.18927).",
+    )
+    positive_share_tolerance: float = Field(
+        0.25, description="How far actor/pos_loss_share may stray from positive_share_target before a warning."
+    )
+    min_mean_length: float = Field(
+        2.0,
+        description="Warn when the mean response length (tokens) falls below this, or below a quarter of the first "
+        "step's when that was over 4 × this: length collapse.",
+    )
     max_logprob_gap: float = Field(
         1e-2, gt=0, description="Warn when rollout/logprob_gap (nats/token) exceeds this: a stale or partial weight sync."
     )
@@ -55,7 +95,7 @@ class HealthConfig(StrictModel):
         description="Warn when rollout_corr/k3_kl grows past this multiple of its mean over the run's first three "
         "reports (and past 1e-5, below which it is rounding noise): the mismatch that precedes a collapse.",
     )
-    # Seed 000 §5.2's two figures for a slow distributed run; checked in asynchronous training (rollout.max_staleness > 0).
+    # polyrl's own thresholds for a slow asynchronous run (from its design notes); checked when rollout.max_staleness > 0.
     min_buffer_utilisation: float = Field(
         0.7,
         ge=0,

@@ -18,23 +18,51 @@ class ValueConfig(StrictModel):
     would only rescale its learning rate: there is no ``coef``; set ``learning_rate``.
     """
 
-    learning_rate: float = Field(1e-4, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    clip_range: float = Field(0.2, gt=0)
+    learning_rate: float = Field(1e-4, gt=0, description="The critic's AdamW learning rate (constant).")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="The critic's AdamW (β1, β2).")
+    weight_decay: float = Field(0.0, ge=0, description="The critic's AdamW decoupled weight decay.")
+    max_grad_norm: float = Field(
+        1.0, gt=0, description="Clip the critic's gradient to this global L2 norm before each critic step."
+    )
+    clip_range: float = Field(
+        0.2,
+        gt=0,
+        description="Value clipping (PPO, arXiv 1707.06347, as in OpenAI baselines): the new value may move at most "
+        "this far from the old one in the clipped term of the value loss, which takes the larger of the clipped and "
+        "unclipped squared errors.",
+    )
     update_every: int = Field(
-        1, ge=1, description="Delayed critic updates: one critic update every k policy optimizer steps (seed 000 §3.3)."
+        1,
+        ge=1,
+        description="Delayed critic updates: one critic update every k policy optimizer steps (polyrl's own option, "
+        "not from a paper; 1: every step).",
     )
 
 
 class TrainConfig(StrictModel):
-    steps: int = Field(20, ge=1)
-    learning_rate: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = Field(1.0, gt=0)
-    micro_batch_size: int = Field(16, ge=1)
+    steps: int = Field(
+        20,
+        ge=1,
+        description="Training steps: each generates one rollout batch and updates on it (updates_per_batch × "
+        "mini_batches optimizer steps). Checkpoints, sample tables and evaluation count in these steps.",
+    )
+    learning_rate: float = Field(
+        1e-5, gt=0, description="The policy's AdamW learning rate (peak, after warm-up; lr_schedule decays from it)."
+    )
+    weight_decay: float = Field(0.0, ge=0, description="The policy's AdamW decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="The policy's AdamW (β1, β2).")
+    max_grad_norm: float = Field(
+        1.0,
+        gt=0,
+        description="Clip the policy's gradient to this global L2 norm before each optimizer step.",
+    )
+    micro_batch_size: int = Field(
+        16,
+        ge=1,
+        description="Rows per forward/backward pass; gradients accumulate over a mini-batch's micro-batches, so the "
+        "update does not depend on it (up to float rounding), only the memory does. With micro_batch_tokens, the most "
+        "rows a micro-batch may hold. The critic uses it too.",
+    )
     micro_batch_tokens: int | None = Field(
         None,
         ge=1,
@@ -59,10 +87,30 @@ class TrainConfig(StrictModel):
     )
     updates_per_batch: int = Field(1, ge=1, description="Optimizer updates per rollout batch (off-policy reuse).")
     mini_batches: int = Field(1, ge=1, description="Split each rollout batch into this many optimizer steps per update pass.")
-    kl_coef: float = Field(0.0, ge=0)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    kl_in_reward: bool = False
-    entropy_coef: float = 0.0
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="β of the KL penalty to a frozen reference policy (the starting weights; with LoRA, the base model "
+        "with the adapter off): kl_coef × KL per token is added to the loss, or with kl_in_reward subtracted from the "
+        "reward. > 0 loads the reference; logged as actor/ref_kl.",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3",
+        description="Per-token KL estimator (Schulman, 'Approximating KL Divergence', 2020): k1 = log π − log π_ref "
+        "(unbiased, can be negative), k2 = ½(log π − log π_ref)² (biased, ≥ 0), k3 = ρ − log ρ − 1 with ρ = π_ref/π "
+        "(unbiased, ≥ 0; GRPO's, DeepSeekMath arXiv 2402.03300). Applies where kl_coef > 0.",
+    )
+    kl_in_reward: bool = Field(
+        False,
+        description="Put the KL penalty in the reward instead of the loss (InstructGPT's placement): each token's "
+        "reward is −kl_coef × KL(π_old ‖ π_ref), plus the sequence reward on the last token, before the advantage "
+        "estimator. Needs kl_coef > 0 to do anything.",
+    )
+    entropy_coef: float = Field(
+        0.0,
+        description="Entropy bonus: coef × the per-token entropy is subtracted from the loss (positive keeps the "
+        "policy exploring; negative would lower its entropy). The starting value when objective.adaptive_entropy is set.",
+    )
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant",
         description="Per optimizer step, after warm-up: constant, linear or cosine decay to learning_rate × min_lr_ratio.",
