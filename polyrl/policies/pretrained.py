@@ -128,7 +128,10 @@ def check_gguf_file(path: str | Path, *, field: str = "model.path") -> Path:
         magic = handle.read(4)
     if magic != b"GGUF":
         raise ConfigError(f"{field}: {str(path)!r} is not a GGUF file (it does not start with the bytes 'GGUF')")
-    require_gguf_support()  # the tensor types' sizes come from the gguf package, which the conversion needs too
+    if importlib.util.find_spec("gguf") is None:
+        # The tensor types' sizes come from the gguf package; without it a cached conversion is
+        # still usable, and a new one is refused naming the extra (converted_gguf_dir).
+        return path
     try:
         read_gguf_layout(path)
     except GGUFLayoutError as error:
