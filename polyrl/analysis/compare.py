@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from polyrl.analysis.arm_status import ArmStatus, arm_status, planned_arms, status_lines, unfinished_summary  # noqa: E402
 from polyrl.analysis.compare_views import annotate_arm_runs, headline_summary, log_headline_metrics, write_chart_view  # noqa: E402
+from polyrl.analysis.health_notes import health_warnings, with_health_section  # noqa: E402
 from polyrl.analysis.report_metrics import (  # noqa: E402
     CURVES,
     TABLE_METRICS,
@@ -263,6 +264,9 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
         verdicts, rows = None, []
     unfinished = unfinished_summary(statuses)
     report = with_status_section(report, statuses, unfinished)
+    report = with_health_section(
+        report, health_warnings({arm: [run, *all_seed_runs.get(arm, [])] for arm, run in arm_runs.items()})
+    )
     (out / "report.md").write_text(report)
     base_url = ui_base_url(tracking_uri)
     url = compare_runs_url(base_url, parent.info.experiment_id, list(arms.values()))

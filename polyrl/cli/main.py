@@ -32,6 +32,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # '_MLFLOW_TELEMETRY_SESSION_ID'. Off by default (machines are often offline); the user's setting wins.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+from polyrl.cli.envs import app as envs_app
 from polyrl.cli.errors import user_errors
 from polyrl.cli.evaluate import eval_command
 from polyrl.cli.export import export_command
@@ -47,6 +48,7 @@ app = typer.Typer(
 )
 app.add_typer(objectives_app, name="objectives")
 app.add_typer(rewards_app, name="rewards")
+app.add_typer(envs_app, name="envs")
 app.add_typer(jobs_app, name="jobs")
 console = Console()
 

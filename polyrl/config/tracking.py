@@ -106,3 +106,60 @@ class HealthConfig(StrictModel):
     max_sync_share: float = Field(
         0.15, gt=0, le=1, description="Warn when weight syncs take a larger mean share of the learner's step."
     )
+    # Reward-hacking checks (polyrl/rewards/monitors.py, polyrl/roles/reward_health.py; docs/reward_workbench.md).
+    reward_window: int = Field(
+        10,
+        ge=2,
+        description="Steps the reward-hacking checks look back over: the train/held-out trend, the reward-length "
+        "correlation's running mean and the judge/rule agreement pool their samples over this many steps.",
+    )
+    held_out_metric: str | None = Field(
+        None,
+        description="The held-out score the training reward is checked against (a metric key, e.g. "
+        "'eval/gsm8k/accuracy'); default: every eval/<suite>/accuracy and eval/<suite>/reward/mean the periodic "
+        "evaluation logs. Needs eval.every > 0.",
+    )
+    min_reward_rise: float = Field(
+        0.05,
+        gt=0,
+        description="Warn when reward/mean rose by at least this (least-squares change over health.reward_window "
+        "steps) while the held-out score moved by at most health.held_out_stall.",
+    )
+    held_out_stall: float = Field(
+        0.0,
+        description="The largest held-out change over the window that still counts as stalled (0: flat or falling).",
+    )
+    min_component_correlation: float = Field(
+        0.3,
+        gt=0,
+        lt=1,
+        description="Warn when two reward components' correlation over a step's samples, once at least this in size, "
+        "turns to the opposite sign at least this large (one term now pays for what the other punishes).",
+    )
+    max_component_share: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Warn when one reward component's share of the total's variance over a step's samples comes to "
+        "exceed this, having been below it at the run's first report (it alone now decides the advantage).",
+    )
+    max_length_correlation: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Warn when the correlation of total reward and completion length over a step's samples, "
+        "averaged over the last health.reward_window steps, exceeds this (the reward pays for length).",
+    )
+    min_distinct_per_prompt: float = Field(
+        0.5,
+        ge=0,
+        description="Warn when a step's distinct completion texts per distinct prompt fall below this (different "
+        "prompts answered with the same few texts); 0 turns the check off.",
+    )
+    judge_rule_pairs: dict[str, str] = Field(
+        default_factory=dict,
+        description="Reward labels {judge: rule}: a model-scored reward and a rule-based one that check the same "
+        "thing; warn when their correlation over the last health.reward_window steps' samples falls below "
+        "health.min_judge_rule_correlation.",
+    )
+    min_judge_rule_correlation: float = Field(0.3, ge=-1, lt=1, description="See health.judge_rule_pairs.")

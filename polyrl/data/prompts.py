@@ -12,6 +12,8 @@ and are drawn by :class:`polyrl.data.sampler.PromptSampler`.
   answer's form and length are the model's (``free_chat_row``);
 * ``"word_problems"`` — two-step arithmetic word problems in chat form, answered in free text
   (``polyrl/tasks/word_problems.py``), for chat models;
+* ``"calculator"`` / ``"guess_number"`` — the shipped episode tasks for the environments of the
+  same names (``polyrl/tasks/calculator.py``, ``polyrl/tasks/guess_number.py``; config ``env:``);
 * ``"drawing"`` — the shipped drawing task (``polyrl/tasks/data/drawing``);
 * ``"scenes"`` / ``"scenes_captions"`` — the shipped image tasks, VQA and captioning
   (``polyrl/tasks/scenes.py``);
@@ -37,7 +39,7 @@ from polyrl.data import image_rows
 from polyrl.data import splits as split_rules
 from polyrl.data.errors import DataConfigError  # re-exported: callers import it from here
 from polyrl.data.source_files import first_row, load_file, resolve_local, split_file
-from polyrl.tasks import arithmetic, drawing, scenes, word_problems
+from polyrl.tasks import arithmetic, calculator, drawing, guess_number, scenes, word_problems
 
 BUILTIN_SOURCES = (
     "arithmetic",
@@ -47,6 +49,8 @@ BUILTIN_SOURCES = (
     "drawing",
     "scenes",
     "scenes_captions",
+    "calculator",
+    "guess_number",
 )
 # The module of each built-in source: its SPLITS and shipped_path(split) (and map_row(row) for a
 # source in chat form: the shipped rows, mapped).
@@ -58,6 +62,8 @@ _BUILTIN_MODULES = {
     "drawing": drawing,
     "scenes": scenes,
     "scenes_captions": scenes.CAPTIONS,
+    "calculator": calculator,  # episodes with env: calculator (polyrl/envs)
+    "guess_number": guess_number,  # episodes with env: guess_number
 }
 
 

@@ -261,6 +261,8 @@ def _build_arm(
         check_logprob_gap=r.top_p == 1.0,
         sampler_dtype=cfg.sampling_dtype,
         check_overlap=r.max_staleness > 0,
+        reward_weights=dict(rewards.weights),  # component shares weigh the raw scores as the total does
+        held_out=bool(cfg.eval.every and cfg.eval.suite),
     )
     saved: dict[str, Any] = {
         "policy": models.lora if models.lora is not None else models.policy,

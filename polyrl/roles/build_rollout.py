@@ -16,9 +16,11 @@ from polyrl.config.schema import ConfigError, ExperimentConfig
 from polyrl.core.types import PromptSample
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.engines.kv_cache import kv_cache_request, prompt_lengths
+from polyrl.envs import build_env, load_env_class
 from polyrl.rewards import CompositeReward
 from polyrl.roles.async_loop import VersionedEngine
 from polyrl.roles.collector import CollectSettings, RolloutCollector
+from polyrl.roles.episodes import EpisodeRunner, EpisodeSettings
 from polyrl.runtime.devices import learner_device
 from polyrl.runtime.threads import set_torch_threads
 
@@ -152,8 +154,12 @@ def build_collector(
     *,
     accuracy_label: str | None,
 ) -> RolloutCollector:
-    """The collector: ``rollout.*`` sampling settings, DAPO dynamic sampling, the accuracy reward."""
+    """The collector: ``rollout.*`` sampling settings, DAPO dynamic sampling, the accuracy reward;
+    with ``env:``, the episode runner (its return, labelled ``env``, is the reward and the accuracy)."""
     r, dynamic = cfg.rollout, cfg.advantage.dynamic_sampling
+    episodes = build_episodes(cfg, engine.tokenizer) if cfg.env is not None else None
+    if episodes is not None:
+        accuracy_label = "env"
     return RolloutCollector(
         engine,
         rewards,
@@ -171,4 +177,23 @@ def build_collector(
             threads=r.threads,  # None: generation keeps the learner's count, nothing to switch per call
             greedy_baseline=needs_greedy_baseline(cfg),
         ),
+        episodes=episodes,
     )
+
+
+def build_episodes(cfg: ExperimentConfig, tokenizer: Any) -> EpisodeRunner:
+    """The episode runner of ``env:`` (a fresh environment per episode)."""
+    e = cfg.env
+    cls = load_env_class(e.module)
+    settings = EpisodeSettings(
+        max_turns=e.max_turns,
+        max_episode_tokens=e.max_episode_tokens,
+        tool_timeout_s=e.tool_timeout_s,
+        tool_output_chars=e.tool_output_chars,
+        tool_format=e.tool_format,
+        system_prompt=cfg.data.system_prompt,
+        env_name=e.module,
+        stop=tuple(e.stop),
+    )
+    return EpisodeRunner(lambda: build_env(cls, dict(e.params), ref=e.module), tokenizer, settings,
+                         max_model_len=cfg.rollout.max_model_len)  # fmt: skip

@@ -23,6 +23,7 @@ from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.rewards import RewardBatch, RewardResult
 from polyrl.rewards.summary import accuracy_share, length_by_correctness
 from polyrl.roles.batches import Rollout, Scores, length_metrics
+from polyrl.roles.episodes import episode_metrics
 from polyrl.runtime.threads import torch_threads
 
 __all__ = ["CollectSettings", "Collected", "RolloutCollector", "informative_groups"]
@@ -69,11 +70,15 @@ class RolloutCollector:
     """Draws prompts, generates G completions each on ``engine`` and scores them with ``rewards``
     (a :class:`~polyrl.rewards.CompositeReward`, set up by the caller)."""
 
-    def __init__(self, engine: Any, rewards: Any, prompts: Callable[[int], list[PromptSample]], settings: CollectSettings):
+    def __init__(self, engine: Any, rewards: Any, prompts: Callable[[int], list[PromptSample]], settings: CollectSettings,
+                 episodes: Any = None):  # fmt: skip
         self.engine = engine
         self.rewards = rewards
         self.prompts = prompts
         self.settings = settings
+        # An EpisodeRunner (polyrl/roles/episodes.py, config env:): each sample is a multi-turn
+        # episode scored by its return (the reward labelled "env"); None: one completion per sample.
+        self.episodes = episodes
         self._adapter_dir: Path | None = None
 
     def sync_weights(self, named_tensors: Any) -> None:
@@ -128,7 +133,10 @@ class RolloutCollector:
     def generate(self, step: int, round_index: int = 0, group_offset: int = 0) -> Rollout:
         prompts = self.prompts(self.settings.prompts_per_step)
         with torch_threads(self.settings.threads):
-            grouped = self.engine.generate(prompts, self.sampling_settings(step, round_index))
+            if self.episodes is not None:
+                grouped = self.episodes.run(self.engine, prompts, self.sampling_settings(step, round_index))
+            else:
+                grouped = self.engine.generate(prompts, self.sampling_settings(step, round_index))
         flat_prompts, flat_completions, group_ids = [], [], []
         for index, (prompt, completions) in enumerate(zip(prompts, grouped)):
             for completion in completions:
@@ -138,6 +146,11 @@ class RolloutCollector:
         return Rollout(flat_prompts, flat_completions, torch.tensor(group_ids, dtype=torch.long))
 
     def score(self, rollout: Rollout) -> Scores:
+        if self.episodes is not None:
+            returns: list[float | None] = [c.episode["return"] for c in rollout.completions]
+            scores = Scores(returns, self.reward_metrics(returns, {"env": returns}), {"env": returns})
+            scores.metrics.update(episode_metrics(rollout.completions))
+            return scores
         batch = RewardBatch(
             prompts=[p.prompt for p in rollout.prompts],
             completions=[c.text for c in rollout.completions],

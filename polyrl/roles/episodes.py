@@ -49,6 +49,8 @@ class EpisodeSettings:
     tool_format: Literal["auto", "template", "text"] = "auto"
     system_prompt: str | None = None
     env_name: str = "env"  # for error messages
+    # Stop strings that also end an assistant turn (e.g. "</tool_call>"), besides end of turn/EOS.
+    stop: tuple[str, ...] = ()
 
 
 def template_takes_tools(tokenizer: Any) -> bool:
@@ -221,7 +223,7 @@ class EpisodeRunner:
                 break
             seed = None if sampling.seed is None else sampling.seed * 7919 + turn
             call = SamplingSettings(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                                    max_tokens=sampling.max_tokens, seed=seed, stop=list(sampling.stop))  # fmt: skip
+                                    max_tokens=sampling.max_tokens, seed=seed, stop=[*sampling.stop, *self.settings.stop])  # fmt: skip
             requests = [PromptSample(prompt=ep.prompt_text, prompt_ids=ep.prompt_ids + ep.tokens) for ep in live]
             outputs = engine.generate(requests, call)
             for ep, group in zip(live, outputs):

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from polyrl.core.errors import PolyrlError
+from polyrl.roles.reward_health import RewardHackingMonitor
 from polyrl.roles.schedule import set_learning_rate
 
 
@@ -105,9 +106,18 @@ MISMATCH_BASELINE_REPORTS = 3
 
 class HealthMonitor:
     def __init__(
-        self, settings: Any, *, check_logprob_gap: bool = True, sampler_dtype: str = "float32", check_overlap: bool = False
+        self,
+        settings: Any,
+        *,
+        check_logprob_gap: bool = True,
+        sampler_dtype: str = "float32",
+        check_overlap: bool = False,
+        reward_weights: dict[str, float] | None = None,
+        held_out: bool = True,
     ):
         self.settings = settings
+        # The reward-hacking checks (roles/reward_health.py): per-sample signals and the held-out trend.
+        self.reward_hacking = RewardHackingMonitor(settings, reward_weights=reward_weights, held_out=held_out)
         # Asynchronous training (rollout.max_staleness > 0): seed 000 §5.2's buffer-utilisation and
         # communication figures, as running means over the steps that report them.
         self.check_overlap = check_overlap
@@ -197,6 +207,21 @@ class HealthMonitor:
         metrics.update({f"health/{name}_trips": float(count) for name, count in self.fired.items()})
         return warnings
 
+    def check_samples(
+        self, step: int, samples: list[dict[str, Any]], parts: dict[str, list[float | None]], metrics: dict[str, float]
+    ) -> list[str]:
+        """The reward-hacking checks on one step's samples (reward vs length, distinct completions,
+        component correlations and shares, judge vs rule); adds their figures to ``metrics``."""
+        warnings = self.reward_hacking.check_samples(samples, parts, metrics, self._trip)
+        metrics.update({f"health/{name}_trips": float(count) for name, count in self.fired.items()})
+        return warnings
+
+    def check_held_out(self, step: int, metrics: dict[str, float]) -> list[str]:
+        """Training reward vs the held-out score, once the step's periodic evaluation is in ``metrics``."""
+        warnings = self.reward_hacking.check_held_out(step, metrics, self._trip)
+        metrics.update({f"health/{name}_trips": float(count) for name, count in self.fired.items()})
+        return warnings
+
     def _check_mismatch(self, metrics: dict[str, float], warnings: list[str]) -> None:
         """The sampler/learner mismatch KL (rollout_corr/k3_kl): above health.max_mismatch_kl, or grown
         past health.mismatch_growth times its mean over the first reports ("When Speed Kills Stability",
@@ -264,6 +289,7 @@ class HealthMonitor:
         }
         if self.check_overlap:
             state["overlap"] = {"sums": dict(self.overlap_sums), "counts": dict(self.overlap_counts)}
+        state["reward_hacking"] = self.reward_hacking.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -272,3 +298,4 @@ class HealthMonitor:
         self._mismatch_baseline = list(state.get("mismatch_baseline", []))
         overlap = state.get("overlap", {})
         self.overlap_sums, self.overlap_counts = dict(overlap.get("sums", {})), dict(overlap.get("counts", {}))
+        self.reward_hacking.load_state_dict(state.get("reward_hacking", {}))

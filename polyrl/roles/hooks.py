@@ -76,14 +76,21 @@ class HealthHook(Hook):
 
     def observe(self, report: StepReport) -> None:
         warnings = self.monitor.check(report.step, report.metrics)
-        for warning in warnings:
-            self.printer(f"[{self.arm}] health warning at step {report.step}: {warning}")
+        warnings += self.monitor.check_samples(report.step, report.samples, report.reward_parts, report.metrics)
         report.metrics["health/warnings"] = float(len(warnings))
+        self._say(report.step, warnings)
+
+    def publish(self, report: StepReport) -> None:
+        # The training reward against the held-out score: the periodic evaluation adds the latter
+        # after observe, so it is read here (before the metric logger, which comes later in the list).
+        self._say(report.step, self.monitor.check_held_out(report.step, report.metrics))
+
+    def _say(self, step: int, warnings: list[str]) -> None:
+        for warning in warnings:
+            self.printer(f"[{self.arm}] health warning at step {step}: {warning}")
         if self.logger is not None:
             for warning in warnings:
-                self.logger.set_tags(
-                    {f"health.{warning.split(':', 1)[0]}": f"step {report.step}: {warning.split(':', 1)[-1].strip()}"}
-                )
+                self.logger.set_tags({f"health.{warning.split(':', 1)[0]}": f"step {step}: {warning.split(':', 1)[-1].strip()}"})
 
 
 class SampleTableHook(Hook):

@@ -8,6 +8,7 @@ uses of each is its protocol in :mod:`polyrl.roles.protocols`.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections import defaultdict
 from typing import Any, Iterator, Sequence
@@ -59,9 +60,11 @@ def sample_rows(rollout: Rollout, scores: Scores) -> list[dict[str, Any]]:
             "prompt": p.shown_prompt,
             "completion": c.text,
             "reward": s,
-            "length": len(c.completion_ids),
+            "length": c.policy_length,  # the policy's tokens (an episode's observations left out)
             "finish_reason": c.finish_reason,
             "modalities": modality_string(c.completion_token_modalities),
+            # An episode turn by turn (roles, contents, tool calls, per-turn rewards, trained or not), as JSON.
+            **({"episode": json.dumps(c.episode)} if c.episode is not None else {}),
         }
         for p, c, s in zip(rollout.prompts, rollout.completions, scores.totals)
     ]

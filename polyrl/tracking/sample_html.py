@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
 import numbers
 from typing import Any, Iterable, Mapping, Sequence
@@ -41,6 +42,8 @@ pre{margin:0;white-space:pre-wrap;word-break:break-word;font-family:ui-monospace
 img{image-rendering:pixelated;border:1px solid #d0d7de;margin:0 4px 4px 0}
 .muted{color:#6e7781;font-size:12px}
 ul{margin:0;padding-left:16px}
+.turn{border-left:3px solid #d0d7de;padding-left:6px;margin-bottom:4px}
+.turn.assistant{border-left-color:#1f883d}
 """
 
 
@@ -105,7 +108,33 @@ def _references_cell(row: Mapping[str, Any]) -> str:
     return "".join(parts) or '<span class="muted">none</span>'
 
 
+def _episode_html(episode: Any) -> str:
+    """An episode (``Completion.episode``, or its JSON) turn by turn: each message with its role,
+    tool calls and errors, the turn's reward, and whether its tokens trained (policy turns) or
+    not (prompt and observation tokens: no gradient)."""
+    if isinstance(episode, str):
+        episode = json.loads(episode)
+    parts = []
+    for turn in episode.get("turns", []):
+        notes = [f"{turn.get('tokens', 0)} tokens", "trained" if turn.get("trained") else "not trained"]
+        if turn.get("tool_calls"):
+            notes.append(f"tool calls {turn['tool_calls']}, errors {turn.get('tool_errors', 0)}")
+        if turn.get("role") == "assistant":
+            notes.append(f"reward {_format_score(turn.get('reward'))}")
+        parts.append(
+            f'<div class="turn {_text(turn.get("role"))}"><b>{_text(turn.get("role"))}</b> '
+            f'<span class="muted">{_text(" · ".join(notes))}</span><pre>{_text(turn.get("content"))}</pre></div>'
+        )
+    summary = (
+        f"return {_format_score(episode.get('return'))} · {episode.get('assistant_turns', 0)} turns · "
+        f"tool calls {episode.get('tool_calls', 0)} (errors {episode.get('tool_errors', 0)}) · ended: {episode.get('end', '')}"
+    )
+    return "".join(parts) + f'<div class="muted">{_text(summary)}</div>'
+
+
 def _completion_cell(row: Mapping[str, Any]) -> str:
+    if row.get("episode") is not None:
+        return _episode_html(row["episode"])
     details = [
         f"{_text(key)} {_text(row[key])}" for key in ("length", "finish_reason", "modalities") if row.get(key) not in (None, "")
     ]

@@ -1,0 +1,72 @@
+"""``env:``: train on multi-turn episodes with an environment instead of single completions.
+
+With ``env:`` set, every sample of ``rollout.samples_per_prompt`` is an episode
+(polyrl/roles/episodes.py): the environment ``env.module`` starts it from the data row and
+answers each assistant turn. ``rollout.max_tokens`` is the budget of ONE assistant turn; the
+episode's own budgets are below. The reward is the episode's return (the sum of the
+environment's per-turn rewards), logged as the reward labelled ``env``; ``rewards:`` is not used
+and is refused when set. See docs/episodes.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from polyrl.config.base import StrictModel
+
+
+class EnvConfig(StrictModel):
+    module: str = Field(
+        ..., description="The environment: a registered name (calculator, guess_number), 'file.py:Class', "
+        "'package.module:Class' or an entry point of group polyrl.envs."
+    )  # fmt: skip
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's constructor.")
+    max_turns: int = Field(4, ge=1, description="Assistant turns per episode; an episode not done by then is truncated.")
+    max_episode_tokens: int = Field(
+        512, ge=1, description="Tokens per episode after its first prompt (the policy's and the observations'); "
+        "the policy's last turn is cut to it and an observation that does not fit ends the episode, truncated."
+    )  # fmt: skip
+    tool_timeout_s: float = Field(5.0, gt=0, description="Time limit of one tool call; past it the call's result is an error.")
+    tool_output_chars: int = Field(2000, ge=1, description="A tool result longer than this is cut, with a note saying so.")
+    stop: list[str] = Field(
+        default_factory=list, description="Strings that also end an assistant turn (e.g. '</tool_call>'), besides the "
+        "end-of-turn token; the turn keeps its tokens up to the one completing the string, and the template's "
+        "closing of the turn is appended as observation tokens."
+    )  # fmt: skip
+    tool_format: Literal["auto", "template", "text"] = Field(
+        "auto", description="How tools are offered: the chat template's tools= where it has one (auto, template), "
+        "else (auto, text) the plain-text <tool_call> protocol in a system message."
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _loads(self) -> "EnvConfig":
+        """The reference resolves and the params fit its constructor (relative files: the current folder)."""
+        from polyrl.envs import EnvConfigError
+        from polyrl.envs.registry import bind_env_params, load_env_class
+
+        try:
+            bind_env_params(load_env_class(self.module), self.params, ref=self.module)
+        except EnvConfigError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+
+def env_refusals(cfg: Any) -> list[tuple[tuple[str, ...], Any, str]]:
+    """``(field path, value, message)`` for each setting an experiment with ``env:`` cannot honour."""
+    if cfg.env is None:
+        return []
+    refusals = []
+    if "rewards" in cfg.model_fields_set:
+        refusals.append((
+            ("rewards",), [r.module for r in cfg.rewards],
+            "with env: set, the reward is the episode's return (the environment's per-turn rewards); "
+            "rewards: is not used; remove it (score inside the environment instead)",
+        ))  # fmt: skip
+    if cfg.rollout.max_staleness:
+        refusals.append((
+            ("rollout", "max_staleness"), cfg.rollout.max_staleness,
+            "asynchronous training does not run episodes yet; allowed with env: 0",
+        ))  # fmt: skip
+    return refusals
