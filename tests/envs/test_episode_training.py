@@ -112,10 +112,11 @@ def test_bad_tools_leave_the_hf_run_going(tmp_path, tiny_arch_dir, write_experim
     metrics, changed = _train(tmp_path, tiny_arch_dir, write_experiment, "hf")
     assert math.isfinite(metrics["actor/loss"])
     assert changed
-    # Each episode called the three tools once; the one that raised and the one that hung are
-    # errors, the 10 MB one came back capped (ok): all three were observations, the episodes went on.
-    assert metrics["episode/tool_calls_mean"] == 3.0
-    assert metrics["episode/tool_errors_mean"] == 2.0
+    # Each episode whose first turn ended (not cut by max_tokens) called the three tools once; the
+    # one that raised and the one that hung are errors, the 10 MB one came back capped (ok): all
+    # three were observations, and the episodes went on to a second turn.
+    assert metrics["episode/tool_calls_mean"] > 0
+    assert metrics["episode/tool_errors_mean"] == pytest.approx(2 / 3 * metrics["episode/tool_calls_mean"])
     assert metrics["episode/turns_mean"] > 1.0
     assert metrics["episode/observation_tokens_mean"] > 0
     # The learner scored the sampler's own ids: the log-prob gap on the policy's tokens is ~0.
@@ -129,7 +130,8 @@ def test_episodes_train_through_vllm(tmp_path, tiny_arch_dir, write_experiment, 
     metrics, changed = _train(tmp_path, tiny_arch_dir, write_experiment, "vllm")
     assert math.isfinite(metrics["actor/loss"])
     assert changed
-    assert metrics["episode/tool_errors_mean"] == 2.0
+    assert metrics["episode/tool_errors_mean"] == pytest.approx(2 / 3 * metrics["episode/tool_calls_mean"])
+    assert metrics["episode/turns_mean"] > 1.0
     assert metrics["rollout/logprob_gap"] < 1e-3
 
 
