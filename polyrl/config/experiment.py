@@ -19,6 +19,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from polyrl.config.base import ConfigError, StrictModel, check_safe_name
 from polyrl.config.data import DataConfig
 from polyrl.config.dotted_keys import deep_merge, expand_dotted, parse_set_options
+from polyrl.config.episodes import EnvConfig, env_refusals
 from polyrl.config.model import ModelConfig
 from polyrl.config.objective import AdvantageConfig, ModalitiesConfig, ObjectiveConfig
 from polyrl.config.presets import PRESETS, PresetError, objective_preset_overrides, preset_overrides
@@ -65,6 +66,7 @@ class ExperimentConfig(StrictModel):
     checkpoint: CheckpointConfig = CheckpointConfig()
     eval: EvalConfig = EvalConfig()
     health: HealthConfig = HealthConfig()
+    env: EnvConfig | None = None  # multi-turn episodes with an environment (config/episodes.py)
 
     @property
     def sampling_dtype(self) -> str:
@@ -95,6 +97,14 @@ class ExperimentConfig(StrictModel):
                 errors += [InitErrorDetails(type=PydanticCustomError(item["type"], item["msg"], item["ctx"]),
                                             loc=(name, "params", *item["loc"]), input=item["input"])
                            for item in error.errors()]  # fmt: skip
+        if errors:
+            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        return self
+
+    @model_validator(mode="after")
+    def _env_applies(self) -> "ExperimentConfig":
+        errors = [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
+                  for loc, value, message in env_refusals(self)]  # fmt: skip
         if errors:
             raise ValidationError.from_exception_data("ExperimentConfig", errors)
         return self
