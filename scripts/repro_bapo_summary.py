@@ -1,4 +1,4 @@
-"""Per-seed summaries for the BAPO reproduction (seed 000 §4), with intervals over seeds.
+"""Per-seed summaries for the BAPO reproduction (BAPO, arXiv 2510.18927), with intervals over seeds.
 
 Also usable on the other clip reproductions (the bapo/* rows and plots are then left out).
 
@@ -32,7 +32,7 @@ from polyrl.analysis.stats import arm_difference, curve_band, holm_adjusted, mea
 from polyrl.tracking.mlflow_runs import ARM_TAG, SEED_TAG, find_arm_runs, find_parent_run, find_seed_runs, make_client  # noqa: E402
 
 COLLAPSE_NATS = 0.1  # the health check's entropy_collapse threshold (polyrl/roles/health.py)
-SEED_WINDOW = 0.03  # seed 000 §4: the positive share fluctuates within ±0.03 of its target
+SEED_WINDOW = 0.03  # polyrl's design notes (unpublished): the positive share fluctuates within ±0.03 of its target
 LAST_STEPS = 10  # train accuracy of one 64-sample step is noisy: average the last few
 
 KEYS = (

@@ -1,6 +1,6 @@
 """Response length of right and wrong answers per arm over seeds, from the sample tables.
 
-The Dr.GRPO claim (seed 003 §4.3) is about the length of *wrong* answers, which no training
+The Dr.GRPO claim ("Understanding R1-Zero-Like Training: A Critical Perspective", arXiv 2503.20783) is about the length of *wrong* answers, which no training
 metric isolates; each seed run's sample tables (``samples/step_*.json``: reward and length of
 every logged sample) do. Per seed and logged step: the mean length of wrong (reward <= 0) and
 right answers, and the share of answers in the long worked form (the arithmetic task's

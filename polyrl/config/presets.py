@@ -1,4 +1,5 @@
-"""Hyper-parameter presets (seed 003 §6.2, seed 000 §5.1), applied objective-aware.
+"""Hyper-parameter presets by model size, applied objective-aware. The table is polyrl's own starting
+points (from its design notes), not a published recipe.
 
 | preset | model size | batch | eps  | gamma | lambda | lr   |
 |--------|------------|-------|------|-------|--------|------|
