@@ -15,7 +15,7 @@ nothing. Two defences, both here so that every kind of plug-in is loaded the sam
   does not import the file itself. The probe was chosen over patching ``os._exit`` during the
   import because it catches every way of dying, not only the one function patched, and leaves
   the parent's globals alone. Its cost: one interpreter start plus the file's own imports
-  (``from polyrl.rewards import ...`` takes seconds), once per file per process; the file's
+  (``from polyrl.rewards import ...`` included), once per file per process; the file's
   top-level code runs twice (a plug-in file should only define things when imported). Modules
   of polyrl itself are not probed.
 
@@ -44,8 +44,8 @@ from typing import Any, Callable, TypeVar
 
 from polyrl.core.errors import PolyrlError
 
-# How long the child may take to import a file (heavy imports such as torch take seconds;
-# a file that needs longer than this to import is as good as stuck).
+# How long the child may take to import a file (heavy imports such as torch are slow; a file
+# that needs longer than this to import is as good as stuck).
 IMPORT_PROBE_TIMEOUT_S = 300.0
 GUARD_HINT = 'a plug-in file must only define things when imported: put a script\'s main() under if __name__ == "__main__":'
 

@@ -3,7 +3,7 @@
 A GGUF file cut short (an interrupted download) or a few bytes that start with ``GGUF`` used to
 pass ``polyrl validate`` and fail at run time with a raw traceback from the GGUF reader. The
 ``gguf`` package's ``GGUFReader`` raises numpy errors on such files ("cannot reshape array...")
-and builds an array per vocabulary entry (seconds for a 49k-token vocabulary), so the layout is
+and builds a numpy array per vocabulary entry (slow for a large vocabulary), so the layout is
 walked here instead, by the format's specification (ggml's docs/gguf.md): header (magic,
 version, tensor count, metadata count), the metadata entries, the tensor infos (name, shape,
 type, offset), then the tensor data from the next multiple of ``general.alignment``. Tensor byte

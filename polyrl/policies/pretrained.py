@@ -117,7 +117,7 @@ def check_gguf_file(path: str | Path, *, field: str = "model.path") -> Path:
     """``path`` if it is a whole GGUF file, else a :class:`ConfigError` naming the file and what is wrong.
 
     Its header, metadata and tensor table are walked and every tensor's bytes must lie inside
-    the file (:mod:`polyrl.policies.gguf_header`, a fraction of a second at 100 MB), so a file
+    the file (:mod:`polyrl.policies.gguf_header`, without reading the tensor data), so a file
     cut short by an interrupted download is refused by ``validate`` and before a run starts,
     not met as a traceback from the GGUF reader.
     """
