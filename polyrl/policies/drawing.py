@@ -8,15 +8,14 @@ markers ``image`` tokens in both rollout engines.
 ``build_drawing_policy`` warms the model up with the arithmetic warm-up's supervised loop
 (:func:`polyrl.policies.warmup.supervised_finetune`) on the drawing train split, for few enough
 steps that held-out per-cell accuracy is partial and RL has room, and caches the directory
-under ``cache_dir/<key>/`` exactly like the arithmetic policy (temporary folder, rename,
-completion marker). ``polyrl_warmup.json`` records held-out greedy and sampled per-cell
+under ``cache_dir/<key>/`` exactly like the arithmetic policy (the shared
+:class:`~polyrl.policies.recipe.WarmupRecipe`: temporary folder, rename, completion marker). ``polyrl_warmup.json`` records held-out greedy and sampled per-cell
 accuracy, well-formed share, exact-grid share and caption F1.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,20 +24,12 @@ import torch
 from tokenizers import AddedToken
 
 from polyrl.engines.modality_marks import write_modality_rule
-from polyrl.policies.cache import (
-    INFO_FILE,
-    build_cached,
-    build_record,
-    cache_key,
-    held_out_examples,
-    is_complete,
-    resolve_cache_dir,
-)
-from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm, count_parameters, save_model_dir
+from polyrl.policies.cache import INFO_FILE, held_out_examples
+from polyrl.policies.recipe import WarmupRecipe
+from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm, save_model_dir
 from polyrl.policies.warmup import model_fingerprint, supervised_finetune
 from polyrl.rewards import RewardBatch
 from polyrl.rewards.builtins.drawing import IMAGE_CLOSE, IMAGE_OPEN, PALETTE_TOKENS, Drawing
-from polyrl.runtime.threads import torch_threads
 from polyrl.tasks import drawing
 
 # Bump when a change here alters the weights or the recorded info of a build.
@@ -131,28 +122,22 @@ def build_drawing_policy(
 
     Same cache and thread conventions as :func:`polyrl.policies.warmup.build_warm_policy`.
     """
-    cache_dir = resolve_cache_dir(cache_dir)
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
-    settings = {
-        "task": "drawing",
-        "size": size,
-        "seed": seed,
-        "steps": steps,
-        "lr": lr,
-        "batch_size": batch_size,
-        "eval_prompts": eval_prompts,
-        "max_new_tokens": MAX_NEW_TOKENS,
-        "data_version": drawing.SHIPPED.version(),
-        "model_fingerprint": drawing_fingerprint(size),
-        "code_version": DRAWING_CODE_VERSION,
-    }
-    final = cache_dir / cache_key("draw", settings)
-    if not force and is_complete(final):
-        return final
+    recipe = WarmupRecipe(
+        prefix="draw",
+        task="drawing",
+        size=size,
+        seed=seed,
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        eval_prompts=eval_prompts,
+        max_new_tokens=MAX_NEW_TOKENS,
+        data_version=drawing.SHIPPED.version(),
+        model_fingerprint=drawing_fingerprint(size),
+        code_version=DRAWING_CODE_VERSION,
+    )
 
-    def write(folder: Path) -> dict[str, Any]:
-        started = time.perf_counter()
+    def train() -> tuple[torch.nn.Module, tuple[Any, list[float]]]:
         tokenizer = build_drawing_tokenizer()
         model = build_tiny_causal_lm(tokenizer, size, seed=seed)
         torch.manual_seed(seed)
@@ -167,16 +152,16 @@ def build_drawing_policy(
             seed=seed,
             warmup_steps=min(10, max(1, steps)),
         )
-        train_seconds = time.perf_counter() - started
+        return model, (tokenizer, losses)
+
+    def finish(folder: Path, model: torch.nn.Module, state: tuple[Any, list[float]]) -> dict[str, Any]:
+        tokenizer, losses = state
         test_rows = drawing.read_rows("test")[:eval_prompts]
         greedy = evaluate_drawing(model, tokenizer, test_rows, temperature=0.0, seed=seed)
         sampled = evaluate_drawing(model, tokenizer, test_rows, temperature=1.0, seed=seed)
         save_model_dir(model, tokenizer, folder)
         write_modality_rule(folder, open_marker=IMAGE_OPEN, close_marker=IMAGE_CLOSE, image_tokens=PALETTE_TOKENS)
         return {
-            **build_record(
-                settings, key=final.name, params=count_parameters(model), started=started, train_seconds=train_seconds
-            ),
             "losses": [round(value, 5) for value in losses],
             "eval_num_prompts": len(test_rows),
             **{f"greedy_{k}": v for k, v in greedy.items() if k != "completions"},
@@ -185,8 +170,7 @@ def build_drawing_policy(
             "examples": held_out_examples(test_rows, greedy["completions"], sampled["completions"]),
         }
 
-    with torch_threads(num_threads):
-        return build_cached(final, write, force=force)
+    return recipe.build(cache_dir, train, finish, num_threads=num_threads, force=force)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ tokens. A processor (PIL image processor + tokenizer) is saved beside the weight
 ``AutoProcessor``, ``AutoModelForImageTextToText`` and vLLM load the folder.
 
 ``warm_vlm_policy`` trains it briefly on the shipped scenes VQA split (loss on the answer and
-EOS only) and caches the result like the text policy (``models/warmup.py``): a folder named
-by a hash of every input, written to a temporary folder and renamed into place.
+EOS only) with the warm-up loop and cache the three built-in families share
+(:mod:`polyrl.policies.recipe`): a folder named by a hash of every input, written to a
+temporary folder and renamed into place.
 """
 
 from __future__ import annotations
@@ -21,15 +22,13 @@ import hashlib
 import inspect
 import json
 import random
-import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from polyrl.engines.image_prompts import banned_token_ids
-from polyrl.policies.cache import build_cached, build_record, cache_key, is_complete, resolve_cache_dir
-from polyrl.runtime.threads import torch_threads
+from polyrl.policies.recipe import WarmupRecipe, supervised_steps
 from polyrl.tasks import scenes
 
 IMAGE_TOKEN = "<image>"
@@ -289,60 +288,35 @@ def warm_vlm_policy(
     defaults = WARMUP_TASKS[task]
     steps = defaults["steps"] if steps is None else steps
     eval_prompts = defaults["eval_prompts"] if eval_prompts is None else eval_prompts
-    cache_dir = resolve_cache_dir(cache_dir)
-    settings = {
-        "task": defaults["name"],
-        "size": size,
-        "seed": seed,
-        "steps": steps,
-        "lr": lr,
-        "batch_size": batch_size,
-        "eval_prompts": eval_prompts,
-        "data_version": scenes.shipped_data_version() if task == "vqa" else scenes.caption_data_version(),
-        "model_fingerprint": vlm_fingerprint(size),
-        "code_version": WARMUP_CODE_VERSION,
-    }
-    key = cache_key("vlm", settings)
-    final = cache_dir / key
-    if not force and is_complete(final):
-        return final
+    recipe = WarmupRecipe(
+        prefix="vlm",
+        task=defaults["name"],
+        size=size,
+        seed=seed,
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        eval_prompts=eval_prompts,
+        data_version=scenes.shipped_data_version() if task == "vqa" else scenes.caption_data_version(),
+        model_fingerprint=vlm_fingerprint(size),
+        code_version=WARMUP_CODE_VERSION,
+    )
 
-    def write(folder: Path) -> dict[str, Any]:
-        started = time.perf_counter()
+    def train() -> tuple[torch.nn.Module, tuple[Any, list[dict[str, Any]], list[float]]]:
         processor = build_vlm_processor(size)
         model = build_tiny_vlm(processor.tokenizer, size, seed=seed)
         train_rows = _read_split("train", task)
-        if task == "vqa":
-            encoded = _encode_rows(processor, train_rows)
-        else:
-            encoded = _encode_captions(processor, train_rows)
-        rng = random.Random(f"polyrl-vlm-warmup-{seed}")
-        # A separate stream for the caption choice: the VQA run's batch order stays as it was.
-        pick = random.Random(f"polyrl-vlm-caption-{seed}")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+        encoded = _encode_rows(processor, train_rows) if task == "vqa" else _encode_captions(processor, train_rows)
         torch.manual_seed(seed)
-        model.train()
-        losses, order = [], []
-        for _ in range(steps):
-            if len(order) < batch_size:
-                fresh = list(range(len(encoded)))
-                rng.shuffle(fresh)
-                order.extend(fresh)
-            picked, order = order[:batch_size], order[batch_size:]
-            rows = [
-                encoded[i] if task == "vqa" else {**encoded[i], "answer_ids": pick.choice(encoded[i]["targets"])} for i in picked
-            ]
-            loss = model(**_batch(rows, processor.tokenizer.pad_token_id)).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            losses.append(round(float(loss.detach()), 5))
-        train_seconds = time.perf_counter() - started
-        test_rows = _read_split("test", task)[:eval_prompts]
-        record = build_record(
-            settings, key=key, params=sum(p.numel() for p in model.parameters()), started=started, train_seconds=train_seconds
+        batches = _warmup_batches(
+            encoded, processor.tokenizer.pad_token_id, captions=task != "vqa", batch_size=batch_size, seed=seed
         )
+        losses = supervised_steps(model, batches, steps=steps, lr=lr)
+        return model, (processor, train_rows, [round(value, 5) for value in losses])
+
+    def finish(folder: Path, model: torch.nn.Module, state: tuple[Any, list[dict[str, Any]], list[float]]) -> dict[str, Any]:
+        processor, train_rows, losses = state
+        test_rows = _read_split("test", task)[:eval_prompts]
         if task == "vqa":
             result = evaluate_vqa(model, processor, test_rows)
             scores = {"greedy_accuracy": result["accuracy"]}
@@ -357,8 +331,25 @@ def warm_vlm_policy(
                 for r, c in zip(test_rows, result["completions"][:8])
             ]
         save_vlm_dir(model, processor, folder)
-        record.update(total_seconds=round(time.perf_counter() - started, 2))
-        return {**record, "losses": losses, **scores, "eval_num_prompts": len(test_rows), "examples": examples}
+        return {"losses": losses, **scores, "eval_num_prompts": len(test_rows), "examples": examples}
 
-    with torch_threads(num_threads):
-        return build_cached(final, write, force=force)
+    return recipe.build(cache_dir, train, finish, num_threads=num_threads, force=force)
+
+
+def _warmup_batches(
+    encoded: Sequence[dict[str, Any]], pad_id: int, *, captions: bool, batch_size: int, seed: int
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless batches in a seeded shuffled order, epoch after epoch; captioning trains on one
+    reference per scene per step, drawn at random, so the policy does not lock onto one template."""
+    rng = random.Random(f"polyrl-vlm-warmup-{seed}")
+    # A separate stream for the caption choice: the VQA run's batch order stays as it was.
+    pick = random.Random(f"polyrl-vlm-caption-{seed}")
+    order: list[int] = []
+    while True:
+        if len(order) < batch_size:
+            fresh = list(range(len(encoded)))
+            rng.shuffle(fresh)
+            order.extend(fresh)
+        picked, order = order[:batch_size], order[batch_size:]
+        rows = [{**encoded[i], "answer_ids": pick.choice(encoded[i]["targets"])} if captions else encoded[i] for i in picked]
+        yield _batch(rows, pad_id)

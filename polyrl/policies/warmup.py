@@ -9,9 +9,10 @@ saves a Hugging Face model directory (safetensors + tokenizer) that
 
 The directory lives at ``cache_dir/<key>/`` where ``key`` hashes every input that changes the
 result (size, seed, steps, lr, batch size, schedule, eval settings, the shipped data's hash and
-``WARMUP_CODE_VERSION``). It is written to a temporary directory and renamed into place with
-a completion marker, so a crashed or concurrent build never leaves a half-written model that
-a later call would return. A complete directory is returned as is.
+``WARMUP_CODE_VERSION``): the :class:`~polyrl.policies.recipe.WarmupRecipe` the three built-in
+families share. It is written to a temporary directory and renamed into place with a
+completion marker, so a crashed or concurrent build never leaves a half-written model that a
+later call would return. A complete directory is returned as is.
 
 Beside the weights, ``polyrl_warmup.json`` records the build: held-out greedy and sampled
 (temperature 1.0) accuracy, mean completion lengths, share of long (step-by-step) completions,
@@ -23,9 +24,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import math
 import random
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,22 +35,17 @@ from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine
 from polyrl.engines.hf_engine import HFRolloutEngine
 from polyrl.policies import text as text_models
-from polyrl.policies.cache import (  # noqa: F401 - COMPLETE_MARKER: importers of this module
+from polyrl.policies.cache import (  # noqa: F401 - COMPLETE_MARKER, default_cache_dir: importers of this module
     COMPLETE_MARKER,
     INFO_FILE,
-    build_cached,
-    build_record,
-    cache_key,
     default_cache_dir,
     held_out_examples,
-    is_complete,
-    resolve_cache_dir,
 )
-from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm, count_parameters, save_model_dir
+from polyrl.policies.recipe import WarmupRecipe, supervised_steps
+from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm, save_model_dir
 from polyrl.rewards.base import RewardBatch
 from polyrl.rewards.builtins.accuracy import Accuracy
 from polyrl.rewards.summary import accuracy_share, length_stats
-from polyrl.runtime.threads import torch_threads
 from polyrl.tasks import arithmetic
 
 # Bump when a change here alters the weights or the recorded info of a build.
@@ -84,22 +78,6 @@ def model_fingerprint(size: str, extra_tokens: Sequence[str] = ()) -> str:
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def warm_policy_key(settings: dict[str, Any]) -> str:
-    return cache_key("arith", settings)
-
-
-def _lr_at(step: int, *, steps: int, lr: float, warmup_steps: int, min_lr_ratio: float) -> float:
-    """Linear warm-up then cosine decay to ``min_lr_ratio * lr`` (1.0, the default: constant).
-
-    A constant rate after warm-up makes a build of ``n`` steps exactly the first ``n`` steps of
-    a longer build, so the step count can be tuned from one learning curve.
-    """
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
-    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def _length_bucketed_batches(
@@ -189,36 +167,34 @@ def supervised_finetune(
     Rows are visited in a seeded shuffled order, epoch after epoch; each run of
     ``bucket_batches`` batches can be grouped by length (off by default: batches of only short
     or only long solutions swing the policy's form preference), and each batch is packed into
-    rows (``_pack_batch``). ``on_step(step, loss, model)`` is called after every update.
-    Returns the loss of every step.
+    rows (``_pack_batch``); the steps are the shared warm-up loop
+    (:func:`polyrl.policies.recipe.supervised_steps`). ``on_step(step, loss, model)`` is called
+    after every update. Returns the loss of every step.
     """
     encoded = []
     for row in rows:
         prompt_ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
         solution_ids = tokenizer(row["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         encoded.append((prompt_ids, solution_ids))
-    batches = _length_bucketed_batches(encoded, batch_size=batch_size, seed=seed, bucket_batches=bucket_batches)
+    order = _length_bucketed_batches(encoded, batch_size=batch_size, seed=seed, bucket_batches=bucket_batches)
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
-    model.train()
-    losses = []
-    for step in range(steps):
-        input_ids, labels, position_ids, attention_mask = _pack_batch(
-            [encoded[i] for i in next(batches)], pad_token_id=tokenizer.pad_token_id
-        )
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, steps=steps, lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        if on_step is not None:
-            on_step(step, losses[-1], model)
-            model.train()
-    model.eval()
-    return losses
+    def batches() -> Iterator[dict[str, torch.Tensor]]:
+        for indices in order:
+            input_ids, labels, position_ids, attention_mask = _pack_batch(
+                [encoded[i] for i in indices], pad_token_id=tokenizer.pad_token_id
+            )
+            yield {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "labels": labels}
+
+    return supervised_steps(
+        model,
+        batches(),
+        steps=steps,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        min_lr_ratio=min_lr_ratio,
+        weight_decay=weight_decay,
+        on_step=on_step,
+    )
 
 
 def _is_long_form(completion: str) -> bool:
@@ -284,29 +260,23 @@ def build_warm_policy(
     saves, and collapses when another process holds a core. ``force`` rebuilds even when a
     complete directory exists. Deterministic for given inputs.
     """
-    cache_dir = resolve_cache_dir(cache_dir)
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
-    settings = {
-        "task": "arithmetic",
-        "size": size,
-        "seed": seed,
-        "steps": steps,
-        "lr": lr,
-        "batch_size": batch_size,
-        "warmup_steps": warmup_steps,
-        "eval_prompts": eval_prompts,
-        "max_new_tokens": max_new_tokens,
-        "data_version": arithmetic.SHIPPED.version(),
-        "model_fingerprint": model_fingerprint(size),
-        "code_version": WARMUP_CODE_VERSION,
-    }
-    final = cache_dir / warm_policy_key(settings)
-    if not force and is_complete(final):
-        return final
+    recipe = WarmupRecipe(
+        prefix="arith",
+        task="arithmetic",
+        size=size,
+        seed=seed,
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        warmup_steps=warmup_steps,
+        eval_prompts=eval_prompts,
+        max_new_tokens=max_new_tokens,
+        data_version=arithmetic.SHIPPED.version(),
+        model_fingerprint=model_fingerprint(size),
+        code_version=WARMUP_CODE_VERSION,
+    )
 
-    def write(folder: Path) -> dict[str, Any]:
-        started = time.perf_counter()
+    def train() -> tuple[torch.nn.Module, tuple[Any, list[float]]]:
         tokenizer = build_char_tokenizer()
         model = build_tiny_causal_lm(tokenizer, size, seed=seed)
         torch.manual_seed(seed)
@@ -320,7 +290,10 @@ def build_warm_policy(
             seed=seed,
             warmup_steps=min(warmup_steps, max(1, steps)),
         )
-        train_seconds = time.perf_counter() - started
+        return model, (tokenizer, losses)
+
+    def finish(folder: Path, model: torch.nn.Module, state: tuple[Any, list[float]]) -> dict[str, Any]:
+        tokenizer, losses = state
         test_rows = _read_rows("test")[:eval_prompts]
         save_model_dir(model, tokenizer, folder)
         # The engine samples from the model in memory; the directory gives it the model's own
@@ -329,9 +302,6 @@ def build_warm_policy(
             greedy = evaluate_arithmetic(engine, test_rows, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
             sampled = evaluate_arithmetic(engine, test_rows, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)
         return {
-            **build_record(
-                settings, key=final.name, params=count_parameters(model), started=started, train_seconds=train_seconds
-            ),
             "num_threads": torch.get_num_threads(),
             "torch_version": torch.__version__,
             "losses": [round(value, 5) for value in losses],
@@ -350,8 +320,7 @@ def build_warm_policy(
             "examples": held_out_examples(test_rows, greedy["completions"], sampled["completions"]),
         }
 
-    with torch_threads(num_threads):
-        return build_cached(final, write, force=force)
+    return recipe.build(cache_dir, train, finish, num_threads=num_threads, force=force)
 
 
 def warm_policy_info(path: str | Path) -> dict[str, Any]:

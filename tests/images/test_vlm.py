@@ -13,6 +13,7 @@ from polyrl.engines.hf_engine import HFRolloutEngine
 from polyrl.engines.image_prompts import banned_token_ids, model_takes_images
 from polyrl.modeling.logprobs import collate_image_inputs, logprob_gap, pack_completions, token_logprobs
 from polyrl.policies import vlm
+from polyrl.policies.cache import INFO_FILE
 from polyrl.tasks import scenes
 
 
@@ -30,11 +31,11 @@ def test_tiny_vlm_has_four_image_tokens_per_image_and_loads_back(vlm_dir):
 
 def test_warm_up_is_cached_by_its_settings(tmp_path):
     first = vlm.warm_vlm_policy(tmp_path, steps=2, eval_prompts=4)
-    info = json.loads((first / vlm.INFO_FILE).read_text())
+    info = json.loads((first / INFO_FILE).read_text())
     assert info["steps"] == 2 and 0.0 <= info["greedy_accuracy"] <= 1.0 and info["train_seconds"] > 0
-    stamp = (first / vlm.INFO_FILE).stat().st_mtime_ns
+    stamp = (first / INFO_FILE).stat().st_mtime_ns
     assert vlm.warm_vlm_policy(tmp_path, steps=2, eval_prompts=4) == first
-    assert (first / vlm.INFO_FILE).stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert (first / INFO_FILE).stat().st_mtime_ns == stamp  # reused, not rebuilt
     assert vlm.warm_vlm_policy(tmp_path, steps=3, eval_prompts=4) != first
 
 
