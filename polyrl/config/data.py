@@ -11,6 +11,9 @@ from polyrl.config.base import StrictModel
 
 
 class DataConfig(StrictModel):
+    """The training prompts: where they come from, which split, and which columns of a row hold the prompt,
+    answer, references, images and chat messages."""
+
     source: str = Field(
         "arithmetic", description="'arithmetic' (shipped), a .jsonl/.json/.parquet path, a folder, or a dataset name."
     )

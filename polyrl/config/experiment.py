@@ -66,7 +66,11 @@ class ExperimentConfig(StrictModel):
     checkpoint: CheckpointConfig = CheckpointConfig()
     eval: EvalConfig = EvalConfig()
     health: HealthConfig = HealthConfig()
-    env: EnvConfig | None = None  # multi-turn episodes with an environment (config/episodes.py)
+    env: EnvConfig | None = Field(
+        None,
+        description="Train on multi-turn episodes with an environment instead of single completions (section below; "
+        "polyrl/config/episodes.py); null: single completions scored by rewards.",
+    )
 
     @property
     def sampling_dtype(self) -> str:

@@ -146,6 +146,9 @@ class FreezeConfig(StrictModel):
 
 
 class ModelConfig(StrictModel):
+    """The policy: a local model folder or GGUF file (path) or a built-in tiny policy (builtin), the dtype it
+    trains in, and what the learner changes in it (LoRA adapters, frozen parts)."""
+
     path: str | None = Field(
         None,
         description="Local Hugging Face model directory, or a .gguf file (converted once into "

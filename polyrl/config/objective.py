@@ -121,6 +121,9 @@ class HighEntropyTokensConfig(StrictModel):
 
 
 class ObjectiveConfig(StrictModel):
+    """The learner's policy loss: a registered objective with its typed params and loss aggregation, and
+    optional entropy control and rollout correction."""
+
     name: str = Field(
         "grpo",
         description="The policy objective, a registered name (`polyrl objectives list`; the list below under "
@@ -210,6 +213,9 @@ class OverlongConfig(StrictModel):
 
 
 class AdvantageConfig(StrictModel):
+    """How each sample's advantage is computed: the estimator (default: the objective's own) with its params,
+    and DAPO's data-side options (dynamic sampling, overlong handling)."""
+
     estimator: str | None = Field(None, description="Advantage estimator; default: the objective's own.")
     params: dict[str, Any] = Field(
         default_factory=dict, description="The estimator's typed params (`polyrl objectives show NAME --advantage`)."

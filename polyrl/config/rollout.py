@@ -47,6 +47,9 @@ def _field_error(loc: tuple[str, ...], message: str, value: object, **context: s
 
 
 class RolloutConfig(StrictModel):
+    """How samples are generated: the engine, prompts and samples per step, the sampling settings, the
+    rollout workers and asynchronous (off-policy) generation."""
+
     engine: Literal["vllm", "hf"] = Field(
         "vllm",
         description="What generates the rollouts: 'vllm' (vLLM's engine; weights synced into it after each update) or "

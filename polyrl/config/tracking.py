@@ -9,6 +9,9 @@ from polyrl.config.base import StrictModel
 
 
 class TrackingConfig(StrictModel):
+    """What goes to MLflow: the tracking server and experiment, the sample tables, and which reward is
+    accuracy."""
+
     uri: str | None = Field(
         None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working folder."
     )
@@ -33,6 +36,8 @@ class TrackingConfig(StrictModel):
 
 
 class CheckpointConfig(StrictModel):
+    """Where and how often an arm saves checkpoints (for resume and evaluation), and how many it keeps."""
+
     dir: str = Field("runs", description="Checkpoints go to <dir>/<name>/<arm>/step_<n>.")
     every: int = Field(
         10,
@@ -46,6 +51,9 @@ class CheckpointConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
+    """Periodic evaluation inside training: an eval suite run with the training run's own rollout engine,
+    logged as eval/<metric>."""
+
     every: int = Field(0, ge=0, description="Evaluate every N steps inside training (0 = never).")
     suite: str | None = Field(
         None,
@@ -58,6 +66,10 @@ class EvalConfig(StrictModel):
 
 
 class HealthConfig(StrictModel):
+    """Thresholds of the live health checks: a step whose metrics cross one logs a warning (and
+    health/<check>_trips); they do not stop the run. The defaults are polyrl's own heuristics, not
+    figures from a paper."""
+
     # The defaults of the checks below are polyrl's own heuristics (from its design notes), not figures from a paper.
     min_entropy: float = Field(
         0.1, description="Warn when the mean token entropy (actor/entropy, nats) falls below this: entropy collapse."

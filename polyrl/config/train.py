@@ -40,6 +40,9 @@ class ValueConfig(StrictModel):
 
 
 class TrainConfig(StrictModel):
+    """The learner's optimisation: steps, AdamW, micro-batches, KL and entropy terms, the learning-rate
+    schedule, where and how it runs, and the critic (train.value)."""
+
     steps: int = Field(
         20,
         ge=1,
