@@ -18,6 +18,9 @@ from polyrl.config.base import StrictModel
 
 
 class EnvConfig(StrictModel):
+    """The environment of multi-turn episodes: which one, its constructor's params, the episode's budgets and
+    how tools are offered (docs/episodes.md)."""
+
     module: str = Field(
         ..., description="The environment: a registered name (calculator, guess_number), 'file.py:Class', "
         "'package.module:Class' or an entry point of group polyrl.envs."

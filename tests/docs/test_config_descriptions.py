@@ -43,6 +43,13 @@ def test_every_leaf_field_has_a_description():
     assert not missing, "fields without Field(description=...): " + ", ".join(missing)
 
 
+def test_every_section_has_a_docstring():
+    # The reference opens each section's table with its docstring's first paragraph, and the parent
+    # table describes the section by its first sentence.
+    missing = [path for path, model in iter_sections()[1:] if not (model.__doc__ or "").strip()]
+    assert not missing, "sections without a class docstring: " + ", ".join(missing)
+
+
 def test_the_walk_covers_the_known_sections():
     paths = {path for path, _ in _config_models()}
     for section in ("", "rollout", "train", "train.value", "health", "advantage.overlong", "modalities.image", "rewards[]"):
