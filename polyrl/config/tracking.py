@@ -57,8 +57,9 @@ class EvalConfig(StrictModel):
     every: int = Field(0, ge=0, description="Evaluate every N steps inside training (0 = never).")
     suite: str | None = Field(
         None,
-        description="The eval suite periodic evaluation runs: a suite name (experiments/evals/<name>.yaml, or a folder "
-        "in $POLYRL_EVAL_SUITES) or a YAML path. Required when every > 0.",
+        description="The eval suite periodic evaluation runs: a YAML path, or a suite name looked up as <name>.yaml in "
+        "$POLYRL_EVAL_SUITES's folders, ./experiments/evals and the repository's experiments/evals. Required when "
+        "every > 0.",
     )
     limit: int | None = Field(
         None, ge=1, description="At most this many prompts per dataset of the suite (the suite's own limit, if lower, wins)."
