@@ -173,7 +173,7 @@ def main() -> None:
         + ", ".join(f"{k} {v:.3f} s" for k, v in p.items())
         + f", outside the phases {outside:.3f} s"
     )
-    # sync share: the weight sync's mean share of the learner's step (the seed's communication figure, §5.2: <= 15%).
+    # sync share: the weight sync's mean share of the learner's step (polyrl's own health heuristic, health.max_sync_share).
     print(
         "| workers, ranks, k | measured s/step (median; rounds) | samples/s | predicted samples/s | vs first point | generate s "
         "| update s | sync share |"

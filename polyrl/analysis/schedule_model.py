@@ -26,9 +26,10 @@ What it assumes (each a simplification, stated so a prediction can be judged):
   side) for every k >= 1; a larger k only absorbs jitter, which the model does not have.
 * **Buffer utilisation** is defined as the asynchronous loop logs it (``async/buffer_utilisation``):
   batches ready when the learner asks for one, over the ``k`` batches generation may run ahead,
-  at most 1. Seed ``000`` §5.2 asks for >= 70 %. Undefined (None) in synchronous mode.
-* **Communication share**: (all-reduce + broadcast) seconds over the step's seconds; the seed
-  asks for <= 15 %.
+  at most 1. polyrl's own health heuristic asks for >= 70 % (``health.min_buffer_utilisation``).
+  Undefined (None) in synchronous mode.
+* **Communication share**: (all-reduce + broadcast) seconds over the step's seconds; polyrl's
+  own health heuristic asks for <= 15 % (``health.max_sync_share``).
 
 No device is simulated below the phase level; memory limits (whether a model fits a device) are
 the user's to check. Pure Python, no torch.

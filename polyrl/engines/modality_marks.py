@@ -1,7 +1,8 @@
 """Which modality each *generated* token belongs to, from a rule the model directory declares.
 
 A policy that draws (``polyrl.tasks.drawing``) writes pictures as palette tokens between image
-markers. Those tokens are image content and take the image GAE setting (seed ``003`` §7);
+markers. Those tokens are image content and take the image GAE setting (per-modality GAE γ/λ
+is polyrl's own design, ``modalities`` in the experiment YAML);
 everything else it generates is text. The rule belongs to the tokenizer — only it knows which
 ids are palette tokens — so it is stored beside the tokenizer, in ``polyrl_modalities.json``::
 

@@ -1,5 +1,5 @@
 """The rollout buffer's partitions, one per rollout worker (``rollout.workers: N`` with
-``rollout.max_staleness: k`` ≥ 1), as seed 000 §3.3 lays it out: each worker collects whole
+``rollout.max_staleness: k`` ≥ 1), polyrl's own layout: each worker collects whole
 batches on its own, into its own partition, and the learner draws them in a fixed order.
 
 - **Partitions**: at most k + 1 steps are ever collected at once (step t waits for policy

@@ -2,7 +2,7 @@
 
 Its inputs and outputs are plain data: packed batches in, values and metrics out. The learner
 calls :meth:`Critic.after_policy_step` after each applied policy step; the critic decides from
-its cadence whether it updates (seed 000 §3.3, delayed critic). The value model has the
+its cadence whether it updates (a delayed critic: polyrl's own schedule, ``train.value.update_every``). The value model has the
 policy's architecture (:func:`build_value_model`): an image-text policy's critic sees the images.
 """
 

@@ -1,4 +1,4 @@
-"""Live health checks from the seeds' trouble-shooting tables (seed 000 §5.2, seed 003 §6.3),
+"""Live health checks (polyrl's own trouble-shooting heuristics; the thresholds are settings),
 and the guard that keeps non-finite updates away from the weights.
 
 Each check looks at one step's metrics and, the first time it trips, returns a warning of the
@@ -118,8 +118,8 @@ class HealthMonitor:
         self.settings = settings
         # The reward-hacking checks (roles/reward_health.py): per-sample signals and the held-out trend.
         self.reward_hacking = RewardHackingMonitor(settings, reward_weights=reward_weights, held_out=held_out)
-        # Asynchronous training (rollout.max_staleness > 0): seed 000 §5.2's buffer-utilisation and
-        # communication figures, as running means over the steps that report them.
+        # Asynchronous training (rollout.max_staleness > 0): the buffer-utilisation and communication
+        # figures (polyrl's own heuristics), as running means over the steps that report them.
         self.check_overlap = check_overlap
         self.overlap_sums: dict[str, float] = {}
         self.overlap_counts: dict[str, int] = {}

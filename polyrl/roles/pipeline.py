@@ -213,7 +213,7 @@ def values(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
 
 
 def token_discounts(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
-    """Per-token γ and λ from each completion token's modality (seed 003 §7), read from
+    """Per-token γ and λ from each completion token's modality (polyrl's own design), read from
     ``Completion.completion_token_modalities`` ("text" unless an engine marks otherwise)."""
     settings = ctx.modalities
     shape = b.packed.response_mask.shape

@@ -66,7 +66,7 @@ def test_set_options_win_over_arms_and_parse_yaml_scalars(tmp_path):
 def test_preset_sets_the_seed_table_and_explicit_keys_win(tmp_path):
     path = _write(tmp_path, "name: p\npreset: 1b_10b\ntrain: {learning_rate: 3.0e-6}\n")
     config = load_experiment(path)["main"]
-    # Seed 003 table, 1-10B row: batch 512, eps 0.15, gamma 0.95, lambda 0.95, lr 1e-6.
+    # polyrl's own preset table (config presets), 1-10B row: batch 512, eps 0.15, gamma 0.95, lambda 0.95, lr 1e-6.
     assert config.objective.params == {"clip_low": 0.15, "clip_high": 0.15}
     # batch 512 samples / 8 samples per prompt (the schema default) = 64 prompts per step
     assert config.rollout.prompts_per_step == 64 and config.rollout.samples_per_prompt == 8

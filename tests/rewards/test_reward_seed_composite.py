@@ -1,4 +1,4 @@
-"""The seed's composite reward (accuracy + 0.3·fluency + safety + 0.1·length) from its YAML."""
+"""polyrl's own composite reward (accuracy + 0.3·fluency + safety + 0.1·length) from its YAML."""
 
 import math
 from pathlib import Path

@@ -29,8 +29,9 @@ def generalized_advantage_estimation(
     ``A_t = delta_t + gamma_t lambda_t A(next)``, ``returns = A + V``.
 
     Deviations / choices:
-    - Each token uses its own ``gamma_t``/``lambda_t`` (its modality's setting, seed ``003`` §7),
-      both for discounting the next value and for the trace.
+    - Each token uses its own ``gamma_t``/``lambda_t`` (its modality's setting: per-modality
+      γ/λ is polyrl's own design, not the paper's), both for discounting the next value and for
+      the trace.
     - "next" is the next RESPONSE token of the row: masked positions (padding, or tool/image
       tokens inside the response) are skipped, carrying V and A across them, and their
       rewards and values are ignored. After the last response token the episode ends (V=0;
@@ -87,7 +88,10 @@ def gae_value_targets(inputs: AdvantageInputs, *, whiten: bool = False) -> tuple
 
 
 class GAEParams(Params):
-    whiten: bool = flag(False, description="whiten advantages over the batch's response tokens (seed 000 §3.1)")
+    whiten: bool = flag(
+        False,
+        description="whiten advantages over the batch's response tokens (as PPO implementations such as verl's and TRL's do)",
+    )
 
 
 @register_advantage(
@@ -100,7 +104,9 @@ class GAEParams(Params):
 )
 def gae_advantages(inputs: AdvantageInputs, *, whiten: bool = False) -> tuple[Tensor, dict[str, float]]:
     """GAE advantages (see :func:`generalized_advantage_estimation`), optionally whitened over
-    the batch's response tokens (seed ``000`` §3.1 normalises GAE advantages this way).
+    the batch's response tokens (the advantage normalisation of common PPO implementations, e.g.
+    verl's and TRL's; neither the GAE paper, arXiv 1506.02438, nor PPO's, arXiv 1707.06347,
+    prescribes it).
     Unscored rows get 0 and are left out of the whitening statistics."""
     advantages, _, scored = _scored_gae(inputs)
     if whiten:

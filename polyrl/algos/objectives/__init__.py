@@ -46,8 +46,8 @@ samples the update trains on; ``entropy`` when given; ``kl`` when ``ref_logprobs
 among A≠0 tokens (0 when there is no such mass); ``positive_share`` — BAPO's balance at the
 objective's own bounds, ``pos / (pos + neg)`` of ``|r*A|`` over the tokens the clip keeps (A>0
 with r at most the upper bound, A<0 with r at least the lower one; absent when none contributes),
-so an arm without BAPO's search reports the share BAPO would steer; and the four token quadrants of seed ``000``
-§3.2, ``quadrant/{high,low}_prob_{pos,neg}_adv`` — shares of response tokens with A≠0, where
+so an arm without BAPO's search reports the share BAPO would steer; and the four token quadrants
+(polyrl's own diagnostic), ``quadrant/{high,low}_prob_{pos,neg}_adv`` — shares of response tokens with A≠0, where
 "high prob" means ``logprobs >= log(high_prob_threshold)``.
 
 Layout: :mod:`.registry` (specs, typed params), :mod:`.common` (shared pieces), one module per

@@ -1,7 +1,8 @@
 """BAPO: PPO-clip with adaptive bounds balancing positive and negative contributions.
 
 Xi et al., "BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced Policy
-Optimization with Adaptive Clipping", arXiv 2510.18927, plus two options from seed ``000``.
+Optimization with Adaptive Clipping", arXiv 2510.18927, plus two options of polyrl's own (not
+in the paper).
 The bound search is a batch-level choice: :func:`bapo_prepare` runs it once per mini-batch (the
 trainer calls the registration's ``prepare`` before its micro-batch loop) and every micro-batch
 call of :func:`bapo_loss` receives the same bounds, so the update does not depend on the split.
@@ -54,14 +55,20 @@ class BAPOParams(ObjectiveParams):
     dual_clip: float | None = number(
         None, gt=1, description="dual-clip c (> 1) for A<0 tokens; null = off (the authors' recipe uses 3)"
     )
-    entropy_adaptive_clip: bool = flag(False, description="seed 000: start bounds 1 -/+ eps_t from the mini-batch entropy")
+    entropy_adaptive_clip: bool = flag(
+        False, description="polyrl's own option (not in the paper): start bounds 1 -/+ eps_t from the mini-batch entropy"
+    )
     clip_eps_base: float = number(0.2, ge=0, lt=1, description="eps_base of the entropy-adaptive epsilon")
-    entropy_clip_alpha: float = number(0.2, description="alpha of the entropy-adaptive epsilon (negative: the seed's prose)")
+    entropy_clip_alpha: float = number(
+        0.2, description="alpha of the entropy-adaptive epsilon (negative: wider bounds at high entropy)"
+    )
     entropy_target: float = number(1.5, ge=0, description="H_target of the entropy-adaptive epsilon (nats)")
-    positive_weight_sigmoid: bool = flag(False, description="seed 000: weight A>0 tokens by sigmoid(sign*beta*(C - C_target))")
+    positive_weight_sigmoid: bool = flag(
+        False, description="polyrl's own option (not in the paper): weight A>0 tokens by sigmoid(sign*beta*(C - C_target))"
+    )
     positive_weight_target: float = number(0.45, ge=0, le=1, description="C_target of the positive weight")
     positive_weight_beta: float = number(5.0, ge=0, description="beta of the positive weight")
-    positive_weight_sign: float = number(1.0, description="+1 as written in the seed, -1 towards balance")
+    positive_weight_sign: float = number(1.0, description="+1: away from balance (as first drafted), -1: towards balance")
 
     @model_validator(mode="after")
     def _consistent(self) -> "BAPOParams":
@@ -154,21 +161,23 @@ def bapo_search_steps(c_low: float, c_high: float, *, c_low_start: float, c_high
 
 
 def entropy_adaptive_epsilon(mean_entropy: float, *, epsilon_base: float, alpha: float, entropy_target: float) -> float:
-    """Seed ``000`` §2.2: ``eps_t = eps_base * (1 + alpha * (H_target - H_t))``, kept in [0, 0.99].
+    """polyrl's own option (not in the BAPO paper): ``eps_t = eps_base * (1 + alpha * (H_target - H_t))``,
+    kept in [0, 0.99].
 
-    The formula widens the clip range when entropy falls below the target (the DESIGN health
-    check's remedy for collapse). The seed's prose says the opposite (wider when entropy is high
-    early on, tighter as the policy degenerates); a negative ``alpha`` gives that behaviour.
+    With a positive ``alpha`` the clip range widens when entropy falls below the target (the
+    DESIGN health check's remedy for collapse); a negative ``alpha`` gives the opposite (wider
+    when entropy is high early on, tighter as the policy degenerates).
     """
     epsilon = epsilon_base * (1.0 + alpha * (entropy_target - mean_entropy))
     return min(max(epsilon, 0.0), 0.99)
 
 
 def positive_weight(actual_share: float, *, target_share: float, beta: float, sign: float) -> float:
-    """Seed ``000`` §2.3: ``lambda_pos = sigmoid(sign * beta * (C_actual - C_target))``.
+    """polyrl's own option (not in the BAPO paper): ``lambda_pos = sigmoid(sign * beta * (C_actual - C_target))``.
 
-    As written in the seed (``sign=+1``) lambda_pos grows when positive contributions already
-    exceed the target, which pushes further from balance; ``sign=-1`` is the balancing direction.
+    With ``sign=+1`` (the default, as first drafted) lambda_pos grows when positive contributions
+    already exceed the target, which pushes further from balance; ``sign=-1`` is the balancing
+    direction.
     """
     return 1.0 / (1.0 + math.exp(-sign * beta * (actual_share - target_share)))
 
@@ -287,17 +296,17 @@ def bapo_loss(
     micro-batch). Called alone, without them, the function runs :func:`bapo_prepare` on its own
     inputs. They are not user params. ``bound_search=False`` uses the start bounds as they are.
 
-    Options from seed ``000`` (not in the paper):
+    Options of polyrl's own (not in the paper):
     - ``entropy_adaptive_clip``: the search starts from ``1 -/+ eps_t`` with
       ``eps_t = clip_eps_base * (1 + entropy_clip_alpha * (entropy_target - H_t))``, ``H_t`` the
       masked mean of ``entropy`` over the mini-batch (see :func:`entropy_adaptive_epsilon` for
-      the seed's contradictory prose).
+      the sign of ``entropy_clip_alpha``).
     - ``positive_weight_sigmoid``: A>0 token losses are weighted by
       ``lambda_pos = sigmoid(positive_weight_sign * beta * (C_actual - C_target))`` and A<0 ones
       by ``1 - lambda_pos``, with C_actual the mini-batch's positive share at the chosen bounds.
-      With the seed's sign (+1, default) lambda_pos rises when positives already dominate,
-      moving away from balance; use ``positive_weight_sign=-1`` to push towards C_target. At
-      balance both weights are 0.5, halving the loss scale, as in the seed's code.
+      With the default sign (+1) lambda_pos rises when positives already dominate, moving away
+      from balance; use ``positive_weight_sign=-1`` to push towards C_target. At balance both
+      weights are 0.5, halving the loss scale.
     """
     if clip_bounds is None:
         # Every BAPO param is a named argument here (the registry checks it): pass them all on.

@@ -56,8 +56,8 @@ def gspo_loss(
     paper's clip ranges 3e-4 / 4e-4. ``A_i`` is the row's masked-mean advantage. The sequence
     loss is written onto each of its response tokens, so the default ``seq_mean_token_mean``
     gives the paper's mean over sequences; ``token_mean`` would weight sequences by length
-    (a deviation the user opts into). Seed ``003`` writes s_i as an arithmetic mean of token
-    ratios; the paper (and this code) uses the geometric mean. Deviation: ``log s_i`` is
+    (a deviation the user opts into). s_i is the paper's length-normalised sequence ratio, the
+    geometric mean of the token ratios (not their arithmetic mean). Deviation: ``log s_i`` is
     clamped to +-20 before the exp (as the token log-ratio is), so it never overflows.
     """
     x = ObjectiveInputs.zero_masked(logprobs, old_logprobs, advantages, mask, entropy=entropy,

@@ -17,10 +17,10 @@ class PerplexityFluency(RewardModule):
     reward is ``min(0, (tau - ppl) / scale)``: 0 for ppl ≤ tau, −1 per ``scale`` of perplexity
     above it.
 
-    Deviation from seed ``003`` §6.1, which writes ``min(0, (ppl − 50)/10)``: that expression
-    is negative only when ppl < 50, i.e. it punishes *fluent* text and never punishes
-    disfluent text, the opposite of its stated purpose. We use the sign that penalises high
-    perplexity.
+    The composite reward this term belongs to is polyrl's own design. Its first draft wrote
+    ``min(0, (ppl − 50)/10)``: that expression is negative only when ppl < 50, i.e. it punishes
+    *fluent* text and never punishes disfluent text, the opposite of its stated purpose. We use
+    the sign that penalises high perplexity.
 
     The model is loaded in ``setup`` (``AutoModelForCausalLM`` from a local directory), kept in
     eval mode without gradients, and run on right-padded micro-batches. The prompt is

@@ -16,7 +16,7 @@ class Length(RewardModule):
     """A reward computed from the completion's length L (characters or tokens).
 
     One shaping is used, chosen by the parameters:
-    - default: ``L / scale`` (seed ``003`` §6.1: len/100);
+    - default: ``L / scale`` (len/100 in polyrl's own composite reward);
     - ``target`` given: ``−|L − target| / scale``;
     - ``overlong_max_length`` given: DAPO's soft overlong punishment (Yu et al. 2025, "DAPO",
       arXiv 2503.14476): 0 if L ≤ L_max − L_cache, linear down to −1 at L_max, −1 beyond, with
