@@ -89,3 +89,27 @@ def test_the_config_reaches_the_learner_settings():
     settings = learner_settings(cfg, get_objective(cfg.objective.name))
     assert settings.entropy_control == AdaptiveEntropySettings(target=1.0, step_size=0.05, max_coef=0.1)
     assert settings.high_entropy_top_ratio == 0.2
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_from_the_adapted_coefficient(tmp_path, tiny_experiment):
+    from polyrl.roles.arm import build_arm
+
+    raw = tiny_experiment(
+        objective={"adaptive_entropy": {"target": 10.0, "step_size": 0.01}},
+        train={"steps": 2, "learning_rate": 1e-2, "micro_batch_size": 8},
+        checkpoint={"dir": str(tmp_path / "runs"), "every": 2},
+    )
+    cfg = resolve_arms(raw)["main"]
+    arm = build_arm(cfg, arm="main", arm_dir=tmp_path / "runs" / "main")
+    try:
+        history = arm.loop().run()
+        coef = arm.learner.entropy.coef
+    finally:
+        arm.close()
+    assert coef > 0 and history[-1]["actor/entropy_coef"] == pytest.approx(coef)
+    resumed = build_arm(cfg, arm="main", arm_dir=tmp_path / "runs" / "main", resume=True)
+    try:
+        assert resumed.start_step == 2 and resumed.learner.entropy.coef == pytest.approx(coef)
+    finally:
+        resumed.close()
