@@ -128,10 +128,10 @@ def advantages_markdown() -> str:
 
 
 def rewards_markdown() -> str:
-    """The built-in reward modules (registered in ``polyrl.rewards.builtins``) and their parameters."""
+    """The built-in reward modules (registered in ``polyrl.rewards.builtins`` and ``polyrl.reward_models``) and their parameters."""
     lines = ["| module | what it scores | parameters (constructor) |", "|---|---|---|"]
     for name, cls in registered_rewards().items():
-        if not cls.__module__.startswith("polyrl.rewards."):
+        if not cls.__module__.startswith(("polyrl.rewards.", "polyrl.reward_models.")):
             continue  # registered by a test or a user file in this process: not part of polyrl
         doc = inspect.getdoc(cls) or ""
         summary = doc.split("\n\n")[0] if doc else ""

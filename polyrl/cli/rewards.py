@@ -66,7 +66,7 @@ def list_rewards() -> None:
     for column in ("name", "source", "class", "parameters", "description"):
         table.add_column(column, overflow="fold")
     for name, cls in registered_rewards().items():
-        source = "built-in" if cls.__module__.startswith("polyrl.rewards.") else "registered"
+        source = "built-in" if cls.__module__.startswith(("polyrl.rewards.", "polyrl.reward_models.")) else "registered"
         table.add_row(
             name,
             source,

@@ -59,8 +59,14 @@ def reward_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+# Built-in rewards that score with a model (judge, learned_scorer) live above the engines they need
+# (polyrl/reward_models); imported by name, as plug-ins are, so that the layers still point down.
+MODEL_REWARDS_PACKAGE = "polyrl.reward_models"
+
+
 def _ensure_builtins() -> None:
     importlib.import_module("polyrl.rewards.builtins")
+    importlib.import_module(MODEL_REWARDS_PACKAGE)
 
 
 def _load_failed(ref: str, error: UserCodeError) -> RewardConfigError:

@@ -1,0 +1,307 @@
+"""``judge``: a language model scores each completion against a rubric written in the YAML.
+
+The judge runs on an engine of its own (:class:`~polyrl.engines.hf_engine.HFRolloutEngine`,
+loaded once in ``setup``), batched over the step's samples. Its input is the rubric with the
+sample filled in; the score is read from it as :mod:`polyrl.reward_models.reading` describes
+(the probabilities of the allowed score tokens, or a parsed number). Judge inputs seen before
+are answered from a cache keyed on the judge-input text, and a time and a token budget bound
+each call: samples past a budget are unscored (``None``), as are inputs the judge cannot read
+and samples it fails on. A judge never makes up a number.
+
+With ``group: true`` the judge reads a prompt's completions together and scores each against
+the others (relative judging, as OpenPipe ART's RULER does: "RULER", ART documentation, which
+ranks a group of trajectories in one judge call). Deviation: RULER asks for all the group's
+scores in one JSON answer; here each completion is read in its own pass with the whole group
+in the prompt, so the probability reading works per completion and one unreadable answer does
+not lose the group.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import torch
+
+from polyrl.core.types import PromptSample, SamplingSettings
+from polyrl.reward_models.reading import expected_score, groups_of, numbered, parse_score
+from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModule
+from polyrl.rewards.registry import register_reward
+
+DEFAULT_RUBRIC = (
+    "Rate how well the answer responds to the request. 1 means wrong or off-topic, 5 means correct, "
+    "complete and clear.\n\nRequest: {prompt}\n\nAnswer: {completion}\n\nReply with one number: {scores}."
+)
+DEFAULT_GROUP_RUBRIC = (
+    "Here are {n} answers to the same request.\n\nRequest: {prompt}\n\n{completions}\n\nCompared with the "
+    "other answers, how good is answer {index}? 1 means the worst, 5 the best. Reply with one number: {scores}."
+)
+SINGLE_FIELDS = {"prompt", "completion", "reference", "answer", "scores"}
+GROUP_FIELDS = {"prompt", "completions", "index", "n", "reference", "answer", "scores"}
+
+
+def _field(name: str) -> str:
+    return f"params.{name}"
+
+
+def template_fields(template: str) -> set[str]:
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as error:  # an unmatched brace
+        raise RewardConfigError(
+            f"judge {_field('rubric')}: not a valid template ({error}); write a literal brace as {{{{ }}}}"
+        ) from None
+
+
+def resolve_model(model: str) -> Path:
+    """A judge model: a Hugging Face folder, a ``.gguf`` file (converted once, as a policy's), or
+    the name of a built-in pretrained model (``smollm2-135m-instruct``)."""
+    from polyrl.policies.paths import check_model_dir
+    from polyrl.policies.pretrained import converted_gguf_dir, is_gguf_path, pretrained_dir
+
+    if is_gguf_path(model):
+        return converted_gguf_dir(model, field="rewards[].params.model")
+    if Path(model).expanduser().exists():
+        return check_model_dir(Path(model).expanduser(), field="rewards[].params.model")
+    return pretrained_dir(model)
+
+
+@register_reward("judge")
+class JudgeReward(RewardModule):
+    """A language model scores each completion against a rubric (LLM-as-a-judge).
+
+    Parameters:
+        model: the judge: a Hugging Face model folder, a ``.gguf`` file, or a built-in pretrained
+            model's name (``smollm2-135m-instruct``).
+        rubric: the judge prompt, with ``{prompt}``, ``{completion}``, ``{reference}`` (the first
+            reference), ``{answer}`` (the row's answer field) and ``{scores}`` (the allowed scores,
+            written out); with ``group: true``, ``{completions}`` (the group, numbered), ``{index}``
+            (the one being scored, from 1) and ``{n}`` instead of ``{completion}``.
+        scores: the allowed scores (numbers).
+        read: ``probabilities`` (expected score over the allowed scores' tokens; each score must
+            be one token of the judge's tokenizer) or ``parsed`` (the first number of a greedy answer).
+        group: relative judging: a prompt's consecutive samples are judged together.
+        chat_template: wrap the rubric in the judge tokenizer's chat template (when it has one).
+        min_score_mass: probabilities: below this probability on the score tokens, unscored.
+        max_new_tokens: parsed: the longest answer read.
+        batch_size: judge inputs per forward pass or generate call.
+        max_input_tokens: a longer judge input is unscored (never cut: the judge would score
+            a different text).
+        time_budget_s: seconds one score call may spend judging; later samples are unscored.
+        token_budget: judge tokens (input plus answer) one score call may use; later samples are unscored.
+        cache_size: judge inputs whose scores are kept (least recently used dropped first).
+        dtype: the judge's weights' dtype (``float32``, ``bfloat16``).
+        reference_field: the row field ``{answer}`` reads.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        rubric: str | None = None,
+        scores: Sequence[float] = (1, 2, 3, 4, 5),
+        read: Literal["probabilities", "parsed"] = "probabilities",
+        group: bool = False,
+        chat_template: bool = True,
+        min_score_mass: float = 0.5,
+        max_new_tokens: int = 8,
+        batch_size: int = 8,
+        max_input_tokens: int = 2048,
+        time_budget_s: float | None = None,
+        token_budget: int | None = None,
+        cache_size: int = 4096,
+        dtype: str = "float32",
+        reference_field: str = "answer",
+    ):
+        if not isinstance(model, str) or not model.strip():
+            raise RewardConfigError(f"judge {_field('model')}: a model folder, a .gguf file or a built-in model name")
+        if read not in ("probabilities", "parsed"):
+            raise RewardConfigError(f"judge {_field('read')}: {read!r}; allowed: probabilities, parsed")
+        try:
+            self.scores = [float(s) for s in scores]
+        except (TypeError, ValueError):
+            raise RewardConfigError(f"judge {_field('scores')}: a list of numbers, got {scores!r}") from None
+        if len(self.scores) < 2 or len(set(self.scores)) != len(self.scores) or not all(map(math.isfinite, self.scores)):
+            raise RewardConfigError(f"judge {_field('scores')}: at least two distinct finite numbers, got {scores!r}")
+        rubric = rubric if rubric is not None else (DEFAULT_GROUP_RUBRIC if group else DEFAULT_RUBRIC)
+        fields = template_fields(rubric)
+        allowed = GROUP_FIELDS if group else SINGLE_FIELDS
+        needed = {"completions", "index"} if group else {"completion"}
+        if fields - allowed:
+            raise RewardConfigError(
+                f"judge {_field('rubric')}: unknown placeholder(s) {sorted(fields - allowed)}; allowed "
+                f"{'with group: true' if group else ''}: {', '.join(sorted(allowed))}"
+            )
+        if needed - fields:
+            raise RewardConfigError(f"judge {_field('rubric')}: must contain {', '.join('{' + f + '}' for f in sorted(needed))}")
+        for name, value, low in (("min_score_mass", min_score_mass, 0.0), ("time_budget_s", time_budget_s, 0.0)):
+            if value is not None and not (value > low if name == "time_budget_s" else 0 < value <= 1):
+                raise RewardConfigError(f"judge {_field(name)}: {value!r} out of range")
+        for name, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size), ("max_input_tokens", max_input_tokens),
+                            ("cache_size", cache_size), ("token_budget", token_budget)):  # fmt: skip
+            if value is not None and (not isinstance(value, int) or value < (0 if name == "cache_size" else 1)):
+                raise RewardConfigError(f"judge {_field(name)}: a positive integer, got {value!r}")
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise RewardConfigError(f"judge {_field('dtype')}: {dtype!r}; allowed: float32, bfloat16, float16")
+        self.model, self.rubric, self.read, self.group = model.strip(), rubric, read, bool(group)
+        self.chat_template, self.min_score_mass, self.max_new_tokens = chat_template, min_score_mass, max_new_tokens
+        self.batch_size, self.max_input_tokens = batch_size, max_input_tokens
+        self.time_budget_s, self.token_budget, self.cache_size = time_budget_s, token_budget, cache_size
+        self.dtype, self.reference_field = dtype, reference_field
+        self.engine: Any = None
+        self.score_token_ids: list[int] = []
+        self.cache: OrderedDict[str, float] = OrderedDict()
+        # What the last score call did: judged (new), cached, and why samples were left unscored.
+        self.stats: dict[str, int] = {}
+
+    # -- setup ----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        if self.engine is not None:
+            return
+        from polyrl.engines.hf_engine import HFRolloutEngine
+
+        folder = resolve_model(self.model)
+        self.engine = HFRolloutEngine(
+            str(folder), dtype=self.dtype, max_model_len=self.max_input_tokens + self.max_new_tokens, device="cpu"
+            if not torch.cuda.is_available() else None,
+        )  # fmt: skip
+        tokenizer = self.engine.tokenizer
+        if self.read == "probabilities":
+            ids = []
+            for score in self.scores:
+                pieces = tokenizer.encode(self._score_text(score), add_special_tokens=False)
+                if len(pieces) != 1:
+                    raise RewardConfigError(
+                        f"judge {_field('scores')}: score {self._score_text(score)!r} is {len(pieces)} tokens for the judge's "
+                        "tokenizer; read: probabilities needs one token per score (use read: parsed, or single-digit scores)"
+                    )
+                ids.append(pieces[0])
+            if len(set(ids)) != len(ids):
+                raise RewardConfigError(f"judge {_field('scores')}: two scores share a token")
+            self.score_token_ids = ids
+
+    @staticmethod
+    def _score_text(score: float) -> str:
+        return str(int(score)) if float(score).is_integer() else str(score)
+
+    # -- judge inputs -----------------------------------------------------------------------------
+    def _scores_text(self) -> str:
+        texts = [self._score_text(s) for s in self.scores]
+        return ", ".join(texts[:-1]) + " or " + texts[-1]
+
+    def judge_inputs(self, batch: RewardBatch) -> list[str]:
+        """The judge's input text of each sample (chat template applied when asked and available)."""
+        common = lambda i: {  # noqa: E731
+            "prompt": batch.prompts[i],
+            "reference": batch.references[i][0] if batch.references[i] else "",
+            "answer": "" if batch.fields[i].get(self.reference_field) is None else str(batch.fields[i][self.reference_field]),
+            "scores": self._scores_text(),
+        }
+        texts: list[str] = [""] * len(batch)
+        if self.group:
+            for members in groups_of(batch.prompts):
+                listing = numbered([batch.completions[i] for i in members])
+                for k, i in enumerate(members, start=1):
+                    texts[i] = self.rubric.format(**common(i), completions=listing, index=k, n=len(members))
+        else:
+            for i in range(len(batch)):
+                texts[i] = self.rubric.format(**common(i), completion=batch.completions[i])
+        return [self._wrap(text) for text in texts]
+
+    def _wrap(self, text: str) -> str:
+        tokenizer = self.engine.tokenizer if self.engine is not None else None
+        if self.chat_template and tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        return text
+
+    # -- scoring ----------------------------------------------------------------------------------
+    def score(self, batch: RewardBatch) -> list[float | None]:
+        self.setup()
+        inputs = self.judge_inputs(batch)
+        out: list[float | None] = [None] * len(batch)
+        stats = {"judged": 0, "cached": 0, "unreadable": 0, "too_long": 0, "over_time": 0, "over_tokens": 0, "failed": 0}
+        todo: dict[str, list[int]] = {}
+        for i, text in enumerate(inputs):
+            if text in self.cache:
+                self.cache.move_to_end(text)
+                out[i] = self.cache[text]
+                stats["cached"] += 1
+            else:
+                todo.setdefault(text, []).append(i)  # the same input twice in a batch is judged once
+        tokenizer = self.engine.tokenizer
+        encoded = {text: tokenizer.encode(text, add_special_tokens=not self._templated()) for text in todo}
+        pending = []
+        for text, ids in encoded.items():
+            if len(ids) > self.max_input_tokens:
+                stats["too_long"] += len(todo[text])
+            else:
+                pending.append(text)
+        started, tokens = time.perf_counter(), 0
+        for start in range(0, len(pending), self.batch_size):
+            chunk = pending[start : start + self.batch_size]
+            if self.time_budget_s is not None and time.perf_counter() - started > self.time_budget_s:
+                stats["over_time"] += sum(len(todo[t]) for t in pending[start:])
+                break
+            cost = sum(len(encoded[t]) + (self.max_new_tokens if self.read == "parsed" else 1) for t in chunk)
+            if self.token_budget is not None and tokens + cost > self.token_budget:
+                stats["over_tokens"] += sum(len(todo[t]) for t in pending[start:])
+                break
+            tokens += cost
+            try:
+                values = self._judge([encoded[t] for t in chunk])
+            except (RuntimeError, ValueError) as error:  # e.g. out of memory: these samples unscored, the rest go on
+                stats["failed"] += sum(len(todo[t]) for t in chunk)
+                self.last_error = f"{type(error).__name__}: {error}"
+                continue
+            for text, value in zip(chunk, values):
+                if value is None:
+                    stats["unreadable"] += len(todo[text])
+                    continue
+                stats["judged"] += len(todo[text])
+                self._remember(text, value)
+                for i in todo[text]:
+                    out[i] = value
+        stats["tokens"] = tokens
+        self.stats = stats
+        return out
+
+    def _templated(self) -> bool:
+        return bool(self.chat_template and getattr(self.engine.tokenizer, "chat_template", None))
+
+    def _remember(self, text: str, value: float) -> None:
+        if self.cache_size == 0:
+            return
+        self.cache[text] = value
+        self.cache.move_to_end(text)
+        while len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+
+    @torch.no_grad()
+    def _judge(self, rows: list[list[int]]) -> list[float | None]:
+        if self.read == "parsed":
+            settings = SamplingSettings(n=1, temperature=0.0, max_tokens=self.max_new_tokens)
+            prompts = [PromptSample(prompt="", model_prompt="", prompt_ids=list(ids)) for ids in rows]
+            answers = self.engine.generate(prompts, settings)
+            return [parse_score(group[0].text, self.scores) for group in answers]
+        # Right padding: a causal model's logits at a row's last real token do not see the padding after it.
+        model = self.engine.model
+        device = next(model.parameters()).device
+        width = max(len(r) for r in rows)
+        pad = self.engine.tokenizer.pad_token_id if self.engine.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for k, r in enumerate(rows):
+            ids[k, : len(r)] = torch.tensor(r)
+            mask[k, : len(r)] = 1
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        last = torch.tensor([len(r) - 1 for r in rows], device=logits.device)
+        final = logits[torch.arange(len(rows), device=logits.device), last]
+        return [expected_score(row, self.score_token_ids, self.scores, min_mass=self.min_score_mass)[0] for row in final]
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
