@@ -89,18 +89,18 @@ class VersionedEngine:
         record ``version`` as theirs, so no sample is stamped with a version its weights are not.
         Yields the seconds spent waiting for the lock (a generation in progress: no communication)."""
         asked = time.perf_counter()
-        with self.lock, contextlib.ExitStack() as workers:
+        with self.lock, contextlib.ExitStack() as partition_locks:
             for part in self._other_partitions():
-                workers.enter_context(part.lock)
+                partition_locks.enter_context(part.lock)
             yield time.perf_counter() - asked
             for engine in (self, *self._other_partitions()):
                 engine.version = version
 
     def advance(self, version: int) -> None:
         """A step that made no update: the weights are those of ``version`` as they are."""
-        with self.lock, contextlib.ExitStack() as workers:
+        with self.lock, contextlib.ExitStack() as partition_locks:
             for part in self._other_partitions():
-                workers.enter_context(part.lock)
+                partition_locks.enter_context(part.lock)
             for engine in (self, *self._other_partitions()):
                 engine.version = max(engine.version, version)
 
