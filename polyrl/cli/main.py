@@ -118,7 +118,11 @@ def validate(
             f"[green]ok[/] arm [cyan]{arm}[/]: objective={cfg.objective.name} "
             f"aggregation={cfg.objective.aggregation or 'default'} engine={cfg.rollout.engine} "
             f"steps={cfg.train.steps} prompts×samples={cfg.rollout.prompts_per_step}×{cfg.rollout.samples_per_prompt} "
-            f"rewards={[s.module for s in cfg.rewards]}"
+            + (
+                f"env={cfg.env.module} (reward: the episode's return)"
+                if cfg.env
+                else f"rewards={[s.module for s in cfg.rewards]}"
+            )
         )
 
 

@@ -59,4 +59,11 @@ def make_periodic_evaluator(config: Any) -> PeriodicEvaluator:
         raise EvalError("eval.suite: periodic evaluation needs a suite name or path")
     data = config.data  # datasets that set no chat settings are formatted as the run's training prompts
     chat = ChatFormat(data.chat_template, data.system_prompt, data.messages_field)
-    return PeriodicEvaluator(SuiteRunner(suite, limit=config.eval.limit, chat=chat))
+    runner = SuiteRunner(suite, limit=config.eval.limit, chat=chat)
+    if getattr(config, "env", None) is not None:
+        # Episodes: the suite's prompts played with the run's environment (polyrl/evals/episodes.py).
+        from polyrl.evals.episodes import EpisodeSuiteRunner
+        from polyrl.roles.build_rollout import build_episodes
+
+        return PeriodicEvaluator(EpisodeSuiteRunner(runner, lambda tokenizer: build_episodes(config, tokenizer)))
+    return PeriodicEvaluator(runner)

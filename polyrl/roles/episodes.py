@@ -246,13 +246,14 @@ class EpisodeRunner:
             ids, logprobs = ids[:room], logprobs[:room]
         ep.append(ids, logprobs, trained=True)
         ep.assistant_turns += 1
-        ep.last_text = sample.text
-        record = {"role": "assistant", "content": sample.text, "trained": True, "tokens": len(ids), "reward": None}
+        text = self._turn_text(sample)
+        ep.last_text = text
+        record = {"role": "assistant", "content": text, "trained": True, "tokens": len(ids), "reward": None}
         ep.turns.append(record)
         if cut or sample.truncated:
             ep.close("length", "max_episode_tokens" if cut else "max_tokens")
             return
-        step = self._step(ep, sample.text)
+        step = self._step(ep, text)
         record.update(reward=step.reward, tool_calls=step.tool_calls, tool_errors=step.tool_errors)
         ep.rewards.append(step.reward)
         ep.tool_calls += step.tool_calls
@@ -266,7 +267,7 @@ class EpisodeRunner:
         observation = checked_messages(step.observation, where=f"{s.env_name}.step(text).observation")
         if not observation:
             raise EnvConfigError(f"{s.env_name}.step(text): the episode goes on (done=False) but the observation is empty")
-        ids, ep.history = self.renderer.observation_ids(ep.history, sample.text, list(sample.completion_ids), observation)
+        ids, ep.history = self.renderer.observation_ids(ep.history, text, list(sample.completion_ids), observation)
         if len(ep.tokens) + len(ids) >= s.max_episode_tokens:
             ep.close("length", "max_episode_tokens")
             return
@@ -274,6 +275,19 @@ class EpisodeRunner:
         for message in observation:
             ep.turns.append({"role": message["role"], "content": message["content"], "trained": False, "tokens": 0})
         ep.turns[-1]["tokens"] = len(ids)  # the observation's tokens (with the turn's closing), on its last message
+
+    def _turn_text(self, sample: Completion) -> str:
+        """The turn's text as the environment reads it: the engine's text (stop token removed),
+        with an episode stop string that ended the turn kept (``</tool_call>`` closes a call the
+        environment must parse); the engines cut text before a stop string."""
+        if not self.settings.stop:
+            return sample.text
+        full = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+        rest = full[len(sample.text) :] if full.startswith(sample.text) else ""
+        for stop in self.settings.stop:
+            if rest.startswith(stop):
+                return sample.text + stop
+        return sample.text
 
     def _step(self, ep: _Episode, text: str) -> Step:
         step = ep.env.step(text)

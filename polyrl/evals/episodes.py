@@ -1,0 +1,77 @@
+"""Held-out evaluation of episodes: an eval suite's datasets played with the run's environment.
+
+With ``env:`` set, the periodic evaluator (``eval.suite``, :mod:`polyrl.evals.periodic`) plays
+each prompt of the suite's datasets as ``generation.n`` episodes with the training run's
+environment and budgets (:mod:`polyrl.roles.episodes`), on the run's own engine, with the suite's
+decoding (greedy or sampled). Per dataset, logged as ``eval/<dataset>/<metric>``:
+
+- ``accuracy``: the share of episodes whose return is above 0 (polyrl's one definition of
+  accuracy, :func:`polyrl.rewards.summary.accuracy_share`, on the returns);
+- ``pass_at_<k>`` for the suite's ``metrics.pass_at_k`` (k <= n): unbiased pass@k with an
+  episode counted correct when its return is above 0 (:mod:`polyrl.evals.passk`);
+- ``return_mean`` and every ``episode/*`` metric of training (turns, tool calls and errors,
+  tool-call rate, truncation shares).
+
+The suite's reward modules and accuracy settings are not used: the environment scores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable
+
+from polyrl.evals.harness import EvalResult, SuiteRunner
+from polyrl.evals.passk import mean_pass_at_k
+from polyrl.rewards.summary import accuracy_share
+from polyrl.roles.episodes import EpisodeRunner, episode_metrics
+
+__all__ = ["EpisodeSuiteRunner"]
+
+
+class EpisodeSuiteRunner:
+    """``suite``'s datasets played as episodes; ``make_runner(tokenizer)`` builds the episode
+    runner for the engine's tokenizer (once per tokenizer)."""
+
+    def __init__(self, suite: SuiteRunner, make_runner: Callable[[Any], EpisodeRunner]):
+        self.suite_runner = suite
+        self.make_runner = make_runner
+        self._runner: EpisodeRunner | None = None
+        self._tokenizer: Any = None
+
+    @property
+    def datasets(self) -> list[Any]:
+        return self.suite_runner.datasets
+
+    def run(self, engine: Any) -> EvalResult:
+        started = time.perf_counter()
+        tokenizer = engine.tokenizer
+        if self._runner is None or self._tokenizer is not tokenizer:
+            self._runner, self._tokenizer = self.make_runner(tokenizer), tokenizer
+        settings = self.suite_runner.settings
+        n = settings.n
+        metrics: dict[str, float] = {}
+        rows: list[dict[str, Any]] = []
+        counts: dict[str, dict[str, int]] = {}
+        for data in self.datasets:
+            groups = self._runner.run(engine, list(data.samples), settings)
+            completions = [c for group in groups for c in group]
+            returns: list[float | None] = [c.episode["return"] for c in completions]
+            out = {"accuracy": accuracy_share(returns), "return_mean": sum(returns) / max(len(returns), 1)}
+            problems = [(n, sum(r > 0 for r in returns[i : i + n])) for i in range(0, len(returns), n)]
+            for k in self.suite_runner.suite.metrics.pass_at_k:
+                if k <= n:
+                    out[f"pass_at_{k}"] = mean_pass_at_k(problems, k)
+            out.update(episode_metrics(completions))
+            metrics.update({f"{data.spec.label}/{key}": value for key, value in out.items()})
+            for index, completion in enumerate(completions):
+                sample = data.samples[index // n]
+                rows.append({
+                    "dataset": data.spec.label, "prompt_index": index // n, "sample_index": index % n,
+                    "id": str(sample.fields.get("id", index // n)), "prompt": sample.prompt, "completion": completion.text,
+                    "reward": returns[index], "length": completion.policy_length, "finish_reason": completion.finish_reason,
+                    "episode": json.dumps(completion.episode),
+                })  # fmt: skip
+            counts[data.spec.label] = {"prompts": len(data.samples), "samples": len(completions)}
+        images = [[] for _ in rows]
+        return EvalResult(self.suite_runner.suite.name, metrics, rows, counts, time.perf_counter() - started, row_images=images)
