@@ -103,3 +103,13 @@ def tiny_experiment(tmp_path, random_policy_dir):
         return config
 
     return make
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n 2 --dist loadgroup`` (make test), tests that start a local Ray cluster run
+    on one worker, one after another: two clusters on a 2-core machine starve each other's
+    raylets, and ``ray start --head`` takes fixed ports. Everything else is spread by file."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("ray"))

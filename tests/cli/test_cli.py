@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 POLYRL = str(Path(sys.executable).with_name("polyrl"))
 COMMANDS = [
     [],

@@ -12,6 +12,9 @@ import pytest
 
 from polyrl.engines.vllm_quiet import FAILED_LOAD_MESSAGE, RELOAD_LOGGER, WEIGHT_SYNC_FAILURES, WeightSyncFilter
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 ROOT = Path(__file__).resolve().parents[2]
 # Markers of library log lines: vLLM's and transformers' logger names as our file formatter writes
 # them, vLLM's own prefix when it configures its handler, torch's C++ warnings, vLLM's load bar.

@@ -19,6 +19,9 @@ from polyrl.engines.stop_tokens import end_of_turn_id, stop_token_ids
 from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.tasks import arithmetic
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 QUESTIONS = ["What is 9 - 3?", "hello", "Add 2 and 5."]
 SETTINGS = SamplingSettings(n=8, temperature=1.0, max_tokens=24, seed=1)
 

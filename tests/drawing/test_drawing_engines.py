@@ -10,6 +10,9 @@ from polyrl.rewards import RewardBatch
 from polyrl.rewards.builtins.drawing import Drawing
 from polyrl.tasks import drawing
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 ROWS = drawing.read_rows("test")[:6]
 
 

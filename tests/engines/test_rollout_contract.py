@@ -20,6 +20,9 @@ from polyrl.engines.base import ROLLOUT_ENGINES, build_rollout_engine, rollout_e
 from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.policies.text import save_model_dir
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 _VLLM = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
 ENGINES = [
     pytest.param(("hf", False), id="hf-untied"),

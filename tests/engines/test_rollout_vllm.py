@@ -14,7 +14,7 @@ from polyrl.engines.base import build_rollout_engine  # noqa: E402
 from polyrl.engines.vllm_engine import _refresh_vocab_layers  # noqa: E402
 from polyrl.policies.text import save_model_dir  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def _worker_model(worker):

@@ -19,7 +19,11 @@ from polyrl.engines.kv_cache import KvCacheNeed  # noqa: E402
 from polyrl.engines.vllm_release import RELEASED  # noqa: E402
 from polyrl.policies.text import build_random_text_model_dir  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU matmul handles and KV cache")]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU matmul handles and KV cache"),
+]
 
 
 class MallInfo2(ctypes.Structure):

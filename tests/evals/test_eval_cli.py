@@ -11,6 +11,9 @@ from typer.testing import CliRunner
 
 from polyrl.cli.evaluate import eval_command
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm, pytest.mark.mlflow_server]
+
 ROWS = [{"id": f"r{i}", "prompt": f"Q: {i}+1=? A:", "answer": str(i + 1)} for i in range(3)]
 
 

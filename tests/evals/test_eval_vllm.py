@@ -13,7 +13,7 @@ pytest.importorskip("vllm")
 
 from polyrl.evals import SuiteRunner  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROWS = [{"prompt": f"Q: {i}-1=? A:", "answer": str(i - 1)} for i in range(1, 7)]
 
 

@@ -25,7 +25,7 @@ pytest.importorskip("vllm")
 from polyrl.evals import SuiteRunner  # noqa: E402
 from polyrl.tasks import scenes  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 LIMIT = 6
 DATA_URI = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 

@@ -7,7 +7,7 @@ import math
 import pytest
 from mlflow.tracking import MlflowClient
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])

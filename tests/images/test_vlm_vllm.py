@@ -9,7 +9,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,9 @@ from mlflow.tracking import MlflowClient
 from polyrl.launch.ray_submit import absolute_tracking_uri, submit_experiment
 from polyrl.tracking.mlflow_runs import find_arm_runs
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.ray]
+
 
 def test_absolute_tracking_uri(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -19,6 +19,9 @@ from typer.testing import CliRunner
 
 from tests.ray_support import stop_blocking_head
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.ray]
+
 
 def _free_port() -> int:
     with socket.socket() as probe:

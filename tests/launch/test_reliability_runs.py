@@ -17,6 +17,9 @@ from run_control import child_env, run_child, start_child, wait_for
 
 from polyrl.tracking.mlflow_runs import STEP_MARKER
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.mlflow_server]
+
 COMPARED = ["reward/mean", "actor/loss", "rollout/response_length/mean"]
 
 

@@ -25,6 +25,9 @@ from polyrl.cli.main import app
 from polyrl.tracking.mlflow_runs import ExperimentTracker
 from tests.ray_support import stop_blocking_head
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.ray]
+
 
 def _invoke(folder: Path, monkeypatch, *args: str) -> tuple[int, str]:
     monkeypatch.chdir(folder)

@@ -18,6 +18,9 @@ from polyrl.tracking.chart_view import load_chart_view, run_ids_in_filter, view_
 from polyrl.tracking.mlflow_runs import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_TAG
 from polyrl.tracking.ui_links import run_ids_in_compare_url
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.ray]
+
 
 def test_seeds_key_and_option():
     assert experiment_seeds({"seeds": 3}) == [0, 1, 2]

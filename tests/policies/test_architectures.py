@@ -31,7 +31,7 @@ from polyrl.launch.interrupts import RunInterrupted  # noqa: E402
 from polyrl.launch.runner import run_experiment  # noqa: E402
 from polyrl.roles import loop  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gemma2", "phi3"]
 MAX_GAP = 1e-5  # fp32 on both sides; a stale or mis-mapped weight shows as 1e-2 nats or more

@@ -25,7 +25,7 @@ from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logpro
 from polyrl.policies.cache import INFO_FILE  # noqa: E402
 from polyrl.policies.paths import resolve_policy_path  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.vllm, pytest.mark.real_model, pytest.mark.slow]
 
 QUESTION = "What is 17 + 25?"  # greedy answer measured here: "17 + 25 = 32." (wrong: room for RL)
 REQUEST = "Write one sentence about the sea."

@@ -19,6 +19,9 @@ from polyrl.modeling.lora import LoraError, add_lora
 from polyrl.roles.arm import build_arm
 from polyrl.roles.checkpoint import latest_checkpoint
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

@@ -19,6 +19,9 @@ import os, signal, sys
 from polyrl.roles import loop
 from polyrl.cli.main import app
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 original_step = loop.TrainingLoop.step
 
 def step_then_die(self):

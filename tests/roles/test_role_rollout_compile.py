@@ -13,6 +13,9 @@ from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.runtime.compiled import CompileError, check_sampler_compile
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 
 def test_rollout_compile_is_refused_for_the_hf_engine():
     assert resolve_arms({"name": "x"})["main"].rollout.compile is False

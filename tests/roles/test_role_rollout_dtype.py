@@ -12,6 +12,9 @@ from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.modeling.packing import base_attention
 from tests.roles.learner_helpers import built, changed_fraction, snapshot
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 
 def test_rollout_dtype_defaults_to_model_dtype_and_is_validated():
     arm = resolve_arms({"name": "x", "model": {"dtype": "bfloat16"}})["main"]

@@ -7,6 +7,9 @@ import torch
 
 from polyrl.runtime.threads import set_torch_threads, torch_threads
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 
 @pytest.fixture
 def restore_threads():

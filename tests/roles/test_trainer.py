@@ -16,6 +16,9 @@ from polyrl.config.schema import resolve_arms
 from polyrl.roles.arm import build_arm
 from polyrl.tracking.mlflow_runs import ARM_TAG, ExperimentTracker
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 REQUIRED_METRICS = [
     "reward/mean",
     "reward/length/mean",

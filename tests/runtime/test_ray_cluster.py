@@ -8,6 +8,9 @@ import pytest
 
 from polyrl.runtime.ray_cluster import acquire_ray, release_ray
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.ray]
+
 
 @pytest.mark.slow
 def test_a_local_cluster_lives_from_the_first_acquire_to_the_last_release():

@@ -18,6 +18,9 @@ from run_control import child_env, start_child, wait_for
 
 from polyrl.tracking.mlflow_runs import STEP_MARKER
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.mlflow_server]
+
 COMPARED = ["reward/mean", "actor/loss", "rollout/response_length/mean"]
 
 

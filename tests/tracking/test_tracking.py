@@ -20,6 +20,9 @@ from polyrl.runtime.devices import learner_device
 from polyrl.runtime.host_memory import keep_freed_host_memory
 from polyrl.tracking.mlflow_runs import STEP_MARKER, ExperimentTracker, resolve_tracking_uri
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.mlflow_server]
+
 
 def test_default_store_is_sqlite_in_the_working_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

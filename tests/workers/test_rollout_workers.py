@@ -18,6 +18,9 @@ from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.engines.base import build_rollout_engine
 from polyrl.engines.worker_pool import RolloutWorkerPool, WorkerSpec, contiguous_slices
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm, pytest.mark.ray]
+
 PROMPTS = [PromptSample(prompt=p) for p in ("12+7=", "hello", "a", "(3*4)-5=", "xyz")]
 SETTINGS = SamplingSettings(n=4, temperature=1.0, max_tokens=16, seed=7)
 

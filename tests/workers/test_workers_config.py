@@ -9,6 +9,9 @@ from pydantic import ValidationError
 from polyrl.config.schema import ExperimentConfig
 from polyrl.rewards import RewardSpec
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm, pytest.mark.ray]
+
 
 def load(**rollout):
     return ExperimentConfig.model_validate({"name": "x", "rollout": {"prompts_per_step": 4, **rollout}})

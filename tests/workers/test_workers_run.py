@@ -12,6 +12,9 @@ from polyrl.config.schema import ExperimentConfig
 from polyrl.rewards import CompositeReward, RewardBatch
 from polyrl.roles.arm import build_arm
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm, pytest.mark.ray]
+
 
 def train(config: dict, arm_dir) -> tuple[list[dict[str, float]], list[list[int]], str]:
     arm = build_arm(ExperimentConfig.model_validate(config), arm="main", arm_dir=arm_dir)
