@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.polyrl-installed
 
-.PHONY: setup test test-fast demo bench docs docs-serve clean-venv
+.PHONY: setup test test-fast test-serial demo bench docs docs-serve clean-venv
 
 setup: $(STAMP)
 
@@ -12,11 +12,20 @@ $(STAMP): pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh
 	@touch $(STAMP)
 
+# Two workers (one per core of the 2-core CI machine); tests of one file stay on one worker so
+# module fixtures (a vLLM engine, a built policy) are built once, and Ray tests share one worker.
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
+
+# One process, in file order: for a debugger, or to time a single test without a neighbour.
+test-serial: $(STAMP)
+	$(PY) -m pytest -q
 
 demo: $(STAMP)
 	$(VENV)/bin/polyrl run experiments/grpo_vs_drgrpo.yaml

@@ -107,9 +107,12 @@ def tiny_experiment(tmp_path, random_policy_dir):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under ``pytest -n 2 --dist loadgroup`` (make test), tests that start a local Ray cluster run
-    on one worker, one after another: two clusters on a 2-core machine starve each other's
-    raylets, and ``ray start --head`` takes fixed ports. Everything else is spread by file."""
+    """Groups for ``pytest -n 2 --dist loadgroup`` (make test): a file's tests stay on one worker,
+    so its module fixtures (a vLLM engine, a built policy) are built once; tests that start a local
+    Ray cluster all share one group, so they run one after another: two clusters on a 2-core
+    machine starve each other's raylets, and ``ray start --head`` takes fixed ports."""
     for item in items:
-        if item.get_closest_marker("ray") is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group("ray"))
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        group = "ray" if item.get_closest_marker("ray") is not None else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
