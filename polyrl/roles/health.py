@@ -67,12 +67,16 @@ class NonFiniteGuard:
 
 class NonFiniteStop(Exception):
     """Raised by a role when its guard is exhausted; the loop saves the last good weights and
-    turns it into a :class:`NonFiniteTrainingError` that says where they are."""
+    turns it into a :class:`NonFiniteTrainingError` that says where they are.
 
-    def __init__(self, reason: str, consecutive: int):
+    ``applied_steps``: the policy optimizer steps of the stopped update that were applied before
+    the stop (its remaining ones are skipped); 0 leaves the learner as after the previous step."""
+
+    def __init__(self, reason: str, consecutive: int, applied_steps: int = 0):
         super().__init__(f"{consecutive} non-finite {NONFINITE_REASONS[reason]} steps in a row")
         self.reason = reason
         self.consecutive = consecutive
+        self.applied_steps = applied_steps
 
 
 def guarded_step(

@@ -5,13 +5,14 @@ In: a :class:`~polyrl.roles.batches.LearnerBatch` (plain data); out: a dict of m
 weights and optimizer state are fp32 whatever the compute dtype (:mod:`polyrl.runtime.precision`);
 dropout is off in every pass; an optimizer step whose loss or gradient norm is NaN/inf is
 skipped, and too many in a row raise :class:`~polyrl.roles.health.NonFiniteStop`. A stop in the
-middle of an update leaves the learner as it was before that update (weights, AdamW state,
-critic, optimizer-step counter), so the checkpoint the loop then saves is one whole step.
+middle of an update skips the update's remaining optimizer steps (as verl skips a non-finite
+step) and says how many of its steps were applied (``applied_steps``): with none, the learner is
+as it was after the previous step; with some, the step counts as done with the rest skipped.
+Either way the loop's checkpoint is of a whole step, never of part of one, and nothing is copied.
 """
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -149,45 +150,6 @@ class PolicyLearner:
         if self.critic is not None:
             self.critic.guard.load_state_dict(state.get("critic_nonfinite", {}))
 
-    # --- one whole step or none -------------------------------------------------------------------
-
-    def stop_may_follow_an_applied_step(self) -> bool:
-        """Whether a :class:`NonFiniteStop` can come after an optimizer step of the same update was
-        applied: a policy stop needs ``max_consecutive_nonfinite`` skips in a row after it, so more
-        optimizer steps per update than that; a critic stop can follow the policy step of its own
-        mini-batch."""
-        s = self.settings
-        return self.critic is not None or self.optimizer_steps_per_step() > s.max_consecutive_nonfinite
-
-    def _snapshot(self) -> dict[str, Any]:
-        """What an update changes (weights, AdamW states, optimizer-step counter), copied."""
-
-        def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
-            return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-
-        # With LoRA only the adapter changes: the frozen base weights need no copy.
-        policy = self.lora.adapter_state() if self.lora is not None else model_state(self.policy)
-        snapshot: dict[str, Any] = {
-            "policy": policy,
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "optimizer_step": self.optimizer_step,
-        }
-        if self.critic is not None:
-            snapshot["critic"] = model_state(self.critic.model)
-            snapshot["critic_optimizer"] = copy.deepcopy(self.critic.optimizer.state_dict())
-        return snapshot
-
-    def _restore(self, snapshot: dict[str, Any]) -> None:
-        if self.lora is not None:
-            self.lora.load_adapter_state(snapshot["policy"])
-        else:
-            self.policy.load_state_dict(snapshot["policy"])
-        self.optimizer.load_state_dict(snapshot["optimizer"])
-        self.optimizer_step = snapshot["optimizer_step"]
-        if self.critic is not None:
-            self.critic.model.load_state_dict(snapshot["critic"])
-            self.critic.optimizer.load_state_dict(snapshot["critic_optimizer"])
-
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, Tensor]]:
         """The policy's weights in ``dtype`` (the rollout engine's), for a weight sync; with LoRA
         the base weights with the adapter folded in (new tensors; the learner's stay unmerged)."""
@@ -204,22 +166,20 @@ class PolicyLearner:
     # --- the update ---------------------------------------------------------------------------------
 
     def update(self, batch: LearnerBatch, step_index: int = 0) -> dict[str, float]:
-        """:meth:`_update`, all or nothing: a :class:`NonFiniteStop` part-way through (after some
-        of this update's optimizer steps were applied) puts the learner back as it was before the
-        update, then propagates. Otherwise a checkpoint labelled with the previous step would hold
-        weights, AdamW moments and a step counter that already include part of the failing step,
-        and a resume would train that part twice. The copy is made only where such a stop can
-        happen (:meth:`stop_may_follow_an_applied_step`)."""
-        snapshot = self._snapshot() if self.stop_may_follow_an_applied_step() else None
+        """:meth:`_update`. A :class:`NonFiniteStop` part-way through ends the update there: its
+        remaining optimizer steps are skipped, and the stop carries how many of its steps were
+        applied (``applied_steps``), so that the loop saves the previous step (none applied: the
+        learner is as it was then) or this one (some applied: done, the rest skipped). A copy of
+        the weights and AdamW state to undo the applied steps is not needed, and none is made."""
         # The gradients' memory before any activation's, reused by every mini-batch (runtime/gradient_buffers.py).
         gradients = update_gradients(self.policy.parameters(), sharded=self.group.shards_parameters)
+        start = self.optimizer_step
         try:
             metrics = self._update(batch, gradients, step_index)
             metrics.update(self.entropy.observe(metrics.get("actor/entropy")))  # the next step's coefficient
             return metrics
-        except NonFiniteStop:
-            if snapshot is not None:
-                self._restore(snapshot)
+        except NonFiniteStop as stop:
+            stop.applied_steps = self.optimizer_step - start
             raise
         finally:
             # Freed now, not at the next update's start: dead until then, they would share the host

@@ -232,7 +232,7 @@ class LearnerRank:
         try:
             return self.learner.update(batch, step_index)
         except NonFiniteStop as stop:  # every rank stops together (the guard sees global values)
-            return {NONFINITE_KEY: (stop.reason, stop.consecutive)}
+            return {NONFINITE_KEY: (stop.reason, stop.consecutive, stop.applied_steps)}
 
     def full_state(self, optimizers: bool) -> dict[str, Any] | None:
         """Rank 0's full state (weights; optimizer states when ``optimizers``); None on the other
@@ -365,8 +365,10 @@ class DataParallelLearner:
 
         results = self.ranks.call("update", ray.put(batch.to("cpu")), step_index)
         if NONFINITE_KEY in results[0]:
-            # The ranks put themselves back as before this update; the mirror never left it.
-            raise NonFiniteStop(*results[0][NONFINITE_KEY])
+            reason, consecutive, applied_steps = results[0][NONFINITE_KEY]
+            if applied_steps:  # the ranks applied part of the update (the rest skipped): the mirror follows
+                self.pull(optimizers=False)
+            raise NonFiniteStop(reason, consecutive, applied_steps)
         self.pull(optimizers=False)
         return results[0]  # metrics are merged over the ranks inside the update
 

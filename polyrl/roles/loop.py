@@ -180,22 +180,32 @@ class TrainingLoop:
         try:
             return self.learner.update(batch, self.step_index)
         except NonFiniteStop as stop:
-            # No non-finite step was applied and the learner undid the failing step's applied ones,
-            # so the weights are those after the last good step; the data position is that of the
-            # start of the failing step, which a resume then repeats.
+            # The checkpoint is of a whole step, never of part of one. No optimizer step of this
+            # update applied: the learner is as after the previous step, saved with the data
+            # position of this step's start, which a resume repeats. Some applied (the guard ran
+            # out later in the update): the learner skipped the rest, so this step is done with
+            # them skipped, as a step with a few skipped non-finite steps always is; it is saved
+            # as this step, with the data position after it.
             # A resume after the user's fix starts a fresh count of consecutive skips.
             what = NONFINITE_REASONS[stop.reason]
-            # The learner put itself back as it was before this step (weights, AdamW, critic, counter).
             fresh = {"nonfinite": {"consecutive": 0}}
             if "critic_nonfinite" in self.learner.state_dict():
                 fresh["critic_nonfinite"] = {"consecutive": 0}
-            path = self.checkpointer.save(
-                self.step_index, extra={"stopped": f"non-finite {what}", **fresh, "sampler": step_start_sampler}
-            )
+            stopped = {"stopped": f"non-finite {what}", **fresh}
+            if stop.applied_steps:
+                saved_step = self.step_index + 1
+                path = self.checkpointer.save(saved_step, extra=stopped)
+                kept = (
+                    f"Step {saved_step} is saved as done in {path}: its first {stop.applied_steps} optimizer step(s) "
+                    "applied, the rest skipped"
+                )
+            else:
+                path = self.checkpointer.save(self.step_index, extra={**stopped, "sampler": step_start_sampler})
+                kept = f"The last good weights are saved in {path}"
             raise NonFiniteTrainingError(
                 f"arm {self.arm!r}: training stopped in step {self.step_index + 1}: {stop.consecutive} optimizer steps in a row had "
                 f"a non-finite (NaN/inf) {what} and were skipped (train.max_consecutive_nonfinite = "
-                f"{self.learner.settings.max_consecutive_nonfinite}). The last good weights are saved in {path}. Check the "
+                f"{self.learner.settings.max_consecutive_nonfinite}). {kept}. Check the "
                 "rewards and advantages for NaN/inf, lower train.learning_rate, then resume with --resume."
             ) from None
 

@@ -4,6 +4,7 @@ k = 1, the behaviour policy in the ratio, and a resume that loses and repeats no
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -19,6 +20,9 @@ from polyrl.roles.arm import build_arm
 from polyrl.roles.async_loop import RolloutBuffer, staleness_metrics
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback
+
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
 
 
 def _arm(tmp_path, config_dict, *, resume=False, folder="runs"):
@@ -211,9 +215,13 @@ def test_the_ratio_uses_the_behaviour_policy_of_a_stale_sample(tmp_path, tiny_ex
         # What today's synchronous π_old would give on the same stale batch: the update's own first pass.
         synchronous = replace(arm.pipeline.context, behaviour_logprobs=False, reuse_old_logprobs=True)
         on_policy_batch = type(arm.pipeline)(synchronous).run(stale.rollout, stale.scores)
-        snapshot = arm.learner._snapshot()
-        metrics = arm.learner.update(batch, 1)  # one mini-batch: the first one sees the stale ratio
-        arm.learner._restore(snapshot)
+        learner = arm.learner
+        # The learner as it is, to start the second update from the same place.
+        saved = copy.deepcopy((learner.policy.state_dict(), learner.optimizer.state_dict(), learner.optimizer_step))
+        metrics = learner.update(batch, 1)  # one mini-batch: the first one sees the stale ratio
+        learner.policy.load_state_dict(saved[0])
+        learner.optimizer.load_state_dict(saved[1])
+        learner.optimizer_step = saved[2]
         on_policy = arm.learner.update(on_policy_batch, 1)
     finally:
         arm.close()
