@@ -51,6 +51,13 @@ def eval_command(
     dtype: str = typer.Option("float32", "--dtype", help="Engine dtype."),
     max_model_len: int = typer.Option(512, "--max-model-len", min=1, help="Longest prompt + completion (vLLM)."),
     kv_cache_gb: float = typer.Option(1.0, "--kv-cache-gb", min=0.01, help="vLLM KV cache size."),
+    env: Optional[str] = typer.Option(
+        None, "--env", help="Play the suite's prompts as episodes with this environment (name, file.py:Class, module:Class)."
+    ),
+    env_params: str = typer.Option("{}", "--env-params", help="The environment's parameters as a JSON object (with --env)."),
+    max_turns: int = typer.Option(4, "--max-turns", min=1, help="Assistant turns per episode (with --env)."),
+    max_episode_tokens: int = typer.Option(512, "--max-episode-tokens", min=1, help="Tokens per episode after its first prompt."),
+    env_stop: list[str] = typer.Option([], "--env-stop", help="A string that also ends an assistant turn (repeatable)."),
 ) -> None:
     """Evaluate one or more models on an eval suite; log MLflow eval runs and write reports."""
     from polyrl.engines.base import ROLLOUT_ENGINES
@@ -64,6 +71,21 @@ def eval_command(
             f"[green]done[/] [cyan]{resolved.slug}[/] ({resolved.ref}): {result.datasets} in {result.seconds:.1f} s → {folder}"
         )
 
+    episodes = None
+    if env is not None:
+        import json
+
+        from polyrl.evals.episodes import EpisodeOptions
+
+        try:
+            params = json.loads(env_params)
+        except json.JSONDecodeError as error:
+            fail(f"--env-params {env_params!r} is not valid JSON ({error})")
+        if not isinstance(params, dict):
+            fail(f"--env-params {env_params!r} must be a JSON object")
+        episodes = EpisodeOptions(env, params, max_turns, max_episode_tokens, stop=tuple(env_stop))
+    elif env_params != "{}" or env_stop:
+        fail("--env-params and --env-stop apply only with --env")
     with user_errors(_describe):
         outcome = evaluate_models(
             list(model),
@@ -75,6 +97,7 @@ def eval_command(
             tracking_uri=tracking_uri,
             cache_dir=cache_dir,
             on_model=on_model,
+            episodes=episodes,
         )
     table = Table(title=f"eval {outcome.reports[0]['suite']}")
     table.add_column("metric")

@@ -19,14 +19,44 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from polyrl.envs import build_env, load_env_class
 from polyrl.evals.harness import EvalResult, SuiteRunner
 from polyrl.evals.passk import mean_pass_at_k
 from polyrl.rewards.summary import accuracy_share
-from polyrl.roles.episodes import EpisodeRunner, episode_metrics
+from polyrl.roles.episodes import EpisodeRunner, EpisodeSettings, episode_metrics
 
-__all__ = ["EpisodeSuiteRunner"]
+__all__ = ["EpisodeOptions", "EpisodeSuiteRunner"]
+
+
+@dataclass(frozen=True)
+class EpisodeOptions:
+    """``polyrl eval --env``: the environment and its budgets (as ``env:`` in a training YAML)."""
+
+    module: str
+    params: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 4
+    max_episode_tokens: int = 512
+    tool_timeout_s: float = 5.0
+    tool_output_chars: int = 2000
+    tool_format: str = "auto"
+    stop: tuple[str, ...] = ()
+
+    def runner_factory(self, *, max_model_len: int | None, system_prompt: str | None = None) -> Callable[[Any], EpisodeRunner]:
+        """``make_runner(tokenizer)`` for :class:`EpisodeSuiteRunner`; the reference and params are
+        checked now (raises :class:`polyrl.envs.EnvConfigError` naming them)."""
+        cls = load_env_class(self.module)
+        build_env(cls, dict(self.params), ref=self.module)
+        settings = EpisodeSettings(
+            max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens, tool_timeout_s=self.tool_timeout_s,
+            tool_output_chars=self.tool_output_chars, tool_format=self.tool_format,  # type: ignore[arg-type]
+            system_prompt=system_prompt, env_name=self.module, stop=tuple(self.stop),
+        )  # fmt: skip
+        return lambda tokenizer: EpisodeRunner(
+            lambda: build_env(cls, dict(self.params), ref=self.module), tokenizer, settings, max_model_len=max_model_len
+        )
 
 
 class EpisodeSuiteRunner:
@@ -42,6 +72,13 @@ class EpisodeSuiteRunner:
     @property
     def datasets(self) -> list[Any]:
         return self.suite_runner.datasets
+
+    @property
+    def suite(self) -> Any:
+        return self.suite_runner.suite
+
+    def check_model(self, model_dir: Any, *, field: str = "--model") -> None:
+        self.suite_runner.check_model(model_dir, field=field)
 
     def run(self, engine: Any) -> EvalResult:
         started = time.perf_counter()

@@ -69,11 +69,14 @@ def evaluate_models(
     tracking_uri: str | None = None,
     cache_dir: str | Path | None = None,
     on_model: Callable[[ResolvedModel, EvalResult, Path], None] | None = None,
+    episodes: Any = None,
 ) -> EvalOutcome:
     """Evaluate every model on ``suite``.
 
     ``out``: with one model, that model's report folder (default ``reports/eval/<suite>/<slug>``);
     with several, the folder holding one ``<slug>/`` per model and ``comparison.{md,json}``.
+    ``episodes`` (:class:`polyrl.evals.episodes.EpisodeOptions`, ``--env``): the suite's prompts
+    are played as episodes with that environment (:mod:`polyrl.evals.episodes`).
     """
     from polyrl.tracking.mlflow_runs import ensure_experiment, make_client, probe_tracking, resolve_tracking_uri
 
@@ -87,6 +90,8 @@ def evaluate_models(
     models = [resolve_model(ref, tracking_uri=uri, cache_dir=cache_dir) for ref in model_refs]
     _unique_slugs(models)
     runner = SuiteRunner(suite, limit=limit)
+    if episodes is not None:
+        runner = _as_episodes(runner, episodes, engine, None)
     runners = {None: runner}  # keyed by a run model's chat format (None: the suite's own settings)
     for model in models:
         runner.check_model(model.path, field="--model" if model.ref == str(model.path) else f"--model {model.ref!r}, exported to")
@@ -98,7 +103,8 @@ def evaluate_models(
         folder = base if (out is not None and len(models) == 1) else base / model.slug
         # A run's model reads the suite's prompts as its training prompts were formatted (evals/models.py).
         if model.chat not in runners:  # one runner per distinct chat format: the suite's prompts are read once for each
-            runners[model.chat] = SuiteRunner(suite, limit=limit, chat=model.chat)
+            own = SuiteRunner(suite, limit=limit, chat=model.chat)
+            runners[model.chat] = own if episodes is None else _as_episodes(own, episodes, engine, model.chat)
         own = runners[model.chat]
         report, result = _evaluate_one(model, own, engine, client, experiment_id, uri, folder, limit)
         outcome.reports.append(report)
@@ -111,9 +117,16 @@ def evaluate_models(
     return outcome
 
 
+def _as_episodes(runner: SuiteRunner, episodes: Any, engine: EngineOptions, chat: Any) -> Any:
+    from polyrl.evals.episodes import EpisodeSuiteRunner
+
+    system_prompt = getattr(chat, "system_prompt", None)  # a run's model: its training system prompt
+    return EpisodeSuiteRunner(runner, episodes.runner_factory(max_model_len=engine.max_model_len, system_prompt=system_prompt))
+
+
 def _evaluate_one(
     model: ResolvedModel,
-    runner: SuiteRunner,
+    runner: Any,  # a SuiteRunner, or an EpisodeSuiteRunner with --env
     options: EngineOptions,
     client,
     experiment_id: str,
@@ -167,7 +180,8 @@ def _evaluate_one(
         logger.log_table(result.rows, "samples.json")
         for name, text in files.items():
             logger.log_text(text, f"report/{name}")
-        if len(result.row_images) == len(result.rows) and has_images(result.row_images):
+        episodes = any("episode" in row for row in result.rows)  # shown turn by turn
+        if len(result.row_images) == len(result.rows) and (has_images(result.row_images) or episodes):
             # Beside samples.json, where the MLflow artifact viewer shows it next to the text table.
             files[SAMPLES_HTML] = samples_html(result.rows, result.row_images, title=f"{suite.name}: {model.ref}")
             logger.log_text(files[SAMPLES_HTML], SAMPLES_HTML)

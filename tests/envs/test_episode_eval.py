@@ -43,3 +43,35 @@ def test_periodic_eval_plays_episodes(tmp_path, tiny_arch_dir, write_experiment)
     assert metrics["guess/pass_at_1"] == pytest.approx(metrics["guess/accuracy"])
     assert len(result.rows) == 6  # 3 games x 2 episodes
     assert json.loads(result.rows[0]["episode"])["turns"][0]["role"] == "user"
+
+
+@pytest.mark.slow
+def test_polyrl_eval_with_an_environment(tmp_path, tiny_arch_dir):
+    import yaml
+
+    from polyrl.evals.episodes import EpisodeOptions
+    from polyrl.evals.evaluate import EngineOptions, evaluate_models
+
+    suite = tmp_path / "guess_eval.yaml"
+    suite.write_text(yaml.safe_dump(SUITE))
+    outcome = evaluate_models(
+        [str(tiny_arch_dir("qwen2"))],
+        suite,
+        engine=EngineOptions("hf", max_model_len=512),
+        out=tmp_path / "report",
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        episodes=EpisodeOptions("guess_number", max_turns=2, max_episode_tokens=120),
+    )
+    (result,) = outcome.results
+    assert {"guess/accuracy", "guess/pass_at_2", "guess/episode/tool_call_rate"} <= set(result.metrics)
+    assert len(result.rows) == 6
+    assert (tmp_path / "report" / "samples.html").exists()  # the episodes turn by turn
+
+
+def test_polyrl_eval_refuses_env_options_without_env():
+    from typer.testing import CliRunner
+
+    from polyrl.cli.main import app
+
+    out = CliRunner().invoke(app, ["eval", "--model", "x", "--suite", "calculator", "--max-turns", "2", "--env-stop", "e"])
+    assert out.exit_code != 0 and "only with --env" in out.output
