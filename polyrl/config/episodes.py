@@ -67,6 +67,14 @@ def env_refusals(cfg: Any) -> list[tuple[tuple[str, ...], Any, str]]:
             "with env: set, the reward is the episode's return (the environment's per-turn rewards); "
             "rewards: is not used; remove it (score inside the environment instead)",
         ))  # fmt: skip
+    if cfg.advantage.overlong.mode == "soft_punishment":
+        # Its length budget is one completion's (rollout.max_tokens); an episode's policy tokens
+        # span several turns, so every long episode would be punished as overlong.
+        refusals.append((
+            ("advantage", "overlong", "mode"), "soft_punishment",
+            "with env: the overlong penalty would read an episode's tokens over all its turns against one turn's "
+            "budget; allowed with env: off, mask_truncated (truncated episodes leave the loss)",
+        ))  # fmt: skip
     if cfg.rollout.max_staleness:
         refusals.append((
             ("rollout", "max_staleness"), cfg.rollout.max_staleness,

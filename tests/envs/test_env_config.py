@@ -27,6 +27,7 @@ def test_env_accepted_with_its_defaults():
         ({"env": {"module": "calculator", "tool_format": "xml"}}, "env.tool_format", "auto"),
         ({"rewards": [{"module": "accuracy"}]}, "rewards", "the reward is the episode's return"),
         ({"rollout": {"max_staleness": 1}}, "rollout.max_staleness", "does not run episodes yet"),
+        ({"advantage": {"overlong": {"mode": "soft_punishment"}}}, "advantage.overlong.mode", "one turn's budget"),
     ],
 )
 def test_refusals_name_the_field(extra, where, text):
