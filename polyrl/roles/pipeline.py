@@ -18,11 +18,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from polyrl.algos.advantages import AdvantageInputs
+from polyrl.algos.advantages import AdvantageInputs, AdvantageSpec
 from polyrl.algos.advantages.common import last_response_index
 from polyrl.algos.dapo_data import dapo_overlong_penalty
 from polyrl.algos.losses import kl_in_reward, kl_penalty, masked_mean, masked_mean_std
 from polyrl.algos.rollout_correction import apply_correction, mismatch_diagnostics
+from polyrl.config.objective import ModalitiesConfig, OverlongConfig, RolloutCorrectionConfig
 from polyrl.modeling.logprobs import PackedBatch, pack_completions, token_logprobs
 from polyrl.roles.batches import LearnerBatch, Rollout, Scores
 from polyrl.runtime.precision import autocast
@@ -34,7 +35,7 @@ __all__ = ["BatchPipeline", "behaviour_logprobs", "PipelineBatch", "PipelineCont
 class PipelineContext:
     """What the stages read: settings, and the models whose log-probs or values they need."""
 
-    estimator: Any  # polyrl.algos.advantages.AdvantageSpec
+    estimator: AdvantageSpec
     estimator_params: dict[str, Any]
     pad_token_id: int
     policy: torch.nn.Module | None = None
@@ -49,19 +50,18 @@ class PipelineContext:
     max_tokens: int = 64
     # π_old is read off the update's own first forward pass (one on-policy step per batch).
     reuse_old_logprobs: bool = True
-    overlong: Any = None  # polyrl.config.schema overlong settings: mode, max_length, cache_length, penalty_weight
+    overlong: OverlongConfig | None = None  # advantage.overlong: mode, max_length, cache_length, penalty_weight
     kl_coef: float = 0.0
     kl_estimator: str = "k1"
     kl_in_reward: bool = False
     tis_cap: float | None = None  # truncated importance sampling's C; None: off
-    modalities: Any = None  # per-modality GAE settings (config.modalities)
+    modalities: ModalitiesConfig | None = None  # per-modality GAE settings (config.modalities)
     share_prompts: bool = False  # π_old and reference log-probs packed per prompt, as the learner's (train.share_prompts)
     padding_free: bool = False  # π_old and reference log-probs from rows end to end, as the learner's (train.padding_free)
     # Asynchronous training (rollout.max_staleness > 0): a sample may come from an older policy
     # than the learner's, so π_old is the behaviour policy, the sampler's log-probs (old_logprobs).
     behaviour_logprobs: bool = False
-    # objective.rollout_correction (polyrl.config.objective.RolloutCorrectionConfig); None: no correction.
-    rollout_correction: Any = None
+    rollout_correction: RolloutCorrectionConfig | None = None  # objective.rollout_correction; None: no correction
 
 
 @dataclass
@@ -223,11 +223,11 @@ def token_discounts(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
         for t, modality in enumerate(completion.completion_token_modalities):
             if modality == "text":
                 continue
-            setting = getattr(settings, modality, None)
-            if not hasattr(setting, "gamma"):
+            if modality not in type(settings).model_fields:  # the modalities config has one field per modality
                 raise ValueError(
                     f"completion token modality {modality!r} has no GAE setting; modalities: {', '.join(type(settings).model_fields)}"
                 )
+            setting = getattr(settings, modality)
             gammas[row, t], lambdas[row, t] = setting.gamma, setting.lam
     return replace(b, gammas=gammas, lambdas=lambdas)
 
@@ -335,7 +335,7 @@ def run_pipeline(rollout: Rollout, scores: Scores, ctx: PipelineContext, stages:
         metrics=batch.metrics,
         loss_mask=batch.loss_mask,
         policy_versions=torch.tensor(
-            [-1 if getattr(c, "policy_version", None) is None else int(c.policy_version) for c in rollout.completions],
+            [-1 if c.policy_version is None else int(c.policy_version) for c in rollout.completions],
             dtype=torch.long,
         ),
         in_update_correction=batch.in_update_correction,
