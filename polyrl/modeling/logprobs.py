@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from polyrl.algos.losses import entropy_from_logits
 from polyrl.core.types import Completion
 from polyrl.modeling.packing import packed_response_hidden
+from polyrl.modeling.probes import shortcut_refusal
 from polyrl.modeling.shared_prompts import shared_prompt_hidden
 
 
@@ -136,50 +137,35 @@ def pack_completions(completions: list[Completion], *, pad_token_id: int) -> Pac
     )
 
 
-# Config attributes that change the logits after the output head; models carrying any of them
-# go through the model's own forward instead of the hidden-state shortcut.
-_POST_HEAD_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
-
-
-def logit_scaling(model: torch.nn.Module) -> list[str]:
-    """The config attributes by which ``model`` changes its logits after the output head (empty: none)."""
-    config = getattr(model, "config", None)
-    return [name for name in _POST_HEAD_ATTRS if getattr(config, name, None) not in (None, 1, 1.0)]
-
-
 def _response_states(
     model: torch.nn.Module, batch: PackedBatch, share_prompts: bool = False, padding_free: bool = False
 ) -> tuple[Tensor, torch.nn.Module | None]:
     """``(states [B, T, *], head)`` at the response positions only: the final hidden states and
     the output head that turns them into logits, or the logits themselves and ``None`` (models
-    that scale their logits after the head, or have no separate head). With ``share_prompts``
+    whose own forward does more after the head, e.g. a logit multiplier or soft-cap, found by
+    :func:`polyrl.modeling.probes.shortcut_refusal`; or that have no separate head). With ``share_prompts``
     one forward per distinct prompt (:mod:`polyrl.modeling.shared_prompts`); with ``padding_free``
     one forward of the rows end to end (:mod:`polyrl.modeling.packing`)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     config = getattr(model, "config", None)
-    post_head = bool(logit_scaling(model))
     index = batch.response_index
     if batch.image_inputs is not None and any(batch.image_inputs):
         if share_prompts or padding_free:
             raise ValueError("share_prompts and padding_free: text-only batches only (this batch has images)")
         return _image_response_states(model, batch, head)
-    shortcut = decoder is not None and head is not None and decoder is not model and not post_head
+    refusal = shortcut_refusal(model)  # None: a separate decoder and head, and nothing after the head
     if padding_free:
         if share_prompts:
             raise ValueError("padding_free and share_prompts pack rows differently; choose one")
-        if not shortcut:
-            raise ValueError(
-                f"padding_free: {type(model).__name__} has no separate decoder and output head (or scales its logits)"
-            )
+        if refusal is not None:
+            raise ValueError(f"padding_free: {refusal}")
         return packed_response_hidden(model, batch), head
     if share_prompts:
-        if not shortcut:
-            raise ValueError(
-                f"share_prompts: {type(model).__name__} has no separate decoder and output head (or scales its logits)"
-            )
+        if refusal is not None:
+            raise ValueError(f"share_prompts: {refusal}")
         return shared_prompt_hidden(decoder, batch, pad_token_id=int(getattr(config, "pad_token_id", None) or 0)), head
-    if shortcut:
+    if refusal is None:
         hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
         return torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1])), head  # [B, T, H]
     # Generic path: the full forward, then slice (costs [B, S, V] memory).
@@ -237,7 +223,7 @@ def _image_response_states(
     images = image_forward_inputs(model, batch)
     index = batch.response_index
     base = getattr(model, "base_model", None)
-    if head is not None and base is not None and base is not model:
+    if head is not None and base is not None and base is not model and shortcut_refusal(model) is None:
         hidden = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **images).last_hidden_state
         return torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1])), head
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **images).logits

@@ -29,6 +29,14 @@ switched once, to a wrapper that runs the per-row path when it gets a layout and
 function (and its mask) otherwise, so padded forwards are unchanged. After each packed forward
 the number of attention calls that took the layout is checked against the number of decoder
 layers: a model whose layers do not pass it down is refused instead of attending across rows.
+
+Attention is not the only way tokens meet. A state-space or convolution mixer (Falcon-H1's Mamba
+beside attention in every layer, LFM2's short convolutions, Jamba's Mamba layers) runs along the
+whole packed sequence and carries one row's state into the next. No list of such architectures
+is kept: :func:`padding_free_refusal` runs the packed forward on two short rows at set-up and
+uses it only where each row's log-probs are the same as alone and do not move when the other
+row changes (:mod:`polyrl.modeling.probes`); :func:`resolve_padding_free` turns that verdict
+into the setting (``auto`` falls back and says why, ``true`` is refused with the reason).
 """
 
 from __future__ import annotations
@@ -36,20 +44,22 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from torch import Tensor
 
 from polyrl.core.errors import PolyrlError
-from polyrl.modeling.shared_prompts import decoder_and_head_refusal
+from polyrl.modeling.probes import decoder_and_head_refusal, packing_refusal, shortcut_refusal
 
 __all__ = [
+    "PaddingFree",
     "PaddingFreeError",
     "RowLayout",
     "base_attention",
     "padding_free_refusal",
     "packed_response_hidden",
+    "resolve_padding_free",
     "row_layout",
     "use_packed_rows_attention",
 ]
@@ -160,7 +170,47 @@ def base_attention(model: torch.nn.Module) -> str | None:
 
 
 def padding_free_refusal(model: torch.nn.Module, *, takes_images: bool = False) -> str | None:
-    """Why padding-free forwards cannot apply to ``model``, or None when they can."""
+    """Why padding-free forwards cannot apply to ``model``, or None when they can: what its
+    structure rules out, then the probe of two rows packed against each alone
+    (:func:`polyrl.modeling.probes.packing_refusal`, run once per model)."""
+    return _structural_refusal(model, takes_images=takes_images) or packing_refusal(model)
+
+
+class PaddingFree(NamedTuple):
+    """``train.padding_free`` resolved for a policy: on or off, and why off (None when on or set false)."""
+
+    enabled: bool
+    reason: str | None = None
+
+
+def resolve_padding_free(
+    setting: bool | str, policy: torch.nn.Module, *, takes_images: bool, share_prompts: bool, compile: bool
+) -> PaddingFree:
+    """``train.padding_free`` for this policy: ``true`` is refused where it cannot apply (a
+    :class:`PaddingFreeError` naming the reason), ``auto`` is on exactly where it can and
+    otherwise off with the reason, for the run to say and record. The decoder → head probe runs
+    here whatever the setting: every learner forward asks for its verdict, and here it runs
+    before ``train.compile`` compiles the layers (a probe after would compile them once more)."""
+    shortcut_refusal(policy)
+    if setting is False:
+        return PaddingFree(False)
+    refusal = (
+        "share_prompts packs the rows its own way"
+        if share_prompts
+        else "compiled decoder layers (train.compile) would recompile for every packed length"
+        if compile
+        else padding_free_refusal(policy, takes_images=takes_images)
+    )
+    if refusal is None:
+        return PaddingFree(True)
+    if setting is True:
+        raise PaddingFreeError(f"train.padding_free: {refusal}; set it to false or auto")
+    return PaddingFree(False, refusal)
+
+
+def _structural_refusal(model: torch.nn.Module, *, takes_images: bool = False) -> str | None:
+    """What in ``model``'s structure rules padding-free forwards out (no probe: cheap, and what
+    the probe's own packed forward needs)."""
     if takes_images:
         return "text policies only; this policy is an image-text model (its image features are placed by padded rows)"
     if (refusal := decoder_and_head_refusal(model)) is not None:
@@ -180,7 +230,7 @@ def padding_free_refusal(model: torch.nn.Module, *, takes_images: bool = False) 
 def use_packed_rows_attention(model: torch.nn.Module) -> None:
     """Switch ``model`` to the per-row-capable wrapper of its attention (idempotent); padded
     forwards keep running the original function with its mask."""
-    refusal = padding_free_refusal(model)
+    refusal = _structural_refusal(model)
     if refusal is not None:
         raise PaddingFreeError(f"train.padding_free: {refusal}; set it to false")
     current = model.config._attn_implementation

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from polyrl.core.errors import PolyrlError
+from polyrl.modeling.probes import decoder_and_head_refusal, sharing_probe_refusal
 
 __all__ = [
     "SharePromptsError",
@@ -235,18 +236,12 @@ def _takes_sdpa_masks(attention: str | None) -> bool:
     )
 
 
-def decoder_and_head_refusal(model: torch.nn.Module) -> str | None:
-    """Why ``model`` cannot be run as decoder then output head (both prompt sharing and packed
-    rows gather hidden states between the two), or None when it can."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if decoder is None or head is None or decoder is model:
-        return f"{type(model).__name__} has no separate decoder and output head"
-    return None
-
-
 def sharing_refusal(model: torch.nn.Module, *, takes_images: bool) -> str | None:
-    """Why ``train.share_prompts`` cannot apply to ``model``, or None when it can."""
+    """Why ``train.share_prompts`` cannot apply to ``model``, or None when it can: what its
+    structure rules out, then the probe of a prompt's two completions in one row against each
+    row alone (:func:`polyrl.modeling.probes.sharing_probe_refusal`, run once per model), which
+    refuses models whose layers mix tokens outside attention (a state-space or convolution mixer
+    would carry one completion into the next, whatever the mask says)."""
     if takes_images:
         return "text policies only; this policy is an image-text model"
     if (refusal := decoder_and_head_refusal(model)) is not None:
@@ -254,4 +249,4 @@ def sharing_refusal(model: torch.nn.Module, *, takes_images: bool) -> str | None
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if attention != "eager" and not _takes_sdpa_masks(attention):
         return f"needs attention that takes a 4-D mask (sdpa or eager); this policy uses {attention!r}"
-    return None
+    return sharing_probe_refusal(model)

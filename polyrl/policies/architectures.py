@@ -63,7 +63,28 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], bool]] = {
     "gemma2": ("Gemma2Config", {"head_dim": HEAD_DIM, "query_pre_attn_scalar": HEAD_DIM, "sliding_window": 16}, True),
     # Phi-3: fused qkv and gate/up projections.
     "phi3": ("Phi3Config", {}, False),
+    # Hybrids, where tokens also meet outside attention (polyrl.modeling.probes refuses to pack them).
+    # Falcon-H1: a Mamba-2 mixer beside attention in every layer (transformers' torch fallback on
+    # CPU, no mamba_ssm kernels needed), and a logit multiplier after the output head, as the
+    # released configs carry (muP), so the decoder -> head shortcut does not apply.
+    "falcon_h1": (
+        "FalconH1Config",
+        {
+            "head_dim": HEAD_DIM,
+            "mamba_d_ssm": 128,
+            "mamba_n_heads": 4,
+            "mamba_d_head": 32,
+            "mamba_d_state": 16,
+            "mamba_chunk_size": 16,
+            "lm_head_multiplier": 0.5,
+        },
+        False,
+    ),
+    # LFM2: short-convolution layers beside attention layers (the mixers in separate layers).
+    "lfm2": ("Lfm2Config", {"layer_types": ["conv", "full_attention"]}, True),
 }
+# Architectures whose layers mix tokens outside attention (a state-space or convolution mixer).
+HYBRIDS = ("falcon_h1", "lfm2")
 
 
 def shipped_text() -> list[str]:
@@ -99,9 +120,15 @@ def build_bpe_tokenizer(
 
 
 def tiny_config(
-    model_type: str, tokenizer: PreTrainedTokenizerFast, *, tied: bool | None = None, max_position_embeddings: int = 512
+    model_type: str,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    tied: bool | None = None,
+    max_position_embeddings: int = 512,
+    **overrides: Any,
 ):
-    """The transformers config of a tiny ``model_type`` model for ``tokenizer``'s vocabulary."""
+    """The transformers config of a tiny ``model_type`` model for ``tokenizer``'s vocabulary
+    (``overrides``: settings that replace the architecture's own, e.g. ``lm_head_multiplier=1.0``)."""
     import transformers
 
     if model_type not in ARCHITECTURES:
@@ -114,8 +141,7 @@ def tiny_config(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=tied_default if tied is None else tied,
-        **TINY_DIMS,
-        **settings,
+        **{**TINY_DIMS, **settings, **overrides},
     )
 
 

@@ -293,6 +293,8 @@ def _build_arm(
     # Periodic evaluation's datasets against the training rows, where the evaluator can tell (PeriodicEvaluator).
     overlap = getattr(evaluator, "overlap_warnings", None)
     built.data_warnings = list(overlap(sampler.samples)) if overlap is not None else []
+    if models.padding_free_reason is not None:  # said when the loop starts, and tagged
+        built.data_warnings.append(f"train.padding_free: auto is off: {models.padding_free_reason}")
     if resume:
         _restore(built)
     learner.apply_optimizer_settings()
@@ -314,6 +316,7 @@ def _log_runtime(logger: Tracker, models: Models, rollout: RolloutSide, build_st
             # A transformers model's config (third-party; a bare torch module has none).
             "runtime.learner_attention": policy.config._attn_implementation if hasattr(policy, "config") else "unknown",
             "runtime.padding_free": models.padding_free,
+            **({"runtime.padding_free_reason": models.padding_free_reason} if models.padding_free_reason else {}),
             "runtime.engine_startup_s": round(rollout.startup_s, 2),
             "runtime.build_s": round(time.perf_counter() - build_started, 2),
         }

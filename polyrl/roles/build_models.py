@@ -22,9 +22,8 @@ from polyrl.engines.image_prompts import auto_model_class, model_takes_images
 from polyrl.modeling.attention import attend_in_fp32_on_cpu
 from polyrl.modeling.freeze import freeze_parameters
 from polyrl.modeling.gradient_checkpointing import GradientCheckpointingError, checkpoint_layers
-from polyrl.modeling.logprobs import logit_scaling
 from polyrl.modeling.lora import LoraPolicy, add_lora
-from polyrl.modeling.packing import PaddingFreeError, padding_free_refusal, use_packed_rows_attention
+from polyrl.modeling.packing import resolve_padding_free, use_packed_rows_attention
 from polyrl.modeling.shared_prompts import SharePromptsError, sharing_refusal
 from polyrl.roles.critic import Critic, CriticSettings, build_value_model
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
@@ -35,7 +34,7 @@ from polyrl.runtime.devices import learner_device
 from polyrl.runtime.host_memory import keep_freed_host_memory
 from polyrl.runtime.precision import compute_dtype
 
-__all__ = ["Models", "bf16_learner_attends_in_fp32", "build_models", "learner_settings", "resolve_padding_free"]
+__all__ = ["Models", "bf16_learner_attends_in_fp32", "build_models", "learner_settings"]
 
 
 @dataclass
@@ -55,30 +54,8 @@ class Models:
     padding_free: bool
     cpu_matmul: str  # resolved train.cpu_matmul
     host_malloc: str  # what keep_freed_host_memory did (recorded as runtime.host_malloc)
-
-
-def resolve_padding_free(
-    setting: bool | str, policy: torch.nn.Module, *, takes_images: bool, share_prompts: bool, compile: bool
-) -> bool:
-    """``train.padding_free`` for this policy: true is refused where it cannot apply, 'auto' is on
-    exactly where it can (:mod:`polyrl.modeling.packing`)."""
-    if setting is False:
-        return False
-    scaling = logit_scaling(policy)
-    refusal = (
-        "share_prompts packs the rows its own way"
-        if share_prompts
-        else "compiled decoder layers (train.compile) would recompile for every packed length"
-        if compile
-        else f"{type(policy).__name__} scales its logits after the head ({', '.join(scaling)})"
-        if scaling
-        else padding_free_refusal(policy, takes_images=takes_images)
-    )
-    if refusal is None:
-        return True
-    if setting is True:
-        raise PaddingFreeError(f"train.padding_free: {refusal}; set it to false or auto")
-    return False
+    # Why train.padding_free: auto turned it off (the probe's verdict, polyrl.modeling.probes); None when on or set false.
+    padding_free_reason: str | None = None
 
 
 def learner_settings(cfg: ExperimentConfig, objective: Any, padding_free: bool = False) -> LearnerSettings:
@@ -159,7 +136,7 @@ def build_models(cfg: ExperimentConfig, policy_path: Path) -> Models:
         checkpoint_layers(policy)
     if cfg.train.share_prompts and (refusal := sharing_refusal(policy, takes_images=takes_images)):
         raise SharePromptsError(f"train.share_prompts: {refusal}; set it to false")
-    padding_free = resolve_padding_free(
+    padding_free, padding_free_reason = resolve_padding_free(  # probes the policy (polyrl.modeling.probes)
         cfg.train.padding_free,
         policy,
         takes_images=takes_images,
@@ -225,6 +202,7 @@ def build_models(cfg: ExperimentConfig, policy_path: Path) -> Models:
         dtype=dtype,
         takes_images=takes_images,
         padding_free=padding_free,
+        padding_free_reason=padding_free_reason,
         cpu_matmul=cpu_matmul,
         host_malloc=host_malloc,
     )

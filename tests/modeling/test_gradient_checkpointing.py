@@ -9,6 +9,7 @@ import torch
 from polyrl.core.types import Completion
 from polyrl.modeling.gradient_checkpointing import GradientCheckpointingError, checkpoint_layers
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
+from polyrl.modeling.probes import shortcut_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 
 
@@ -45,6 +46,7 @@ def _grads(model):
 def test_checkpointed_policy_recomputes_layers_and_gets_the_same_gradients():
     plain, checkpointed = _policy(), _policy()
     assert checkpoint_layers(checkpointed) == 2  # the 0.3m policy's two decoder layers
+    assert shortcut_refusal(plain) is None and shortcut_refusal(checkpointed) is None  # set-up's probe, before the count
     plain_calls, checkpointed_calls = _attention_calls(plain), _attention_calls(checkpointed)
     want, got = _grads(plain), _grads(checkpointed)
     assert plain_calls[0] == 2 and checkpointed_calls[0] == 4  # each layer ran again in the backward

@@ -17,10 +17,16 @@ from polyrl.core.types import Completion
 from polyrl.modeling.gradient_checkpointing import checkpoint_layers
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.modeling.microbatches import token_budget_micro_batches
-from polyrl.modeling.packing import PaddingFreeError, padding_free_refusal, row_layout, use_packed_rows_attention
+from polyrl.modeling.packing import (
+    PaddingFreeError,
+    padding_free_refusal,
+    resolve_padding_free,
+    row_layout,
+    use_packed_rows_attention,
+)
+from polyrl.modeling.probes import shortcut_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.build_models import resolve_padding_free
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
 
 VOCAB = 64
@@ -175,6 +181,7 @@ def test_learner_update_is_the_same_padding_free():
             return step(*args, **kwargs)
 
         learner.optimizer.step = captured_step
+        assert shortcut_refusal(model) is None  # set-up's probe, before the forwards counted here
         model.get_decoder().register_forward_pre_hook(
             lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
         )
@@ -211,13 +218,16 @@ def test_refused_where_it_cannot_apply(random_policy_dir):
     policy = _qwen3()
     assert padding_free_refusal(policy) is None
     assert "image-text" in padding_free_refusal(policy, takes_images=True)
-    assert resolve_padding_free("auto", policy, takes_images=False, share_prompts=False, compile=False) is True
-    assert resolve_padding_free("auto", policy, takes_images=False, share_prompts=True, compile=False) is False
-    assert resolve_padding_free(False, policy, takes_images=False, share_prompts=False, compile=False) is False
+    assert resolve_padding_free("auto", policy, takes_images=False, share_prompts=False, compile=False).enabled is True
+    assert resolve_padding_free("auto", policy, takes_images=False, share_prompts=True, compile=False).enabled is False
+    assert resolve_padding_free(False, policy, takes_images=False, share_prompts=False, compile=False).enabled is False
     eager = _qwen3()
     eager.config._attn_implementation = "eager"
     assert "sdpa" in padding_free_refusal(eager)
-    assert resolve_padding_free("auto", eager, takes_images=False, share_prompts=False, compile=False) is False
+    assert resolve_padding_free("auto", eager, takes_images=False, share_prompts=False, compile=False) == (
+        False,
+        "needs sdpa attention (one of sdpa, sdpa_fp32_on_cpu); this policy uses 'eager'",
+    )
     with pytest.raises(PaddingFreeError, match=r"train\.padding_free: needs sdpa"):
         resolve_padding_free(True, eager, takes_images=False, share_prompts=False, compile=False)
     with pytest.raises(PaddingFreeError, match=r"train\.padding_free"):
@@ -238,21 +248,25 @@ def test_refused_where_it_cannot_apply(random_policy_dir):
             resolve_arms(config)
 
 
-ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gemma2", "phi3"]
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gemma2", "phi3", "falcon_h1", "lfm2"]
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
 def test_every_tiny_architecture_packs_exactly_or_is_refused(model_type, tiny_arch_dir):
     """Through transformers' own model classes (loaded as a user's folder would be, sdpa): Gemma 3's
     alternating sliding-window layers (window 16, rows up to 61 tokens) and Phi-3's fused
-    projections pack exactly; Gemma 2's soft-capped attention and logits are refused."""
+    projections pack exactly; Gemma 2's soft-capped attention and logits are refused, and so are
+    the hybrids (Falcon-H1: a logit multiplier, and Mamba beside attention; LFM2: convolution
+    layers; tests/modeling/test_probes.py)."""
     from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(str(tiny_arch_dir(model_type)), dtype=torch.float32).eval()
     refusal = padding_free_refusal(policy)
-    if model_type == "gemma2":
-        assert "attn_logit_softcapping" in refusal
-        assert resolve_padding_free("auto", policy, takes_images=False, share_prompts=False, compile=False) is False
+    refused = {"gemma2": "attn_logit_softcapping", "falcon_h1": "after its output head", "lfm2": "1 of 2 layers"}
+    if model_type in refused:
+        assert refused[model_type] in refusal, refusal
+        choice = resolve_padding_free("auto", policy, takes_images=False, share_prompts=False, compile=False)
+        assert choice == (False, refusal)
         return
     assert refusal is None
     packed = pack_completions(_completions(_rows_of_very_different_lengths(3)), pad_token_id=0)

@@ -13,6 +13,7 @@ from polyrl.algos.objectives import get_objective
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
+from polyrl.modeling.probes import shortcut_refusal
 from polyrl.modeling.shared_prompts import row_prompts, share_prompts, shared_prompt_micro_batches, sharing_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.roles.batches import LearnerBatch
@@ -145,6 +146,7 @@ def test_learner_update_is_the_same_with_shared_prompts():
 
         learner.optimizer.step = captured_step
         shapes = []
+        assert shortcut_refusal(model) is None  # set-up's probe, before the forwards counted here
         model.get_decoder().register_forward_pre_hook(
             lambda _m, _a, kw, shapes=shapes: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
         )

@@ -12,6 +12,7 @@ import torch
 from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import pack_completions
+from polyrl.modeling.probes import shortcut_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NonFiniteStop
@@ -108,6 +109,7 @@ def test_gradients_exist_before_the_first_forward_and_are_freed_after_the_update
     learner = _learner(mini_batches=2, micro_batch_size=1)  # 2 mini-batches of 2 rows, 2 micro-batches each
     trainable = [p for p in learner.policy.parameters() if p.requires_grad]
     seen = []  # per forward: every gradient already allocated, and its storage
+    assert shortcut_refusal(learner.policy) is None  # set-up's probe (no-grad forwards), before the count
     learner.policy.get_decoder().register_forward_pre_hook(
         lambda module, args: seen.append([p.grad.untyped_storage().data_ptr() if p.grad is not None else None for p in trainable])
     )

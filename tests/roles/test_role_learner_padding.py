@@ -9,6 +9,7 @@ import torch
 from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import pack_completions
+from polyrl.modeling.probes import shortcut_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.learner import LearnerSettings, PolicyLearner
@@ -34,6 +35,7 @@ def test_update_computes_only_the_micro_batches_own_lengths_and_still_learns():
         LearnerSettings(aggregation=objective.default_aggregation, learning_rate=1e-2, micro_batch_size=2, max_tokens=8),
     )
     positions = []
+    assert shortcut_refusal(policy) is None  # set-up's probe, before the forwards counted here
     policy.get_decoder().register_forward_pre_hook(lambda _m, _a, kw: positions.append(kw["input_ids"].shape), with_kwargs=True)
     before = [p.detach().clone() for p in policy.parameters()]
     metrics = learner.update(batch)
