@@ -34,7 +34,7 @@ from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
 from polyrl.roles.loop import TrainingLoop, sync_policy
 from polyrl.roles.pipeline import BatchPipeline, PipelineContext
-from polyrl.roles.protocols import Closes, Evaluator, Learner, Tracker
+from polyrl.roles.protocols import ChecksOverlap, Closes, Evaluator, Learner, Tracker
 from polyrl.runtime.compiled import check_sampler_compile
 from polyrl.runtime.cpu_matmul import cpu_vendor, torch_blas
 from polyrl.runtime.devices import learner_device
@@ -291,8 +291,7 @@ def _build_arm(
         evaluator=evaluator,
     )
     # Periodic evaluation's datasets against the training rows, where the evaluator can tell (PeriodicEvaluator).
-    overlap = getattr(evaluator, "overlap_warnings", None)
-    built.data_warnings = list(overlap(sampler.samples)) if overlap is not None else []
+    built.data_warnings = list(evaluator.overlap_warnings(sampler.samples)) if isinstance(evaluator, ChecksOverlap) else []
     if models.padding_free_reason is not None:  # said when the loop starts, and tagged
         built.data_warnings.append(f"train.padding_free: auto is off: {models.padding_free_reason}")
     if resume:

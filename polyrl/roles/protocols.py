@@ -11,7 +11,7 @@ that satisfy them too. The hooks' own contract is the :class:`~polyrl.roles.hook
 class (three no-op methods a hook overrides).
 
 The few capabilities only some implementations have are protocols of their own
-(:class:`ReleasesWeights`, :class:`WorkerPool`, :class:`Closes`). Where the object may be a
+(:class:`ReleasesWeights`, :class:`WorkerPool`, :class:`Closes`, :class:`ChecksOverlap`). Where the object may be a
 :class:`~polyrl.roles.async_loop.VersionedEngine`, which forwards the engine's attributes by
 ``__getattr__``, they are probed with ``getattr``: ``isinstance`` against a runtime-checkable
 protocol looks attributes up statically from Python 3.12 and would not see them.
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # annotations only: the roles import this module
 
 __all__ = [
     "BatchSource",
+    "ChecksOverlap",
     "Closes",
     "Collector",
     "Engine",
@@ -202,3 +203,12 @@ class Evaluator(Protocol):
     :class:`~polyrl.evals.periodic.PeriodicEvaluator`)."""
 
     def __call__(self, engine: Any, step: int) -> EvalOutcome: ...
+
+
+@runtime_checkable
+class ChecksOverlap(Protocol):
+    """An evaluator that can tell which of its datasets share rows with the training prompts
+    (:meth:`~polyrl.evals.periodic.PeriodicEvaluator.overlap_warnings`); the warnings are said
+    when the loop starts."""
+
+    def overlap_warnings(self, training_samples: list[PromptSample]) -> list[str]: ...

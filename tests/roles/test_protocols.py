@@ -89,6 +89,7 @@ def learner():
         (protocols.Rewards, lambda: CompositeReward),
         (protocols.Tracker, lambda: RunLogger),
         (protocols.Evaluator, lambda: PeriodicEvaluator),
+        (protocols.ChecksOverlap, lambda: PeriodicEvaluator),
         (protocols.EvalOutcome, lambda: PeriodicResult({"a": 1.0})),
         (protocols.Closes, lambda: DataParallelLearner),
     ],
@@ -104,3 +105,9 @@ def test_both_learners_have_what_the_loop_uses(learner):
     # config/experiment.py, so the loop never asks it for an adapter).
     assert mismatches(protocols.Learner, DataParallelLearner) == ["write_adapter: missing"]
     assert not isinstance(learner, protocols.Closes)  # Arm.close closes only the data-parallel one
+
+
+def test_the_arm_asks_only_an_evaluator_that_checks_overlap():
+    # Arm set-up: data_warnings come from evaluator.overlap_warnings where isinstance(..., ChecksOverlap).
+    assert isinstance(PeriodicEvaluator(None), protocols.ChecksOverlap)
+    assert not isinstance(lambda engine, step: None, protocols.ChecksOverlap)  # a plain function evaluates only
