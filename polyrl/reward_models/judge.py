@@ -96,6 +96,9 @@ class JudgeReward(RewardModule):
         cache_size: judge inputs whose scores are kept (least recently used dropped first).
         dtype: the judge's weights' dtype (``float32``, ``bfloat16``).
         reference_field: the row field ``{answer}`` reads.
+        answer_prefix: written as the start of the judge's answer (after the chat template's
+            assistant header), so that its next token is the score: a small judge then puts most
+            of its probability on the score tokens instead of on a preamble.
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class JudgeReward(RewardModule):
         cache_size: int = 4096,
         dtype: str = "float32",
         reference_field: str = "answer",
+        answer_prefix: str = "Score: ",
     ):
         if not isinstance(model, str) or not model.strip():
             raise RewardConfigError(f"judge {_field('model')}: a model folder, a .gguf file or a built-in model name")
@@ -150,7 +154,7 @@ class JudgeReward(RewardModule):
         self.chat_template, self.min_score_mass, self.max_new_tokens = chat_template, min_score_mass, max_new_tokens
         self.batch_size, self.max_input_tokens = batch_size, max_input_tokens
         self.time_budget_s, self.token_budget, self.cache_size = time_budget_s, token_budget, cache_size
-        self.dtype, self.reference_field = dtype, reference_field
+        self.dtype, self.reference_field, self.answer_prefix = dtype, reference_field, str(answer_prefix)
         self.engine: Any = None
         self.score_token_ids: list[int] = []
         self.cache: OrderedDict[str, float] = OrderedDict()
@@ -214,8 +218,10 @@ class JudgeReward(RewardModule):
     def _wrap(self, text: str) -> str:
         tokenizer = self.engine.tokenizer if self.engine is not None else None
         if self.chat_template and tokenizer is not None and getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-        return text
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        else:
+            text = text + "\n"
+        return text + self.answer_prefix
 
     # -- scoring ----------------------------------------------------------------------------------
     def score(self, batch: RewardBatch) -> list[float | None]:
