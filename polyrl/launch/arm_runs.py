@@ -9,8 +9,9 @@ run that had no step left to train.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -19,12 +20,22 @@ from polyrl.config.schema import ExperimentConfig
 from polyrl.core.errors import PolyrlError
 from polyrl.launch.experiment_folder import write_state
 from polyrl.launch.interrupts import StopNow, StopSignals
-
-if TYPE_CHECKING:  # the runner imports this module; the name is only an annotation here
-    from polyrl.launch.runner import ExperimentResult
 from polyrl.launch.resume_config import ConfigChange
 from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint
 from polyrl.tracking.mlflow_runs import RunLogger
+
+
+@dataclass
+class ExperimentResult:
+    name: str
+    tracking_uri: str
+    parent_run_id: str
+    arm_run_ids: dict[str, str]
+    final_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # by run key: arm, or arm/seed_<s>
+    experiment_dir: Path | None = None
+    seeds: list[int] | None = None
+    seed_run_ids: dict[str, str] = field(default_factory=dict)  # arm/seed_<s> -> run id
+    failed: dict[str, str] = field(default_factory=dict)  # run key -> the error that ended it
 
 
 class ArmFailedError(PolyrlError, RuntimeError):
@@ -33,7 +44,7 @@ class ArmFailedError(PolyrlError, RuntimeError):
 
     exit_code = 1
 
-    def __init__(self, message: str, result: "ExperimentResult | None" = None):
+    def __init__(self, message: str, result: ExperimentResult | None = None):
         super().__init__(message)
         self.result = result
 

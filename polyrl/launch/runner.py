@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import shlex
 import signal
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +31,7 @@ from polyrl.config.seeds import experiment_seeds
 from polyrl.core.errors import PolyrlError
 from polyrl.launch.arm_runs import (  # noqa: F401 - ArmFailedError and plain_printer: importable from here too
     ArmFailedError,
+    ExperimentResult,
     arm_error_text,
     arms_failed,
     close_arm_run,
@@ -61,20 +61,6 @@ from polyrl.tracking.mlflow_runs import (
     probe_tracking,
     resolve_tracking_uri,
 )
-
-
-@dataclass
-class ExperimentResult:
-    name: str
-    tracking_uri: str
-    parent_run_id: str
-    arm_run_ids: dict[str, str]
-    final_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # by run key: arm, or arm/seed_<s>
-    experiment_dir: Path | None = None
-    seeds: list[int] | None = None
-    seed_run_ids: dict[str, str] = field(default_factory=dict)  # arm/seed_<s> -> run id
-    failed: dict[str, str] = field(default_factory=dict)  # run key -> the error that ended it
-
 
 # --- steps shared with polyrl submit (distributed.py) -----------------------------------------
 
