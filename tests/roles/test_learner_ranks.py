@@ -161,3 +161,29 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_and_leaves_the_weights(r
     parallel.push()
     metrics = parallel.update(batch, step_index=0)  # the ranks are still in step with each other
     assert metrics["health/nonfinite_steps"] == 0 and parallel.optimizer_step == 1
+
+
+def test_a_stop_after_an_applied_step_leaves_the_mirror_on_the_ranks_whole_step(ranks, random_policy_dir):
+    """Two mini-batches, the NaN in the second: the first optimizer step is applied, the second
+    stops the update (the rest skipped, nothing copied or put back). The mirror, which the loop
+    checkpoints, then holds rank 0's weights and counter after that one applied step."""
+    import dataclasses
+
+    from polyrl.roles.health import NonFiniteStop
+
+    parallel = _data_parallel(ranks, random_policy_dir, "grpo", {"max_consecutive_nonfinite": 1, "mini_batches": 2})
+    batch = _batch(random_policy_dir)
+    # The learner's shuffle of step 0 (seed 0): the rows of the second mini-batch.
+    order = torch.randperm(len(ROWS), generator=torch.Generator().manual_seed(0))
+    second = [int(row) for row in torch.tensor_split(order, 2)[1] if ROWS[int(row)][1]]
+    nan_batch = dataclasses.replace(batch, advantages=batch.advantages.clone())
+    nan_batch.advantages[second[0], 0] = float("nan")
+    before = _params(parallel)
+    with pytest.raises(NonFiniteStop) as stop:
+        parallel.update(nan_batch, step_index=0)
+    assert (stop.value.reason, stop.value.applied_steps) == ("loss", 1)
+    assert parallel.optimizer_step == 1  # the mirror took the ranks' counter
+    mirrored = _params(parallel)
+    assert _worst_relative_difference(before, mirrored) > 0  # the applied step is in the mirror
+    parallel.pull(optimizers=True)  # rank 0 as it is now: the same weights
+    assert _worst_relative_difference(mirrored, _params(parallel)) == 0.0
