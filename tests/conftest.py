@@ -31,7 +31,7 @@ def random_policy_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_arch_dir(tmp_path_factory):
     """``tiny_arch_dir(model_type, tied=None) -> Path``: a random tiny causal LM of a transformers
-    architecture (llama, qwen2, qwen3, mistral, gemma3_text, gemma2, phi3) with a BPE tokenizer
+    architecture (llama, qwen2, qwen3, mistral, gemma3_text, gemma2, phi3; hybrids falcon_h1, lfm2) with a BPE tokenizer
     trained here and a ChatML template, saved as an ordinary HF folder; built once per test run."""
     from polyrl.policies.architectures import build_bpe_tokenizer, build_tiny_arch_dir
 

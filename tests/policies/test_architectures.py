@@ -10,6 +10,10 @@ resumed run trains its step 2 into the same MLflow run, and ``polyrl eval`` scor
 checkpoint (run:<id>). Every architecture's own default head tying is used: Gemma ties its
 output head to the embedding, the others do not, so both kinds of head are synced here (and
 test_tied_and_untied_heads_follow_a_sync checks each head alone).
+
+Two hybrids, whose layers mix tokens outside attention (Falcon-H1: Mamba beside attention and a
+logit multiplier after the head; LFM2: convolution layers), train with the HF engine and packing
+off, which ``padding_free: auto`` chooses at set-up and says why; ``true`` is refused.
 """
 
 from __future__ import annotations
@@ -179,3 +183,49 @@ def test_tied_and_untied_heads_follow_a_sync(model_type, tied, released, tiny_ar
         assert _sample_and_gap(engine, old, tokenizer, seed=3) > 1e-3  # the head did change
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("model_type", ["falcon_h1", "lfm2"])
+def test_a_hybrid_trains_with_packing_off_and_says_why_or_is_refused(
+    model_type, tiny_arch_dir, tmp_path, write_experiment, capsys
+):
+    """Hybrids (Falcon-H1: Mamba beside attention and a logit multiplier; LFM2: convolution layers)
+    through the whole platform with the HF engine: ``padding_free: auto`` falls back at set-up with
+    one line saying why (printed when the loop starts, a run tag, ``runtime.padding_free_reason``)
+    and two steps train (finite loss, a gradient, the sampler and learner agree); ``true`` is
+    refused naming the reason. vLLM's CPU build is not checked with these models here."""
+    import io
+
+    from polyrl.core.errors import PolyrlError
+
+    model_dir = tiny_arch_dir(model_type)
+    config = {
+        "name": f"hybrid_{model_type}",
+        "seed": 0,
+        "model": {"path": str(model_dir)},
+        "rollout": {"engine": "hf", "prompts_per_step": 2, "samples_per_prompt": 2, "max_tokens": 6},
+        "rewards": [{"module": "length", "params": {"unit": "chars"}}],
+        "train": {"steps": 2, "learning_rate": 1e-2, "micro_batch_size": 4, "padding_free": "auto"},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "progress": False},
+        "checkpoint": {"dir": str(tmp_path / "runs")},
+    }
+    output = io.StringIO()
+    result = run_experiment(write_experiment(tmp_path, config), console=Console(file=output, width=400), show_progress=False)
+    client = MlflowClient(result.tracking_uri)
+    (run_id,) = result.arm_run_ids.values()
+    run = client.get_run(run_id)
+    reason = run.data.params["runtime.padding_free_reason"]
+    expected = {"falcon_h1": "after its output head", "lfm2": "per-row attention in 1 of 2 layers"}[model_type]
+    assert run.data.params["runtime.padding_free"] == "False" and expected in reason, reason
+    printed = capsys.readouterr().out  # the loop's lines (without a progress bar: plain print)
+    assert f"[main] warning: train.padding_free: auto is off: {reason}" in printed, printed
+    assert run.data.tags["health.train.padding_free"].startswith("auto is off")
+    losses = _history(client, run_id, "actor/loss")
+    assert sorted(losses) == [1, 2] and all(torch.isfinite(torch.tensor(v)) for v in losses.values()), losses
+    assert all(v > 0 for v in _history(client, run_id, "actor/grad_norm").values())
+    assert all(gap <= 1e-4 for gap in _history(client, run_id, "rollout/logprob_gap").values())
+
+    config["name"] = f"hybrid_{model_type}_true"
+    config["train"]["padding_free"] = True
+    with pytest.raises(PolyrlError, match=rf"train\.padding_free: .*{expected}"):
+        run_experiment(write_experiment(tmp_path, config, "true.yaml"), console=Console(file=io.StringIO()), show_progress=False)
