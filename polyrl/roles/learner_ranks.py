@@ -24,9 +24,9 @@ collectives, so the learner evens its micro-batch counts over the ranks (zero-we
 rank with fewer) and runs its forwards through the FSDP root (``through_root``). The sharded
 learner itself runs in the suite over gloo on the CPU with two processes and gives the
 single-process update (tests/roles/test_learner_fsdp.py); the CUDA path (NCCL, these Ray actors,
-``train.learner_workers`` on GPUs) stays EXPERIMENTAL until it is run on a GPU. The critic is not
-yet evened (its micro-batch loop, roles/critic.py), so a sharded critic can still wait on an
-uneven split. The CPU path of ``train.learner_workers`` is plain data parallelism (every rank a
+``train.learner_workers`` on GPUs) stays EXPERIMENTAL until it is run on a GPU. The critic's
+micro-batch loop (roles/critic.py) is not evened yet, so a critic with sharded (CUDA) ranks is
+refused (:func:`start_data_parallel_learner`). The CPU path of ``train.learner_workers`` is plain data parallelism (every rank a
 whole replica).
 """
 
@@ -411,6 +411,15 @@ def start_data_parallel_learner(mirror: PolicyLearner, recipe: RankRecipe, world
     """M ranks for ``mirror``'s learner, on the Ray the run is connected to, else a local one
     (:mod:`polyrl.runtime.ray_cluster`, shared with rollout workers; released on
     :meth:`DataParallelLearner.close`)."""
+    if recipe.cuda and recipe.critic is not None:
+        # FSDP2's forwards and backwards are collectives; the policy learner evens its micro-batch
+        # counts over the ranks, the critic's loop (roles/critic.py) does not yet, so a rank with
+        # fewer critic micro-batches would leave the others waiting until the group's time-out.
+        raise LearnerRanksError(
+            f"train.learner_workers: {world_size} on CUDA shards the critic (advantage.estimator: gae) with FSDP2, whose "
+            "critic micro-batches are not yet evened across ranks; allowed: train.learner_workers: 1 with a critic on CUDA, "
+            "an advantage estimator without a critic, or data-parallel ranks on the CPU"
+        )
     acquire_ray()
     try:
         ranks = LearnerRanks(world_size, cuda=recipe.cuda, cpus_per_rank=recipe.threads)

@@ -68,3 +68,21 @@ def test_fsdp2_over_gloo_gives_the_single_process_update(two_ranks, random_polic
     assert moved > 0  # the update moved the weights (so equal means equal updates)
     for key in ("actor/loss", "actor/grad_norm", "actor/ratio_max", "actor/ratio_min", "actor/pos_loss_share", "actor/entropy"):
         assert sharded_metrics[key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_sharded_critic_is_refused_before_any_rank_starts():
+    """The critic's micro-batch loop is not evened across ranks yet: on CUDA (FSDP2) a critic with
+    several learner ranks is refused by name instead of hanging in a collective."""
+    from polyrl.roles.critic import CriticSettings
+    from polyrl.roles.learner import LearnerSettings
+    from polyrl.roles.learner_ranks import LearnerRanksError, RankRecipe, start_data_parallel_learner
+
+    recipe = RankRecipe(
+        policy_path="unused",
+        objective="ppo",
+        settings=LearnerSettings(aggregation="token_mean"),
+        critic=CriticSettings(),
+        cuda=True,
+    )
+    with pytest.raises(LearnerRanksError, match=r"train.learner_workers: 2 on CUDA shards the critic .*allowed: "):
+        start_data_parallel_learner(None, recipe, 2)
