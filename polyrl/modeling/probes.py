@@ -74,12 +74,26 @@ def tolerance(model: torch.nn.Module) -> float:
     return TOLERANCE if dtype in (torch.float32, torch.float64) else HALF_TOLERANCE
 
 
+def _named_token_ids(config: object) -> set[int]:
+    """The ids a config names (``image_token_id``, ``pad_token_id`` …, its text config's too): a
+    multimodal forward expects its image features at an image token, so probes avoid them all."""
+    named: set[int] = set()
+    for part in (config, getattr(config, "text_config", None)):
+        for key, value in (vars(part) if part is not None and hasattr(part, "__dict__") else {}).items():
+            if key.endswith(("token_id", "token_index", "token_ids")):
+                values = value if isinstance(value, (list, tuple)) else [value]
+                named.update(v for v in values if isinstance(v, int))
+    return named
+
+
 def probe_rows(model: torch.nn.Module, lengths: list[int], *, seed: int = _SEED) -> list[list[int]]:
     """Rows of token ids of the given lengths, the same for every call (a fixed generator)."""
+    config = getattr(model, "config", None)
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    vocab = getattr(embeddings, "num_embeddings", None) or getattr(getattr(model, "config", None), "vocab_size", None) or 2
+    vocab = int(getattr(embeddings, "num_embeddings", None) or getattr(config, "vocab_size", None) or 2)
+    allowed = [i for i in range(min(vocab, _ID_RANGE)) if i not in _named_token_ids(config)] or list(range(min(vocab, _ID_RANGE)))
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, min(int(vocab), _ID_RANGE), (n,), generator=generator).tolist() for n in lengths]
+    return [[allowed[i] for i in torch.randint(0, len(allowed), (n,), generator=generator).tolist()] for n in lengths]
 
 
 @contextmanager
