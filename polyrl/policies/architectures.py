@@ -10,6 +10,11 @@ merges, special tokens and a ChatML chat template like a real one.
 
 Head size 32: vLLM's CPU attention backend supports a fixed set of head sizes (32 is the
 smallest, as the 0.3m Qwen3 uses).
+
+Two hybrids (:data:`HYBRIDS`: Falcon-H1, LFM2) mix tokens outside attention; the learner's packed
+forwards and its decoder → head shortcut are probed at set-up (:mod:`polyrl.modeling.probes`)
+and refused for them. They are checked with the HF engine; vLLM's CPU build is not checked with
+them here.
 """
 
 from __future__ import annotations
