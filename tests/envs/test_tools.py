@@ -116,6 +116,14 @@ def test_calculator_env_scores_final_answer():
     assert (step.done, step.tool_calls, step.tool_errors, step.observation[0]["content"]) == (False, 1, 0, "5535")
     assert env.step("The answer is 5,535.").reward == 1.0
     assert env.step("The answer is 5534.").reward == 0.0
+    shaped = load_env_class("calculator")(format_reward=0.1)
+    shaped.start(EpisodeRow("What is 123 * 45?", fields={"answer": 5535}))
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>'
+    assert shaped.step(call).reward == 0.1  # the first turn whose calls all ran
+    assert shaped.step(call).reward is None  # once per episode
+    bad = load_env_class("calculator")(format_reward=0.1)
+    bad.start(EpisodeRow("What is 123 * 45?", fields={"answer": 5535}))
+    assert bad.step('<tool_call>{"name": "calculator", "arguments": {"expression": "x"}}</tool_call>').reward is None
 
 
 def test_guess_number_feedback():

@@ -4,7 +4,9 @@ Rows come from ``polyrl/tasks/calculator.py`` (fields ``a``, ``b``, ``answer``).
 call ``calculator`` (plain-text protocol or the chat template's tool format,
 :mod:`polyrl.envs.tools`) any number of times within the turn budget; its first turn without a
 tool call is its final answer. Reward: ``correct`` when the last integer of that answer equals
-``a × b``, else ``wrong`` (final-answer accuracy). The tool is evaluated by
+``a × b``, else ``wrong`` (final-answer accuracy); plus ``format_reward`` once, on the first turn
+whose tool calls all ran (a shaping term for a policy that does not call the tool yet; 0 by
+default, so the return is the accuracy alone). The tool is evaluated by
 :func:`polyrl.envs.arithmetic.evaluate` (an ``ast`` allow-list), never ``eval``.
 """
 
@@ -14,7 +16,7 @@ import re
 from typing import Any
 
 from polyrl.envs.arithmetic import evaluate
-from polyrl.envs.base import EpisodeRow, ToolEnvironment
+from polyrl.envs.base import EpisodeRow, Step, ToolEnvironment
 from polyrl.envs.registry import register_env
 from polyrl.envs.tools import tool
 
@@ -41,9 +43,11 @@ class CalculatorEnv(ToolEnvironment):
 
     tools = [calculator]
 
-    def __init__(self, correct: float = 1.0, wrong: float = 0.0, system_prompt: str | None = None):
+    def __init__(self, correct: float = 1.0, wrong: float = 0.0, system_prompt: str | None = None, format_reward: float = 0.0):
         self.correct, self.wrong, self.system_prompt = float(correct), float(wrong), system_prompt
+        self.format_reward = float(format_reward)
         self.target: int | None = None
+        self.called = False
 
     def start(self, row: EpisodeRow) -> list[dict[str, Any]]:
         self.target = int(row["answer"])
@@ -51,6 +55,14 @@ class CalculatorEnv(ToolEnvironment):
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
+
+    def step(self, text: str) -> Step:
+        step = super().step(text)
+        if step.tool_calls and not step.tool_errors and not self.called:
+            self.called = True
+            if self.format_reward:
+                step.reward = self.format_reward
+        return step
 
     def answer(self, text: str) -> float:
         return self.correct if last_integer(text) == self.target else self.wrong
