@@ -53,6 +53,16 @@ if ! command -v java >/dev/null 2>&1; then
   fi
 fi
 
+# Headless Chromium for the browser tests (pytest marker `browser`: the rollout inspector page).
+# Only where apt-get exists and no Chromium is installed yet.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq chromium) || echo "warning: could not install Chromium; the browser tests will fail" >&2
+  else
+    echo "warning: Chromium not found; the browser tests (pytest -m browser) need it" >&2
+  fi
+fi
+
 "$VENV/bin/python" - <<'PY'
 import importlib.util, sys
 bad = [name for name in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(name)]

@@ -32,6 +32,7 @@ from polyrl.roles.collector import RolloutCollector
 from polyrl.roles.critic import Critic
 from polyrl.roles.health import HealthMonitor
 from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
+from polyrl.roles.inspector_hook import InspectorHook
 from polyrl.roles.loop import TrainingLoop, sync_policy
 from polyrl.roles.pipeline import BatchPipeline, PipelineContext
 from polyrl.roles.protocols import ChecksOverlap, Closes, Evaluator, Learner, Tracker
@@ -100,6 +101,15 @@ class Arm:
                     every=cfg.tracking.sample_table_every,
                     rows=cfg.tracking.sample_table_rows,
                     answer_field=cfg.data.answer_field,
+                )
+            )
+            hooks.append(
+                InspectorHook(
+                    logger,
+                    every=cfg.tracking.sample_table_every,
+                    tokenizer=getattr(self.collector.engine, "tokenizer", None),
+                    local_dir=self.checkpointer.arm_dir / "inspector",
+                    judge_rule_pairs=cfg.health.judge_rule_pairs,
                 )
             )
         if self.evaluator is not None and cfg.eval.every:

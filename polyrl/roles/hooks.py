@@ -33,6 +33,9 @@ class StepReport:
     # module's score per row: the image sample table is drawn from them.
     prompts: list[PromptSample] = field(default_factory=list)
     reward_parts: dict[str, list[float | None]] = field(default_factory=dict)
+    # Per row of ``samples``: the completion's token "ids" and per-token quantities by name
+    # ("sampler_logprob", ...), for the rollout inspector (polyrl/tracking/inspector.py).
+    tokens: list[dict[str, list[Any]]] = field(default_factory=list)
 
 
 class Hook:

@@ -151,6 +151,7 @@ class TrainingLoop:
             sample_rows(rollout, collected.scores),
             prompts=list(rollout.prompts),
             reward_parts=dict(collected.scores.per_module),
+            tokens=[{"ids": list(c.completion_ids), "sampler_logprob": list(c.sampling_logprobs)} for c in rollout.completions],
         )
         # The weight sync's share of the step so far: polyrl's own measure of the cost of communication
         # between learner and sampler (checked in asynchronous training).

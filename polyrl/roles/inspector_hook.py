@@ -1,0 +1,48 @@
+"""The hook that writes the rollout inspector page (:mod:`polyrl.tracking.inspector`) for the
+steps that get a sample table: to MLflow as ``inspector/step_<n>.html`` and beside the arm's
+checkpoints as ``<checkpoint.dir>/<name>/<arm>/inspector/step_<n>.html``. It shows every sample
+of the step (not only the table's first rows), so its mean reward is the step's reward/mean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from polyrl.roles.hooks import Hook, StepReport, _replayed
+from polyrl.roles.protocols import Tracker
+from polyrl.tracking.inspector import inspector_html, inspector_rows
+
+
+class InspectorHook(Hook):
+    def __init__(
+        self,
+        logger: Tracker | None,
+        *,
+        every: int,
+        tokenizer: Any = None,
+        local_dir: str | Path | None = None,
+        judge_rule_pairs: dict[str, str] | None = None,
+    ):
+        self.logger, self.every, self.tokenizer = logger, every, tokenizer
+        self.local_dir = None if local_dir is None else Path(local_dir)
+        self.judge_rule_pairs = dict(judge_rule_pairs or {})
+
+    def observe(self, report: StepReport) -> None:
+        step = report.step
+        if _replayed(self.logger, step) or not (step % self.every == 0 or step == 1) or not report.samples:
+            return
+        tokens = values = None
+        if self.tokenizer is not None and len(report.tokens) == len(report.samples):
+            tokens = [[self.tokenizer.decode([i]) for i in t["ids"]] for t in report.tokens]
+            values = [{k: v for k, v in t.items() if k != "ids"} for t in report.tokens]
+        rows = inspector_rows(report.samples, tokens=tokens, token_values=values, parts=report.reward_parts)
+        prompts = list(dict.fromkeys(str(s.get("prompt", "")) for s in report.samples))
+        page = inspector_html(
+            rows, title=f"rollout inspector: step {step}", prompts=prompts, judge_rule_pairs=self.judge_rule_pairs
+        )
+        name = f"step_{step:05d}.html"
+        if self.logger is not None:
+            self.logger.log_text(page, f"inspector/{name}")
+        if self.local_dir is not None:
+            self.local_dir.mkdir(parents=True, exist_ok=True)
+            (self.local_dir / name).write_text(page)

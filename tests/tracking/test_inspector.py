@@ -1,0 +1,110 @@
+"""The rollout inspector page: small, self-contained, and, opened in headless Chromium from a
+finished run's folder, it shows the figures the run logged for that step."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+
+from polyrl.launch.runner import run_experiment
+from polyrl.tracking.inspector import figures, inspector_html, inspector_rows
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _page(n_samples: int, n_tokens: int) -> str:
+    samples = [
+        {
+            "prompt": f"prompt {i // 8}",
+            "completion": "x" * n_tokens,
+            "reward": i / 7,
+            "length": n_tokens,
+            "finish_reason": "length",
+        }
+        for i in range(n_samples)
+    ]
+    tokens = [[f"t{k}" for k in range(n_tokens)] for _ in range(n_samples)]
+    values = [
+        {"sampler_logprob": [-0.1234567 * k for k in range(n_tokens)], "learner_logprob": [-0.1234 * k for k in range(n_tokens)]}
+        for _ in range(n_samples)
+    ]
+    rows = inspector_rows(samples, tokens=tokens, token_values=values, parts={"judge": [1.0] * n_samples})
+    return inspector_html(rows, title="t", prompts=[f"prompt {g}" for g in range(n_samples // 8)])
+
+
+def test_a_step_of_64_samples_by_64_tokens_stays_small_and_offline():
+    page = _page(64, 64)
+    assert len(page.encode()) < 300_000  # well under 1 MB with two quantities and their difference
+    assert "http://" not in page and "https://" not in page  # no CDN, nothing fetched
+
+
+def test_rows_add_the_logprob_difference_and_figures_skip_unscored():
+    rows = inspector_rows(
+        [
+            {"prompt": "p", "completion": "a", "reward": 1.0, "length": 2, "finish_reason": "stop"},
+            {"prompt": "p", "completion": "b", "reward": None, "length": 4, "finish_reason": "length"},
+        ],  # fmt: skip
+        tokens=[["a", "b"], ["c", "d", "e", "f"]],
+        token_values=[{"sampler_logprob": [-1.0, -2.0], "learner_logprob": [-1.5, -2.0]}, {}],
+    )
+    assert rows[0]["v"]["logprob_diff"] == [-0.5, 0.0]
+    # reward over the scored sample only (1.0); length (2 + 4) / 2 = 3; one of two truncated.
+    assert figures(rows) == {"samples": 2.0, "reward_mean": 1.0, "length_mean": 3.0, "truncated": 0.5}
+
+
+def _dump_dom(path: Path, tmp_path: Path) -> str:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Chromium is installed by scripts/setup_env.sh (apt-get install chromium)"
+    result = subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", path.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_inspector_from_a_finished_run_shows_the_logged_figures_in_chromium(tmp_path, tiny_experiment, write_experiment):
+    config = tiny_experiment(
+        rollout={"prompts_per_step": 2, "samples_per_prompt": 4, "max_tokens": 8},
+        train={"steps": 1},
+        tracking={"sample_table_every": 1},
+    )
+    result = run_experiment(write_experiment(tmp_path, config), console=Console(quiet=True), show_progress=False)
+    arm, run_id = next(iter(result.arm_run_ids.items()))
+    page = next((tmp_path / "runs").rglob("inspector/step_00001.html"))
+    client = MlflowClient(result.tracking_uri)
+    logged = {key: client.get_metric_history(run_id, key)[0].value for key in ("reward/mean", "rollout/response_length/mean")}
+    assert [a.path for a in client.list_artifacts(run_id, "inspector")] == ["inspector/step_00001.html"]
+
+    dom = _dump_dom(page, tmp_path)
+    assert 'data-ready="1"' in dom  # the script ran to its end
+
+    def shown(key: str) -> float:
+        return float(re.search(rf'id="fig-{key}" data-value="([^"]+)"', dom).group(1))
+
+    assert shown("samples") == 8
+    assert shown("reward_mean") == pytest.approx(logged["reward/mean"], rel=1e-3)
+    assert shown("length_mean") == pytest.approx(logged["rollout/response_length/mean"], rel=1e-6)
+    assert dom.count('class="card"') == 8 and "sampler log-prob" in dom
+    # Every completion token, shaded by the sampler's log-prob (the first quantity), hover text included.
+    shaded = re.findall(r'<span title="sampler log-prob: (-?[0-9.e-]+)" style="background: rgba', dom)
+    assert len(shaded) == round(8 * logged["rollout/response_length/mean"])
