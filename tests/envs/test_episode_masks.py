@@ -109,3 +109,19 @@ def test_trim_padding_keeps_the_last_policy_token_after_observations():
     packed = trim_padding(pack_completions([c], pad_token_id=0))
     assert packed.response_mask.tolist() == [[1, 0, 0, 1]]
     assert packed.completion_ids.tolist() == [[1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("layout", ["share_prompts", "padding_free"])
+def test_packed_layouts_score_episodes_as_the_plain_forward(played, layout):
+    # Shared-prompt packing read a row's completion length as its mask's sum: an episode's
+    # observation tokens (mask 0, inside the completion) would have cut its tail off.
+    from transformers import AutoModelForCausalLM
+
+    path, _, completions = played
+    packed = pack_completions(completions, pad_token_id=0)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    mask = packed.response_mask.bool()
+    with torch.no_grad():
+        plain, _ = token_logprobs(model, packed)
+        other, _ = token_logprobs(model, packed, **{layout: True})
+    assert torch.allclose(plain[mask], other[mask], atol=1e-5)
