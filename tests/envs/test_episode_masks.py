@@ -10,7 +10,7 @@ from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.envs.builtins.guess_number import GuessNumberEnv
 from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.modeling.microbatches import trim_padding
-from polyrl.roles.batches import length_metrics
+from polyrl.roles.batches import Rollout, Scores, length_metrics
 from polyrl.roles.episodes import EpisodeRunner, EpisodeSettings, episode_metrics
 
 
@@ -125,3 +125,25 @@ def test_packed_layouts_score_episodes_as_the_plain_forward(played, layout):
         plain, _ = token_logprobs(model, packed)
         other, _ = token_logprobs(model, packed, **{layout: True})
     assert torch.allclose(plain[mask], other[mask], atol=1e-5)
+
+
+def test_kl_in_reward_puts_the_episode_reward_on_its_last_policy_token():
+    # mask 1,1,0,0,1,0 (an episode ending on an observation): the mask sums to 3, but the last
+    # policy token is at index 4; the old rule (sum - 1 = 2) put the reward on an observation token.
+    from polyrl.roles.pipeline import PipelineBatch, PipelineContext, fold_kl_into_rewards
+
+    c = Completion([7], [1, 2, 3, 4, 5, 6], "x", [-0.1] * 6, "length", completion_mask=(1, 1, 0, 0, 1, 0))
+    packed = pack_completions([c], pad_token_id=0)
+    zeros = torch.zeros(1, 6)
+    batch = PipelineBatch(
+        Rollout([PromptSample("p")], [c], torch.tensor([0])),
+        Scores([2.0], {}),
+        packed=packed,
+        rewards=torch.tensor([2.0]),
+        old_logprobs=zeros,
+        ref_logprobs=zeros,
+    )
+    ctx = PipelineContext(estimator=None, estimator_params={}, pad_token_id=0, kl_in_reward=True, kl_coef=0.1)
+    shaped = fold_kl_into_rewards(batch, ctx).token_rewards
+    # KL is 0 (same log-probs), so the shaped rewards are the placed reward alone.
+    assert shaped.tolist() == [[0.0, 0.0, 0.0, 0.0, 2.0, 0.0]]
