@@ -13,8 +13,8 @@ smallest, as the 0.3m Qwen3 uses).
 
 Two hybrids (:data:`HYBRIDS`: Falcon-H1, LFM2) mix tokens outside attention; the learner's packed
 forwards and its decoder → head shortcut are probed at set-up (:mod:`polyrl.modeling.probes`)
-and refused for them. They are checked with the HF engine; vLLM's CPU build is not checked with
-them here.
+and refused for them. Falcon-H1 trains with either engine; LFM2 with the HF engine (vLLM 0.32's
+CPU build does not load it with transformers 5.19).
 """
 
 from __future__ import annotations
