@@ -3,8 +3,9 @@
 run links to its sample pages.
 
 - The chart view (:mod:`polyrl.tracking.chart_view`) shows the runs that trained — the seed
-  runs when the experiment has seeds, else the arm runs — grouped by arm, with the step curves
-  of the held-out scores, the response length, reward and training accuracy first.
+  runs when the experiment has seeds, else the arm runs — grouped by arm when arms have seeds,
+  each run in its arm's colour, with the step curves of the held-out scores, the response
+  length, reward and training accuracy first.
 - The headline figures are logged at step 0 of the parent run, whose row in the runs table
   then shows and sorts by them (before, the parent run had no metrics).
 - Each arm run's description links to the last sample tables of its runs (training and
@@ -19,7 +20,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from polyrl.analysis.report_metrics import headline_keys
-from polyrl.tracking.chart_view import chart_view_state, save_chart_view, view_key
+from polyrl.tracking.chart_view import chart_view_state, colour_runs, save_chart_view, view_key
 from polyrl.tracking.mlflow_runs import ARM_TAG, NOTE_TAG
 from polyrl.tracking.ui_links import MODEL_TRAINING_MODE, chart_view_url
 
@@ -37,7 +38,15 @@ def write_chart_view(
     grouped: bool,
     base_url: str,
 ) -> str:
-    """Save the chart view of these runs on the experiment and return its URL."""
+    """Save the chart view of these runs on the experiment and return its URL.
+
+    Each run is tagged with its arm's colour (:func:`polyrl.tracking.chart_view.colour_runs`). Runs
+    are grouped by arm only when an arm has several (seeds): a group is drawn in a colour the UI
+    derives from the group itself (a colour picked in the UI is kept in that browser only), so
+    one run per arm is left ungrouped and drawn in its arm's colour."""
+    run_arms = {run_id: client.get_run(run_id).data.tags.get(ARM_TAG, run_id) for run_id in run_ids}
+    colour_runs(client, run_arms)
+    grouped = grouped and len(set(run_arms.values())) < len(run_arms)
     state = chart_view_state(run_ids, headline_keys(eval_keys), group_by_tag=ARM_TAG if grouped else None)
     key = view_key(parent_run_id)
     save_chart_view(client, experiment_id, key, state)

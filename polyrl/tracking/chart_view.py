@@ -21,11 +21,49 @@ from mlflow.tracking import MlflowClient
 SHARED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 SECTION_NAME = "polyrl comparison"
 SECTION_ID = "polyrl-comparison"
+# Two charts a row (the UI's default is three): at three, a laptop-wide page cut every title to a
+# few letters ("ev...").
+SECTION_COLUMNS = 2
+RUN_COLOUR_TAG = "mlflow.runColor"  # the UI draws a run in this colour (its colour picker sets it)
+# Arm colours a reader tells apart, from the UI's own palette, in the order arms are listed. The UI's
+# default colour is a hash of the run id, which drew two arms in two near-identical blue-greys.
+ARM_COLOURS: tuple[str, ...] = ("#2272b4", "#de7921", "#308613", "#c83243", "#8a63bf", "#04867d", "#b45091", "#a6630c")
+# Titles of the curves polyrl draws first, short enough for a card (the metric key stays on hover).
+TITLES: dict[str, str] = {
+    "reward/mean": "reward (training)",
+    "train/accuracy": "accuracy (training)",
+    "rollout/response_length/mean": "response length",
+    "actor/entropy": "entropy",
+}
 
 
 def view_key(parent_run_id: str) -> str:
     """One saved view per experiment run; re-running ``polyrl compare`` rewrites it."""
     return f"polyrl-{parent_run_id}"
+
+
+def chart_title(metric_key: str) -> str:
+    """A card's title: a short name for the headline curves; a held-out metric
+    ``eval/<suite>/<name>`` as ``<suite> <name> (held-out)``; else the key."""
+    if metric_key in TITLES:
+        return TITLES[metric_key]
+    parts = metric_key.split("/")
+    if parts[0] == "eval" and len(parts) >= 3:
+        return f"{parts[1]} {' '.join(parts[2:])} (held-out)".replace("_", " ")
+    return metric_key
+
+
+def arm_colours(arms: list[str]) -> dict[str, str]:
+    """Each arm's colour, in order (the palette repeats past its length)."""
+    return {arm: ARM_COLOURS[i % len(ARM_COLOURS)] for i, arm in enumerate(dict.fromkeys(arms))}
+
+
+def colour_runs(client: MlflowClient, run_arms: dict[str, str]) -> dict[str, str]:
+    """Tag each run (run id → its arm) with its arm's colour; returns run id → colour."""
+    colours = arm_colours(list(run_arms.values()))
+    for run_id, arm in run_arms.items():
+        client.set_tag(run_id, RUN_COLOUR_TAG, colours[arm])
+    return {run_id: colours[arm] for run_id, arm in run_arms.items()}
 
 
 def line_chart(metric_key: str, index: int) -> dict:
@@ -37,7 +75,7 @@ def line_chart(metric_key: str, index: int) -> dict:
         "deleted": False,
         "isGenerated": False,
         "runsCountToCompare": 10,
-        "displayName": metric_key,
+        "displayName": chart_title(metric_key),
         "metricKey": metric_key,
         "selectedMetricKeys": [metric_key],
         "lineSmoothness": 0,
@@ -78,6 +116,7 @@ def chart_view_state(run_ids: list[str], metric_keys: list[str], *, group_by_tag
                 "isReordered": False,
                 "deleted": False,
                 "isGenerated": False,
+                "columns": SECTION_COLUMNS,
             }
         ],
         # Generated sections for the other metrics go below ours, not re-sorted above it.
