@@ -15,9 +15,13 @@ architecture that a list of names cannot vouch for:
   right only if a 4-D attention mask is the only thing that keeps completions apart, for the same reason.
 
 So each is checked on the model itself, once, on a few tokens: the shortcut against the model's
-own forward (``model(ids).logits``, each row alone). A shortcut is used only where the two agree
-to :data:`TOLERANCE` (float rounding of the reordered sums in fp32 is ~1e-6; a leak or a dropped
-multiplier is orders of magnitude larger); an exception in the shortcut counts as disagreement.
+own forward (``model(ids).logits``, each row alone), and for the packed forms also a leak check
+(a row's log-probs must not move when the other row changes). A shortcut is used only where
+they agree: to :data:`TOLERANCE` where the same numbers are expected (decoder → head, the leak
+check), and where sums run in another order (packed against alone) as closely as the padded
+batch agrees with the rows alone, within a factor of 10 (:func:`_rows_probe`). A leak or a
+dropped multiplier is orders of magnitude larger; an exception in the shortcut counts as
+disagreement.
 The probes run on the model as the learner holds it (its weights' dtype, LoRA, gradient
 checkpointing), under ``no_grad``, autocast off and in eval mode (no dropout), on token ids from a
 fixed generator: the same model always gets the same verdict. Each verdict is kept per model
