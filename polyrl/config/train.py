@@ -78,15 +78,18 @@ class TrainConfig(StrictModel):
         description="The G completions of a prompt run as one packed row in the learner's forward (prompt once, "
         "a 4-D mask keeps completions apart; Prefix Grouper), where a FLOP cost model says it pays. Same log-probs and "
         "gradients up to float rounding; the more of each row the prompt is, the more it saves (docs/benchmarks.md). Text "
-        "policies with sdpa/eager attention; micro-batches are then whole packs (not with micro_batch_tokens).",
+        "policies with sdpa/eager attention whose layers mix tokens only in attention (a set-up probe refuses the "
+        "others, docs/architectures.md); micro-batches are then whole packs (not with micro_batch_tokens).",
     )
     padding_free: bool | Literal["auto"] = Field(
         "auto",
         description="The learner's forwards (update, π_old and reference log-probs) run each micro-batch's rows end "
         "to end with their own positions and no padding columns (verl's remove-padding, OpenRLHF's packed samples); "
         "attention stays within each row. Same log-probs, entropy and gradients up to float rounding. Text policies with "
-        "sdpa attention, not with share_prompts or compile. 'auto': on where it applies, else off (recorded as "
-        "runtime.padding_free); true: refused where it cannot apply.",
+        "sdpa attention, not with share_prompts or compile; models whose layers mix tokens outside attention (e.g. "
+        "Falcon-H1, LFM2) are found by a set-up probe (docs/architectures.md). 'auto': on where it applies, else off with "
+        "the reason said at the start (recorded as runtime.padding_free, runtime.padding_free_reason); true: refused "
+        "where it cannot apply.",
     )
     updates_per_batch: int = Field(1, ge=1, description="Optimizer updates per rollout batch (off-policy reuse).")
     mini_batches: int = Field(1, ge=1, description="Split each rollout batch into this many optimizer steps per update pass.")
