@@ -12,9 +12,6 @@ import time
 
 from polyrl.envs import Step, ToolCall, ToolEnvironment, run_tool_call, tool
 
-# What these tests start (pyproject.toml markers).
-pytestmark = [pytest.mark.vllm]
-
 
 @tool
 def raises() -> str:
