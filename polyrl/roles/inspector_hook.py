@@ -34,7 +34,9 @@ class InspectorHook(Hook):
         tokens = values = None
         if self.tokenizer is not None and len(report.tokens) == len(report.samples):
             tokens = [[self.tokenizer.decode([i]) for i in t["ids"]] for t in report.tokens]
-            values = [{k: v for k, v in t.items() if k != "ids"} for t in report.tokens]
+            # A quantity with another length than the ids (an episode's observation tokens carry no
+            # sampler log-prob) would shade the wrong tokens: left out of that row.
+            values = [{k: v for k, v in t.items() if k != "ids" and len(v) == len(t["ids"])} for t in report.tokens]
         rows = inspector_rows(report.samples, tokens=tokens, token_values=values, parts=report.reward_parts)
         prompts = list(dict.fromkeys(str(s.get("prompt", "")) for s in report.samples))
         page = inspector_html(

@@ -108,3 +108,25 @@ def test_inspector_from_a_finished_run_shows_the_logged_figures_in_chromium(tmp_
     # Every completion token, shaded by the sampler's log-prob (the first quantity), hover text included.
     shaded = re.findall(r'<span title="sampler log-prob: (-?[0-9.e-]+)" style="background: rgba', dom)
     assert len(shaded) == round(8 * logged["rollout/response_length/mean"])
+
+
+def test_hook_writes_the_page_locally_and_drops_a_misaligned_quantity(tmp_path, random_policy_dir):
+    import json
+
+    from transformers import AutoTokenizer
+
+    from polyrl.roles.hooks import StepReport
+    from polyrl.roles.inspector_hook import InspectorHook
+
+    tokenizer = AutoTokenizer.from_pretrained(random_policy_dir)
+    ids = tokenizer.encode("ab", add_special_tokens=False)
+    samples = [{"prompt": "p", "completion": "ab", "reward": 1.0, "length": len(ids), "finish_reason": "stop"}] * 2
+    tokens = [{"ids": ids, "sampler_logprob": [-1.0] * len(ids)}, {"ids": ids, "sampler_logprob": [-1.0]}]  # second misaligned
+    hook = InspectorHook(None, every=5, tokenizer=tokenizer, local_dir=tmp_path / "inspector")
+    hook.observe(StepReport(3, {}, samples, tokens=tokens))
+    assert not (tmp_path / "inspector").exists()  # step 3: not a sample-table step
+    hook.observe(StepReport(5, {}, samples, tokens=tokens))
+    page = (tmp_path / "inspector" / "step_00005.html").read_text()
+    data = json.loads(page.split("id='data'>", 1)[1].split("</script>", 1)[0])
+    assert data["rows"][0]["v"] == {"sampler_logprob": [-1.0] * len(ids)} and data["rows"][1]["v"] == {}
+    assert "".join(data["rows"][0]["t"]) == "ab"
