@@ -114,7 +114,8 @@ class SampleTableHook(Hook):
         self.logger.log_table(rows, f"samples/step_{step:05d}.json")
         prompts = report.prompts[: len(rows)]
         images = [list(p.images) for p in prompts]
-        if len(prompts) == len(rows) and has_images(images):
+        episodes = any("episode" in row for row in rows)  # shown turn by turn in the page
+        if len(prompts) == len(rows) and (has_images(images) or episodes):
             rich = [
                 {
                     **row,
