@@ -52,11 +52,14 @@ code but untested: this machine has no GPU and its vLLM cannot run Qwen2.5-VL.
 from __future__ import annotations
 
 import gc
+import json
 import os
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 
+from polyrl.core.errors import PolyrlError
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines import image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids, request_seed
@@ -149,6 +152,29 @@ def _refresh_heads(heads: list[torch.nn.Module]) -> int:
     return refreshed
 
 
+class EngineStartError(PolyrlError, RuntimeError):
+    """vLLM could not start on a model folder (an architecture this vLLM build does not run, or a
+    config it reads differently): one message naming the model and its architecture, and the
+    engine that samples any model transformers can run, instead of vLLM's traceback."""
+
+    def __init__(self, model_path: str, error: BaseException):
+        architecture = _architecture_of(model_path)
+        super().__init__(
+            f"rollout.engine: vllm could not start on {model_path!r} ({architecture}): "
+            f"{type(error).__name__}: {error}; set rollout.engine: hf to sample with transformers "
+            "(the learner's own forward), or use a model this vLLM build supports"
+        )
+
+
+def _architecture_of(model_path: str) -> str:
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "no readable config.json"
+    names = config.get("architectures") or [config.get("model_type", "unknown")]
+    return ", ".join(map(str, names))
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """``vllm.LLM`` in-process, prompts passed as token ids, one request per prompt with ``n`` samples."""
 
@@ -222,7 +248,10 @@ class VLLMRolloutEngine(RolloutEngine):
                     "false, or model.lora.sync: merged"
                 )
         kwargs.update(llm_kwargs)
-        self.llm = LLM(**kwargs)
+        try:
+            self.llm = LLM(**kwargs)
+        except Exception as error:  # noqa: BLE001 - any failure to start is reported as the model's, with the way out
+            raise EngineStartError(self.model_path, error) from error
         self.released = False  # release_weights until the next sync
         self._lora_request = None
         self.tokenizer = self.llm.get_tokenizer()
