@@ -14,13 +14,13 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.tracking.mlflow_runs import STEP_MARKER
 
+# What these tests start (pyproject.toml markers).
+pytestmark = [pytest.mark.vllm]
+
 KILL_AFTER_STEP_5 = """
 import os, signal, sys
 from polyrl.roles import loop
 from polyrl.cli.main import app
-
-# What these tests start (pyproject.toml markers).
-pytestmark = [pytest.mark.vllm]
 
 original_step = loop.TrainingLoop.step
 
