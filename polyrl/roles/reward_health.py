@@ -144,7 +144,8 @@ class RewardHackingMonitor:
             if r is None:
                 continue
             metrics[f"health/judge_rule_corr/{judge}"] = r
-            if r < s.min_judge_rule_correlation:
+            # One step's few samples make a noisy correlation: judged once the pool holds three steps.
+            if len(pool) >= min(3, s.reward_window) and r < s.min_judge_rule_correlation:
                 trip(
                     f"judge_drift/{judge}",
                     f"judge {judge!r} and rule {rule!r} correlate at {r:.2f} over the last {len(pool)} steps' samples "

@@ -163,6 +163,11 @@ def test_judge_drifting_from_the_rule_fires_and_control_stays_quiet():
     assert metrics["health/judge_rule_corr/judge"] < 0.3
     said, metrics = _run_samples(HealthMonitor(settings, reward_weights=weights), [step(True)] * 4)
     assert said == [] and metrics["health/judge_rule_corr/judge"] > 0.9
+    # One step's handful of samples is not a drift: with the default window, three steps are pooled first.
+    settings = _settings(judge_rule_pairs={"judge": "exact"}, max_component_share=1.0)
+    assert _run_samples(HealthMonitor(settings, reward_weights=weights), [step(False)] * 2)[0] == []
+    said, _ = _run_samples(HealthMonitor(settings, reward_weights=weights), [step(False)] * 3)
+    assert [w.split(":")[0] for w in said] == ["judge_drift/judge"]
 
 
 def test_held_out_falling_while_reward_rises_fires_once_through_the_hook_and_control_stays_quiet():
