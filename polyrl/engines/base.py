@@ -171,7 +171,8 @@ class RolloutEngine(ABC):
         Raises ``AssertionError`` when the gap exceeds ``tolerance``: a stale or partial weight
         sync must fail loudly. Meaningful with ``top_p == 1`` (the default settings here).
         """
-        from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
+        from polyrl.modeling.batches import pack_completions
+        from polyrl.modeling.logprobs import logprob_gap, token_logprobs
 
         settings = settings or SamplingSettings(n=2, temperature=1.0, max_tokens=16, seed=0)
         completions = [c for group in self.generate(prompts, settings) for c in group]

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from polyrl.modeling.logprobs import PackedBatch
+from polyrl.modeling.batches import PackedBatch
 
 __all__ = ["length_sorted_micro_batches", "token_budget_micro_batches", "trim_padding", "trim_columns"]
 

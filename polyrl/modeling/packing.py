@@ -173,7 +173,7 @@ def padding_free_refusal(model: torch.nn.Module, *, takes_images: bool = False) 
     """Why padding-free forwards cannot apply to ``model``, or None when they can: what its
     structure rules out, then the probe of two rows packed against each alone
     (:func:`polyrl.modeling.probes.packing_refusal`, run once per model)."""
-    return _structural_refusal(model, takes_images=takes_images) or packing_refusal(model)
+    return _structural_refusal(model, takes_images=takes_images) or packing_refusal(model, packed_response_hidden)
 
 
 class PaddingFree(NamedTuple):

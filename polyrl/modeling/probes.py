@@ -38,6 +38,9 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
+from polyrl.core.types import Completion
+from polyrl.modeling.batches import PackedBatch, pack_completions
+
 __all__ = [
     "TOLERANCE",
     "decoder_and_head_refusal",
@@ -203,10 +206,7 @@ def _shortcut_probe(model: torch.nn.Module) -> str | None:
 Rows = list[tuple[list[int], list[int]]]  # (prompt ids, completion ids) per row
 
 
-def _probe_batch(rows: Rows):
-    from polyrl.core.types import Completion
-    from polyrl.modeling.logprobs import pack_completions  # logprobs imports this module
-
+def _probe_batch(rows: Rows) -> PackedBatch:
     completions = [
         Completion(prompt_ids=p, completion_ids=c, text="", sampling_logprobs=[], finish_reason="length") for p, c in rows
     ]
@@ -270,46 +270,45 @@ def _rows_probe(
     return None
 
 
-def packing_refusal(model: torch.nn.Module) -> str | None:
+# The packed forwards under test come in as arguments (``packed_forward(model, batch)``,
+# ``shared_forward(decoder, batch)``): their modules call these probes, so importing them here
+# would make a loop.
+def packing_refusal(model: torch.nn.Module, packed_forward: Callable[[torch.nn.Module, PackedBatch], Tensor]) -> str | None:
     """Why rows laid end to end (``train.padding_free``) do not give each row's own log-probs,
     or None when they do (checked once per model: two rows of 6 + 4 and 3 + 5 tokens)."""
     if (refusal := shortcut_refusal(model)) is not None:
         return f"the decoder → head shortcut it runs on does not apply: {refusal}"
-    return _cached(model, "packing", lambda: _packing_probe(model))
+    return _cached(model, "packing", lambda: _packing_probe(model, packed_forward))
 
 
-def _packing_probe(model: torch.nn.Module) -> str | None:
-    from polyrl.modeling.packing import packed_response_hidden
-
+def _packing_probe(model: torch.nn.Module, packed_forward: Callable[[torch.nn.Module, PackedBatch], Tensor]) -> str | None:
     p0, c0, p1, c1, q0, d0, q1, d1 = probe_rows(model, [6, 4, 3, 5, 6, 4, 3, 5])
     return _rows_probe(
         model,
         [(p0, c0), (p1, c1)],
         [(q0, d0), (p1, c1)],
         [(p0, c0), (q1, d1)],
-        lambda batch: packed_response_hidden(model, batch),
+        lambda batch: packed_forward(model, batch),
         "rows packed end to end",
     )
 
 
-def sharing_probe_refusal(model: torch.nn.Module) -> str | None:
+def sharing_probe_refusal(model: torch.nn.Module, shared_forward: Callable[[torch.nn.Module, PackedBatch], Tensor]) -> str | None:
     """Why a prompt's completions packed into one row (``train.share_prompts``) do not give each
     row's own log-probs, or None when they do (checked once per model: one prompt of 4 tokens,
     completions of 3 and 5)."""
     if (refusal := shortcut_refusal(model)) is not None:
         return f"the decoder → head shortcut it runs on does not apply: {refusal}"
-    return _cached(model, "sharing", lambda: _sharing_probe(model))
+    return _cached(model, "sharing", lambda: _sharing_probe(model, shared_forward))
 
 
-def _sharing_probe(model: torch.nn.Module) -> str | None:
-    from polyrl.modeling.shared_prompts import shared_prompt_hidden
-
+def _sharing_probe(model: torch.nn.Module, shared_forward: Callable[[torch.nn.Module, PackedBatch], Tensor]) -> str | None:
     prompt, c0, c1, d0, d1 = probe_rows(model, [4, 3, 5, 3, 5])
     return _rows_probe(
         model,
         [(prompt, c0), (prompt, c1)],
         [(prompt, d0), (prompt, c1)],
         [(prompt, c0), (prompt, d1)],
-        lambda batch: shared_prompt_hidden(model.get_decoder(), batch),
+        lambda batch: shared_forward(model.get_decoder(), batch),
         "a prompt's completions in one row",
     )

@@ -249,4 +249,4 @@ def sharing_refusal(model: torch.nn.Module, *, takes_images: bool) -> str | None
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if attention != "eager" and not _takes_sdpa_masks(attention):
         return f"needs attention that takes a 4-D mask (sdpa or eager); this policy uses {attention!r}"
-    return sharing_probe_refusal(model)
+    return sharing_probe_refusal(model, shared_prompt_hidden)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from polyrl.core.types import Completion, PromptSample
-from polyrl.modeling.logprobs import PackedBatch
+from polyrl.modeling.batches import PackedBatch
 
 
 @dataclass

@@ -19,7 +19,8 @@ from transformers import AutoModelForImageTextToText, AutoModelForTokenClassific
 from polyrl.algos.aggregation import loss_normalizer_count
 from polyrl.algos.losses import clipped_value_loss
 from polyrl.engines.image_prompts import model_takes_images
-from polyrl.modeling.logprobs import PackedBatch, image_forward_inputs
+from polyrl.modeling.batches import PackedBatch
+from polyrl.modeling.logprobs import image_forward_inputs
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NonFiniteGuard, guarded_step
 from polyrl.roles.schedule import apply_optimizer_settings

@@ -24,7 +24,8 @@ from polyrl.algos.dapo_data import dapo_overlong_penalty
 from polyrl.algos.losses import kl_in_reward, kl_penalty, masked_mean, masked_mean_std
 from polyrl.algos.rollout_correction import apply_correction, mismatch_diagnostics
 from polyrl.config.objective import ModalitiesConfig, OverlongConfig, RolloutCorrectionConfig
-from polyrl.modeling.logprobs import PackedBatch, pack_completions, token_logprobs
+from polyrl.modeling.batches import PackedBatch, pack_completions
+from polyrl.modeling.logprobs import token_logprobs
 from polyrl.roles.batches import LearnerBatch, Rollout, Scores
 from polyrl.runtime.precision import autocast
 
