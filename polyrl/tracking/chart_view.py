@@ -22,35 +22,18 @@ SHARED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 SECTION_NAME = "polyrl comparison"
 SECTION_ID = "polyrl-comparison"
 # Two charts a row (the UI's default is three): at three, a laptop-wide page cut every title to a
-# few letters ("ev...").
+# few letters ("ev..."). The UI titles a card by its metric key (MLflow 3.17 ignores displayName
+# there, seen in a screenshot), so the width is what makes a title readable.
 SECTION_COLUMNS = 2
 RUN_COLOUR_TAG = "mlflow.runColor"  # the UI draws a run in this colour (its colour picker sets it)
 # Arm colours a reader tells apart, from the UI's own palette, in the order arms are listed. The UI's
 # default colour is a hash of the run id, which drew two arms in two near-identical blue-greys.
 ARM_COLOURS: tuple[str, ...] = ("#2272b4", "#de7921", "#308613", "#c83243", "#8a63bf", "#04867d", "#b45091", "#a6630c")
-# Titles of the curves polyrl draws first, short enough for a card (the metric key stays on hover).
-TITLES: dict[str, str] = {
-    "reward/mean": "reward (training)",
-    "train/accuracy": "accuracy (training)",
-    "rollout/response_length/mean": "response length",
-    "actor/entropy": "entropy",
-}
 
 
 def view_key(parent_run_id: str) -> str:
     """One saved view per experiment run; re-running ``polyrl compare`` rewrites it."""
     return f"polyrl-{parent_run_id}"
-
-
-def chart_title(metric_key: str) -> str:
-    """A card's title: a short name for the headline curves; a held-out metric
-    ``eval/<suite>/<name>`` as ``<suite> <name> (held-out)``; else the key."""
-    if metric_key in TITLES:
-        return TITLES[metric_key]
-    parts = metric_key.split("/")
-    if parts[0] == "eval" and len(parts) >= 3:
-        return f"{parts[1]} {' '.join(parts[2:])} (held-out)".replace("_", " ")
-    return metric_key
 
 
 def arm_colours(arms: list[str]) -> dict[str, str]:
@@ -75,7 +58,7 @@ def line_chart(metric_key: str, index: int) -> dict:
         "deleted": False,
         "isGenerated": False,
         "runsCountToCompare": 10,
-        "displayName": chart_title(metric_key),
+        "displayName": metric_key,
         "metricKey": metric_key,
         "selectedMetricKeys": [metric_key],
         "lineSmoothness": 0,
