@@ -95,7 +95,7 @@ const D = JSON.parse(document.getElementById('data').textContent);
 const Q = D.quantities, L = D.labels;
 const $ = (id) => document.getElementById(id);
 function mean(xs) { return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN; }
-function fmt(x) { return x === null || x === undefined || Number.isNaN(x) ? '–' : (Math.abs(x) >= 100 ? x.toFixed(1) : x.toPrecision(4)); }
+function fmt(x) { return x === null || x === undefined || Number.isNaN(x) ? '–' : (Number.isInteger(x) ? String(x) : Math.abs(x) >= 100 ? x.toFixed(1) : x.toPrecision(4)); }
 const scored = D.rows.filter(r => r.r !== null).map(r => r.r);
 const lengths = D.rows.filter(r => r.n !== null).map(r => r.n);
 const fig = {samples: D.rows.length, reward_mean: mean(scored), length_mean: mean(lengths),
