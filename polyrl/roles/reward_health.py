@@ -161,6 +161,15 @@ class RewardHackingMonitor:
         if "reward/mean" in metrics:
             self.train.append((step, float(metrics["reward/mean"])))
         wanted = [s.held_out_metric] if s.held_out_metric else [k for k in metrics if default_held_out(k)]
+        evaluated = sorted(k for k in metrics if k.startswith("eval/"))
+        if s.held_out_metric and evaluated and s.held_out_metric not in metrics:
+            # A misspelt key would otherwise leave the check silently off for the whole run.
+            trip(
+                "held_out_metric_missing",
+                f"health.held_out_metric {s.held_out_metric!r} is not among this step's eval metrics, so the "
+                f"held-out check cannot run → set it to one of: {', '.join(evaluated[:12])}",
+                out,
+            )
         for key in wanted:
             if key not in metrics:
                 continue

@@ -218,3 +218,13 @@ def test_state_survives_a_resume():
     second.load_state_dict(first.state_dict())
     said, _ = _run_samples(second, [(rows, {"accuracy": a, "judge": [1 - x for x in a]})])
     assert [w.split(":")[0] for w in said] == ["component_against/accuracy__judge"]  # the first sign came back
+
+
+def test_a_held_out_metric_the_evaluation_does_not_log_is_named_once():
+    monitor = HealthMonitor(_settings(held_out_metric="eval/suite/acuracy"))
+    said = []
+    for step in (1, 2, 3):
+        said += monitor.check_held_out(step, {"reward/mean": 0.1 * step, "eval/suite/accuracy": 0.5})
+    assert [w.split(":")[0] for w in said] == ["held_out_metric_missing"]
+    assert "eval/suite/accuracy" in said[0]
+    assert HealthMonitor(_settings(held_out_metric="eval/suite/accuracy")).check_held_out(1, {"eval/suite/accuracy": 0.5}) == []
