@@ -3,7 +3,8 @@ tokens are shaded by a chosen per-token quantity, each sample shows its reward c
 filters pick the samples a reader asks about first.
 
 The page embeds the step's data as compact JSON and a small inline script (no network, no CDN),
-so it opens from an MLflow artifact or a local file alike. Per-token quantities are whatever the
+so it opens from an MLflow artifact or a local file alike. The view (quantity, filter, prompt
+group) is kept in the address's fragment, so a link opens the page on the same view. Per-token quantities are whatever the
 rows carry, by name (:data:`TOKEN_QUANTITIES`): the sampler's log-prob always comes with a
 rollout; the learner's log-prob, entropy, ratio and the clip/correction masks when the step
 recorded them. The figures at the top (samples, mean reward, mean length, truncated share) are
@@ -153,7 +154,12 @@ function render() {
     card.appendChild(body); box.appendChild(card);
   }
 }
-qsel.onchange = render; $('filter').onchange = render; gsel.onchange = render;
+// A link can open the page on a view: #quantity=entropy&filter=truncated&group=0.
+const want = new URLSearchParams(location.hash.slice(1));
+for (const [id, sel] of [['quantity', qsel], ['filter', $('filter')], ['group', gsel]]) {
+  const v = want.get(id); if (v !== null && [...sel.options].some(o => o.value === v)) sel.value = v; }
+const sync = () => { history.replaceState(null, '', '#quantity=' + qsel.value + '&filter=' + $('filter').value + '&group=' + gsel.value); render(); };
+qsel.onchange = sync; $('filter').onchange = sync; gsel.onchange = sync;
 const p = $('prompts'); D.prompts.forEach((t, g) => { const e = document.createElement('details'); e.innerHTML = '<summary></summary><pre></pre>';
   e.querySelector('summary').textContent = 'prompt ' + g; e.querySelector('pre').textContent = t; p.appendChild(e); });
 render();

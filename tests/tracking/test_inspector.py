@@ -68,10 +68,14 @@ def test_rows_add_the_logprob_difference_and_figures_skip_unscored():
 
 
 def _dump_dom(path: Path, tmp_path: Path) -> str:
+    return _dump_dom_url(path.resolve().as_uri(), tmp_path)
+
+
+def _dump_dom_url(url: str, tmp_path: Path) -> str:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "Chromium is installed by scripts/setup_env.sh (apt-get install chromium)"
     result = subprocess.run(
-        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", path.resolve().as_uri()],
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", url],
         capture_output=True,
         text=True,
         timeout=120,
@@ -130,3 +134,24 @@ def test_hook_writes_the_page_locally_and_drops_a_misaligned_quantity(tmp_path, 
     data = json.loads(page.split("id='data'>", 1)[1].split("</script>", 1)[0])
     assert data["rows"][0]["v"] == {"sampler_logprob": [-1.0] * len(ids)} and data["rows"][1]["v"] == {}
     assert "".join(data["rows"][0]["t"]) == "ab"
+
+
+@pytest.mark.browser
+def test_filters_and_the_group_view_from_the_link(tmp_path):
+    samples = [
+        {"prompt": f"p{i // 4}", "completion": f"c{i}", "reward": float(i), "length": 3, "advantage": i - 3.5,
+         "finish_reason": "length" if i % 3 == 0 else "stop"}
+        for i in range(8)
+    ]  # fmt: skip
+    rows = inspector_rows(samples, tokens=[["a", "b", "c"]] * 8, token_values=[{"entropy": [0.1, 0.2, 0.3]}] * 8)
+    page = tmp_path / "page.html"
+    page.write_text(inspector_html(rows, title="t", prompts=["p0", "p1"]))
+
+    def cards(fragment: str) -> list[int]:
+        dom = _dump_dom_url(page.resolve().as_uri() + fragment, tmp_path)
+        return [int(i) for i in re.findall(r'class="card" data-index="(\d+)"', dom)]
+
+    assert cards("") == list(range(8))
+    assert cards("#filter=truncated") == [0, 3, 6]  # finish_reason "length"
+    assert cards("#filter=high_adv&group=1") == [7, 6, 5, 4]  # the group's samples, highest advantage first
+    assert cards("#filter=low_adv") == list(range(8))  # at most eight, lowest advantage first
