@@ -155,3 +155,18 @@ def test_filters_and_the_group_view_from_the_link(tmp_path):
     assert cards("#filter=truncated") == [0, 3, 6]  # finish_reason "length"
     assert cards("#filter=high_adv&group=1") == [7, 6, 5, 4]  # the group's samples, highest advantage first
     assert cards("#filter=low_adv") == list(range(8))  # at most eight, lowest advantage first
+
+
+@pytest.mark.browser
+def test_judge_and_rule_disagreement_filter(tmp_path):
+    # Rule 0/1; the judge (1..5) agrees on samples 0-3 and contradicts it on 4 and 5. After min-max
+    # scaling: judge 1 → 0, 5 → 1; a disagreement is a scaled gap above 0.5.
+    rule = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    judge = [5.0, 1.0, 4.0, 2.0, 1.0, 5.0]
+    samples = [{"prompt": "p", "completion": f"c{i}", "reward": rule[i], "length": 1, "finish_reason": "stop"} for i in range(6)]
+    rows = inspector_rows(samples, parts={"judge": judge, "exact": rule})
+    page = tmp_path / "page.html"
+    page.write_text(inspector_html(rows, title="t", prompts=["p"], judge_rule_pairs={"judge": "exact"}))
+    dom = _dump_dom_url(page.resolve().as_uri() + "#filter=disagree", tmp_path)
+    assert [int(i) for i in re.findall(r'class="card" data-index="(\d+)"', dom)] == [4, 5]
+    assert "reward 1 · 1 tokens · stop · judge 1 · exact 1" in dom  # sample 4: its components beside it
