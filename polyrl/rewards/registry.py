@@ -5,11 +5,13 @@ A reference is one of:
 - ``package.module:Class`` — an importable module;
 - ``path/to/file.py:Class`` — a file, loaded only because this reference names it;
 - the name of an entry point in group ``polyrl.rewards`` of an installed package.
+
+The resolution is in :mod:`polyrl.core.plugins`, shared with environments; this module holds the
+registry and what makes a class a reward module.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.metadata
 import inspect
@@ -17,13 +19,13 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from polyrl.core.errors import PolyrlError
-from polyrl.core.user_code import UserCodeError, error_reason, import_user_file, import_user_module, module_file, where_it_failed
+from polyrl.core.plugins import PluginKind, entry_points, load_plugin_class
+from polyrl.core.user_code import error_reason, where_it_failed
 from polyrl.rewards.base import RewardConfigError, module_label
 
 ENTRY_POINT_GROUP = "polyrl.rewards"
 
 _REGISTRY: dict[str, type] = {}
-_FILE_MODULES: dict[Path, object] = {}
 
 T = TypeVar("T", bound=type)
 
@@ -56,7 +58,7 @@ def registered_rewards() -> dict[str, type]:
 
 def reward_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     """Entry points in group ``polyrl.rewards`` of installed packages, by name."""
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return entry_points(REWARD_PLUGINS)
 
 
 # Built-in rewards that score with a model (judge, learned_scorer) live above the engines they need
@@ -69,40 +71,22 @@ def _ensure_builtins() -> None:
     importlib.import_module(MODEL_REWARDS_PACKAGE)
 
 
-def _load_failed(ref: str, error: UserCodeError) -> RewardConfigError:
-    return RewardConfigError(f"reward module {ref!r} failed to load: {error}")
+def _is_reward_class(cls: Any) -> bool:
+    return isinstance(cls, type) and callable(getattr(cls, "score", None))
 
 
-def _load_file(path: Path, ref: str) -> object:
-    path = path.resolve()
-    if path in _FILE_MODULES:
-        return _FILE_MODULES[path]
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    try:
-        module = import_user_file(path, f"polyrl_reward_file_{path.stem}_{digest}")
-    except UserCodeError as error:
-        raise _load_failed(ref, error) from error
-    _FILE_MODULES[path] = module
-    return module
-
-
-def _import_target(target: str, ref: str) -> object:
-    try:
-        return import_user_module(target)
-    except ModuleNotFoundError as error:  # the module itself is not there
-        raise RewardConfigError(f"reward module {ref!r}: cannot import {target!r}: {error}") from error
-    except UserCodeError as error:
-        raise _load_failed(ref, error) from error
-
-
-def _unknown(ref: str, why: str = "") -> RewardConfigError:
-    names = ", ".join(registered_rewards()) or "(none)"
-    plugged = ", ".join(sorted(reward_entry_points())) or "(none)"
-    detail = f" ({why})" if why else ""
-    return RewardConfigError(
-        f"unknown reward module {ref!r}{detail}. Registered names: {names}. Entry points: {plugged}. "
-        "Or use 'package.module:Class' or 'path/to/file.py:Class'."
-    )
+REWARD_PLUGINS = PluginKind(
+    noun="reward module",
+    entry_point_noun="reward entry point",
+    group=ENTRY_POINT_GROUP,
+    error=RewardConfigError,
+    registry=_REGISTRY,
+    ensure_builtins=_ensure_builtins,
+    is_plugin=_is_reward_class,
+    wants="a class with a score(batch) method",
+    file_module_prefix="polyrl_reward_file",
+    entry_point_check_noun="reward entry point",
+)
 
 
 def load_reward_class(ref: str, *, base_dir: str | Path | None = None) -> type:
@@ -111,47 +95,7 @@ def load_reward_class(ref: str, *, base_dir: str | Path | None = None) -> type:
     Relative file paths are resolved against ``base_dir`` when given (e.g. the directory of
     the experiment YAML), else the current directory. Raises :class:`RewardConfigError`.
     """
-    if not isinstance(ref, str) or not ref.strip():
-        raise RewardConfigError(f"reward module reference must be a non-empty string, got {ref!r}")
-    ref = ref.strip()
-    _ensure_builtins()
-    if ref in _REGISTRY:
-        return _REGISTRY[ref]
-
-    if ":" in ref:
-        target, _, attr = ref.rpartition(":")
-        if not target or not attr:
-            raise _unknown(ref, "expected 'module:Class' or 'file.py:Class'")
-        if target.endswith(".py") or "/" in target or "\\" in target:
-            path = Path(target).expanduser()
-            if not path.is_absolute() and base_dir is not None:
-                path = Path(base_dir) / path
-            if not path.is_file():
-                raise RewardConfigError(f"reward module {ref!r}: file {str(path)!r} does not exist")
-            module = _load_file(path, ref)
-        else:
-            module = _import_target(target, ref)
-        cls = getattr(module, attr, None)
-        if cls is None:
-            raise RewardConfigError(f"reward module {ref!r}: {target!r} has no attribute {attr!r}")
-        if not isinstance(cls, type) or not callable(getattr(cls, "score", None)):
-            raise RewardConfigError(f"reward module {ref!r} is not a class with a score(batch) method")
-        return cls
-
-    entry_points = reward_entry_points()
-    if ref in entry_points:
-        try:
-            cls = entry_points[ref].load()
-        except (Exception, SystemExit) as error:  # noqa: BLE001 - report any plug-in import failure as config
-            raise RewardConfigError(
-                f"reward entry point {ref!r} ({entry_points[ref].value}) failed to load: "
-                f"{where_it_failed(error, module_file(entry_points[ref].module))}: {error_reason(error, importing=True)}"
-            ) from error
-        if not isinstance(cls, type) or not callable(getattr(cls, "score", None)):
-            raise RewardConfigError(f"reward entry point {ref!r} is not a class with a score(batch) method")
-        return cls
-
-    raise _unknown(ref)
+    return load_plugin_class(REWARD_PLUGINS, ref, base_dir=base_dir)
 
 
 def bind_params(cls: type, params: dict[str, Any], *, ref: str, label: str | None = None) -> None:
