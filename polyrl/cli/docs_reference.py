@@ -25,7 +25,7 @@ from polyrl.algos.advantages import list_advantages
 from polyrl.algos.objectives import list_objectives
 from polyrl.algos.objectives.registry import ObjectiveParams
 from polyrl.algos.params import Params, describe_param
-from polyrl.cli.rewards import describe_params
+from polyrl.cli.plugin_kit import describe_params
 from polyrl.config.reference import schema_reference_markdown
 from polyrl.rewards.registry import registered_rewards
 

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import inspect
 import json
-import keyword
-import re
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from polyrl.cli.errors import fail, user_errors
-from polyrl.cli.rewards import describe_params
+from polyrl.cli.errors import user_errors
+from polyrl.cli.plugin_kit import check_table, console, describe_params, jsonl_objects, summary_line, write_scaffold
 from polyrl.envs import EnvConfigError, EpisodeRow, build_env, load_env_class, registered_envs
 from polyrl.envs.checks import FAIL, PASS, check_env
 
@@ -82,14 +79,6 @@ def test_contract():
 '''
 
 
-def _console() -> Console:
-    return Console(width=160, soft_wrap=True)
-
-
-def _class_name(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part) or "MyEnv"
-
-
 @app.command("list")
 def list_envs() -> None:
     """List the registered environments with their parameters and tools."""
@@ -97,11 +86,10 @@ def list_envs() -> None:
     for column in ("name", "class", "parameters", "tools", "description"):
         table.add_column(column, overflow="fold")
     for name, cls in registered_envs().items():
-        doc = (inspect.getdoc(cls) or "").strip().splitlines()
         tools = ", ".join(t.name for t in getattr(cls, "tools", []) or [])
         table.add_row(name, f"{cls.__module__}:{cls.__qualname__}", escape("\n".join(describe_params(cls))), tools,
-                      escape(doc[0] if doc else ""))  # fmt: skip
-    _console().print(table)
+                      escape(summary_line(cls)))  # fmt: skip
+    console().print(table)
 
 
 @app.command("new")
@@ -111,39 +99,27 @@ def new(
     force: bool = typer.Option(False, "--force", help="overwrite existing files"),
 ) -> None:
     """Scaffold NAME.py (a ToolEnvironment with one tool) and test_NAME.py (passes as generated)."""
-    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name) or keyword.iskeyword(name):
-        fail(f"{name!r} is not a snake_case Python identifier (e.g. word_lookup)")
-    module_path, test_path = directory / f"{name}.py", directory / f"test_{name}.py"
-    existing = [str(p) for p in (module_path, test_path) if p.exists()]
-    if existing and not force:
-        fail(f"{', '.join(existing)} already exist(s); use --force to overwrite")
-    directory.mkdir(parents=True, exist_ok=True)
-    class_name = _class_name(name)
-    module_path.write_text(MODULE_TEMPLATE.format(name=name, class_name=class_name))
-    test_path.write_text(TEST_TEMPLATE.format(name=name, class_name=class_name))
-    typer.echo(f"wrote {module_path} and {test_path}")
-    typer.echo(f"next: pytest {test_path}")
+    module_path, _, class_name = write_scaffold(
+        name,
+        directory,
+        force=force,
+        module_template=MODULE_TEMPLATE,
+        test_template=TEST_TEMPLATE,
+        example_name="word_lookup",
+        fallback_class="MyEnv",
+    )
     typer.echo(f"      polyrl envs check {module_path}:{class_name} --data rows.jsonl --turn 'my answer'")
     typer.echo(f"      in an experiment: env: {{module: {module_path}:{class_name}, max_turns: 4}}")
 
 
 def _rows(path: Path, limit: int | None) -> list[EpisodeRow]:
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise EnvConfigError(f"{path}:{number}: not valid JSON: {error}") from error
-            if not isinstance(row, dict):
-                raise EnvConfigError(f"{path}:{number}: expected a JSON object per line")
-            prompt = str(row.pop("prompt", ""))
-            references = row.get("references") or []
-            rows.append(EpisodeRow(prompt, [str(r) for r in references] if isinstance(references, list) else [], row))
-            if limit is not None and len(rows) >= limit:
-                break
+    for _, row in jsonl_objects(path, EnvConfigError):
+        prompt = str(row.pop("prompt", ""))
+        references = row.get("references") or []
+        rows.append(EpisodeRow(prompt, [str(r) for r in references] if isinstance(references, list) else [], row))
+        if limit is not None and len(rows) >= limit:
+            break
     if not rows:
         raise EnvConfigError(f"{path}: no rows")
     return rows
@@ -161,7 +137,7 @@ def check(
     show: bool = typer.Option(False, "--show", help="print each episode's transcript"),
 ) -> None:
     """Play the environment on real rows with scripted turns and check its contract; exit 1 on a failure."""
-    console = _console()
+    out = console()
     with user_errors():
         try:
             parsed: Any = json.loads(params)
@@ -177,17 +153,11 @@ def check(
     except TypeError:
         source = None
     results, transcripts = check_env(lambda: build_env(cls, parsed, ref=ref), rows, turn, source=source)
-    table = Table(title=f"{ref} on {len(rows)} rows of {data}, {len(turn)} scripted turn(s)")
-    for column in ("check", "status", "detail"):
-        table.add_column(column, overflow="fold")
-    colours = {PASS: "green", FAIL: "red"}
-    for result in results:
-        colour = colours.get(result.status, "yellow")
-        table.add_row(result.name, f"[{colour}]{result.status}[/{colour}]", escape(result.message))
-    console.print(table)
+    title = f"{ref} on {len(rows)} rows of {data}, {len(turn)} scripted turn(s)"
+    out.print(check_table(title, results, passed=PASS, failed=FAIL))
     if show:
         for record in transcripts:
-            console.print(json.dumps(record, indent=1, default=str)[:4000], markup=False, highlight=False)
+            out.print(json.dumps(record, indent=1, default=str)[:4000], markup=False, highlight=False)
     if any(r.status == FAIL for r in results):
         raise typer.Exit(1)
-    console.print("all checks passed", highlight=False)
+    out.print("all checks passed", highlight=False)
