@@ -5,14 +5,14 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from polyrl.cli import plugin_kit as kit
 from polyrl.cli.errors import user_errors
-from polyrl.cli.plugin_kit import check_table, console, describe_params, jsonl_objects, summary_line, write_scaffold
 from polyrl.envs import EnvConfigError, EpisodeRow, build_env, load_env_class, registered_envs
 from polyrl.envs.checks import FAIL, PASS, check_env
 
@@ -87,19 +87,19 @@ def list_envs() -> None:
         table.add_column(column, overflow="fold")
     for name, cls in registered_envs().items():
         tools = ", ".join(t.name for t in getattr(cls, "tools", []) or [])
-        table.add_row(name, f"{cls.__module__}:{cls.__qualname__}", escape("\n".join(describe_params(cls))), tools,
-                      escape(summary_line(cls)))  # fmt: skip
-    console().print(table)
+        table.add_row(name, f"{cls.__module__}:{cls.__qualname__}", escape("\n".join(kit.describe_params(cls))), tools,
+                      escape(kit.summary_line(cls)))  # fmt: skip
+    kit.console().print(table)
 
 
 @app.command("new")
 def new(
     name: str = typer.Argument(..., help="module name, a snake_case Python identifier, e.g. word_lookup"),
-    directory: Path = typer.Option(Path("."), "--dir", help="where to write NAME.py and test_NAME.py"),
-    force: bool = typer.Option(False, "--force", help="overwrite existing files"),
+    directory: kit.ScaffoldDir = Path("."),
+    force: kit.Force = False,
 ) -> None:
     """Scaffold NAME.py (a ToolEnvironment with one tool) and test_NAME.py (passes as generated)."""
-    module_path, _, class_name = write_scaffold(
+    module_path, _, class_name = kit.write_scaffold(
         name,
         directory,
         force=force,
@@ -114,7 +114,7 @@ def new(
 
 def _rows(path: Path, limit: int | None) -> list[EpisodeRow]:
     rows = []
-    for _, row in jsonl_objects(path, EnvConfigError):
+    for _, row in kit.jsonl_objects(path, EnvConfigError):
         prompt = str(row.pop("prompt", ""))
         references = row.get("references") or []
         rows.append(EpisodeRow(prompt, [str(r) for r in references] if isinstance(references, list) else [], row))
@@ -127,17 +127,17 @@ def _rows(path: Path, limit: int | None) -> list[EpisodeRow]:
 
 @app.command("check")
 def check(
-    ref: str = typer.Argument(..., help="registered name, package.module:Class or path/to/file.py:Class"),
+    ref: kit.PluginRef,
     data: Path = typer.Option(
         ..., "--data", exists=True, dir_okay=False, help="JSONL rows: prompt and the columns the env reads"
     ),
     turn: list[str] = typer.Option(..., "--turn", help="a scripted assistant turn (repeat for several turns)"),
     params: str = typer.Option("{}", "--params", help="environment parameters as a JSON object"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="use only the first N rows"),
+    limit: kit.Limit = None,
     show: bool = typer.Option(False, "--show", help="print each episode's transcript"),
 ) -> None:
     """Play the environment on real rows with scripted turns and check its contract; exit 1 on a failure."""
-    out = console()
+    console = kit.console()
     with user_errors():
         try:
             parsed: Any = json.loads(params)
@@ -154,10 +154,10 @@ def check(
         source = None
     results, transcripts = check_env(lambda: build_env(cls, parsed, ref=ref), rows, turn, source=source)
     title = f"{ref} on {len(rows)} rows of {data}, {len(turn)} scripted turn(s)"
-    out.print(check_table(title, results, passed=PASS, failed=FAIL))
+    console.print(kit.check_table(title, results, passed=PASS, failed=FAIL))
     if show:
         for record in transcripts:
-            out.print(json.dumps(record, indent=1, default=str)[:4000], markup=False, highlight=False)
+            console.print(json.dumps(record, indent=1, default=str)[:4000], markup=False, highlight=False)
     if any(r.status == FAIL for r in results):
         raise typer.Exit(1)
-    out.print("all checks passed", highlight=False)
+    console.print("all checks passed", highlight=False)

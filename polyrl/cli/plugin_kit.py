@@ -12,7 +12,7 @@ import json
 import keyword
 import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Annotated, Any, Iterable, Iterator, Optional, Protocol
 
 import typer
 from rich.console import Console
@@ -22,7 +22,24 @@ from rich.table import Table
 from polyrl.cli.errors import fail
 from polyrl.core.errors import PolyrlError
 
-__all__ = ["check_table", "console", "describe_params", "jsonl_objects", "summary_line", "write_scaffold"]
+__all__ = [
+    "Force",
+    "Limit",
+    "PluginRef",
+    "ScaffoldDir",
+    "check_table",
+    "console",
+    "describe_params",
+    "jsonl_objects",
+    "summary_line",
+    "write_scaffold",
+]
+
+# The arguments and options that mean the same in every kind's commands.
+PluginRef = Annotated[str, typer.Argument(help="registered name, package.module:Class or path/to/file.py:Class")]
+ScaffoldDir = Annotated[Path, typer.Option("--dir", help="where to write NAME.py and test_NAME.py")]
+Force = Annotated[bool, typer.Option("--force", help="overwrite existing files")]
+Limit = Annotated[Optional[int], typer.Option("--limit", help="use only the first N rows")]
 
 
 class CheckResult(Protocol):
