@@ -37,8 +37,8 @@ class PluginKind:
     error: type[PolyrlError]  # raised for every failure to resolve
     registry: Mapping[str, type]  # registered name -> class (filled by the kind's decorator)
     ensure_builtins: Callable[[], None]  # imports the modules that register the built-ins
-    is_plugin: Callable[[Any], bool]  # the class has the methods the kind needs
-    wants: str  # what is_plugin checks, for the message: "a class with a score(batch) method"
+    methods: tuple[str, ...]  # a class of the kind has these methods: ("score",)
+    wants: str  # the same, for the message: "a class with a score(batch) method"
     file_module_prefix: str  # sys.modules name of a loaded file: "<prefix>_<stem>_<digest>"
     # The noun the class check names for an entry point (rewards say "reward entry point",
     # environments "environment"): kept as each kind's message has always been.
@@ -79,7 +79,7 @@ def _import_target(kind: PluginKind, target: str, ref: str) -> object:
 
 
 def _checked(kind: PluginKind, cls: Any, label: str) -> type:
-    if not kind.is_plugin(cls):
+    if not isinstance(cls, type) or not all(callable(getattr(cls, method, None)) for method in kind.methods):
         raise kind.error(f"{label} is not {kind.wants}")
     return cls
 

@@ -60,10 +60,6 @@ def env_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return entry_points(ENV_PLUGINS)
 
 
-def _is_env_class(cls: Any) -> bool:
-    return isinstance(cls, type) and callable(getattr(cls, "start", None)) and callable(getattr(cls, "step", None))
-
-
 ENV_PLUGINS = PluginKind(
     noun="environment",
     entry_point_noun="environment entry point",
@@ -71,7 +67,7 @@ ENV_PLUGINS = PluginKind(
     error=EnvConfigError,
     registry=_REGISTRY,
     ensure_builtins=_ensure_builtins,
-    is_plugin=_is_env_class,
+    methods=("start", "step"),
     wants="a class with start(row) and step(text) methods",
     file_module_prefix="polyrl_env_file",
     entry_point_check_noun="environment",

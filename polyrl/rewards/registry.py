@@ -71,10 +71,6 @@ def _ensure_builtins() -> None:
     importlib.import_module(MODEL_REWARDS_PACKAGE)
 
 
-def _is_reward_class(cls: Any) -> bool:
-    return isinstance(cls, type) and callable(getattr(cls, "score", None))
-
-
 REWARD_PLUGINS = PluginKind(
     noun="reward module",
     entry_point_noun="reward entry point",
@@ -82,7 +78,7 @@ REWARD_PLUGINS = PluginKind(
     error=RewardConfigError,
     registry=_REGISTRY,
     ensure_builtins=_ensure_builtins,
-    is_plugin=_is_reward_class,
+    methods=("score",),
     wants="a class with a score(batch) method",
     file_module_prefix="polyrl_reward_file",
     entry_point_check_noun="reward entry point",
