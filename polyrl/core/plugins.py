@@ -19,12 +19,14 @@ import hashlib
 import importlib.metadata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, MutableMapping, TypeVar
 
 from polyrl.core.errors import PolyrlError
 from polyrl.core.user_code import UserCodeError, error_reason, import_user_file, import_user_module, module_file, where_it_failed
 
-__all__ = ["PluginKind", "entry_points", "load_plugin_class"]
+__all__ = ["PluginKind", "entry_points", "load_plugin_class", "register_plugin", "registered_plugins"]
+
+T = TypeVar("T", bound=type)
 
 
 @dataclass(frozen=True)
@@ -32,10 +34,11 @@ class PluginKind:
     """What differs between kinds of plug-in; see the module docstring."""
 
     noun: str  # in messages: "reward module", "environment"
+    name_noun: str  # in messages about a registered name: "reward", "environment"
     entry_point_noun: str  # "reward entry point", "environment entry point"
     group: str  # entry-point group: "polyrl.rewards"
     error: type[PolyrlError]  # raised for every failure to resolve
-    registry: Mapping[str, type]  # registered name -> class (filled by the kind's decorator)
+    registry: MutableMapping[str, type]  # registered name -> class (filled by register_plugin)
     ensure_builtins: Callable[[], None]  # imports the modules that register the built-ins
     methods: tuple[str, ...]  # a class of the kind has these methods: ("score",)
     wants: str  # the same, for the message: "a class with a score(batch) method"
@@ -45,6 +48,31 @@ class PluginKind:
     entry_point_check_noun: str
     # Loaded files by resolved path: a file is imported once per process, as the kind's module.
     file_modules: dict[Path, object] = field(default_factory=dict, compare=False, repr=False)
+
+
+def register_plugin(kind: PluginKind, name: str) -> Callable[[T], T]:
+    """Class decorator: register a class of ``kind`` under ``name`` and set ``cls.name``."""
+    if not name or not isinstance(name, str):
+        raise kind.error(f"{kind.name_noun} name must be a non-empty string, got {name!r}")
+
+    def decorate(cls: T) -> T:
+        existing = kind.registry.get(name)
+        # a re-import of the same class (same module and name) is fine; a clash is not
+        if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise kind.error(
+                f"{kind.name_noun} name {name!r} is already registered to {existing.__module__}.{existing.__qualname__}"
+            )
+        cls.name = name
+        kind.registry[name] = cls
+        return cls
+
+    return decorate
+
+
+def registered_plugins(kind: PluginKind) -> dict[str, type]:
+    """Registered name -> class, sorted by name, built-ins included."""
+    kind.ensure_builtins()
+    return dict(sorted(kind.registry.items()))
 
 
 def entry_points(kind: PluginKind) -> dict[str, importlib.metadata.EntryPoint]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from polyrl.core.errors import PolyrlError
-from polyrl.core.plugins import PluginKind, entry_points, load_plugin_class
+from polyrl.core.plugins import PluginKind, entry_points, load_plugin_class, register_plugin, registered_plugins
 from polyrl.core.user_code import error_reason, where_it_failed
 from polyrl.envs.base import EnvConfigError
 
@@ -31,20 +31,7 @@ T = TypeVar("T", bound=type)
 
 def register_env(name: str) -> Callable[[T], T]:
     """Class decorator: register an environment under ``name`` and set ``cls.name``."""
-    if not name or not isinstance(name, str):
-        raise EnvConfigError(f"environment name must be a non-empty string, got {name!r}")
-
-    def decorate(cls: T) -> T:
-        existing = _REGISTRY.get(name)
-        if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise EnvConfigError(
-                f"environment name {name!r} is already registered to {existing.__module__}.{existing.__qualname__}"
-            )
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
+    return register_plugin(ENV_PLUGINS, name)
 
 
 def _ensure_builtins() -> None:
@@ -52,8 +39,7 @@ def _ensure_builtins() -> None:
 
 
 def registered_envs() -> dict[str, type]:
-    _ensure_builtins()
-    return dict(sorted(_REGISTRY.items()))
+    return registered_plugins(ENV_PLUGINS)
 
 
 def env_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
@@ -62,6 +48,7 @@ def env_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
 
 ENV_PLUGINS = PluginKind(
     noun="environment",
+    name_noun="environment",
     entry_point_noun="environment entry point",
     group=ENTRY_POINT_GROUP,
     error=EnvConfigError,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from polyrl.core.errors import PolyrlError
-from polyrl.core.plugins import PluginKind, entry_points, load_plugin_class
+from polyrl.core.plugins import PluginKind, entry_points, load_plugin_class, register_plugin, registered_plugins
 from polyrl.core.user_code import error_reason, where_it_failed
 from polyrl.rewards.base import RewardConfigError, module_label
 
@@ -32,28 +32,12 @@ T = TypeVar("T", bound=type)
 
 def register_reward(name: str) -> Callable[[T], T]:
     """Class decorator: register a reward module under ``name`` and set ``cls.name``."""
-    if not name or not isinstance(name, str):
-        raise RewardConfigError(f"reward name must be a non-empty string, got {name!r}")
-
-    def decorate(cls: T) -> T:
-        existing = _REGISTRY.get(name)
-        if existing is not None and existing is not cls:
-            same_definition = (existing.__module__, existing.__qualname__) == (cls.__module__, cls.__qualname__)
-            if not same_definition:  # a re-import of the same class is fine; a clash is not
-                raise RewardConfigError(
-                    f"reward name {name!r} is already registered to {existing.__module__}.{existing.__qualname__}"
-                )
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
+    return register_plugin(REWARD_PLUGINS, name)
 
 
 def registered_rewards() -> dict[str, type]:
     """Registered name → class, for every module registered so far (built-ins included)."""
-    _ensure_builtins()
-    return dict(sorted(_REGISTRY.items()))
+    return registered_plugins(REWARD_PLUGINS)
 
 
 def reward_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
@@ -73,6 +57,7 @@ def _ensure_builtins() -> None:
 
 REWARD_PLUGINS = PluginKind(
     noun="reward module",
+    name_noun="reward",
     entry_point_noun="reward entry point",
     group=ENTRY_POINT_GROUP,
     error=RewardConfigError,

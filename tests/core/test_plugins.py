@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from polyrl.core.errors import PolyrlError
-from polyrl.core.plugins import PluginKind, load_plugin_class
+from polyrl.core.plugins import PluginKind, load_plugin_class, register_plugin, registered_plugins
 
 
 class WidgetError(PolyrlError):
@@ -26,6 +26,7 @@ class Widget:
 def _kind(calls: list[str]) -> PluginKind:
     return PluginKind(
         noun="widget",
+        name_noun="widget",
         entry_point_noun="widget entry point",
         group="polyrl.test_widgets",  # no installed package offers this group
         error=WidgetError,
@@ -84,3 +85,19 @@ def test_a_file_that_fails_to_import_names_its_line(tmp_path):
     with pytest.raises(WidgetError) as caught:
         load_plugin_class(_kind([]), "broken.py:X", base_dir=tmp_path)
     assert str(caught.value) == f"widget 'broken.py:X' failed to load: {tmp_path / 'broken.py'}, line 2: RuntimeError: boom"
+
+
+def test_register_sets_the_name_and_refuses_a_clash():
+    kind = _kind([])
+    register = register_plugin(kind, "other")
+
+    @register
+    class Other(Widget):
+        pass
+
+    assert Other.name == "other" and list(registered_plugins(kind)) == ["other", "spinner"]
+    assert register(Other) is Other  # registering the same class again is fine
+    with pytest.raises(WidgetError, match=r"^widget name 'other' is already registered to .*test_plugins\..*Other$"):
+        register_plugin(kind, "other")(Widget)
+    with pytest.raises(WidgetError, match="^widget name must be a non-empty string, got ''$"):
+        register_plugin(kind, "")
