@@ -99,7 +99,9 @@ def test_a_model_without_a_chat_template_is_refused_before_anything_runs(tmp_pat
         for p in arm_problems(config.model_copy(update={"model": config.model.model_copy(update={"path": str(chat_model_dir)})}))
     )
     off = ExperimentConfig(name="t", model={"path": str(chat_model_dir)}, data={"chat_template": False, "system_prompt": "s"})
-    assert any(p.startswith("data.system_prompt: set, but data.chat_template is false") for p in arm_problems(off))
+    assert any(
+        p.startswith("data.system_prompt: set, but prompts are not formatted through a chat template") for p in arm_problems(off)
+    )
     # polyrl eval: a chat suite on a model without a template fails in check_model, before any engine starts.
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(SUITE))
     runner = SuiteRunner(tmp_path / "suite.yaml")

@@ -97,7 +97,11 @@ def test_a_prompts_samples_do_not_depend_on_the_rest_of_the_batch(setup, setting
     what lets rollout workers split a batch without changing it (engines/worker_pool.py).
     Log-probs agree to float rounding only: a batch of another shape sums in another order (~1e-7),
     and with top_p < 1 that rounding may move a tail token across the nucleus boundary, which
-    changes the renormaliser by that token's share (seen: 6e-5 here)."""
+    changes the renormaliser by that token's share (seen: 6e-5 here). On an Intel Xeon with AMX the
+    HF engine's fp32 forward of a 4-row and a 1-row batch differed by up to 5.1e-5 nats at T 1 (the
+    GEMM library blocks the two shapes differently), on an AMD EPYC by ~1e-7: the bound is 1e-4, well
+    below any real mismatch (a wrong row or position moves log-probs by whole nats), and the ids,
+    which are what a split batch must not change, are compared exactly."""
     engine, _, _, _ = setup
     whole = flat(engine.generate(PROMPTS, settings))
     first = flat(engine.generate(PROMPTS[:1], settings))
@@ -105,7 +109,7 @@ def test_a_prompts_samples_do_not_depend_on_the_rest_of_the_batch(setup, setting
     assert [c.completion_ids for c in whole] == [c.completion_ids for c in first + rest]
     assert [c.finish_reason for c in whole] == [c.finish_reason for c in first + rest]
     for a, b in zip(whole, first + rest):
-        assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-5 if settings.top_p == 1 else 1e-3)
+        assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-4 if settings.top_p == 1 else 1e-3)
     # The offset is what makes it exact: without it the second call re-uses the first prompt's seeds.
     unshifted = flat(engine.generate(PROMPTS[1:], settings))
     assert [c.completion_ids for c in unshifted] != [c.completion_ids for c in whole[settings.n :]]

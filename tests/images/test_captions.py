@@ -16,6 +16,7 @@ from polyrl.config.schema import VLM_CAPTION_WARMUP_STEPS, ConfigError, Experime
 from polyrl.data.prompt_samples import rows_to_prompt_samples
 from polyrl.data.prompts import load_prompt_dataset
 from polyrl.policies import vlm
+from polyrl.policies.cache import INFO_FILE
 from polyrl.roles.build_data import reward_specs
 from polyrl.tasks import scenes
 
@@ -87,7 +88,7 @@ def caption_vlm_dir(tmp_path_factory):
 def test_caption_warm_up_beats_a_random_init_and_is_cached(caption_vlm_dir):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    info = json.loads((caption_vlm_dir / vlm.INFO_FILE).read_text())
+    info = json.loads((caption_vlm_dir / INFO_FILE).read_text())
     assert info["task"] == "scenes-caption" and info["steps"] == 60 and info["eval_num_prompts"] == 16
     assert info["losses"][-1] < info["losses"][0] / 2  # the supervised loss fell
     processor = AutoProcessor.from_pretrained(str(caption_vlm_dir))
@@ -100,9 +101,9 @@ def test_caption_warm_up_beats_a_random_init_and_is_cached(caption_vlm_dir):
     # 60 warm-up steps no longer score by memory: measured 0.015 against 0.0 for a random init
     # (it was above 0.05 while 28 of the 100 test scenes were train scenes).
     assert random_init < 0.005 < warmed, (random_init, warmed)
-    stamp = (caption_vlm_dir / vlm.INFO_FILE).stat().st_mtime_ns
+    stamp = (caption_vlm_dir / INFO_FILE).stat().st_mtime_ns
     assert vlm.warm_vlm_policy(caption_vlm_dir.parent, task="caption", steps=60, eval_prompts=16) == caption_vlm_dir
-    assert (caption_vlm_dir / vlm.INFO_FILE).stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert (caption_vlm_dir / INFO_FILE).stat().st_mtime_ns == stamp  # reused, not rebuilt
     # The VQA warm-up of the same settings is another model.
     assert vlm.warm_vlm_policy(caption_vlm_dir.parent, task="vqa", steps=0, eval_prompts=1) != caption_vlm_dir
 

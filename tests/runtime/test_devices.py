@@ -61,6 +61,7 @@ def test_a_learner_batch_moves_every_tensor_and_keeps_the_rest():
         **{**{f.name: getattr(packed, f.name) for f in fields(packed)}, "banned_token_ids": torch.tensor([1, 2])}
     )
     shape = packed.response_mask.shape
+    settings = object()
     batch = LearnerBatch(
         packed=packed,
         old_logprobs=torch.zeros(shape),
@@ -69,6 +70,8 @@ def test_a_learner_batch_moves_every_tensor_and_keeps_the_rest():
         old_values=torch.zeros(shape),
         returns=torch.ones(shape),
         metrics={"reward/mean": 0.5},
+        policy_versions=torch.zeros(shape[0], dtype=torch.long),
+        in_update_correction=settings,  # settings, not a tensor: carried as they are
     )
     # Every field is set, so a tensor field added later and left out of ``to`` fails here.
     unset = [f.name for f in fields(batch) if getattr(batch, f.name) is None]
@@ -82,7 +85,9 @@ def test_a_learner_batch_moves_every_tensor_and_keeps_the_rest():
         for f in fields(moved.packed)
         if isinstance(getattr(moved.packed, f.name), Tensor)
     }
-    assert len(tensors) == 6 + 7  # loss_mask, old_logprobs, advantages, ref_logprobs, old_values, returns; 7 of the packed batch
+    # loss_mask, old_logprobs, advantages, ref_logprobs, old_values, returns, policy_versions; 7 of the packed batch
+    assert len(tensors) == 7 + 7
+    assert moved.in_update_correction is settings
     assert {name for name, tensor in tensors.items() if tensor.device.type != "meta"} == set()
     assert moved.metrics == {"reward/mean": 0.5}
     assert batch.advantages.device.type == "cpu" and batch.packed.input_ids.device.type == "cpu"  # the host copy is untouched
