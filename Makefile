@@ -12,9 +12,10 @@ $(STAMP): pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh
 	@touch $(STAMP)
 
-# Two workers (one per core of the 2-core CI machine); tests of one file stay on one worker so
+# Three workers on the 2-core CI machine (a third fills the time the others wait on subprocesses,
+# servers and start-up); tests of one file stay on one worker so
 # module fixtures (a vLLM engine, a built policy) are built once, and Ray tests share one worker.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: $(STAMP)
