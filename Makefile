@@ -21,8 +21,12 @@ PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
 
+# The quick tier: every package's unit tests, without what is slow or starts a real vLLM engine,
+# Ray cluster or MLflow server (those run in make test, which CI runs).
+FAST_TIER := not slow and not vllm and not ray and not mlflow_server
+
 test-fast: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "$(FAST_TIER)"
 
 # One process, in file order: for a debugger, or to time a single test without a neighbour.
 test-serial: $(STAMP)

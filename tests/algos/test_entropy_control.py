@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polyrl.algos.entropy_control import AdaptiveEntropySettings, EntropyController, adaptive_entropy_coef, high_entropy_token_mask
+from polyrl.algos.entropy_control import (
+    AdaptiveEntropySettings,
+    EntropyController,
+    adaptive_entropy_coef,
+    high_entropy_token_mask,
+)
 
 
 def test_the_coefficient_moves_toward_the_target_and_stays_in_its_range():

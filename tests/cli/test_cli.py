@@ -8,9 +8,6 @@ from pathlib import Path
 
 import pytest
 
-# What these tests start (pyproject.toml markers).
-pytestmark = [pytest.mark.vllm]
-
 POLYRL = str(Path(sys.executable).with_name("polyrl"))
 COMMANDS = [
     [],
@@ -75,6 +72,7 @@ def test_bad_yaml_is_a_message_naming_the_field_not_a_traceback(tmp_path):
         assert "Traceback" not in result.stderr + result.stdout
 
 
+@pytest.mark.slow
 def test_missing_file_and_unknown_experiment_are_clear_errors(tmp_path):
     result = polyrl("validate", str(tmp_path / "nope.yaml"))
     assert result.returncode == 2 and "no such file" in result.stderr

@@ -12,9 +12,6 @@ import pytest
 
 from polyrl.engines.vllm_quiet import FAILED_LOAD_MESSAGE, RELOAD_LOGGER, WEIGHT_SYNC_FAILURES, WeightSyncFilter
 
-# What these tests start (pyproject.toml markers).
-pytestmark = [pytest.mark.vllm]
-
 ROOT = Path(__file__).resolve().parents[2]
 # Markers of library log lines: vLLM's and transformers' logger names as our file formatter writes
 # them, vLLM's own prefix when it configures its handler, torch's C++ warnings, vLLM's load bar.
@@ -55,6 +52,7 @@ def _run_cli(tmp_path: Path, config_path: Path, *extra: str) -> subprocess.Compl
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
 def test_run_shows_own_lines_and_sends_library_logs_to_the_run_folder(tmp_path, tiny_experiment, write_experiment):
     config = tiny_experiment(
         rollout={"engine": "vllm", "prompts_per_step": 2, "samples_per_prompt": 2, "max_tokens": 8},

@@ -85,6 +85,7 @@ def caption_vlm_dir(tmp_path_factory):
     return vlm.warm_vlm_policy(tmp_path_factory.mktemp("caption_cache"), task="caption", steps=60, eval_prompts=16)
 
 
+@pytest.mark.slow
 def test_caption_warm_up_beats_a_random_init_and_is_cached(caption_vlm_dir):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 

@@ -33,6 +33,7 @@ def test_an_arm_on_cuda_without_ray_gpus_is_refused_before_the_cluster_starts(tm
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow
 def test_submit_two_arms_to_local_ray(tmp_path, tiny_experiment, write_experiment):
     ray = pytest.importorskip("ray")
     config = tiny_experiment(train={"steps": 2}, checkpoint={"every": 2})

@@ -36,6 +36,7 @@ def _logged_run(tmp_path, config):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_staleness", [0, 1])
 def test_bapo_logs_clip_shares_entropy_positive_share_and_bounds_every_step(tmp_path, tiny_experiment, max_staleness):
     # Two updates x two mini-batches per rollout, so the ratio leaves 1 and the bounds matter.

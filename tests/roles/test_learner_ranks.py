@@ -109,6 +109,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_take_the_single_process_step_on_the_whole_batch(ranks, random_policy_dir, case):
     objective, settings, critic = CASES[case]

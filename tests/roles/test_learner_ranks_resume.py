@@ -42,6 +42,7 @@ def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rel: float) -
     return all(float((a[k] - b[k]).norm()) <= rel * float(a[k].norm()) + 1e-12 for k in a)
 
 
+@pytest.mark.slow
 def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(ray_local, tmp_path, tiny_experiment):
     # 3 steps on 2 ranks, with the checkpoint of step 2 kept aside.
     folder = tmp_path / "run"
@@ -71,6 +72,7 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(ray_local, tmp_pat
             assert _close(straight, _weights(arm), 1e-5), workers
 
 
+@pytest.mark.slow
 def test_a_one_rank_checkpoint_resumes_on_two_ranks(ray_local, tmp_path, tiny_experiment):
     # 3 steps in one process, the checkpoint of step 2 kept aside; then step 3 again from it on 2 ranks.
     folder = tmp_path / "run"

@@ -123,6 +123,7 @@ def _dir_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_lora_arm_trains_the_adapter_only_checkpoints_it_resumes_and_exports(tmp_path, tiny_experiment, random_policy_dir):
     """Build with kl_coef > 0: no reference model object (the reference is the policy, adapter
     off); the optimizer holds the adapter only; a checkpoint holds the adapter and its AdamW

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from polyrl.tracking.mlflow_runs import STEP_MARKER
 
 # What these tests start (pyproject.toml markers).
-pytestmark = [pytest.mark.vllm]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # SIGKILL and resume: whole runs
 
 KILL_AFTER_STEP_5 = """
 import os, signal, sys

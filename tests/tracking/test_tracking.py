@@ -97,6 +97,7 @@ def mlflow_server(tmp_path):
         process.kill()
 
 
+@pytest.mark.slow
 def test_mlflow_view_run_lines_go_to_the_log_not_the_console(mlflow_server, capsys, caplog):
     """MLflow prints "View run … at: …" on stdout when a server's run ends; the console is
     polyrl's (the log file is where library output goes). Before: both lines reached stdout."""
@@ -112,6 +113,7 @@ def test_mlflow_view_run_lines_go_to_the_log_not_the_console(mlflow_server, caps
     assert MlflowClient(mlflow_server).get_run(arm.run_id).info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_experiment_with_arms_logs_to_a_real_mlflow_server(
     tmp_path, tiny_experiment, mlflow_server, monkeypatch, write_experiment
 ):

@@ -76,6 +76,7 @@ def test_prompts_are_cut_into_contiguous_even_slices():
     assert contiguous_slices(1, 3) == [(0, 1)]  # fewer prompts than workers: the others idle
 
 
+@pytest.mark.slow
 def test_two_workers_sample_what_one_engine_samples(engines, random_policy_dir):
     pool, reference = engines
     assert len(set(pool.pids)) == 2 and os.getpid() not in pool.pids
@@ -90,6 +91,7 @@ def test_two_workers_sample_what_one_engine_samples(engines, random_policy_dir):
     assert_same_samples(pool.generate(PROMPTS[:3], greedy), reference.generate(PROMPTS[:3], greedy))
 
 
+@pytest.mark.slow
 def test_a_worker_that_missed_a_sync_is_brought_up_to_date(engines, random_policy_dir):
     pool, reference = engines
     old = perturbed_weights(random_policy_dir, seed=2)
@@ -105,6 +107,7 @@ def test_a_worker_that_missed_a_sync_is_brought_up_to_date(engines, random_polic
     assert_same_samples(groups, reference.generate(PROMPTS, SETTINGS))
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_generating_is_restarted_and_its_prompts_sent_again(engines, random_policy_dir):
     psutil = pytest.importorskip("psutil")
     pool, reference = engines

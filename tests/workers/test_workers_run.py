@@ -36,6 +36,7 @@ def train(config: dict, arm_dir) -> tuple[list[dict[str, float]], list[list[int]
     return history, samples, engine
 
 
+@pytest.mark.slow
 def test_two_workers_and_a_remote_reward_train_as_the_in_process_run(ray_cluster, tiny_experiment, tmp_path):
     rewards = [
         {"module": "length", "params": {"unit": "chars"}},
@@ -72,6 +73,7 @@ def test_a_remote_reward_module_scores_as_the_local_one(ray_cluster, random_poli
     assert all(value is not None and value < 0 for value in scored.per_module["ppl_fluency"])  # a random model is far above tau 1
 
 
+@pytest.mark.slow
 def test_async_workers_collect_whole_steps_into_their_own_buffer_partitions(ray_cluster, tiny_experiment, tmp_path):
     """rollout.workers 2 with max_staleness 2: worker (t - 1) mod 2 collects step t whole, into its
     partition; the steps get the prompts of the synchronous in-process run, in order, and step 1
