@@ -47,11 +47,11 @@ from rich.console import Console
 from polyrl.config.schema import ConfigError, to_yaml
 from polyrl.core.errors import PolyrlError
 from polyrl.launch.arm_runs import ExperimentResult
+from polyrl.launch.arm_steps import start_arm_run, start_experiment_run, yaml_text
 from polyrl.launch.experiment_folder import STATE_FILE, archive_previous_run, experiment_dir, write_state
 from polyrl.launch.ray_workers import finish_if_running, supervise_arms, worker_env
 from polyrl.launch.run_lock import acquire_lock
 from polyrl.launch.run_units import expand_units, load_plan, start_seeded_arm_run
-from polyrl.launch.runner import start_arm_run, start_experiment_run, yaml_text
 from polyrl.tracking.mlflow_runs import ExperimentTracker, probe_tracking, resolve_tracking_uri
 
 RAY_CLIENT_PORT = 10001

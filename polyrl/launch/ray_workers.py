@@ -2,7 +2,7 @@
 
 An arm's task runs in a Ray worker process of its own (``max_calls=1``: its models and engine go
 with the process). It gets the arm's resolved config as YAML text, never a path, trains it with
-:func:`polyrl.launch.runner.train_arm` and marks its MLflow run. The supervisor launches the tasks
+:func:`polyrl.launch.arm_steps.train_arm` and marks its MLflow run. The supervisor launches the tasks
 (in parallel or one at a time), records finished arms in ``experiment.json``, closes every run
 that is still open when an arm fails or the supervision is interrupted, and closes the parent run.
 """
@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from polyrl.config.schema import ExperimentConfig
+from polyrl.launch.arm_runs import ArmFailedError
+from polyrl.launch.arm_steps import train_arm
 from polyrl.launch.experiment_folder import read_state, write_state
-from polyrl.launch.runner import ArmFailedError, train_arm
 from polyrl.tracking.mlflow_runs import RunLogger, make_client
 from polyrl.tracking.run_logger import terminate_run
 

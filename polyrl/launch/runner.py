@@ -22,11 +22,11 @@ import logging
 import shlex
 import signal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 
-from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml, to_yaml
+from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment, read_yaml
 from polyrl.config.seeds import experiment_seeds
 from polyrl.core.errors import PolyrlError
 from polyrl.launch.arm_runs import (  # noqa: F401 - ArmFailedError and plain_printer: importable from here too
@@ -40,6 +40,7 @@ from polyrl.launch.arm_runs import (  # noqa: F401 - ArmFailedError and plain_pr
     reopen_extended_arms,
     train_with_progress,
 )
+from polyrl.launch.arm_steps import start_arm_run, start_experiment_run, train_arm, yaml_text
 from polyrl.launch.experiment_folder import (
     STATE_FILE,
     archive_previous_run,
@@ -53,7 +54,7 @@ from polyrl.launch.experiment_folder import (
 from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
 from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes, schedule_note, steps_change
 from polyrl.launch.run_lock import acquire_lock
-from polyrl.roles.checkpoint import latest_checkpoint, remove_partial_checkpoints
+from polyrl.roles.checkpoint import latest_checkpoint
 from polyrl.tracking.mlflow_runs import (
     ExperimentTracker,
     RunLogger,
@@ -61,129 +62,6 @@ from polyrl.tracking.mlflow_runs import (
     probe_tracking,
     resolve_tracking_uri,
 )
-
-# --- steps shared with polyrl submit (distributed.py) -----------------------------------------
-
-
-def start_experiment_run(
-    tracker: ExperimentTracker,
-    name: str,
-    *,
-    arms: list[str],
-    yaml_text: str,
-    config_path: str | Path,
-    resume_run_id: str | None = None,
-    tags: dict[str, Any] | None = None,
-    buffer_dir: str | Path | None = None,
-    echo: Callable[[str], None] | None = None,
-) -> RunLogger:
-    """The experiment's MLflow parent run; a new one gets the YAML as an artifact and the arm list."""
-    parent = tracker.start_parent(name, resume_run_id=resume_run_id, tags=tags, buffer_dir=buffer_dir, echo=echo)
-    if not resume_run_id:
-        parent.log_text(yaml_text, "experiment.yaml")
-        parent.set_tags({"polyrl.arms": ",".join(arms), "polyrl.config_path": str(config_path)})
-    return parent
-
-
-def start_arm_run(
-    tracker: ExperimentTracker,
-    parent_run_id: str,
-    arm: str,
-    config: ExperimentConfig,
-    *,
-    arm_dir: str | Path,
-    resume_run_id: str | None = None,
-    tags: dict[str, Any] | None = None,
-    echo: Callable[[str], None] | None = None,
-    config_changes: list[ConfigChange] | None = None,
-    resume_step: int = 0,
-    seed: int | None = None,
-) -> RunLogger:
-    """One arm's child run with its checkpoint folder, flattened params and resolved config.
-
-    A resumed run keeps its params and ``resolved_config.yaml`` (what it was trained with); a
-    config change allowed on resume is recorded as a tag and ``resolved_config.resume_step_<n>.yaml``.
-    With ``seed`` it is that seed's run under the arm's run (``parent_run_id``).
-    """
-    logger = tracker.start_arm(
-        parent_run_id, arm, resume_run_id=resume_run_id, tags=tags, buffer_dir=arm_dir, echo=echo, seed=seed
-    )
-    logger.set_tags({"polyrl.checkpoint_dir": str(Path(arm_dir).resolve())})
-    if not resume_run_id:
-        logger.log_params(flatten(config.model_dump(mode="json")))
-        logger.log_text(to_yaml(config), "resolved_config.yaml")
-    elif config_changes:
-        # MLflow params are immutable: they keep the values the run started with, and this tag
-        # says from which step which values changed.
-        logger.set_tags(
-            {
-                f"polyrl.config_change.step_{resume_step:06d}": describe_changes(config_changes)[:5000],
-                "polyrl.config_changed": "true",
-            }
-        )
-        logger.log_text(to_yaml(config), f"resolved_config.resume_step_{resume_step:06d}.yaml")
-    return logger
-
-
-def train_arm(
-    config: ExperimentConfig,
-    *,
-    arm: str,
-    arm_dir: str | Path,
-    logger: RunLogger,
-    parent_run_id: str,
-    tracking_uri: str,
-    resume: bool = False,
-    train: Callable[[Any], None] | None = None,
-    on_resumed: Callable[[int], None] | None = None,
-) -> list[dict[str, float]]:
-    """Build the arm's roles, train them and close the MLflow run (FINISHED, FAILED or KILLED).
-
-    ``train(arm)`` runs the loop (default ``arm.loop().run()``; ``polyrl run`` passes its
-    progress-bar loop), where ``arm`` is the built :class:`polyrl.roles.arm.Arm`. Returns the
-    per-step metric history. A failure closes the run with the error's message in the
-    ``polyrl.error`` tag.
-    """
-    from polyrl.roles.arm import build_arm  # torch, vLLM: only where an arm trains
-
-    remove_partial_checkpoints(arm_dir)  # a write cut short by a kill; this process owns the folder now
-    # Every checkpoint names the run it belongs to (polyrl eval run:<id> checks it) and the
-    # config it was trained with (--resume compares it).
-    extra = {
-        "mlflow_parent_run_id": parent_run_id,
-        "mlflow_run_id": logger.run_id,
-        "tracking_uri": tracking_uri,
-        "config": config_snapshot(config),
-    }
-    built = None
-    try:
-        built = build_arm(
-            config,
-            arm=arm,
-            arm_dir=Path(arm_dir),
-            logger=logger,
-            evaluator=periodic_evaluator(config),
-            checkpoint_extra=extra,
-            resume=resume,
-        )
-        if built.start_state and on_resumed is not None:
-            on_resumed(built.start_step)
-        (train or (lambda a: a.loop().run()))(built)
-    except PolyrlError as error:
-        logger.finish_after_error("FAILED", str(error))
-        raise
-    except KeyboardInterrupt as error:
-        logger.finish_after_error("KILLED", f"stopped by {error or 'KeyboardInterrupt'}")
-        raise
-    except BaseException as error:
-        logger.finish_after_error("FAILED", f"{type(error).__name__}: {error}")
-        raise
-    finally:
-        if built is not None:
-            built.close()
-    logger.finish()
-    return built.history
-
 
 # --- polyrl run ---------------------------------------------------------------------------------
 
@@ -487,19 +365,6 @@ def _train_unit(
     result.final_metrics[key] = history[-1] if history else last_logged_metrics(tracker.client, logger.run_id)
     state["finished"].append(key)
     write_state(state_path, state)
-
-
-def periodic_evaluator(config: ExperimentConfig):
-    """Evaluation every ``eval.every`` steps inside training (the eval harness, if configured)."""
-    if not config.eval.every or not config.eval.suite:
-        return None
-    from polyrl.evals.periodic import make_periodic_evaluator
-
-    return make_periodic_evaluator(config)
-
-
-def yaml_text(path: str | Path) -> str:
-    return Path(path).read_text()
 
 
 def validate_file(path: str | Path, set_options: list[str] | None = None) -> dict[str, ExperimentConfig]:

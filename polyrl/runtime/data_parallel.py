@@ -136,7 +136,7 @@ class TorchDistributedGroup(LocalGroup):
 
     def reduce_gradients(self, parameters: Iterable[Tensor]) -> None:
         if self.shards_parameters:
-            return None  # FSDP2's backward reduce-scatters the gradients (summed, see learner_ranks.shard_model)
+            return None  # FSDP2's backward reduce-scatters the gradients (summed, see runtime/fsdp.shard_model)
         params = [p for p in parameters if p.requires_grad]
         # A parameter no rank reached keeps no gradient, as in one process (AdamW then skips it:
         # no state, no weight decay); one that some rank reached counts as zeros on the others

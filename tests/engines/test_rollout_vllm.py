@@ -11,7 +11,7 @@ pytest.importorskip("vllm")
 from rollout_models import PROMPTS, eos_prone_model, perturbed  # noqa: E402
 
 from polyrl.engines.base import build_rollout_engine  # noqa: E402
-from polyrl.engines.vllm_engine import _refresh_vocab_layers  # noqa: E402
+from polyrl.engines.vllm_reload import _refresh_vocab_layers  # noqa: E402
 from polyrl.policies.text import save_model_dir  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -1,5 +1,5 @@
 """One rank of tests/roles/test_learner_fsdp.py: joins a gloo group, shards the policy with FSDP2
-(learner_ranks.shard_model), updates on the shared batch and (rank 0) writes the full weights
+(runtime/fsdp.shard_model), updates on the shared batch and (rank 0) writes the full weights
 after the update. Run as a script: ``fsdp_worker.py RANK WORLD PORT POLICY_DIR OUT_DIR``."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_cases import CASES, learner_for, shared_batch  # noqa: E402
 
-from polyrl.roles.learner_ranks import _model_state, shard_model  # noqa: E402
 from polyrl.runtime.data_parallel import TorchDistributedGroup  # noqa: E402
+from polyrl.runtime.fsdp import full_model_state, shard_model  # noqa: E402
 
 
 def main(rank: int, world: int, port: int, policy_dir: str, out: Path) -> None:
@@ -29,7 +29,7 @@ def main(rank: int, world: int, port: int, policy_dir: str, out: Path) -> None:
         for name in CASES:
             learner = learner_for(policy_dir, name, shard=shard_model, group=TorchDistributedGroup(shards_parameters=True))
             metrics = learner.update(shared_batch(), 0)
-            state = _model_state(learner.policy, sharded=True)  # a collective: every rank calls it
+            state = full_model_state(learner.policy, sharded=True)  # a collective: every rank calls it
             if rank == 0:
                 save_file({k: v.contiguous() for k, v in state.items()}, str(out / f"{name}.safetensors"))
                 (out / f"{name}.json").write_text(json.dumps({**metrics, "optimizer_step": learner.optimizer_step}))

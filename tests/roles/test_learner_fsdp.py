@@ -1,5 +1,5 @@
 """FSDP2 for real: two processes over gloo on the CPU, the policy sharded with ``fully_shard``
-(learner_ranks.shard_model), give the same update as one process, also where the ranks' shards
+(runtime/fsdp.shard_model), give the same update as one process, also where the ranks' shards
 differ by a row or one rank's shard is empty (its micro-batch count evened by zero-weight passes;
 before, the ranks ran different numbers of forwards and backwards, FSDP2's collectives in each,
 and waited on each other until the group's time-out)."""
