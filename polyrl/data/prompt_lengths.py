@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.core.types import PromptSample
+from polyrl.data.chat import ChatFormat, format_prompts
 from polyrl.data.errors import DataConfigError
 
 # The config.json keys that hold a model's positions, by the families that use them.
@@ -47,9 +48,10 @@ def model_positions(model_dir: str | Path | None) -> int | None:
     return None
 
 
-def prompt_token_limit(max_model_len: int, model_dir: str | Path | None) -> tuple[int, str]:
-    """The prompt length (in tokens) at which a prompt is refused, and where that bound comes from."""
-    positions = model_positions(model_dir)
+def prompt_token_limit(max_model_len: int, model_dir: str | Path | None, *, positions: int | None = None) -> tuple[int, str]:
+    """The prompt length (in tokens) at which a prompt is refused, and where that bound comes from;
+    ``positions`` stands for the model's own when there is no folder to read them from."""
+    positions = model_positions(model_dir) if positions is None else positions
     if positions is not None and positions < max_model_len:
         return (
             positions,
@@ -75,3 +77,24 @@ def check_prompt_lengths(samples: Sequence[PromptSample], tokenizer: Any, *, lim
         f"tokens{more}; a prompt must be shorter than {limit:,} tokens ({bound}). Shorten or remove those rows, or "
         "raise rollout.max_model_len where the model has the positions"
     )
+
+
+def checked_training_prompts(
+    rows: Sequence[PromptSample],
+    tokenizer: Any,
+    fmt: ChatFormat,
+    *,
+    max_model_len: int,
+    model_dir: str | Path | None,
+    source: str,
+    model: str,
+    positions: int | None = None,
+) -> list[PromptSample]:
+    """The training prompts exactly as the sampler holds them (chat formatted with the policy's
+    tokenizer, :func:`polyrl.data.chat.format_prompts`), refused when one leaves no position for a
+    response. The one rule both the sampler (``roles/build_data.py``) and the pre-flight check of
+    ``polyrl validate`` / ``polyrl run`` (``launch/preflight.py``) apply, so they refuse alike."""
+    samples = format_prompts(rows, tokenizer, fmt, model=model)
+    limit, bound = prompt_token_limit(max_model_len, model_dir, positions=positions)
+    check_prompt_lengths(samples, tokenizer, limit=limit, bound=bound, source=source)
+    return samples

@@ -12,6 +12,14 @@ against ``data.max_image_pixels``, once per distinct data setting, and how many 
 and how long it took is said. It costs what the arm's own data load costs (that load decodes
 every image too, :class:`polyrl.data.sampler.PromptSampler`), and spares a run that would fail
 on row 9,000 after its MLflow runs exist and its policy has loaded.
+
+And every training row of a built-in source or a local data file is read and formatted exactly
+as the sampler will (chat template, ``data.system_prompt``) with the policy's tokenizer, loaded
+without its weights (:mod:`polyrl.policies.tokenizer_only`), and held to the sampler's own rule
+(:func:`polyrl.data.prompt_lengths.checked_training_prompts`): a prompt that leaves the policy no
+position for a response, or an empty prompt or user turn, is refused here with the run's message
+(issue 38). Image rows are left to the run (their lengths are not counted; their images are
+checked above), as are dataset names and a GGUF policy not yet converted into the model cache.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any, Callable
 
 from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment
 from polyrl.data.image_rows import ImageCheck
+from polyrl.data.prompt_lengths import checked_training_prompts
 from polyrl.data.prompts import (
     BUILTIN_SOURCES,
     DataConfigError,
@@ -34,9 +43,11 @@ from polyrl.data.prompts import (
 from polyrl.engines.image_prompts import model_takes_images
 from polyrl.policies.paths import check_model_dir
 from polyrl.policies.pretrained import is_gguf_path, packaged_gguf
+from polyrl.policies.tokenizer_only import policy_tokenizer
 from polyrl.rewards import RewardConfigError, RewardSpec
 from polyrl.rewards.base import module_label
 from polyrl.rewards.registry import bind_params, build_reward
+from polyrl.roles.build_data import chat_format, training_rows
 from polyrl.runtime.devices import LearnerDeviceError, learner_device
 
 # Built-in policies that read images (config.schema.BuiltinModelConfig.task).
@@ -299,6 +310,41 @@ def image_check_lines(checked: ImageRows) -> list[str]:
     ]
 
 
+def prompt_problem(config: ExperimentConfig, checked: dict[str, str | None]) -> str | None:
+    """The sampler's refusal of the training prompts (too long for the policy, empty), found before
+    any MLflow run or model weights exist; once per distinct data, model and max_model_len."""
+    data = config.data
+    if data.source not in BUILTIN_SOURCES and not Path(data.source).expanduser().exists():
+        return None  # a dataset name: left to the loader, as above
+    if may_have_images(data.source, data.train_split, images_field=data.images_field):
+        return None
+    key = f"{data.model_dump_json()}|{config.model.model_dump_json()}|{config.rollout.max_model_len}"
+    if key not in checked:
+        checked[key] = None
+        try:
+            policy = policy_tokenizer(config.model)
+        except Exception as error:  # noqa: BLE001 - the run's own tokenizer load would fail the same way
+            field = "model.path" if config.model.path else "model.builtin"
+            checked[key] = f"{field}: the policy's tokenizer does not load: {type(error).__name__}: {error}"
+            return checked[key]
+        if policy is not None:
+            try:
+                checked_training_prompts(
+                    training_rows(config),
+                    policy.tokenizer,
+                    chat_format(config),
+                    max_model_len=config.rollout.max_model_len,
+                    model_dir=policy.folder,
+                    positions=policy.positions,
+                    source=data.source,
+                    model=policy.name,
+                )
+            except DataConfigError as error:
+                message = str(error)
+                checked[key] = message if message.startswith("data.") else f"data.source: {message}"
+    return checked[key]
+
+
 def preflight(
     configs: dict[str, ExperimentConfig], *, source: str, runs_here: bool = False, echo: Callable[[str], None] | None = None
 ) -> None:
@@ -306,10 +352,13 @@ def preflight(
     ``echo`` gets a line per image check (how many images, how long)."""
     found: dict[str, list[str]] = {}
     checked: ImageRows = {}
+    prompts_checked: dict[str, str | None] = {}
     for arm, config in configs.items():
         problems = arm_problems(config, runs_here=runs_here)
         if not any(problem.startswith("data.source") for problem in problems):  # the rows load once the source checks pass
             problems += [problem] if (problem := image_row_problem(config, checked)) else []
+        if not any(problem.startswith(("data.", "model.")) for problem in problems):  # and are formatted once data and model pass
+            problems += [problem] if (problem := prompt_problem(config, prompts_checked)) else []
         for problem in problems:
             found.setdefault(problem, []).append(arm)
     if not found:

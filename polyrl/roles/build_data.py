@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.config.schema import ConfigError, ExperimentConfig
-from polyrl.data.chat import ChatFormat, format_prompts
+from polyrl.data.chat import ChatFormat
 from polyrl.data.image_rows import ImageCheck, check_model_takes_images
-from polyrl.data.prompt_lengths import check_prompt_lengths, prompt_token_limit
+from polyrl.data.prompt_lengths import checked_training_prompts
 from polyrl.data.prompt_samples import rows_to_prompt_samples
 from polyrl.data.prompts import load_prompt_dataset
 from polyrl.data.sampler import PromptSampler
@@ -50,9 +50,16 @@ def build_sampler(cfg: ExperimentConfig, rows: list[Any], policy_path: Path, tok
     """The seeded sampler over ``rows``, once the policy is known to take their images; chat
     prompts are formatted here, once, with the policy's tokenizer (:mod:`polyrl.data.chat`)."""
     check_model_takes_images(policy_path, rows, images_field=cfg.data.images_field)
-    samples = format_prompts(rows, tokenizer, chat_format(cfg), model=str(policy_path))
-    limit, bound = prompt_token_limit(cfg.rollout.max_model_len, policy_path)
-    check_prompt_lengths(samples, tokenizer, limit=limit, bound=bound, source=cfg.data.source)  # issue 38: refused, not cut
+    # Issue 38: refused, not cut; the same check as the pre-flight's (launch/preflight.py).
+    samples = checked_training_prompts(
+        rows,
+        tokenizer,
+        chat_format(cfg),
+        max_model_len=cfg.rollout.max_model_len,
+        model_dir=policy_path,
+        source=cfg.data.source,
+        model=str(policy_path),
+    )
     return PromptSampler(samples, seed=cfg.seed)
 
 
