@@ -75,9 +75,4 @@ def env_refusals(cfg: Any) -> list[tuple[tuple[str, ...], Any, str]]:
             "with env: the overlong penalty would read an episode's tokens over all its turns against one turn's "
             "budget; allowed with env: off, mask_truncated (truncated episodes leave the loss)",
         ))  # fmt: skip
-    if cfg.rollout.max_staleness:
-        refusals.append((
-            ("rollout", "max_staleness"), cfg.rollout.max_staleness,
-            "asynchronous training does not run episodes yet; allowed with env: 0",
-        ))  # fmt: skip
     return refusals

@@ -19,6 +19,10 @@ generates and scores the batches of steps s+1 … s+k while the learner updates 
 - The ratio's π_old is the behaviour policy: the pipeline reads the sampler's log-probs
   (:func:`polyrl.roles.pipeline.behaviour_logprobs`), so clipping and BAPO's bounds see the real
   staleness; with truncated importance sampling the TIS weight carries it instead (decoupled PPO).
+- Episodes (``env:``): the producers play them (each turn one call on their partition's engine).
+  A sync may land between two turns, so later turns can come from newer weights: an episode
+  carries its first turn's version (the oldest, so the bound is never understated), and each
+  policy token keeps the log-prob of the weights that sampled it, which is the π_old read here.
 - Resume: a checkpoint records the sampler position after the last *consumed* batch (the
   producer has drawn further) and the steps that were in flight; a resume regenerates those, so
   no prompt is lost or repeated.
@@ -260,8 +264,11 @@ class AsyncTrainingLoop(TrainingLoop):
         return self.history
 
     def partition_collector(self, partition: int, draws: OrderedDraws, rewards: LockedRewards) -> RolloutCollector:
-        """The arm's collector on one partition's workers, drawing its prompts in step order."""
-        return RolloutCollector(self.engine.partitions[partition], rewards, draws.draw, self.collector.settings)
+        """The arm's collector on one partition's workers, drawing its prompts in step order (with
+        ``env:``, playing the arm's episodes there: each turn one call on the partition's engine)."""
+        return RolloutCollector(
+            self.engine.partitions[partition], rewards, draws.draw, self.collector.settings, episodes=self.collector.episodes
+        )
 
     def produce(self, buffer: RolloutBuffer, draws: OrderedDraws, partition: int, collector: RolloutCollector) -> None:
         """Collect this partition's steps among ``step_index + 1 … steps`` in order, each once the

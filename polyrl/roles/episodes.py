@@ -15,7 +15,10 @@ token is an observation token: mask 0, log-prob 0, no gradient, no length
 the sampler produced: ``prompt_ids + completion_ids`` of the returned completion.
 
 Each turn of all live episodes is ONE batched ``engine.generate`` call (HF or vLLM; vLLM's prefix
-cache, on by default, reuses the shared history); finished episodes leave the batch.
+cache, on by default, reuses the shared history; a pool of ``rollout.workers`` spreads it over its
+workers); finished episodes leave the batch. With ``rollout.max_staleness`` a weight sync may fall
+between two turns: the episode carries its first turn's policy version (the oldest) and records
+both ends (``policy_versions``); every policy token keeps the log-prob of the weights that sampled it.
 
 Budgets and the truncation rule. An episode ends
 - ``done``: the environment said so (``finish_reason == "stop"``);
@@ -165,7 +168,12 @@ class _Episode:
     finish: str | None = None  # "stop" (done) or "length" (truncated)
     end: str = ""  # why it ended
     last_text: str = ""
+    # The weights version of its first turn and of its last: a weight sync between two turns
+    # (asynchronous training) gives later turns newer weights. The episode carries the first,
+    # the oldest, so the staleness bound and metrics are never understated; each policy token's
+    # sampling log-prob is that of the weights that sampled it, so π_old stays exact.
     policy_version: int | None = None
+    last_version: int | None = None
 
     def append(self, ids: Sequence[int], logprobs: Sequence[float], trained: bool) -> None:
         self.tokens += list(ids)
@@ -239,6 +247,7 @@ class EpisodeRunner:
         s = self.settings
         if ep.policy_version is None:
             ep.policy_version = sample.policy_version
+        ep.last_version = sample.policy_version
         room = s.max_episode_tokens - len(ep.tokens)
         ids, logprobs = list(sample.completion_ids), list(sample.sampling_logprobs)
         cut = len(ids) > room
@@ -305,6 +314,7 @@ class EpisodeRunner:
             "tool_errors": ep.tool_errors,
             "end": ep.end,
             "observation_tokens": len(ep.mask) - sum(ep.mask),
+            "policy_versions": [ep.policy_version, ep.last_version],
         }
         return Completion(
             prompt_ids=ep.prompt_ids,
@@ -337,6 +347,9 @@ def episode_metrics(completions: Sequence[Completion], prefix: str = "episode") 
         f"{prefix}/observation_tokens_mean": mean("observation_tokens"),
         f"{prefix}/policy_tokens_mean": float(np.mean([c.policy_length for c in completions if c.episode is not None])),
         f"{prefix}/truncated_share": float(np.mean([r["end"] != "done" for r in records])),
+        # Episodes whose turns were sampled by more than one weights version (a sync between turns:
+        # asynchronous training only).
+        f"{prefix}/mixed_versions_share": float(np.mean([len(set(r.get("policy_versions", ()))) > 1 for r in records])),
     }
     for cause in ("max_turns", "max_tokens", "max_episode_tokens", "max_model_len"):
         metrics[f"{prefix}/truncated_{cause}_share"] = float(np.mean([r["end"] == cause for r in records]))

@@ -18,6 +18,11 @@ def test_env_accepted_with_its_defaults():
     assert ExperimentConfig.model_validate({"name": "plain"}).env is None
 
 
+def test_env_accepted_with_asynchronous_training():
+    # Asynchronous training plays episodes (tests/envs/test_episode_async.py).
+    assert ExperimentConfig.model_validate(config(rollout={"max_staleness": 1})).rollout.max_staleness == 1
+
+
 @pytest.mark.parametrize(
     ("extra", "where", "text"),
     [
@@ -26,7 +31,6 @@ def test_env_accepted_with_its_defaults():
         ({"env": {"module": "calculator", "max_turns": 0}}, "env.max_turns", "greater than or equal to 1"),
         ({"env": {"module": "calculator", "tool_format": "xml"}}, "env.tool_format", "auto"),
         ({"rewards": [{"module": "accuracy"}]}, "rewards", "the reward is the episode's return"),
-        ({"rollout": {"max_staleness": 1}}, "rollout.max_staleness", "does not run episodes yet"),
         ({"advantage": {"overlong": {"mode": "soft_punishment"}}}, "advantage.overlong.mode", "one turn's budget"),
     ],
 )

@@ -1,0 +1,81 @@
+"""``env:`` with ``model.lora``: episodes train the adapter alone, and the engine samples every
+turn with the adapted policy (merged weights on HF and vLLM; the adapter itself on vLLM)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from polyrl.config.schema import ExperimentConfig
+from polyrl.roles.arm import build_arm
+from tests.envs.shaped_guess import episode_experiment, observation_grad_is_zero
+
+
+def train_recording(config: dict, arm_dir):
+    """Build and run the arm; the episodes of every step (as returned by the runner), the
+    history, and the arm (closed) with its policy."""
+    arm = build_arm(ExperimentConfig.model_validate(config), arm="main", arm_dir=arm_dir)
+    played = []
+    try:
+        runner = arm.collector.episodes
+        run = runner.run
+
+        def recorded(*args, **kwargs):
+            groups = run(*args, **kwargs)
+            played.append([c for group in groups for c in group])
+            return groups
+
+        runner.run = recorded
+        base = {n: p.detach().clone() for n, p in arm.learner.policy.named_parameters() if not p.requires_grad}
+        adapter = {n: p.detach().clone() for n, p in arm.learner.policy.named_parameters() if p.requires_grad}
+        history = arm.loop(printer=lambda _: None).run()
+    finally:
+        arm.close()
+    return arm, history, played, base, adapter
+
+
+def _check_lora_episodes(tmp_path, tiny_arch_dir, engine: str, sync: str, gap: float):
+    from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
+
+    config = episode_experiment(
+        tmp_path,
+        tiny_arch_dir("qwen2"),
+        engine,
+        model={"lora": {"r": 4, "alpha": 8, "target_modules": "all-linear", "sync": sync}},
+    )
+    arm, history, played, base, adapter = train_recording(config, tmp_path / "runs" / "main")
+    policy = arm.learner.policy
+    assert len(history) == 2 and all(math.isfinite(h["actor/loss"]) for h in history)
+    assert history[0]["episode/observation_tokens_mean"] > 0 and history[0]["episode/turns_mean"] > 1.0
+    # Only the adapter trains: the base weights are bit-equal, the adapter moved.
+    assert base and all(torch.equal(base[n], p) for n, p in policy.named_parameters() if not p.requires_grad)
+    assert any(not torch.equal(adapter[n], p) for n, p in policy.named_parameters() if p.requires_grad)
+    # Step 2's episodes were sampled after update 1's sync: the learner's first forward (version 1,
+    # the adapter moved) scores them as the sampler did, on the policy tokens of every turn.
+    assert history[1]["rollout/policy_version"] == 1.0
+    assert history[1]["rollout/logprob_gap"] < gap
+    # ... which an engine left at the base weights would not: the base model scores them
+    # differently (the final policy is version 2, so the base is compared with the sampler, which
+    # needs no snapshot of version 1).
+    packed = pack_completions(played[1], pad_token_id=0)
+    with torch.no_grad(), arm.learner.lora.adapter_disabled():
+        base_logprobs, _ = token_logprobs(policy, packed)
+    assert logprob_gap(packed.sampling_logprobs, base_logprobs, packed.response_mask.bool()) > 10 * gap
+    # Observation tokens stay out of the gradient through the adapted policy.
+    assert observation_grad_is_zero(policy, played[1])
+
+
+@pytest.mark.slow
+def test_lora_episodes_train_the_adapter_through_hf(tmp_path, tiny_arch_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _check_lora_episodes(tmp_path, tiny_arch_dir, "hf", "merged", 1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_lora_episodes_train_the_adapter_through_vllm(tmp_path, tiny_arch_dir, monkeypatch, sync):
+    monkeypatch.chdir(tmp_path)
+    _check_lora_episodes(tmp_path, tiny_arch_dir, "vllm", sync, 1e-3)
