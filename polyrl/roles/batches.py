@@ -82,6 +82,9 @@ class LearnerBatch:
     # Rollout correction in bypass mode (CorrectionSettings): its masks compare the current π_θ with
     # the sampler, so the learner applies them in each micro-batch; None: nothing left to apply.
     in_update_correction: Any = None
+    # The tokens a decoupled rollout correction took out of the loss mask (the rollout inspector's
+    # "masked"); None without one.
+    correction_rejected: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mask is None:

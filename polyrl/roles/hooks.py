@@ -33,8 +33,11 @@ class StepReport:
     # module's score per row: the image sample table is drawn from them.
     prompts: list[PromptSample] = field(default_factory=list)
     reward_parts: dict[str, list[float | None]] = field(default_factory=dict)
-    # Per row of ``samples``: the completion's token "ids" and per-token quantities by name
-    # ("sampler_logprob", ...), for the rollout inspector (polyrl/tracking/inspector.py).
+    # Per row of ``samples``: the completion's token "ids" and per-token quantities by name, for the
+    # rollout inspector (polyrl/tracking/inspector.py): "sampler_logprob" always; on the steps the
+    # inspector asked for (InspectorHook.wants_learner_tokens) the learner's "learner_logprob",
+    # "entropy", "advantage", "ratio", "clipped" (objectives with a clip) and "masked" (with a
+    # rejecting rollout correction), None where a token has none (polyrl/roles/learner_inspection.py).
     tokens: list[dict[str, list[Any]]] = field(default_factory=list)
 
 

@@ -1,7 +1,11 @@
 """The hook that writes the rollout inspector page (:mod:`polyrl.tracking.inspector`) for the
 steps that get a sample table: to MLflow as ``inspector/step_<n>.html`` and beside the arm's
 checkpoints as ``<checkpoint.dir>/<name>/<arm>/inspector/step_<n>.html``. It shows every sample
-of the step (not only the table's first rows), so its mean reward is the step's reward/mean."""
+of the step (not only the table's first rows), so its mean reward is the step's reward/mean.
+
+On those steps it asks the loop for the learner's per-token values too (:meth:`wants_learner_tokens`;
+polyrl/roles/learner_inspection.py): the learner's log-prob, entropy, advantage, ratio, clip
+and rollout-correction masks join the sampler's log-prob as shading choices."""
 
 from __future__ import annotations
 
@@ -27,15 +31,23 @@ class InspectorHook(Hook):
         self.local_dir = None if local_dir is None else Path(local_dir)
         self.judge_rule_pairs = dict(judge_rule_pairs or {})
 
+    def _writes(self, step: int) -> bool:
+        return not _replayed(self.logger, step) and (step % self.every == 0 or step == 1)
+
+    def wants_learner_tokens(self, step: int) -> bool:
+        """Whether step ``step`` gets a page (the loop asks before the update; the other steps capture nothing)."""
+        return self._writes(step)
+
     def observe(self, report: StepReport) -> None:
         step = report.step
-        if _replayed(self.logger, step) or not (step % self.every == 0 or step == 1) or not report.samples:
+        if not self._writes(step) or not report.samples:
             return
         tokens = values = None
         if self.tokenizer is not None and len(report.tokens) == len(report.samples):
             tokens = [[self.tokenizer.decode([i]) for i in t["ids"]] for t in report.tokens]
             # A quantity with another length than the ids (an episode's observation tokens carry no
-            # sampler log-prob) would shade the wrong tokens: left out of that row.
+            # sampler log-prob) would shade the wrong tokens: left out of that row. The learner's
+            # quantities have one value per id, None on observation tokens (left unshaded).
             values = [{k: v for k, v in t.items() if k != "ids" and len(v) == len(t["ids"])} for t in report.tokens]
         rows = inspector_rows(report.samples, tokens=tokens, token_values=values, parts=report.reward_parts)
         prompts = list(dict.fromkeys(str(s.get("prompt", "")) for s in report.samples))

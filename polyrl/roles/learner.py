@@ -24,6 +24,7 @@ from torch import Tensor
 from polyrl.algos.aggregation import loss_normalizer_count
 from polyrl.algos.entropy_control import EntropyController, high_entropy_token_mask
 from polyrl.algos.metric_parts import MetricAccumulator
+from polyrl.algos.objectives.common import TOKEN_DETAIL
 from polyrl.algos.rollout_correction import apply_correction, mismatch_from_sums, mismatch_sums
 from polyrl.modeling.logprobs import token_logprobs
 from polyrl.modeling.lora import write_adapter
@@ -31,6 +32,7 @@ from polyrl.modeling.microbatches import length_sorted_micro_batches, token_budg
 from polyrl.modeling.shared_prompts import attention_cost_ratio, completion_widths, row_prompts, shared_prompt_micro_batches
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
+from polyrl.roles.learner_inspection import TokenCapture
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
 from polyrl.runtime.data_parallel import LocalGroup, through_root
 from polyrl.runtime.gradient_buffers import AutogradGradients, GradientBuffers, update_gradients
@@ -109,6 +111,11 @@ class PolicyLearner:
         self.guard = NonFiniteGuard(settings.max_consecutive_nonfinite)
         self.entropy = EntropyController(settings.entropy_coef, settings.entropy_control)  # the bonus' coefficient
         self.optimizer_step = 0  # applied policy optimizer steps: the schedule's and the critic cadence's clock
+        # The rollout inspector's per-token capture (learner_inspection.py): asked for one update
+        # at a time, so the other steps pay nothing.
+        self._inspect_next = False
+        self._capture: TokenCapture | None = None
+        self._inspection: TokenCapture | None = None
 
     # --- schedule and state ----------------------------------------------------------------------
 
@@ -163,6 +170,29 @@ class PolicyLearner:
             raise RuntimeError("write_adapter: this learner trains no LoRA adapter")
         write_adapter(self.lora, folder)
 
+    # --- the rollout inspector ----------------------------------------------------------------------
+
+    def inspect_next_update(self) -> None:
+        """Capture per-token values (:class:`TokenCapture`) in the next :meth:`update` only."""
+        self._inspect_next = True
+
+    def take_inspection(self, lengths: list[int]) -> list[dict[str, list[Any]]] | None:
+        """The last update's captured values per row (``lengths``: each completion's token count),
+        or None where it captured nothing; handed out once."""
+        capture, self._inspection = self._inspection, None
+        return None if capture is None else capture.rows(lengths)
+
+    @torch.no_grad()
+    def _learner_pass(self, batch: LearnerBatch) -> None:
+        """π_θ's log-probs before the update's first optimizer step, for the capture: one no-grad
+        pass over the batch (the inspector's steps only)."""
+        s = self.settings
+        with autocast(self.policy, s.compute_dtype):
+            for start in range(0, len(batch.packed), s.micro_batch_size):
+                part = trim_padding(batch.packed.select(slice(start, start + s.micro_batch_size)))
+                logprobs, _ = self._token_logprobs(part, compute_entropy=False)
+                self._capture.learner_logprobs(start, logprobs)
+
     # --- the update ---------------------------------------------------------------------------------
 
     def update(self, batch: LearnerBatch, step_index: int = 0) -> dict[str, float]:
@@ -174,14 +204,20 @@ class PolicyLearner:
         # The gradients' memory before any activation's, reused by every mini-batch (runtime/gradient_buffers.py).
         gradients = update_gradients(self.policy.parameters(), sharded=self.group.shards_parameters)
         start = self.optimizer_step
+        self._inspection = None
+        if self._inspect_next:
+            self._inspect_next = False
+            self._capture = TokenCapture(batch.packed.response_mask, batch.loss_mask, batch.advantages, batch.correction_rejected)
         try:
             metrics = self._update(batch, gradients, step_index)
             metrics.update(self.entropy.observe(metrics.get("actor/entropy")))  # the next step's coefficient
+            self._inspection = self._capture
             return metrics
         except NonFiniteStop as stop:
             stop.applied_steps = self.optimizer_step - start
             raise
         finally:
+            self._capture = None
             # Freed now, not at the next update's start: dead until then, they would share the host
             # with the weight sync and the next generation.
             gradients.close()
@@ -217,6 +253,8 @@ class PolicyLearner:
         # policy's device once here (a no-op on the CPU).
         batch = batch.to(next(self.policy.parameters()).device)
         diagnose = self._rows_to_diagnose(batch, step_index)
+        if self._capture is not None:
+            self._learner_pass(batch)
         for _ in range(s.updates_per_batch):
             order = torch.randperm(size, generator=generator) if shuffle else torch.arange(size)
             for mini in torch.tensor_split(order, s.mini_batches):
@@ -394,12 +432,15 @@ class PolicyLearner:
         )
         old_logprobs = logprobs.detach() if old is None else old
         corrected: dict[str, float] = {}
+        rejected = None
         if batch.in_update_correction is not None:
             # Bypass-mode rollout correction: its masks compare the current π_θ with the sampler.
             sampled = batch.packed.sampling_logprobs[rows][:, :width]
+            before = loss_mask.bool()
             _, loss_mask, corrected = apply_correction(
                 logprobs.detach() - sampled, loss_mask, advantages, settings=batch.in_update_correction, importance=False
             )
+            rejected = before & ~loss_mask
         if s.high_entropy_top_ratio is not None:
             # Forking tokens (polyrl/algos/entropy_control.py): the rest of the tokens leave the loss.
             loss_mask, selected = high_entropy_token_mask(entropy, loss_mask, top_ratio=s.high_entropy_top_ratio)
@@ -413,5 +454,10 @@ class PolicyLearner:
             aggregation=s.aggregation,
             entropy=entropy,
             **params,
+            **({"inspect_tokens": True} if self._capture is not None else {}),
         )
+        if self._capture is not None:
+            # The objective's per-token tensors (polyrl/algos/objectives/common.py) go to the capture, not the metrics.
+            detail = {k.removeprefix(TOKEN_DETAIL): metrics.pop(k) for k in [k for k in metrics if k.startswith(TOKEN_DETAIL)]}
+            self._capture.record(rows, detail, entropy=entropy, loss_mask=loss_mask, rejected=rejected)
         return loss, {**metrics, **corrected}, logprobs

@@ -126,6 +126,7 @@ class TrainingLoop:
             with timer("advantage"):
                 batch = self.pipeline.run(rollout, collected.scores)
             with timer("update"):
+                self.ask_learner_tokens(step)
                 released = self.free_memory_for_update(release_sampler)
                 try:
                     learned = self.learn(batch, step_start_sampler)
@@ -145,13 +146,23 @@ class TrainingLoop:
         if "rollout/samples" not in metrics:  # a collector that reports no lengths of its own
             metrics.update(rollout_metrics(rollout))
         self.step_index = step
+        take = getattr(self.learner, "take_inspection", None)
+        learned_tokens = take([len(c.completion_ids) for c in rollout.completions]) if take is not None else None
         report = StepReport(
             step,
             metrics,
             sample_rows(rollout, collected.scores),
             prompts=list(rollout.prompts),
             reward_parts=dict(collected.scores.per_module),
-            tokens=[{"ids": list(c.completion_ids), "sampler_logprob": list(c.sampling_logprobs)} for c in rollout.completions],
+            # The learner's per-token values (learner_inspection.py) on the steps that asked for them.
+            tokens=[
+                {
+                    "ids": list(c.completion_ids),
+                    "sampler_logprob": list(c.sampling_logprobs),
+                    **(learned_tokens[i] if learned_tokens else {}),
+                }
+                for i, c in enumerate(rollout.completions)
+            ],
         )
         # The weight sync's share of the step so far: polyrl's own measure of the cost of communication
         # between learner and sampler (checked in asynchronous training).
@@ -165,6 +176,13 @@ class TrainingLoop:
             hook.publish(report)
         self.history.append(metrics)
         return metrics
+
+    def ask_learner_tokens(self, step: int) -> None:
+        """The learner captures per-token values in this update where a hook (the rollout inspector)
+        wants them for ``step`` and the learner can (PolicyLearner; not the data-parallel ranks)."""
+        inspect = getattr(self.learner, "inspect_next_update", None)
+        if inspect is not None and any(getattr(h, "wants_learner_tokens", lambda _: False)(step) for h in self.hooks):
+            inspect()
 
     def free_memory_for_update(self, release_sampler: bool) -> bool:
         """Before the update, the step's peak: the sampler's weights go (``release_sampler``, an

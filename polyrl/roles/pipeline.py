@@ -82,6 +82,7 @@ class PipelineBatch:
     advantages: Tensor | None = None
     returns: Tensor | None = None
     in_update_correction: Any = None  # bypass mode's masks, applied by the learner (LearnerBatch)
+    correction_rejected: Tensor | None = None  # a decoupled correction's rejected tokens (LearnerBatch)
     metrics: dict[str, float] = field(default_factory=dict)
 
     def with_metrics(self, metrics: dict[str, float], **fields: Any) -> "PipelineBatch":
@@ -282,7 +283,7 @@ def rollout_correction(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
         b.old_logprobs - b.packed.sampling_logprobs, b.loss_mask, b.advantages, settings=correction.settings()
     )
     advantages = torch.where(keep, b.advantages * weights, torch.zeros_like(b.advantages))
-    return b.with_metrics(metrics, advantages=advantages, loss_mask=keep)
+    return b.with_metrics(metrics, advantages=advantages, loss_mask=keep, correction_rejected=b.loss_mask & ~keep)
 
 
 def advantage_stats(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
@@ -340,4 +341,5 @@ def run_pipeline(rollout: Rollout, scores: Scores, ctx: PipelineContext, stages:
             dtype=torch.long,
         ),
         in_update_correction=batch.in_update_correction,
+        correction_rejected=batch.correction_rejected,
     )

@@ -54,14 +54,13 @@ def inspector_rows(
     prompts: dict[str, int] = {}
     rows = []
     for i, sample in enumerate(samples):
-        values = {
-            k: [_round(x) for x in v] for k, v in (token_values[i] if token_values else {}).items() if k in TOKEN_QUANTITIES
-        }
-        if "sampler_logprob" in values and "learner_logprob" in values and "logprob_diff" not in values:
-            values["logprob_diff"] = [
-                None if a is None or b is None else _round(b - a)
-                for a, b in zip(values["sampler_logprob"], values["learner_logprob"])
+        raw = {k: v for k, v in (token_values[i] if token_values else {}).items() if k in TOKEN_QUANTITIES}
+        if "sampler_logprob" in raw and "learner_logprob" in raw and "logprob_diff" not in raw:
+            # From the unrounded log-probs: the gap is often far below their fourth digit.
+            raw["logprob_diff"] = [
+                None if a is None or b is None else b - a for a, b in zip(raw["sampler_logprob"], raw["learner_logprob"])
             ]
+        values = {k: [_round(x) for x in v] for k, v in raw.items()}
         prompt = str(sample.get("prompt", ""))
         rows.append(
             {
@@ -79,8 +78,17 @@ def inspector_rows(
     return rows
 
 
+def _token_mean(rows: Sequence[dict[str, Any]], key: str, transform: Any = float) -> float:
+    xs = [transform(x) for r in rows for x in r["v"].get(key, []) if x is not None]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
 def figures(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """What the page's header shows, computed as its script does (over scored samples for the reward)."""
+    """What the page's header shows, computed as its script does (over scored samples for the
+    reward; the token figures over the tokens that have the quantity: ``ratio_mean`` and
+    ``clipped`` over the trained ones, to set beside actor/ratio_mean and actor/clip_frac_low +
+    clip_frac_high; ``advantage_mean`` beside advantage/mean; ``logprob_gap``, the mean
+    |learner − sampler| log-prob, beside rollout/logprob_gap)."""
     rewards = [r["r"] for r in rows if r["r"] is not None]
     lengths = [r["n"] for r in rows if r["n"] is not None]
     return {
@@ -88,6 +96,10 @@ def figures(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         "reward_mean": sum(rewards) / len(rewards) if rewards else float("nan"),
         "length_mean": sum(lengths) / len(lengths) if lengths else float("nan"),
         "truncated": sum(r["f"] == "length" for r in rows) / len(rows) if rows else float("nan"),
+        "ratio_mean": _token_mean(rows, "ratio"),
+        "clipped": _token_mean(rows, "clipped"),
+        "advantage_mean": _token_mean(rows, "advantage"),
+        "logprob_gap": _token_mean(rows, "logprob_diff", abs),
     }
 
 
@@ -99,8 +111,11 @@ function mean(xs) { return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length
 function fmt(x) { return x === null || x === undefined || Number.isNaN(x) ? '–' : (Number.isInteger(x) ? String(x) : Math.abs(x) >= 100 ? x.toFixed(1) : x.toPrecision(4)); }
 const scored = D.rows.filter(r => r.r !== null).map(r => r.r);
 const lengths = D.rows.filter(r => r.n !== null).map(r => r.n);
+function tokens(q, f) { const xs = []; for (const r of D.rows) for (const x of (r.v[q] || [])) if (x !== null) xs.push(f(x)); return xs; }
 const fig = {samples: D.rows.length, reward_mean: mean(scored), length_mean: mean(lengths),
-             truncated: D.rows.length ? D.rows.filter(r => r.f === 'length').length / D.rows.length : NaN};
+             truncated: D.rows.length ? D.rows.filter(r => r.f === 'length').length / D.rows.length : NaN,
+             ratio_mean: mean(tokens('ratio', Number)), clipped: mean(tokens('clipped', Number)),
+             advantage_mean: mean(tokens('advantage', Number)), logprob_gap: mean(tokens('logprob_diff', Math.abs))};
 for (const [k, v] of Object.entries(fig)) { const e = $('fig-' + k); e.textContent = fmt(v); e.dataset.value = String(v); }
 const qsel = $('quantity'); for (const q of Q) qsel.add(new Option(L[q], q));
 const gsel = $('group'); gsel.add(new Option('all prompts', '-1'));
@@ -209,6 +224,10 @@ def inspector_html(
             ("reward_mean", "mean reward"),
             ("length_mean", "mean length"),
             ("truncated", "truncated"),
+            ("ratio_mean", "mean ratio"),
+            ("clipped", "clipped share"),
+            ("advantage_mean", "mean advantage"),
+            ("logprob_gap", "mean |learner − sampler|"),
         )
     )
     return (

@@ -3,6 +3,7 @@ finished run's folder, it shows the figures the run logged for that step."""
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -39,9 +40,18 @@ def _page(n_samples: int, n_tokens: int) -> str:
         for i in range(n_samples)
     ]
     tokens = [[f"t{k}" for k in range(n_tokens)] for _ in range(n_samples)]
+    # Every quantity a learner step records, at full float precision (the page rounds them).
     values = [
-        {"sampler_logprob": [-0.1234567 * k for k in range(n_tokens)], "learner_logprob": [-0.1234 * k for k in range(n_tokens)]}
-        for _ in range(n_samples)
+        {
+            "sampler_logprob": [-0.1234567 * k for k in range(n_tokens)],
+            "learner_logprob": [-0.1234 * k for k in range(n_tokens)],
+            "entropy": [1.23456789 + k / 7 for k in range(n_tokens)],
+            "advantage": [(i - 31.5) / 17.123456 for _ in range(n_tokens)],
+            "ratio": [1 + (k - 32) / 3001.0 for k in range(n_tokens)],
+            "clipped": [k % 5 == 0 for k in range(n_tokens)],
+            "masked": [k % 9 == 0 for k in range(n_tokens)],
+        }
+        for i in range(n_samples)
     ]
     rows = inspector_rows(samples, tokens=tokens, token_values=values, parts={"judge": [1.0] * n_samples})
     return inspector_html(rows, title="t", prompts=[f"prompt {g}" for g in range(n_samples // 8)])
@@ -49,7 +59,7 @@ def _page(n_samples: int, n_tokens: int) -> str:
 
 def test_a_step_of_64_samples_by_64_tokens_stays_small_and_offline():
     page = _page(64, 64)
-    assert len(page.encode()) < 300_000  # well under 1 MB with two quantities and their difference
+    assert len(page.encode()) < 300_000  # well under 1 MB with every quantity (eight) at 4 significant digits
     assert "http://" not in page and "https://" not in page  # no CDN, nothing fetched
 
 
@@ -64,7 +74,11 @@ def test_rows_add_the_logprob_difference_and_figures_skip_unscored():
     )
     assert rows[0]["v"]["logprob_diff"] == [-0.5, 0.0]
     # reward over the scored sample only (1.0); length (2 + 4) / 2 = 3; one of two truncated.
-    assert figures(rows) == {"samples": 2.0, "reward_mean": 1.0, "length_mean": 3.0, "truncated": 0.5}
+    shown = figures(rows)
+    assert {k: shown[k] for k in ("samples", "reward_mean", "length_mean", "truncated")} == {
+        "samples": 2.0, "reward_mean": 1.0, "length_mean": 3.0, "truncated": 0.5}  # fmt: skip
+    # |learner − sampler| over the two tokens that have both: (0.5 + 0) / 2; no ratio, clip or advantage recorded.
+    assert shown["logprob_gap"] == 0.25 and all(math.isnan(shown[k]) for k in ("ratio_mean", "clipped", "advantage_mean"))
 
 
 def _dump_dom(path: Path, tmp_path: Path) -> str:
@@ -96,7 +110,9 @@ def test_inspector_from_a_finished_run_shows_the_logged_figures_in_chromium(tmp_
     arm, run_id = next(iter(result.arm_run_ids.items()))
     page = next((tmp_path / "runs").rglob("inspector/step_00001.html"))
     client = MlflowClient(result.tracking_uri)
-    logged = {key: client.get_metric_history(run_id, key)[0].value for key in ("reward/mean", "rollout/response_length/mean")}
+    keys = ("reward/mean", "rollout/response_length/mean", "actor/ratio_mean", "actor/clip_frac_low", "actor/clip_frac_high",
+            "actor/entropy", "advantage/mean", "rollout/logprob_gap")  # fmt: skip
+    logged = {key: client.get_metric_history(run_id, key)[0].value for key in keys}
     assert [a.path for a in client.list_artifacts(run_id, "inspector")] == ["inspector/step_00001.html"]
 
     dom = _dump_dom(page, tmp_path)
@@ -112,6 +128,19 @@ def test_inspector_from_a_finished_run_shows_the_logged_figures_in_chromium(tmp_
     # Every completion token, shaded by the sampler's log-prob (the first quantity), hover text included.
     shaded = re.findall(r'<span title="sampler log-prob: (-?[0-9.e-]+)" style="background: rgba', dom)
     assert len(shaded) == round(8 * logged["rollout/response_length/mean"])
+    # The learner's side: its figures are the logged ones (4-digit rounding of each token's value).
+    assert shown("ratio_mean") == pytest.approx(logged["actor/ratio_mean"], rel=1e-3)
+    assert shown("clipped") == pytest.approx(logged["actor/clip_frac_low"] + logged["actor/clip_frac_high"], abs=1e-6)
+    assert shown("advantage_mean") == pytest.approx(logged["advantage/mean"], abs=1e-3)
+    assert shown("logprob_gap") == pytest.approx(logged["rollout/logprob_gap"], rel=0.05, abs=1e-5)
+    # A learner quantity selected by the link: every trained token shaded by its entropy, whose
+    # token mean is actor/entropy (one mini-batch: every token trains once).
+    dom = _dump_dom_url(page.resolve().as_uri() + "#quantity=entropy", tmp_path)
+    assert 'data-ready="1"' in dom
+    entropies = [float(x) for x in re.findall(r'<span title="entropy: ([0-9.e+-]+)" style="background: rgba', dom)]
+    assert len(entropies) == len(shaded)
+    assert sum(entropies) / len(entropies) == pytest.approx(logged["actor/entropy"], rel=2e-3)
+    assert len(set(re.findall(r'title="entropy: [^"]+" style="background: (rgba\([^)]*\))', dom))) > 1  # shades differ
 
 
 def test_hook_writes_the_page_locally_and_drops_a_misaligned_quantity(tmp_path, random_policy_dir):
@@ -143,7 +172,11 @@ def test_filters_and_the_group_view_from_the_link(tmp_path):
          "finish_reason": "length" if i % 3 == 0 else "stop"}
         for i in range(8)
     ]  # fmt: skip
-    rows = inspector_rows(samples, tokens=[["a", "b", "c"]] * 8, token_values=[{"entropy": [0.1, 0.2, 0.3]}] * 8)
+    # Samples 2 and 5 have a token the clip removed (None: a token out of the loss); 6 one a correction masked.
+    values = [
+        {"entropy": [0.1, 0.2, 0.3], "clipped": [None, i in (2, 5), False], "masked": [False, False, i == 6]} for i in range(8)
+    ]
+    rows = inspector_rows(samples, tokens=[["a", "b", "c"]] * 8, token_values=values)
     page = tmp_path / "page.html"
     page.write_text(inspector_html(rows, title="t", prompts=["p0", "p1"]))
 
@@ -155,6 +188,7 @@ def test_filters_and_the_group_view_from_the_link(tmp_path):
     assert cards("#filter=truncated") == [0, 3, 6]  # finish_reason "length"
     assert cards("#filter=high_adv&group=1") == [7, 6, 5, 4]  # the group's samples, highest advantage first
     assert cards("#filter=low_adv") == list(range(8))  # at most eight, lowest advantage first
+    assert cards("#filter=clipped") == [2, 5, 6]  # a token removed by the clip or by the correction
 
 
 @pytest.mark.browser

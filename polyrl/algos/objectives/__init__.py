@@ -50,6 +50,14 @@ so an arm without BAPO's search reports the share BAPO would steer; and the four
 (polyrl's own diagnostic), ``quadrant/{high,low}_prob_{pos,neg}_adv`` — shares of response tokens with A≠0, where
 "high prob" means ``logprobs >= log(high_prob_threshold)``.
 
+Per-token detail (the rollout inspector's steps only): called with the shared keyword
+``inspect_tokens=True``, an objective's metrics also hold two tensors, popped by the caller
+before it combines the floats: ``tokens/ratio`` (the ratio the objective clips, per token) and
+``tokens/clipped`` (:func:`~.common.clip_removed_mask`: the tokens whose gradient the clip
+removes, counted by ``clip_frac_low + clip_frac_high``; PPO's dual-capped tokens and Clip-Cov's
+picked tokens are added, as ``dual_clip_frac`` and ``cov/selected_frac`` count them; absent for
+objectives without a clip). The loss and the float metrics are the same either way.
+
 Layout: :mod:`.registry` (specs, typed params), :mod:`.common` (shared pieces), one module per
 family (:mod:`.ppo`: PPO, GRPO, Dr.GRPO, DAPO; :mod:`.gspo`; :mod:`.bapo`; :mod:`.reinforce`: CISPO,
 GPG and the PPO-clip registrations named for their estimator, RLOO, REINFORCE++(-baseline),
@@ -75,6 +83,8 @@ from polyrl.algos.objectives.soft_gates import gmpo_loss, sapo_gate, sapo_loss
 from polyrl.algos.objectives.covariance import clip_cov_loss, clip_cov_prepare, kl_cov_loss, kl_cov_prepare, token_covariance
 from polyrl.algos.objectives.common import (
     LOG_RATIO_CLAMP,
+    TOKEN_DETAIL,
+    clip_removed_mask,
     ObjectiveInputs,
     approx_kl_old_to_new,
     clamped_log_ratio,
@@ -96,7 +106,7 @@ from polyrl.algos.objectives.registry import (
 )
 
 __all__ = [
-    "LOG_RATIO_CLAMP", "ObjectiveInputs", "SHARED_PARAMS", "TRAIN_SETTINGS", "ObjectiveFn", "ObjectiveParams", "ObjectiveSpec",
+    "LOG_RATIO_CLAMP", "TOKEN_DETAIL", "ObjectiveInputs", "clip_removed_mask", "SHARED_PARAMS", "TRAIN_SETTINGS", "ObjectiveFn", "ObjectiveParams", "ObjectiveSpec",
     "approx_kl_old_to_new", "bapo_loss", "bapo_positive_share", "bapo_prepare", "bapo_search_clip_bounds",
     "bapo_search_steps", "clamped_log_ratio", "clipped_surrogate_per_token", "entropy_adaptive_epsilon",
     "get_objective", "gspo_loss", "gspo_token_loss", "list_objectives", "policy_metrics",

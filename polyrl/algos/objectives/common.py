@@ -91,6 +91,25 @@ def kept_contributions(
     return positive, negative
 
 
+# Key prefix of the per-token tensors an objective adds to its metrics when called with
+# ``inspect_tokens=True`` (the rollout inspector's steps only); the caller pops them before it
+# combines the float metrics.
+TOKEN_DETAIL = "tokens/"
+
+
+@torch.no_grad()
+def clip_removed_mask(ratio: Tensor, advantages: Tensor, mask: Tensor, *, low_bound: float, high_bound: float) -> Tensor | None:
+    """The tokens whose gradient the clip removes, by the definition ``clip_frac_low`` and
+    ``clip_frac_high`` count (their sum is this mask's share of ``mask``): A>0 with the ratio above
+    ``high_bound`` (the clipped term ``clip(r)*A`` is the active min and constant in θ) and A<0 with
+    it below ``low_bound``. None for an objective without a clip (bounds 0 and inf: CISPO, GPG,
+    SAPO, KL-Cov): "n/a", not "nothing clipped"."""
+    if low_bound <= 0.0 and math.isinf(high_bound):
+        return None
+    mask = mask.bool()
+    return mask & (((advantages < 0) & (ratio < low_bound)) | ((advantages > 0) & (ratio > high_bound)))
+
+
 @torch.no_grad()
 def policy_metrics(
     *,
@@ -166,6 +185,9 @@ class ObjectiveInputs:
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
     high_prob_threshold: float = 0.5
+    # True on the rollout inspector's steps: :meth:`finalize` adds the ratio it was given and the
+    # clip's mask (:func:`clip_removed_mask`) as tensors under ``tokens/`` keys (TOKEN_DETAIL).
+    inspect_tokens: bool = False
 
     @classmethod
     def zero_masked(
@@ -210,7 +232,17 @@ class ObjectiveInputs:
             entropy=None if entropy is None else entropy.detach(),
             kl=None if kl is None else kl.detach(),
         )
+        if self.inspect_tokens:
+            metrics.update(self.token_detail(ratio, self.advantages if advantages is None else advantages, low_bound, high_bound))
         return loss, metrics
+
+    def token_detail(self, ratio: Tensor, advantages: Tensor, low_bound: float, high_bound: float) -> dict[str, Any]:
+        """The per-token ``tokens/ratio`` and (for an objective with a clip) ``tokens/clipped``, detached."""
+        detail: dict[str, Any] = {f"{TOKEN_DETAIL}ratio": ratio.detach()}
+        clipped = clip_removed_mask(ratio.detach(), advantages, self.mask, low_bound=low_bound, high_bound=high_bound)
+        if clipped is not None:
+            detail[f"{TOKEN_DETAIL}clipped"] = clipped
+        return detail
 
 
 def zero_masked_inputs(

@@ -161,6 +161,8 @@ def clip_cov_loss(
     dtype = ratio.dtype
     metrics["cov/selected_frac"] = float(masked_mean(picked.to(dtype), x.mask))
     metrics["cov/candidate_frac"] = float(masked_mean(candidates.to(dtype), x.mask))
+    if "tokens/clipped" in metrics:  # a picked token's loss and gradient are zeroed: removed as a clipped one's
+        metrics["tokens/clipped"] = metrics["tokens/clipped"] | picked
     return loss, metrics
 
 

@@ -88,6 +88,8 @@ def ppo_loss(
             # For A<0 the cap -c*A binds exactly when r > c.
             dual_clipped = (x.advantages < 0) & (ratio.detach() > dual_clip)
             metrics["dual_clip_frac"] = float(masked_mean(dual_clipped.to(ratio.dtype), x.mask))
+            if "tokens/clipped" in metrics:  # the cap -c*A is constant in θ too: its tokens lose their gradient
+                metrics["tokens/clipped"] = metrics["tokens/clipped"] | (dual_clipped & x.mask)
     return loss, metrics
 
 
