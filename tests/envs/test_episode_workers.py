@@ -73,3 +73,46 @@ def test_two_workers_play_and_train_episodes_as_one_engine(ray_cluster, tmp_path
         for key in ("reward/mean", "episode/turns_mean", "episode/observation_tokens_mean", "actor/loss"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
     assert observation_grad_is_zero(arm.learner.policy, spread_played[1])
+
+
+@pytest.mark.slow
+def test_two_workers_play_episodes_ahead_for_a_lora_policy(ray_cluster, tmp_path, tiny_arch_dir, monkeypatch):
+    """All three at once: rollout.workers 2, max_staleness 1 (two buffer partitions, one worker
+    each, step t collected by worker (t - 1) mod 2) and a LoRA policy sent as merged weights."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    config = episode_experiment(
+        tmp_path,
+        tiny_arch_dir("qwen2"),
+        "hf",
+        steps=3,
+        rollout={"workers": 2, "max_staleness": 1},
+        model={"lora": {"r": 4, "alpha": 8, "target_modules": "all-linear"}},
+    )
+    arm = build_arm(ExperimentConfig.model_validate(config), arm="main", arm_dir=tmp_path / "runs" / "main")
+    played = []
+    try:
+        runner = arm.collector.episodes
+        run = runner.run
+
+        def recorded(*args, **kwargs):
+            groups = run(*args, **kwargs)
+            played.append([c for group in groups for c in group])
+            return groups
+
+        runner.run = recorded
+        policy = arm.learner.policy
+        base = {n: p.detach().clone() for n, p in policy.named_parameters() if not p.requires_grad}
+        adapter = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+        history = arm.loop(printer=lambda _: None).run()
+    finally:
+        arm.close()
+    assert len(history) == 3 and all(math.isfinite(h["actor/loss"]) for h in history)
+    assert [h["async/partition"] for h in history] == [0.0, 1.0, 0.0]
+    assert all(h["async/staleness_max"] <= min(1, step) for step, h in enumerate(history))
+    assert all(h["episode/observation_tokens_mean"] > 0 for h in history)
+    assert len(played) == 3 and all(len(episodes) == 8 for episodes in played)
+    assert all(torch.equal(base[n], p) for n, p in policy.named_parameters() if not p.requires_grad)
+    assert any(not torch.equal(adapter[n], p) for n, p in policy.named_parameters() if p.requires_grad)
+    assert observation_grad_is_zero(policy, played[-1])
