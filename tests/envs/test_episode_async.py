@@ -15,13 +15,18 @@ from polyrl.roles.arm import build_arm
 from tests.envs.shaped_guess import episode_experiment, observation_grad_is_zero
 
 
-class SignalsFirstTurn:
-    """The producer's engine for one step: ``turned`` is set once that step's first turn is sampled."""
+class TurnGate:
+    """The producer's engine for one step: ``turned`` is set once the step's first turn is
+    sampled; its later turns wait for ``synced`` (the learner's next sync)."""
 
-    def __init__(self, engine, turned: threading.Event):
-        self.engine, self.turned = engine, turned
+    def __init__(self, engine, turned: threading.Event, synced: threading.Event):
+        self.engine, self.turned, self.synced = engine, turned, synced
+        self.calls = 0
 
     def generate(self, prompts, settings):
+        self.calls += 1
+        if self.calls > 1:
+            assert self.synced.wait(timeout=120), "the learner never synced"
         out = self.engine.generate(prompts, settings)
         self.turned.set()
         return out
@@ -30,19 +35,40 @@ class SignalsFirstTurn:
         return getattr(self.engine, name)
 
 
+def _turn_gaps(policy, weights, completions) -> tuple[float, float]:
+    """Mean |sampler - ``weights``| log-prob over the episodes' first-turn policy tokens and over
+    their later turns' policy tokens."""
+    import copy
+
+    from polyrl.modeling.logprobs import pack_completions, token_logprobs
+
+    model = copy.deepcopy(policy).eval()
+    model.load_state_dict(weights)
+    packed = pack_completions(completions, pad_token_id=0)
+    with torch.no_grad():
+        logprobs, _ = token_logprobs(model, packed)
+    gap = (logprobs - packed.sampling_logprobs).abs()
+    mask = packed.response_mask.bool()
+    first = torch.zeros_like(mask)
+    for row, c in enumerate(completions):
+        first[row, : c.completion_mask.index(0)] = True  # the tokens before the first observation
+    return float(gap[mask & first].mean()), float(gap[mask & ~first].mean())
+
+
 @pytest.mark.slow
 def test_staleness_one_trains_on_episodes_sampled_a_version_behind(tmp_path, tiny_arch_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = episode_experiment(tmp_path, tiny_arch_dir("qwen2"), "hf", steps=3, rollout={"max_staleness": 1})
     arm = build_arm(ExperimentConfig.model_validate(config), arm="main", arm_dir=tmp_path / "runs" / "main")
-    played, turned = [], threading.Event()
+    played, turned, synced, version_1 = [], threading.Event(), threading.Event(), {}
     try:
         runner = arm.collector.episodes
         run = runner.run
 
         def recorded(engine, prompts, sampling):
-            # Step 2's episodes (the producer's second call) tell when their first turn is sampled.
-            groups = run(SignalsFirstTurn(engine, turned) if len(played) == 1 else engine, prompts, sampling)
+            # Step 2's episodes (the producer's second call): turn 1 at version 0, the later turns
+            # after update 1's sync, at version 1.
+            groups = run(TurnGate(engine, turned, synced) if len(played) == 1 else engine, prompts, sampling)
             played.append([c for group in groups for c in group])
             return groups
 
@@ -56,6 +82,9 @@ def test_staleness_one_trains_on_episodes_sampled_a_version_behind(tmp_path, tin
             if loop.step_index == 0:
                 assert turned.wait(timeout=120), "step 2 never played an episode turn"
             sync()
+            if loop.step_index == 0:
+                version_1.update({n: p.detach().clone() for n, p in arm.learner.policy.state_dict().items()})
+                synced.set()
 
         loop.sync = held_sync
         before = {n: p.detach().clone() for n, p in arm.learner.policy.named_parameters()}
@@ -72,7 +101,17 @@ def test_staleness_one_trains_on_episodes_sampled_a_version_behind(tmp_path, tin
     assert all(h["async/staleness_max"] <= 1 for h in history)
     assert [c.policy_version for c in played[1]] == [0] * 8
     assert all(c.episode["policy_versions"][0] == 0 for c in played[1])
-    assert 0.0 <= history[1]["episode/mixed_versions_share"] <= 1.0
+    # Episodes that went on after turn 1 span versions 0 and 1 (and carry 0, their oldest).
+    later = [c for c in played[1] if 0 in c.completion_mask and 1 in c.completion_mask[c.completion_mask.index(0) :]]
+    assert later, "no episode of step 2 had a second turn"
+    assert all(c.episode["policy_versions"] == [0, 1] for c in later)
+    assert history[1]["episode/mixed_versions_share"] == pytest.approx(
+        sum(c.episode["assistant_turns"] > 1 for c in played[1]) / 8
+    )
+    # Each policy token keeps the log-prob of the weights that sampled it: version 1's weights
+    # score the later turns' tokens as the sampler did, not turn 1's (sampled by version 0).
+    first_turn, later_turns = _turn_gaps(arm.learner.policy, version_1, later)
+    assert later_turns < 1e-4 and first_turn > 1e-3, (first_turn, later_turns)
     for h in history:
         assert h["episode/observation_tokens_mean"] > 0
         # Lengths count the policy's tokens only: the observation tokens are not the policy's.
