@@ -201,6 +201,19 @@ class ExperimentConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _every_setting_acts(self) -> "ExperimentConfig":
+        """A field written in the YAML that would do nothing here (polyrl.config.inert_settings)."""
+        from polyrl.config.inert_settings import inert_refusals
+
+        errors = [
+            InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
+            for loc, message, value in inert_refusals(self)
+        ]
+        if errors:
+            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        return self
+
+    @model_validator(mode="after")
     def _cpu_matmul_applies(self) -> "ExperimentConfig":
         """An explicit ``train.cpu_matmul: onednn`` that would silently not run is refused here;
         the device and the torch build are checked when the arm is built."""
@@ -295,4 +308,8 @@ def load_experiment(path: str | Path, *, set_options: list[str] | None = None) -
 
 
 def to_yaml(config: ExperimentConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML, without the fields that do nothing in it (defaults there), so
+    that it validates again (polyrl.config.inert_settings)."""
+    from polyrl.config.inert_settings import drop_idle
+
+    return yaml.safe_dump(drop_idle(config, config.model_dump(mode="json")), sort_keys=False)

@@ -45,7 +45,7 @@ class RolloutCorrectionConfig(StrictModel):
         description="Truncated importance sampling (verl rollout_is): 'token' weights each token by min(ρ_t, "
         "is_threshold), 'sequence' each row by min(∏ρ_t, is_threshold); decoupled mode only.",
     )
-    is_threshold: float = Field(2.0, gt=1, description="TIS cap C (verl rollout_is_threshold); needs is_level.")
+    is_threshold: float = Field(2.0, gt=1, description="TIS cap C (verl rollout_is_threshold); refused without is_level.")
     mis: RatioBandConfig | None = Field(
         None, description="Sequence MIS (verl seq_sum_k1): mask rows whose product of ratios ∏ρ_t leaves [low, high]."
     )
@@ -69,8 +69,7 @@ class RolloutCorrectionConfig(StrictModel):
 
     @model_validator(mode="after")
     def _every_setting_acts(self) -> "RolloutCorrectionConfig":
-        if "is_threshold" in self.model_fields_set and self.is_level is None:
-            raise ValueError("is_threshold caps the importance weights, but is_level is null; set is_level: token or sequence")
+        # is_threshold without is_level: refused with the other idle settings (polyrl/config/inert_settings.py).
         if self.mode == "bypass" and self.is_level is not None:
             raise ValueError(
                 "mode 'bypass' uses the sampler's log-probs as π_old, so the objective's ratio π_θ/π_sampler is already "
@@ -184,7 +183,8 @@ class DynamicSamplingConfig(StrictModel):
         3,
         ge=1,
         description="Generation rounds per step at most (the first included); after them the batch keeps the informative "
-        "groups it has, even if short or empty (logged as rollout/dynamic_sampling_missing_groups).",
+        "groups it has, even if short or empty (logged as rollout/dynamic_sampling_missing_groups). Refused when written "
+        "without enabled: true.",
     )
 
 
@@ -199,16 +199,20 @@ class OverlongConfig(StrictModel):
         "An unquoted YAML off (read as false) means 'off'.",
     )
     max_length: int | None = Field(
-        None, ge=1, description="L_max of the soft punishment, in response tokens; default rollout.max_tokens."
+        None,
+        ge=1,
+        description="L_max of the soft punishment, in response tokens; default rollout.max_tokens; soft_punishment only.",
     )
     cache_length: int = Field(
         16,
         ge=0,
         description="L_cache: the soft punishment's ramp, in tokens before L_max (0: a step from 0 to −1 past L_max); "
-        "soft_punishment only.",
+        "soft_punishment only (refused when written with another mode).",
     )
     penalty_weight: float = Field(
-        1.0, description="Multiplies the soft punishment before it is added to the reward; soft_punishment only."
+        1.0,
+        description="Multiplies the soft punishment before it is added to the reward; soft_punishment only (refused when "
+        "written with another mode).",
     )
 
 
@@ -251,7 +255,8 @@ class ModalityGAEConfig(StrictModel):
 class ModalitiesConfig(StrictModel):
     """Per-modality GAE settings, polyrl's own design: each response token uses its own modality's γ/λ
     (GAE itself: arXiv 1506.02438). The defaults (text 0.95/0.9, image 0.85/0.8) are polyrl's heuristic,
-    not a published recipe; group estimators (GRPO and the like) ignore them."""
+    not a published recipe; group estimators (GRPO and the like) have no use for them, so writing them beside one
+    is refused."""
 
     text: ModalityGAEConfig = ModalityGAEConfig(gamma=0.95, lam=0.9)
     image: ModalityGAEConfig = ModalityGAEConfig(gamma=0.85, lam=0.8)

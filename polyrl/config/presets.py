@@ -70,7 +70,12 @@ def objective_preset_overrides(config: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     name = _section(config, "objective").get("name", ObjectiveConfig.model_fields["name"].default)
-    return copy.deepcopy(OBJECTIVE_PRESETS.get(name, {})) if isinstance(name, str) else {}
+    overrides = copy.deepcopy(OBJECTIVE_PRESETS.get(name, {})) if isinstance(name, str) else {}
+    if _section(config, "train").get("kl_coef") == 0 and "train" in overrides:
+        # kl_coef: 0 written in the YAML turns the preset's KL off (REINFORCE++ without KL): its
+        # KL settings would do nothing, and are refused when written (polyrl/config/inert_settings.py).
+        overrides["train"] = {key: value for key, value in overrides["train"].items() if not key.startswith("kl_")}
+    return overrides
 
 
 def preset_overrides(preset: str, config: dict[str, Any] | None = None) -> dict[str, Any]:

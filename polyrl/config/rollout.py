@@ -19,7 +19,11 @@ class TruncatedImportanceSamplingConfig(StrictModel):
         "the rollout engine's, for the same token (logged as rollout/tis_weight_mean). Not with "
         "objective.rollout_correction, which covers the same with more choices.",
     )
-    cap: float = Field(2.0, gt=1.0, description="C: the truncation of each token's importance weight (enabled: true only).")
+    cap: float = Field(
+        2.0,
+        gt=1.0,
+        description="C: the truncation of each token's importance weight (enabled: true only; refused when written with enabled: false).",
+    )
 
 
 class WorkerResourcesConfig(StrictModel):

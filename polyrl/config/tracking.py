@@ -54,15 +54,18 @@ class EvalConfig(StrictModel):
     """Periodic evaluation inside training: an eval suite run with the training run's own rollout engine,
     logged as eval/<metric>."""
 
-    every: int = Field(0, ge=0, description="Evaluate every N steps inside training (0 = never).")
+    every: int = Field(0, ge=0, description="Evaluate every N steps inside training (0 = never); > 0 needs suite.")
     suite: str | None = Field(
         None,
         description="The eval suite periodic evaluation runs: a YAML path, or a suite name looked up as <name>.yaml in "
         "$POLYRL_EVAL_SUITES's folders, ./experiments/evals and the repository's experiments/evals. Required when "
-        "every > 0.",
+        "every > 0; refused with every 0.",
     )
     limit: int | None = Field(
-        None, ge=1, description="At most this many prompts per dataset of the suite (the suite's own limit, if lower, wins)."
+        None,
+        ge=1,
+        description="At most this many prompts per dataset of the suite (the suite's own limit, if lower, wins); "
+        "refused with every 0.",
     )
 
 
@@ -130,7 +133,7 @@ class HealthConfig(StrictModel):
         None,
         description="The held-out score the training reward is checked against (a metric key, e.g. "
         "'eval/gsm8k/accuracy'); default: every eval/<suite>/accuracy and eval/<suite>/reward/mean the periodic "
-        "evaluation logs. Needs eval.every > 0.",
+        "evaluation logs. Refused without periodic evaluation (eval.every > 0 with eval.suite).",
     )
     min_reward_rise: float = Field(
         0.05,

@@ -12,7 +12,8 @@ from polyrl.config.base import StrictModel
 
 
 class ValueConfig(StrictModel):
-    """Critic for PPO/GAE; built only when the advantage estimator needs values.
+    """Critic for PPO/GAE; built only when the advantage estimator needs values (written for one that
+    does not, it is refused).
 
     The critic has its own optimizer (as in verl and OpenRLHF), so a value-loss coefficient
     would only rescale its learning rate: there is no ``coef``; set ``learning_rate``.
@@ -104,13 +105,13 @@ class TrainConfig(StrictModel):
         "k3",
         description="Per-token KL estimator (Schulman, 'Approximating KL Divergence', 2020): k1 = log π − log π_ref "
         "(unbiased, can be negative), k2 = ½(log π − log π_ref)² (biased, ≥ 0), k3 = ρ − log ρ − 1 with ρ = π_ref/π "
-        "(unbiased, ≥ 0; GRPO's, DeepSeekMath arXiv 2402.03300). Applies where kl_coef > 0.",
+        "(unbiased, ≥ 0; GRPO's, DeepSeekMath arXiv 2402.03300). Applies where kl_coef > 0 (refused when written with kl_coef 0).",
     )
     kl_in_reward: bool = Field(
         False,
         description="Put the KL penalty in the reward instead of the loss (InstructGPT's placement): each token's "
         "reward is −kl_coef × KL(π_old ‖ π_ref), plus the sequence reward on the last token, before the advantage "
-        "estimator. Needs kl_coef > 0 to do anything.",
+        "estimator. Refused with kl_coef 0, where it would do nothing.",
     )
     entropy_coef: float = Field(
         0.0,
@@ -124,7 +125,12 @@ class TrainConfig(StrictModel):
     warmup_steps: int = Field(
         0, ge=0, description="Optimizer steps of linear warm-up (steps × updates_per_batch × mini_batches in all)."
     )
-    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Where linear/cosine decay ends, as a fraction of learning_rate.")
+    min_lr_ratio: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Where linear/cosine decay ends, as a fraction of learning_rate (refused with lr_schedule constant).",
+    )
     max_consecutive_nonfinite: int = Field(
         3,
         ge=1,

@@ -65,7 +65,8 @@ def test_reinforce_pp_preset_puts_the_k1_kl_in_the_reward(tmp_path):
 
 def test_explicit_keys_beat_the_objective_preset_and_other_objectives_get_none(tmp_path):
     config = _load(tmp_path, "name: p\nobjective: {name: reinforce_pp}\ntrain: {kl_coef: 0.0}\n")
-    assert config.train.kl_coef == 0.0 and config.train.kl_in_reward
+    # kl_coef: 0 turns the preset's KL off whole: its kl_in_reward and kl_estimator would do nothing.
+    assert config.train.kl_coef == 0.0 and not config.train.kl_in_reward and config.train.kl_estimator == "k3"
     # An arm switching to REINFORCE++ gets the preset; the base arm (GRPO) does not.
     text = "name: p\narms:\n  base: {}\n  rpp: {objective: {name: reinforce_pp}}\n"
     assert not _load(tmp_path, text, "base").train.kl_in_reward
