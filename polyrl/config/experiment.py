@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from polyrl.config.base import ConfigError, StrictModel, check_safe_name
 from polyrl.config.data import DataConfig
 from polyrl.config.dotted_keys import deep_merge, expand_dotted, parse_set_options
 from polyrl.config.episodes import EnvConfig, env_refusals
+from polyrl.config.inert_settings import drop_idle, inert_refusals, switched_off_later
 from polyrl.config.model import ModelConfig
 from polyrl.config.objective import AdvantageConfig, ModalitiesConfig, ObjectiveConfig
 from polyrl.config.presets import PRESETS, PresetError, objective_preset_overrides, preset_overrides
@@ -201,13 +202,13 @@ class ExperimentConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _every_setting_acts(self) -> "ExperimentConfig":
-        """A field written in the YAML that would do nothing here (polyrl.config.inert_settings)."""
-        from polyrl.config.inert_settings import inert_refusals
-
+    def _every_setting_acts(self, info: ValidationInfo) -> "ExperimentConfig":
+        """A field written in the YAML that would do nothing here (polyrl.config.inert_settings); the
+        context's ``inert_exempt``: fields a later layer (arm, --set) switched off."""
+        exempt = (info.context or {}).get("inert_exempt", set())
         errors = [
             InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
-            for loc, message, value in inert_refusals(self)
+            for loc, message, value in inert_refusals(self, exempt)
         ]
         if errors:
             raise ValidationError.from_exception_data("ExperimentConfig", errors)
@@ -288,8 +289,10 @@ def resolve_arms(
                 merged = deep_merge(preset_overrides(preset, merged), merged)
             except PresetError as error:
                 raise ConfigError(f"{source}: invalid experiment config\n  - preset: {error}") from None
+        # An arm or --set that turns a feature off keeps the base's settings of it (inert_settings.py).
+        exempt = switched_off_later([raw, expand_dotted(arm_overrides), overrides])
         try:
-            config = ExperimentConfig.model_validate(merged)
+            config = ExperimentConfig.model_validate(merged, context={"inert_exempt": exempt})
         except ValidationError as error:
             # Report arm errors at the arm's path when the bad key came from the arm.
             raise ConfigError(
@@ -310,6 +313,4 @@ def load_experiment(path: str | Path, *, set_options: list[str] | None = None) -
 def to_yaml(config: ExperimentConfig) -> str:
     """The resolved config as YAML, without the fields that do nothing in it (defaults there), so
     that it validates again (polyrl.config.inert_settings)."""
-    from polyrl.config.inert_settings import drop_idle
-
     return yaml.safe_dump(drop_idle(config, config.model_dump(mode="json")), sort_keys=False)

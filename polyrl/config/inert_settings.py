@@ -4,7 +4,15 @@ does something or is refused).
 Each :class:`Inert` rule names a field, when it has no effect (``idle``: the feature it tunes is
 off) and why. A field written in the YAML (pydantic's ``model_fields_set``, so a default never
 trips a rule) while its rule is idle is refused by :class:`polyrl.config.experiment.ExperimentConfig`
-with its field path, the reason and what is allowed. :func:`drop_idle` removes the idle fields
+with its field path, the reason and what is allowed.
+
+Except where a later layer of the file turned the feature off: an arm (or ``--set``) that changes
+the setting a field depends on (its ``SWITCHES``) while the field comes from the base keys (or an
+arm) is an ablation (``arms: {no_ds: {advantage.dynamic_sampling.enabled: false}}``, ``--set
+eval.every=0``, a GRPO arm beside a PPO base with ``train.value``), so the base's setting is kept
+for the arms where it acts. Written in the same layer as the switch, it is refused.
+
+:func:`drop_idle` removes the idle fields
 from a dumped config (``to_yaml``), so a resolved config read back (a Ray arm, a
 ``resolved_config.yaml`` run again) carries only what acts and validates again.
 """
@@ -17,7 +25,7 @@ from typing import Any
 
 from polyrl.config.model import TINY_POLICY_KEYS
 
-__all__ = ["Inert", "INERT_SETTINGS", "drop_idle", "inert_refusals"]
+__all__ = ["Inert", "INERT_SETTINGS", "SWITCHES", "drop_idle", "inert_refusals", "switched_off_later"]
 
 
 def _estimator_requires(cfg: Any) -> tuple[str, ...]:
@@ -159,16 +167,62 @@ INERT_SETTINGS: tuple[Inert, ...] = (
 )
 
 
+# The settings that make each field act (dotted paths): a later layer writing one of them exempts the field.
+SWITCHES: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("train", "kl_in_reward"): ("train.kl_coef",),
+    ("train", "kl_estimator"): ("train.kl_coef",),
+    ("train", "min_lr_ratio"): ("train.lr_schedule",),
+    ("train", "value"): ("objective.name", "advantage.estimator"),
+    ("modalities",): ("objective.name", "advantage.estimator"),
+    ("advantage", "overlong", "max_length"): ("advantage.overlong.mode",),
+    ("advantage", "overlong", "cache_length"): ("advantage.overlong.mode",),
+    ("advantage", "overlong", "penalty_weight"): ("advantage.overlong.mode",),
+    ("advantage", "dynamic_sampling", "max_rounds"): ("advantage.dynamic_sampling.enabled",),
+    ("rollout", "truncated_importance_sampling", "cap"): ("rollout.truncated_importance_sampling.enabled",),
+    ("objective", "rollout_correction", "is_threshold"): ("objective.rollout_correction.is_level",),
+    ("eval", "suite"): ("eval.every",),
+    ("eval", "limit"): ("eval.every",),
+    ("eval", "every"): ("eval.suite",),
+    ("health", "held_out_metric"): ("eval.every", "eval.suite"),
+}
+
+
+def _written(layer: Any, path: tuple[str, ...]) -> bool:
+    for part in path:
+        if not isinstance(layer, dict) or part not in layer:
+            return False
+        layer = layer[part]
+    return True
+
+
+def _last_layer(layers: list[dict[str, Any]], path: tuple[str, ...]) -> int:
+    return max((index for index, layer in enumerate(layers) if _written(layer, path)), default=-1)
+
+
+def switched_off_later(layers: list[dict[str, Any]]) -> set[tuple[str, ...]]:
+    """The fields whose switch a later layer wrote than the field itself (``layers``: the base
+    keys, the arm's, ``--set``'s, nested, lowest precedence first): exempt from the refusal."""
+    exempt = set()
+    for path, switches in SWITCHES.items():
+        field = _last_layer(layers, path)
+        if field >= 0 and max(_last_layer(layers, tuple(s.split("."))) for s in switches) > field:
+            exempt.add(path)
+    return exempt
+
+
 def _owner(cfg: Any, path: tuple[str, ...]) -> Any:
     for part in path[:-1]:
         cfg = getattr(cfg, part) if cfg is not None else None
     return cfg
 
 
-def inert_refusals(cfg: Any) -> list[tuple[tuple[str, ...], str, Any]]:
-    """``(field path, message, value)`` for every field written in the YAML that does nothing here."""
+def inert_refusals(cfg: Any, exempt: set[tuple[str, ...]] = frozenset()) -> list[tuple[tuple[str, ...], str, Any]]:
+    """``(field path, message, value)`` for every field written in the YAML that does nothing here
+    (but those in ``exempt``, :func:`switched_off_later`)."""
     refusals = []
     for rule in INERT_SETTINGS:
+        if rule.path in exempt:
+            continue
         owner, name = _owner(cfg, rule.path), rule.path[-1]
         if owner is None:  # an optional block that is absent
             continue

@@ -127,14 +127,28 @@ def test_reinforce_pp_with_kl_coef_0_turns_the_presets_kl_off_rather_than_being_
         resolve_arms({"name": "x", "objective": {"name": "reinforce_pp"}, "train": {"kl_coef": 0, "kl_in_reward": True}})
 
 
-def test_an_arm_that_makes_a_base_setting_idle_is_named():
+def test_an_arm_or_set_that_turns_a_feature_off_keeps_the_bases_settings_of_it():
+    # Ablations: the base's settings act in the arms where the feature is on.
     raw = {
         "name": "x",
+        "objective": {"name": "ppo"},
+        "train": {"value": {"learning_rate": 1e-3}},
+        "modalities": {"text": {"gamma": 0.9, "lam": 0.9}},
         "advantage": {"dynamic_sampling": {"enabled": True, "max_rounds": 5}},
-        "arms": {"on": {}, "off": {"advantage.dynamic_sampling.enabled": False}},
+        "eval": {"every": 5, "suite": "arithmetic"},
+        "arms": {"on": {}, "no_ds": {"advantage.dynamic_sampling.enabled": False}, "grpo": {"objective.name": "grpo"}},
     }
+    arms = resolve_arms(raw, overrides={"eval": {"every": 0}})  # --set eval.every=0
+    assert arms["no_ds"].advantage.dynamic_sampling.max_rounds == 5 and arms["grpo"].eval.every == 0
+
+
+def test_an_arm_that_writes_a_setting_its_own_switch_leaves_off_is_refused_naming_the_arm():
+    raw = {"name": "x", "arms": {"on": {}, "off": {"advantage.dynamic_sampling.max_rounds": 5}}}
     with pytest.raises(ConfigError, match=r"\(arm 'off'\).*\n  - advantage\.dynamic_sampling\.max_rounds: set"):
         resolve_arms(raw)
+    # Switch and field in one layer (here both from --set): refused too.
+    with pytest.raises(ConfigError, match=r"eval\.suite: set, but eval\.every is 0"):
+        resolve_arms({"name": "x"}, overrides={"eval": {"every": 0, "suite": "arithmetic"}})
 
 
 ROUND_TRIPS = [
