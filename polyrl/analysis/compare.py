@@ -67,6 +67,8 @@ class Comparison:
     unfinished: str | None = None  # a sentence naming the arms that did not finish; None when all did
     headline: dict[str, float] | None = None  # the figures logged as the parent run's metrics
     differences: list | None = None  # seed_report.pairwise_rows: (metric, arm a, arm b, difference, Holm p, verdict)
+    baseline: str | None = None  # each arm compared with this one (--baseline), else every pair
+    metrics: list[str] | None = None  # the metrics compared (--metrics), else the default ones
 
 
 def _format(value: float | None) -> str:
@@ -233,13 +235,31 @@ def experiment_compare_url(experiment: str, *, tracking_uri: str, base_url: str 
     return _chart_view(client, parent, arms, seed_runs, base_url or ui_base_url(tracking_uri))[0]
 
 
-def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Path, log_to_mlflow: bool = True) -> Comparison:
+def check_baseline(baseline: str | None, arms: list[str], experiment: str) -> None:
+    """Refuse a ``--baseline`` that is not one of the experiment's arms, naming the arms."""
+    if baseline is not None and baseline not in arms:
+        raise CompareError(f"--baseline {baseline!r} is not an arm of experiment {experiment!r}; its arms: {', '.join(arms)}")
+
+
+def compare_experiment(
+    experiment: str,
+    *,
+    tracking_uri: str,
+    out_dir: str | Path,
+    log_to_mlflow: bool = True,
+    baseline: str | None = None,
+    metrics: list[str] | None = None,
+) -> Comparison:
+    """Compare the arms of the newest run of ``experiment``. With ``baseline`` (an arm), the
+    differences are each other arm minus it, Holm-corrected over those only; else every pair.
+    With ``metrics``, only those get differences (seeded experiments)."""
     require_existing_store(tracking_uri)
     client = make_client(tracking_uri)
     parent, arm_runs = _arm_run_objects(client, experiment, tracking_uri)
     arms = {arm: run.info.run_id for arm, run in arm_runs.items()}
-    all_seed_runs, seed_runs = _seed_run_ids(client, parent, arms)
     order = list(dict.fromkeys(planned_arms(parent) + list(arm_runs)))
+    check_baseline(baseline, order, experiment)
+    all_seed_runs, seed_runs = _seed_run_ids(client, parent, arms)
     statuses = [arm_status(arm, arm_runs.get(arm), all_seed_runs.get(arm)) for arm in order]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -247,10 +267,15 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
     # (the seed report leaves out and names each seed run that did not finish).
     if seed_runs:
         report, table, plot_paths, histories, rows, headline = seeded_report(
-            client, experiment, parent.info.run_id, tracking_uri, seed_runs, out
+            client, experiment, parent.info.run_id, tracking_uri, seed_runs, out, baseline=baseline, metrics=metrics
         )
         verdicts = [row[5] for row in rows]
     else:
+        if baseline is not None or metrics:
+            raise CompareError(
+                f"experiment {experiment!r} ran one seed per arm: its report has final values but no differences, so "
+                "--baseline and --metrics would change nothing; run it with seeds (`seeds: 3`, or polyrl run … --seeds 0,1,2)"
+            )
         finished = {status.arm for status in statuses if status.finished}
         report, table, plot_paths, histories = _single_seed_report(
             client,
@@ -298,6 +323,8 @@ def compare_experiment(experiment: str, *, tracking_uri: str, out_dir: str | Pat
         unfinished,
         headline,
         rows,
+        baseline,
+        list(metrics) if metrics else None,
     )
 
 

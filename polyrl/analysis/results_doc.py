@@ -216,6 +216,17 @@ def headline_rows(rows: list, keys: list[str]) -> list:
     return sorted((row for row in rows if row[0] in keys), key=lambda row: keys.index(row[0]))
 
 
+def compare_command(comparison) -> str:
+    """The ``polyrl compare`` call that writes this section, with the options that shaped it
+    (``--baseline``, ``--metrics``), so running it again gives the same comparisons."""
+    parts = ["polyrl compare", comparison.experiment]
+    if comparison.baseline:
+        parts += ["--baseline", comparison.baseline]
+    if comparison.metrics:
+        parts += ["--metrics", ",".join(comparison.metrics)]
+    return " ".join(parts + ["--results …"])
+
+
 def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_link: str) -> str:
     """The experiment's section; copies its headline plots into ``plots_dir`` (linked as
     ``plots_link/<file>``)."""
@@ -252,7 +263,8 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
         if path.resolve() != (plots_dir / path.name).resolve():
             shutil.copyfile(path, plots_dir / path.name)
         plots.append(f"![{path.stem}]({plots_link}/{path.name})")
-    rows = headline_rows(comparison.differences or [], keys)
+    # With --metrics the differences are those metrics, in the order asked; else the headline ones.
+    rows = headline_rows(comparison.differences or [], list(comparison.metrics or keys))
     verdicts = [f"- {row[0]}: {row[5]}" for row in rows] or (
         ["- One seed per arm: no verdict (final values only)."] if not seeded else ["- (no headline metric compared)"]
     )
@@ -276,7 +288,7 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
                 if seeded
                 else ""
             )
-            + f"`, then `polyrl compare {comparison.experiment} --results …` (rewrites this section).",
+            + f"`, then `{compare_command(comparison)}` (rewrites this section).",
             "",
             *unfinished,
             "### Final values" + (f" (mean over seeds [{CONFIDENCE:.0%} CI])" if seeded else " (last logged step)"),
@@ -292,7 +304,16 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
                 )
                 else []
             ),
-            *(["### Differences", "", differences_table(rows), ""] if rows else []),
+            *(
+                [
+                    f"### Differences{f' from the baseline {comparison.baseline}' if comparison.baseline else ''}",
+                    "",
+                    differences_table(rows),
+                    "",
+                ]
+                if rows
+                else []
+            ),
             "### Curves",
             "",
             *plots,

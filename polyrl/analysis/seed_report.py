@@ -37,6 +37,7 @@ from polyrl.analysis.stats import (
     mean_interval,
     verdict,
 )
+from polyrl.core.errors import PolyrlError
 
 # Metrics whose difference between arms gets a verdict (plus each eval accuracy).
 PAIRWISE_METRICS: tuple[str, ...] = (
@@ -145,14 +146,28 @@ def change_table(rows: list[tuple[str, str, Difference, float, str]]) -> str:
     return "\n".join(lines)
 
 
-def pairwise_rows(histories: SeedHistories, keys: list[str]) -> list[tuple[str, str, str, Difference, float, str]]:
-    """(metric, arm a, arm b, a − b with its interval, Holm-adjusted p, verdict) for each pair of
-    arms and each metric; Holm's adjustment runs over all these rows together."""
+def compared_pairs(arms: list[str], baseline: str | None = None) -> list[tuple[str, str]]:
+    """The (a, b) pairs whose difference a − b a report tests: each arm against ``baseline`` (in
+    the arms' order), or every pair of arms when there is none. Nine arms make 36 pairs, and
+    Holm's correction over all of them (times the metrics) leaves no verdict standing; against
+    one baseline they are 8."""
+    if baseline is None:
+        return list(itertools.combinations(arms, 2))
+    return [(arm, baseline) for arm in arms if arm != baseline]
+
+
+def pairwise_rows(
+    histories: SeedHistories, keys: list[str], *, baseline: str | None = None
+) -> list[tuple[str, str, str, Difference, float, str]]:
+    """(metric, arm a, arm b, a − b with its interval, Holm-adjusted p, verdict) for each compared
+    pair (:func:`compared_pairs`: every pair, or each arm minus ``baseline``) and each metric, by
+    metric then arm; Holm's adjustment runs over all these rows together."""
     found: list[tuple[str, str, str, Difference]] = []
+    pairs = compared_pairs(list(histories), baseline)
     for key in keys:
         values = finals(histories, key)
-        for first, second in itertools.combinations(list(histories), 2):
-            if not values[first] or not values[second]:
+        for first, second in pairs:
+            if not values.get(first) or not values.get(second):
                 continue
             found.append((key, first, second, arm_difference(values[first], values[second])))
     adjusted = holm_adjusted([difference.p_value for *_, difference in found])
@@ -176,7 +191,7 @@ def pairwise_table(rows: list[tuple[str, str, str, Difference, float, str]]) -> 
     return "\n".join(lines)
 
 
-def comparison_note(rows: list[tuple[str, str, str, Difference, float, str]]) -> str:
+def comparison_note(rows: list[tuple[str, str, str, Difference, float, str]], baseline: str | None = None) -> str:
     """How the differences were computed and how many verdicts the correction covers."""
     methods = sorted({difference.method for _, _, _, difference, _, _ in rows})
     tested = sum(p == p for *_, p, _ in rows)
@@ -187,8 +202,22 @@ def comparison_note(rows: list[tuple[str, str, str, Difference, float, str]]) ->
     }
     return (
         " ".join(f"Intervals {said[m]}." for m in methods) + f" Verdicts are corrected for multiplicity with Holm's step-down "
-        f"method over the {tested} comparisons of this report (family-wise error 5%); the intervals shown are unadjusted."
+        f"method over the {tested} comparisons of this report"
+        + (f" (each arm against the baseline {baseline}, not every pair)" if baseline else "")
+        + " (family-wise error 5%); the intervals shown are unadjusted."
     )
+
+
+def compared_metrics(metrics: list[str], columns: list[str]) -> list[str]:
+    """The metrics asked for (``polyrl compare --metrics``), checked against those the arms logged
+    (the final table's columns); an unknown one is refused, naming the ones there are."""
+    unknown = [key for key in metrics if key not in columns]
+    if unknown:
+        raise PolyrlError(
+            f"--metrics: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not logged by the finished seed runs; "
+            f"the metrics there are: {', '.join(columns)}"
+        )
+    return list(dict.fromkeys(metrics))
 
 
 def metric_name(text: str) -> str:
@@ -253,12 +282,22 @@ def plot_bands(histories: SeedHistories, keys: list[str], titles: dict[str, str]
 
 
 def seeded_report(
-    client: MlflowClient, experiment: str, parent_run_id: str, tracking_uri: str, seed_runs: dict[str, dict[int, str]], out: Path
+    client: MlflowClient,
+    experiment: str,
+    parent_run_id: str,
+    tracking_uri: str,
+    seed_runs: dict[str, dict[int, str]],
+    out: Path,
+    *,
+    baseline: str | None = None,
+    metrics: list[str] | None = None,
 ):
     """Returns ``(report markdown, final table, plot paths, mean histories, verdict sentences,
     headline metrics)``.
 
-    Seed runs that did not finish (:func:`finished_seed_runs`) are left out and named."""
+    Seed runs that did not finish (:func:`finished_seed_runs`) are left out and named. With
+    ``baseline``, each other arm is compared with it (not every pair); with ``metrics``, only
+    those metrics get differences and changes (:func:`compared_metrics`)."""
     seed_runs, left_out = finished_seed_runs(client, seed_runs)
     run_ids = [run_id for by_seed in seed_runs.values() for run_id in by_seed.values()]
     eval_keys = eval_metric_keys(client, run_ids)
@@ -283,8 +322,11 @@ def seeded_report(
         for key in (*PAIRWISE_METRICS, *[k for k in eval_keys if is_eval_score(k) or k.endswith("/length/wrong_mean")])
         if key in columns
     ]
-    rows = pairwise_rows(histories, pair_keys)
-    changes = change_rows(histories, [key for key in eval_keys if key in columns])
+    if metrics:
+        pair_keys = compared_metrics(metrics, columns)
+    rows = pairwise_rows(histories, pair_keys, baseline=baseline)
+    changes = change_rows(histories, [key for key in eval_keys if key in columns and (not metrics or key in metrics)])
+    no_baseline = baseline is not None and not any(finals(histories, key).get(baseline) for key in pair_keys)
     seeds_line = " · ".join(
         f"{arm}: seeds {', '.join(map(str, sorted(by_seed))) or 'none finished'}" for arm, by_seed in seed_runs.items()
     )
@@ -309,11 +351,23 @@ def seeded_report(
             "",
             table,
             "",
-            f"## Differences between arms (final values; {CONFIDENCE:.0%} interval, paired by seed where the arms share seeds)",
+            (
+                f"## Differences from the baseline {baseline} (each arm − {baseline}; final values; {CONFIDENCE:.0%} "
+                "interval, paired by seed where the arms share seeds)"
+                if baseline
+                else f"## Differences between arms (final values; {CONFIDENCE:.0%} interval, paired by seed where the arms "
+                "share seeds)"
+            ),
             "",
-            pairwise_table(rows) if rows else "(fewer than two arms: nothing to compare)",
+            pairwise_table(rows)
+            if rows
+            else (
+                f"(the baseline {baseline} has no finished seed run with these metrics: nothing to compare against)"
+                if no_baseline
+                else "(fewer than two arms: nothing to compare)"
+            ),
             "",
-            *([comparison_note(rows), ""] if rows else []),
+            *([comparison_note(rows, baseline), ""] if rows else []),
             "A difference whose interval contains 0 is not distinguishable from seed noise at this number of seeds: "
             "more seeds narrow the interval, roughly as 1/√n.",
             "",

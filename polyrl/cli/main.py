@@ -207,15 +207,30 @@ def compare(
         "--results",
         help="Also write the experiment's section of this results document (e.g. docs/results.md), replacing only that section.",
     ),
+    baseline: Optional[str] = typer.Option(
+        None,
+        "--baseline",
+        help="An arm to compare every other arm with (differences arm − baseline, Holm-corrected over those only); "
+        "default: every pair of arms.",
+    ),
+    metrics: Optional[str] = typer.Option(
+        None,
+        "--metrics",
+        help="Comma-separated metric keys to compare (e.g. eval/arithmetic_chat/accuracy,eval/arithmetic_chat/length/mean); "
+        "default: the held-out scores and the training curves.",
+    ),
 ) -> None:
     """Plot the arms of an experiment side by side and tabulate their final values."""
-    from polyrl.analysis.compare import compare_experiment, default_report_dir
+    from polyrl.analysis.compare import CompareError, compare_experiment, default_report_dir
     from polyrl.tracking.mlflow_runs import is_server_uri, resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     with user_errors():
         out = out or default_report_dir(experiment)
-        result = compare_experiment(experiment, tracking_uri=uri, out_dir=out)
+        chosen = [key.strip() for key in metrics.split(",") if key.strip()] if metrics is not None else None
+        if metrics is not None and not chosen:
+            raise CompareError("--metrics: no metric key given (comma-separated keys, e.g. eval/<suite>/accuracy)")
+        result = compare_experiment(experiment, tracking_uri=uri, out_dir=out, baseline=baseline, metrics=chosen)
         if results is not None:
             from polyrl.analysis.results_doc import write_results
             from polyrl.tracking.mlflow_runs import make_client
@@ -236,6 +251,12 @@ def compare(
     )
     if not is_server_uri(uri):
         console.print(f"(a local store: start the UI first with polyrl ui {experiment})", highlight=False)
+    if baseline is None and result.seed_runs and len(result.arms) > 4:
+        console.print(
+            f"({len(result.arms)} arms: every pair is compared; --baseline ARM compares each arm with one arm only, "
+            "which keeps Holm's correction to fewer comparisons)",
+            highlight=False,
+        )
     if result.unfinished:
         from polyrl.cli.errors import fail
 
