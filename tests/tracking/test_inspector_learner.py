@@ -110,3 +110,33 @@ def test_capture_keeps_the_first_pass_and_leaves_observation_tokens_unshaded():
     # Row 1's second token left the loss: no ratio, advantage or clip flag; "masked" says why.
     assert row1["ratio"] == pytest.approx([0.7, None]) and row1["advantage"] == [-1.0, None]
     assert row1["clipped"] == [True, None] and row1["masked"] == [False, True]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["decoupled", "bypass"])
+def test_the_pages_correction_mask_is_the_logged_masked_share(tmp_path, tiny_experiment, write_experiment, mode):
+    # ICEPOP with a band of ±1e-7 around 1: the HF sampler (a cached, token-by-token forward) and
+    # the learner (one forward over the sequence) differ by about that much per token in fp32, so
+    # some tokens leave the band and some stay (bypass: the band compares the current π_θ, which
+    # has moved for the second mini-batch). A bfloat16 rollout.dtype did not move the HF engine's
+    # log-probs off the learner's here (masked share 0), so the band is this narrow.
+    correction = {"mode": mode, "icepop": {"low": 1 - 1e-7, "high": 1 + 1e-7}}
+    config = tiny_experiment(
+        objective={"name": "grpo", "rollout_correction": correction},
+        rollout={"prompts_per_step": 2, "samples_per_prompt": 4, "max_tokens": 8},
+        train={"steps": 1, "learning_rate": 3e-2, "micro_batch_size": 4, "mini_batches": 2},
+        tracking={"sample_table_every": 1},
+    )
+    result = run_experiment(write_experiment(tmp_path, config), console=Console(quiet=True), show_progress=False)
+    _, run_id = next(iter(result.arm_run_ids.items()))
+    client = MlflowClient(result.tracking_uri)
+    logged = client.get_metric_history(run_id, "rollout_corr/masked_token_fraction")[0].value
+    rows = page_data(next((tmp_path / "runs").rglob("inspector/step_00001.html")))["rows"]
+    masked = _values(rows, "masked")
+    assert sum(masked) / len(masked) == pytest.approx(logged, abs=1e-6)
+    assert 0 < logged < 1, logged  # the test is not vacuous
+    # A masked token left the loss: no ratio, no clip flag.
+    for r in rows:
+        for k, gone in enumerate(r["v"]["masked"]):
+            if gone:
+                assert r["v"]["ratio"][k] is None and r["v"]["clipped"][k] is None
