@@ -54,8 +54,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import weakref
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -170,6 +172,7 @@ class VLLMRolloutEngine(RolloutEngine):
             self.llm = LLM(**kwargs)
         except Exception as error:  # noqa: BLE001 - any failure to start is reported as the model's, with the way out
             raise EngineStartError(self.model_path, error) from error
+        _LIVE_ENGINES.add(self)
         self.released = False  # release_weights until the next sync
         self._lora_request = None
         self.tokenizer = self.llm.get_tokenizer()
@@ -337,20 +340,48 @@ class VLLMRolloutEngine(RolloutEngine):
         if llm is None:
             return
         self.llm = None
+        _LIVE_ENGINES.discard(self)
         try:
             engine_core = getattr(llm.llm_engine, "engine_core", None)
             if engine_core is not None and hasattr(engine_core, "shutdown"):
-                engine_core.shutdown()
+                with _parallel_groups_kept(bool(_LIVE_ENGINES)):
+                    engine_core.shutdown()
         finally:
             del llm
-            try:
-                from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+            if not _LIVE_ENGINES:
+                try:
+                    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
-                destroy_model_parallel()
-                destroy_distributed_environment()
-            except Exception:  # noqa: BLE001 - best effort teardown
-                pass
+                    destroy_model_parallel()
+                    destroy_distributed_environment()
+                except Exception:  # noqa: BLE001 - best effort teardown
+                    pass
             gc.collect()
+
+
+# The vLLM engines of this process not yet closed (weak: a dropped engine does not count). vLLM's
+# parallel groups are one per process and shared by all of them (a policy's rollout engine beside
+# a judge's, reward_models/judge_engines.py): tearing them down while another engine lives leaves
+# that one failing its next step ("pipeline model parallel group is not initialized").
+_LIVE_ENGINES: "weakref.WeakSet[VLLMRolloutEngine]" = weakref.WeakSet()
+
+
+@contextmanager
+def _parallel_groups_kept(keep: bool) -> Iterator[None]:
+    """Inside, vLLM's in-process ``EngineCore.shutdown`` frees its engine's memory but, when
+    ``keep``, leaves the process's parallel groups up (it calls ``cleanup_dist_env_and_memory``,
+    which destroys them, whoever else uses them)."""
+    import vllm.v1.engine.core as engine_core_module
+
+    teardown = getattr(engine_core_module, "cleanup_dist_env_and_memory", None)
+    if not keep or teardown is None:
+        yield
+        return
+    engine_core_module.cleanup_dist_env_and_memory = lambda *args, **kwargs: gc.collect()
+    try:
+        yield
+    finally:
+        engine_core_module.cleanup_dist_env_and_memory = teardown
 
 
 def lora_forces_eager() -> bool:

@@ -1,7 +1,8 @@
 """``judge``: a language model scores each completion against a rubric written in the YAML.
 
-The judge runs on an engine of its own (:class:`~polyrl.engines.hf_engine.HFRolloutEngine`,
-loaded once in ``setup``), batched over the step's samples. Its input is the rubric with the
+The judge runs on an engine of its own (``params.engine``: polyrl's HF engine or a vLLM engine of
+its own, :mod:`polyrl.reward_models.judge_engines`; started once in ``setup``, never when the
+module is built), batched over the step's samples. Its input is the rubric with the
 sample filled in; the score is read from it as :mod:`polyrl.reward_models.reading` describes
 (the probabilities of the allowed score tokens, or a parsed number). Judge inputs seen before
 are answered from a cache keyed on the judge-input text, and a time and a token budget bound
@@ -25,10 +26,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-import torch
-
 from polyrl.core.types import PromptSample, SamplingSettings
-from polyrl.reward_models.reading import expected_score, groups_of, numbered, parse_score
+from polyrl.reward_models.judge_engines import JUDGE_ENGINES, max_score_tokens, score_token_logprobs, start_judge_engine
+from polyrl.reward_models.reading import expected_score_from_logprobs, groups_of, numbered, parse_score
 from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModule
 from polyrl.rewards.registry import register_reward
 
@@ -99,6 +99,10 @@ class JudgeReward(RewardModule):
         answer_prefix: written as the start of the judge's answer (after the chat template's
             assistant header), so that its next token is the score: a small judge then puts most
             of its probability on the score tokens instead of on a preamble.
+        engine: ``hf`` (polyrl's transformers engine) or ``vllm`` (a vLLM engine of the judge's
+            own in this process, batched generation; the same expected scores up to rounding).
+        kv_cache_gb: vllm: the judge's KV cache; by default the smallest vLLM accepts (one judge
+            input of ``max_input_tokens + max_new_tokens``; shorter inputs share it).
     """
 
     def __init__(
@@ -119,6 +123,8 @@ class JudgeReward(RewardModule):
         dtype: str = "float32",
         reference_field: str = "answer",
         answer_prefix: str = "Score: ",
+        engine: str = "hf",
+        kv_cache_gb: float | None = None,
     ):
         if not isinstance(model, str) or not model.strip():
             raise RewardConfigError(f"judge {_field('model')}: a model folder, a .gguf file or a built-in model name")
@@ -148,6 +154,15 @@ class JudgeReward(RewardModule):
                             ("cache_size", cache_size), ("token_budget", token_budget)):  # fmt: skip
             if value is not None and (not isinstance(value, int) or value < (0 if name == "cache_size" else 1)):
                 raise RewardConfigError(f"judge {_field(name)}: a positive integer, got {value!r}")
+        if engine not in JUDGE_ENGINES:
+            raise RewardConfigError(f"judge {_field('engine')}: {engine!r}; allowed: {', '.join(JUDGE_ENGINES)}")
+        if kv_cache_gb is not None and (
+            engine != "vllm" or isinstance(kv_cache_gb, bool) or not isinstance(kv_cache_gb, (int, float)) or not kv_cache_gb > 0
+        ):
+            raise RewardConfigError(
+                f"judge {_field('kv_cache_gb')}: {kv_cache_gb!r}; allowed: a positive number of GiB with engine: vllm "
+                "(the HF engine has no KV cache to size), or leave it out"
+            )
         if dtype not in ("float32", "bfloat16", "float16"):
             raise RewardConfigError(f"judge {_field('dtype')}: {dtype!r}; allowed: float32, bfloat16, float16")
         self.model, self.rubric, self.read, self.group = model.strip(), rubric, read, bool(group)
@@ -155,6 +170,7 @@ class JudgeReward(RewardModule):
         self.batch_size, self.max_input_tokens = batch_size, max_input_tokens
         self.time_budget_s, self.token_budget, self.cache_size = time_budget_s, token_budget, cache_size
         self.dtype, self.reference_field, self.answer_prefix = dtype, reference_field, str(answer_prefix)
+        self.engine_name, self.kv_cache_gb = engine, kv_cache_gb
         self.engine: Any = None
         self.score_token_ids: list[int] = []
         self.cache: OrderedDict[str, float] = OrderedDict()
@@ -165,14 +181,31 @@ class JudgeReward(RewardModule):
     def setup(self) -> None:
         if self.engine is not None:
             return
-        from polyrl.engines.hf_engine import HFRolloutEngine
+        if (
+            self.read == "probabilities"
+            and (limit := max_score_tokens(self.engine_name)) is not None
+            and len(self.scores) > limit
+        ):
+            raise RewardConfigError(
+                f"judge {_field('scores')}: {len(self.scores)} scores; engine: {self.engine_name} reads at most {limit} "
+                "score tokens per judge input (use fewer scores, read: parsed, or engine: hf)"
+            )
+        engine = start_judge_engine(
+            self.engine_name,
+            resolve_model(self.model),
+            dtype=self.dtype,
+            max_model_len=self.max_input_tokens + self.max_new_tokens,
+            kv_cache_gb=self.kv_cache_gb,
+            field=_field("engine"),
+        )
+        try:
+            self.score_token_ids = self._score_token_ids(engine.tokenizer)
+        except RewardConfigError:
+            engine.close()
+            raise
+        self.engine = engine
 
-        folder = resolve_model(self.model)
-        self.engine = HFRolloutEngine(
-            str(folder), dtype=self.dtype, max_model_len=self.max_input_tokens + self.max_new_tokens, device="cpu"
-            if not torch.cuda.is_available() else None,
-        )  # fmt: skip
-        tokenizer = self.engine.tokenizer
+    def _score_token_ids(self, tokenizer: Any) -> list[int]:
         if self.read == "probabilities":
             ids = []
             for score in self.scores:
@@ -185,7 +218,8 @@ class JudgeReward(RewardModule):
                 ids.append(pieces[0])
             if len(set(ids)) != len(ids):
                 raise RewardConfigError(f"judge {_field('scores')}: two scores share a token")
-            self.score_token_ids = ids
+            return ids
+        return []
 
     @staticmethod
     def _score_text(score: float) -> str:
@@ -285,27 +319,16 @@ class JudgeReward(RewardModule):
         while len(self.cache) > self.cache_size:
             self.cache.popitem(last=False)
 
-    @torch.no_grad()
     def _judge(self, rows: list[list[int]]) -> list[float | None]:
         if self.read == "parsed":
             settings = SamplingSettings(n=1, temperature=0.0, max_tokens=self.max_new_tokens)
             prompts = [PromptSample(prompt="", model_prompt="", prompt_ids=list(ids)) for ids in rows]
             answers = self.engine.generate(prompts, settings)
             return [parse_score(group[0].text, self.scores) for group in answers]
-        # Right padding: a causal model's logits at a row's last real token do not see the padding after it.
-        model = self.engine.model
-        device = next(model.parameters()).device
-        width = max(len(r) for r in rows)
-        pad = self.engine.tokenizer.pad_token_id if self.engine.tokenizer.pad_token_id is not None else 0
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for k, r in enumerate(rows):
-            ids[k, : len(r)] = torch.tensor(r)
-            mask[k, : len(r)] = 1
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-        last = torch.tensor([len(r) - 1 for r in rows], device=logits.device)
-        final = logits[torch.arange(len(rows), device=logits.device), last]
-        return [expected_score(row, self.score_token_ids, self.scores, min_mass=self.min_score_mass)[0] for row in final]
+        return [
+            expected_score_from_logprobs(row, self.scores, min_mass=self.min_score_mass)[0]
+            for row in score_token_logprobs(self.engine, rows, self.score_token_ids)
+        ]
 
     def close(self) -> None:
         if self.engine is not None:

@@ -27,11 +27,20 @@ def expected_score(
     logits: torch.Tensor, score_token_ids: Sequence[int], scores: Sequence[float], *, min_mass: float
 ) -> tuple[float | None, float]:
     """``(expected score, probability mass on the score tokens)`` from one next-token ``logits``
-    vector (vocabulary-sized). The score is ``None`` when the mass is below ``min_mass``: the
-    judge meant to write something other than a score, and renormalising a sliver of
-    probability would invent one."""
+    vector (vocabulary-sized); :func:`expected_score_from_logprobs` of the score tokens' float32
+    ``log_softmax``."""
     log_probs = torch.log_softmax(logits.float(), dim=-1)
-    picked = log_probs[list(score_token_ids)].exp().double()
+    return expected_score_from_logprobs(log_probs[list(score_token_ids)].tolist(), scores, min_mass=min_mass)
+
+
+def expected_score_from_logprobs(
+    score_logprobs: Sequence[float], scores: Sequence[float], *, min_mass: float
+) -> tuple[float | None, float]:
+    """``(expected score, probability mass on the score tokens)`` from the score tokens' next-token
+    log-probabilities, normalised over the whole vocabulary (either engine gives these). The
+    score is ``None`` when the mass is below ``min_mass``: the judge meant to write something
+    other than a score, and renormalising a sliver of probability would invent one."""
+    picked = torch.tensor(list(score_logprobs), dtype=torch.float64).exp()
     mass = float(picked.sum())
     if not math.isfinite(mass) or mass < min_mass or mass <= 0:
         return None, mass if math.isfinite(mass) else 0.0

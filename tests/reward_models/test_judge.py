@@ -133,6 +133,9 @@ def test_judge_in_a_composite_reward(chat_model_dir):
         ({"scores": [3]}, r"params.scores: at least two"),
         ({"batch_size": 0}, r"params.batch_size"),
         ({"min_score_mass": 2}, r"params.min_score_mass"),
+        ({"engine": "sglang"}, r"params.engine: 'sglang'; allowed: hf, vllm"),
+        ({"kv_cache_gb": 0.5}, r"params.kv_cache_gb: 0.5; allowed: a positive number of GiB with engine: vllm"),
+        ({"engine": "vllm", "kv_cache_gb": 0}, r"params.kv_cache_gb: 0; allowed"),
     ],
 )
 def test_bad_parameters_name_their_field(params, message):
@@ -144,3 +147,14 @@ def test_a_score_of_several_tokens_is_refused_for_the_probability_reading(chat_m
     judge = JudgeReward(model=str(chat_model_dir), scores=[1, 12345])
     with pytest.raises(RewardConfigError, match=r"params.scores: score '12345' is \d+ tokens"):
         judge.setup()
+
+
+def test_more_score_tokens_than_vllm_reads_are_refused_before_it_starts():
+    pytest.importorskip("vllm")
+    from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
+
+    many = list(range(MAX_LOGPROB_TOKEN_IDS + 1))
+    judge = JudgeReward(model="nowhere", scores=many, engine="vllm")  # setup refuses before it looks for the model
+    with pytest.raises(RewardConfigError, match=rf"params.scores: {len(many)} scores; engine: vllm reads at most"):
+        judge.setup()
+    assert judge.engine is None
