@@ -119,3 +119,26 @@ def test_prompts_that_fit_still_validate(tmp_path, monkeypatch, random_policy_di
     )
     code, output = invoke(["validate", path], tmp_path, monkeypatch)
     assert code == 0 and "ok" in output, output
+
+
+def test_a_gguf_policy_is_checked_with_its_converted_tokenizer_once_it_is_in_the_cache(tmp_path, random_policy_dir):
+    import shutil
+
+    from polyrl.config.schema import ModelConfig
+    from polyrl.policies.cache import build_cached
+    from polyrl.policies.pretrained import file_sha256, gguf_cache_key
+    from polyrl.policies.tokenizer_only import policy_tokenizer
+
+    gguf_file = tmp_path / "model.gguf"
+    gguf_file.write_bytes(b"GGUF" + bytes(60))  # only its content hash is read here
+    model = ModelConfig(path=str(gguf_file), cache_dir=str(tmp_path / "cache"))
+    # Not converted yet: its tokenizer would need the conversion of its weights, so the run's own check applies.
+    assert policy_tokenizer(model) is None
+    final = tmp_path / "cache" / gguf_cache_key(gguf_file, file_sha256(gguf_file))
+    build_cached(final, lambda folder: shutil.copytree(random_policy_dir, folder, dirs_exist_ok=True) and {})
+    found = policy_tokenizer(model)
+    assert found is not None and found.folder == final and model_positions(found.folder) == 512
+    assert (
+        found.tokenizer("1+1", add_special_tokens=False)["input_ids"]
+        == build_char_tokenizer()("1+1", add_special_tokens=False)["input_ids"]
+    )
