@@ -1,4 +1,6 @@
-"""polyrl submit: experiments on a real local Ray cluster (no mocks)."""
+"""polyrl submit: experiments on a real local Ray cluster (no mocks). The submissions share one
+cluster (module scope): each starts its own Ray worker process per arm (max_calls=1), so a
+fresh cluster per test would only add the cluster's start-up."""
 
 from __future__ import annotations
 
@@ -9,9 +11,16 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.launch.ray_submit import absolute_tracking_uri, submit_experiment
 from polyrl.tracking.mlflow_runs import find_arm_runs
+from tests.ray_support import in_process_cluster
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.ray]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """2 CPUs: the two arms (or seeds) of a submission run side by side, one CPU each."""
+    yield from in_process_cluster(num_cpus=2, object_store_mb=100)
 
 
 def test_absolute_tracking_uri(tmp_path, monkeypatch):
@@ -34,23 +43,12 @@ def test_an_arm_on_cuda_without_ray_gpus_is_refused_before_the_cluster_starts(tm
 
 
 @pytest.mark.slow
-def test_submit_two_arms_to_local_ray(tmp_path, tiny_experiment, write_experiment):
-    ray = pytest.importorskip("ray")
+def test_submit_two_arms_to_local_ray(local_ray, tmp_path, tiny_experiment, write_experiment):
     config = tiny_experiment(train={"steps": 2}, checkpoint={"every": 2})
     config["arms"] = {"grpo": {"objective": {"name": "grpo"}}, "dr_grpo": {"objective": {"name": "dr_grpo"}}}
     path = write_experiment(tmp_path, config)
 
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=100 * 1024 * 1024,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-    )
-    try:
-        result = submit_experiment(path, cpus_per_arm=1, parallel_arms=True)
-    finally:
-        ray.shutdown()
+    result = submit_experiment(path, cpus_per_arm=1, parallel_arms=True)
 
     client = MlflowClient(result.tracking_uri)
     parent = client.get_run(result.parent_run_id)
@@ -76,3 +74,26 @@ def test_submit_two_arms_to_local_ray(tmp_path, tiny_experiment, write_experimen
         assert result.final_metrics[arm]  # the last step's metrics came back through ray.get
     assert len(pids) == 2  # one worker process per arm (max_calls=1)
     assert (result.experiment_dir / "grpo").is_dir() and (result.experiment_dir / "dr_grpo").is_dir()
+
+
+@pytest.mark.slow
+def test_submit_spreads_arm_seed_runs_over_local_ray(local_ray, tmp_path, tiny_experiment, write_experiment, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = tiny_experiment(name="rayseeds", train={"steps": 1}, checkpoint={"every": 1})
+    path = write_experiment(tmp_path, config)
+    result = submit_experiment(path, cpus_per_arm=1, parallel_arms=True, seeds_option="2")
+    client = MlflowClient(result.tracking_uri)
+    assert client.get_run(result.parent_run_id).info.status == "FINISHED"
+    arm_run = client.get_run(result.arm_run_ids["main"])
+    assert arm_run.data.tags["mlflow.parentRunId"] == result.parent_run_id and arm_run.info.status == "FINISHED"
+    assert set(result.seed_run_ids) == {"main/seed_0", "main/seed_1"} == set(result.final_metrics)
+    pids, finals = set(), []
+    for seed in (0, 1):
+        run = client.get_run(result.seed_run_ids[f"main/seed_{seed}"])
+        assert run.data.tags["mlflow.parentRunId"] == arm_run.info.run_id and run.info.status == "FINISHED"
+        assert run.data.params["seed"] == str(seed)
+        pids.add(int(run.data.tags["polyrl.ray.pid"]))
+        finals.append(client.get_metric_history(run.info.run_id, "reward/mean")[-1].value)
+        assert (tmp_path / "runs" / "rayseeds" / "main" / f"seed_{seed}" / "step_000001").is_dir()
+    assert len(pids) == 2  # one Ray worker per arm × seed
+    assert arm_run.data.metrics["reward/mean"] == pytest.approx(sum(finals) / 2, rel=1e-9)

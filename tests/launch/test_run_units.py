@@ -18,8 +18,8 @@ from polyrl.tracking.chart_view import load_chart_view, run_ids_in_filter, view_
 from polyrl.tracking.mlflow_runs import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_TAG
 from polyrl.tracking.ui_links import run_ids_in_compare_url
 
-# What these tests start (pyproject.toml markers).
-pytestmark = [pytest.mark.ray]
+# No Ray here (polyrl submit with seeds is in test_distributed.py, on that file's cluster): these
+# tests stay out of the serial Ray group.
 
 
 def test_seeds_key_and_option():
@@ -183,39 +183,3 @@ def test_seeds_option_overrides_and_resume_skips_finished_seeds(tmp_path, tiny_e
     assert client.get_run(again.arm_run_ids["main"]).info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(again.seed_run_ids["main/seed_1"], "reward/mean")] == [1, 2]
     assert not math.isnan(client.get_run(again.arm_run_ids["main"]).data.metrics["reward/mean"])
-
-
-@pytest.mark.slow
-def test_submit_spreads_arm_seed_runs_over_local_ray(tmp_path, tiny_experiment, write_experiment, monkeypatch):
-    ray = pytest.importorskip("ray")
-    from polyrl.launch.ray_submit import submit_experiment
-
-    monkeypatch.chdir(tmp_path)
-    config = tiny_experiment(name="rayseeds", train={"steps": 1}, checkpoint={"every": 1})
-    path = write_experiment(tmp_path, config)
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=100 * 1024 * 1024,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-    )
-    try:
-        result = submit_experiment(path, cpus_per_arm=1, parallel_arms=True, seeds_option="2")
-    finally:
-        ray.shutdown()
-    client = MlflowClient(result.tracking_uri)
-    assert client.get_run(result.parent_run_id).info.status == "FINISHED"
-    arm_run = client.get_run(result.arm_run_ids["main"])
-    assert arm_run.data.tags["mlflow.parentRunId"] == result.parent_run_id and arm_run.info.status == "FINISHED"
-    assert set(result.seed_run_ids) == {"main/seed_0", "main/seed_1"} == set(result.final_metrics)
-    pids, finals = set(), []
-    for seed in (0, 1):
-        run = client.get_run(result.seed_run_ids[f"main/seed_{seed}"])
-        assert run.data.tags["mlflow.parentRunId"] == arm_run.info.run_id and run.info.status == "FINISHED"
-        assert run.data.params["seed"] == str(seed)
-        pids.add(int(run.data.tags["polyrl.ray.pid"]))
-        finals.append(client.get_metric_history(run.info.run_id, "reward/mean")[-1].value)
-        assert (tmp_path / "runs" / "rayseeds" / "main" / f"seed_{seed}" / "step_000001").is_dir()
-    assert len(pids) == 2  # one Ray worker per arm × seed
-    assert arm_run.data.metrics["reward/mean"] == pytest.approx(sum(finals) / 2, rel=1e-9)
