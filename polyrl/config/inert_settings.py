@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from polyrl.config.model import TINY_POLICY_KEYS
@@ -51,6 +52,24 @@ class Inert:
 
 
 INERT_SETTINGS: tuple[Inert, ...] = (
+    Inert(
+        ("model", "builtin"),
+        lambda c: c.model.path is not None,
+        lambda c: (
+            f"model.path {c.model.path!r} is the policy, so no built-in one is built; allowed here: model.path "
+            "or model.builtin, not both"
+        ),
+    ),
+    Inert(
+        ("model", "cache_dir"),
+        # A .gguf path is converted into the cache (polyrl.policies.pretrained.is_gguf_path: the same suffix rule).
+        lambda c: c.model.path is not None and Path(c.model.path).suffix.lower() != ".gguf",
+        lambda c: (
+            f"model.path {c.model.path!r} is a model folder, used where it is; the cache holds built-in "
+            "policies and converted .gguf files; allowed here: no cache_dir"
+        ),
+        acts=lambda value: value is not None,
+    ),
     Inert(
         ("train", "kl_in_reward"),
         lambda c: c.train.kl_coef == 0,
@@ -169,6 +188,8 @@ INERT_SETTINGS: tuple[Inert, ...] = (
 
 # The settings that make each field act (dotted paths): a later layer writing one of them exempts the field.
 SWITCHES: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("model", "builtin"): ("model.path",),
+    ("model", "cache_dir"): ("model.path",),
     ("train", "kl_in_reward"): ("train.kl_coef",),
     ("train", "kl_estimator"): ("train.kl_coef",),
     ("train", "min_lr_ratio"): ("train.lr_schedule",),

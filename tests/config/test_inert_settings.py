@@ -13,6 +13,16 @@ from polyrl.config.schema import ConfigError, resolve_arms, to_yaml
 
 REFUSED = [
     (
+        {"model": {"path": "/models/m", "builtin": {"size": "3m"}}},
+        "model.builtin: set, but model.path '/models/m' is the policy, so no built-in one is built",
+        "allowed here: model.path or model.builtin, not both",
+    ),
+    (
+        {"model": {"path": "/models/m", "cache_dir": "/tmp/cache"}},
+        "model.cache_dir: set, but model.path '/models/m' is a model folder, used where it is",
+        "allowed here: no cache_dir (got '/tmp/cache')",
+    ),
+    (
         {"train": {"kl_in_reward": True}},
         "train.kl_in_reward: set, but train.kl_coef is 0, so there is no KL to put in the reward",
         "allowed here: kl_coef > 0, or kl_in_reward: false",
@@ -93,6 +103,8 @@ def test_a_setting_that_would_do_nothing_is_refused_naming_its_field(overrides, 
 
 
 ACCEPTED = [
+    {"model": {"path": "/models/m.gguf", "cache_dir": "/tmp/cache"}},
+    {"model": {"builtin": {"size": "3m"}, "cache_dir": "/tmp/cache"}},
     {"train": {"kl_in_reward": True, "kl_coef": 0.01, "kl_estimator": "k1"}},
     {"train": {"kl_in_reward": False, "kl_coef": 0.0}},  # false never acts: writing it is harmless
     {"train": {"lr_schedule": "cosine", "min_lr_ratio": 0.1}},
