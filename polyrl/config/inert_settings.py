@@ -12,9 +12,9 @@ arm) is an ablation (``arms: {no_ds: {advantage.dynamic_sampling.enabled: false}
 eval.every=0``, a GRPO arm beside a PPO base with ``train.value``), so the base's setting is kept
 for the arms where it acts. Written in the same layer as the switch, it is refused.
 
-:func:`drop_idle` removes the idle fields
-from a dumped config (``to_yaml``), so a resolved config read back (a Ray arm, a
-``resolved_config.yaml`` run again) carries only what acts and validates again.
+:func:`drop_idle` removes the idle fields from a dumped config (``to_yaml``), so a resolved config
+read back (a Ray arm, a ``resolved_config.yaml`` run again) carries only what acts and validates
+again.
 """
 
 from __future__ import annotations
