@@ -115,23 +115,34 @@ def test_capture_keeps_the_first_pass_and_leaves_observation_tokens_unshaded():
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["decoupled", "bypass"])
 def test_the_pages_correction_mask_is_the_logged_masked_share(tmp_path, tiny_experiment, write_experiment, mode):
-    # ICEPOP with a band of ±1e-7 around 1: the HF sampler (a cached, token-by-token forward) and
-    # the learner (one forward over the sequence) differ by about that much per token in fp32, so
-    # some tokens leave the band and some stay (bypass: the band compares the current π_θ, which
-    # has moved for the second mini-batch). A bfloat16 rollout.dtype did not move the HF engine's
-    # log-probs off the learner's here (masked share 0), so the band is this narrow.
-    correction = {"mode": mode, "icepop": {"low": 1 - 1e-7, "high": 1 + 1e-7}}
+    # ICEPOP masks the tokens whose behaviour-vs-reference ratio leaves a band. The ratios
+    # are made to move by the update itself, not by kernel rounding (which differs from machine
+    # to machine and can be exactly 0): in bypass mode the band reads the current pi_theta, which
+    # the first mini-batch's step at lr 3e-2 has moved for the second; in decoupled mode the
+    # band reads the sampler against the proximal policy, so step 2 is sampled one version behind
+    # (max_staleness: 1) and the proximal policy has taken step 1's update since.
+    # The stale sampler sits further from the proximal policy than one mini-batch step moves
+    # pi_theta, hence the wider band in decoupled mode (at [0.8, 1.25] it masked 95% of tokens here, at [0.5, 2] 72%).
+    low, high = (0.5, 2.0) if mode == "decoupled" else (0.8, 1.25)
+    correction = {"mode": mode, "icepop": {"low": low, "high": high}}
+    steps = 2 if mode == "decoupled" else 1
     config = tiny_experiment(
         objective={"name": "grpo", "rollout_correction": correction},
-        rollout={"prompts_per_step": 2, "samples_per_prompt": 4, "max_tokens": 8},
-        train={"steps": 1, "learning_rate": 3e-2, "micro_batch_size": 4, "mini_batches": 2},
+        rollout={
+            "prompts_per_step": 2,
+            "samples_per_prompt": 4,
+            "max_tokens": 8,
+            **({"max_staleness": 1} if mode == "decoupled" else {}),
+        },
+        train={"steps": steps, "learning_rate": 3e-2, "micro_batch_size": 4, "mini_batches": 2},
         tracking={"sample_table_every": 1},
     )
     result = run_experiment(write_experiment(tmp_path, config), console=Console(quiet=True), show_progress=False)
     _, run_id = next(iter(result.arm_run_ids.items()))
     client = MlflowClient(result.tracking_uri)
-    logged = client.get_metric_history(run_id, "rollout_corr/masked_token_fraction")[0].value
-    rows = page_data(next((tmp_path / "runs").rglob("inspector/step_00001.html")))["rows"]
+    history = client.get_metric_history(run_id, "rollout_corr/masked_token_fraction")
+    logged = next(m.value for m in history if m.step == steps)
+    rows = page_data(next((tmp_path / "runs").rglob(f"inspector/step_{steps:05d}.html")))["rows"]
     masked = _values(rows, "masked")
     assert sum(masked) / len(masked) == pytest.approx(logged, abs=1e-6)
     assert 0 < logged < 1, logged  # the test is not vacuous
