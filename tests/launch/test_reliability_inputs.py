@@ -316,6 +316,7 @@ def test_rewards_check_warns_about_a_module_that_scores_nothing(tmp_path, monkey
     assert "allow_unscored: true" in output and "all checks passed (1 warning)" in output
 
 
+@pytest.mark.slow  # a polyrl run subprocess; the quick tier keeps the in-process check (test_rewards_check_warns_about_a_module_that_scores_nothing)
 def test_a_run_whose_reward_scores_nothing_fails_naming_the_module(tmp_path, tiny_experiment, write_experiment):
     (tmp_path / "none.py").write_text(ALWAYS_NONE)
     config = tiny_experiment(rewards=[{"module": "none.py:NoScore"}])

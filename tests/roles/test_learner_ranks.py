@@ -141,6 +141,7 @@ def test_two_ranks_take_the_single_process_step_on_the_whole_batch(ranks, random
         assert parallel_metrics["value/loss"] == pytest.approx(single_metrics["value/loss"], rel=1e-5)
 
 
+@pytest.mark.slow  # the ranks fixture starts a local Ray cluster and two rank actors: not the quick tier
 def test_a_non_finite_loss_on_one_rank_stops_every_rank_and_leaves_the_weights(ranks, random_policy_dir):
     """The NaN sits in one row, so only one rank's shard sees it; the guard checks the loss summed
     over the ranks, so both skip together (no rank steps alone, no collective left waiting)."""
@@ -164,6 +165,7 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_and_leaves_the_weights(r
     assert metrics["health/nonfinite_steps"] == 0 and parallel.optimizer_step == 1
 
 
+@pytest.mark.slow  # the ranks fixture starts a local Ray cluster and two rank actors: not the quick tier
 def test_a_stop_after_an_applied_step_leaves_the_mirror_on_the_ranks_whole_step(ranks, random_policy_dir):
     """Two mini-batches, the NaN in the second: the first optimizer step is applied, the second
     stops the update (the rest skipped, nothing copied or put back). The mirror, which the loop

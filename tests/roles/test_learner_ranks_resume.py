@@ -114,6 +114,7 @@ def test_settings_the_ranks_do_not_build_are_refused(tiny_experiment, clash, mes
         resolve_arms(tiny_experiment(train={"learner_workers": 0}))
 
 
+@pytest.mark.slow  # a local Ray cluster, two rank actors and a 3-step run: not the quick tier
 def test_asynchronous_training_on_two_learner_ranks(ray_local, tmp_path, tiny_experiment):
     """rollout.max_staleness 1 with train.learner_workers 2: the producer generates ahead while
     the ranks update; the engine ends with the ranks' weights (the mirror's), within the bound."""
