@@ -21,10 +21,16 @@ from mlflow.tracking import MlflowClient
 SHARED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 SECTION_NAME = "polyrl comparison"
 SECTION_ID = "polyrl-comparison"
-# Two charts a row (the UI's default is three): at three, a laptop-wide page cut every title to a
-# few letters ("ev..."). The UI titles a card by its metric key (MLflow 3.17 ignores displayName
-# there, seen in a screenshot), so the width is what makes a title readable.
-SECTION_COLUMNS = 2
+# One chart a row (the UI's default is three). On the experiment page MLflow 3.17 titles a card by
+# its metric key whatever its displayName says (the page renders its chart sections with
+# ``useMetricDisplayName: false``; the card's title is then ``selectedMetricKeys[0]``, cut with an
+# ellipsis to the card's header), so only the card's width can make a title readable. Measured in
+# headless Chromium at 1400 px with MLflow's Assistant panel open (tests/tracking/
+# test_chart_view_titles.py): three a row cut every title to "ev..."; two a row left a 73 px title
+# for a 205 px key ("eval/arithmetic_chat/length/mean"); one a row gives it 332 px.
+SECTION_COLUMNS = 1
+# Cards a little lower than the UI's 360 px: one a row, the six headline curves stay a short scroll.
+SECTION_CARD_HEIGHT = 300
 RUN_COLOUR_TAG = "mlflow.runColor"  # the UI draws a run in this colour (its colour picker sets it)
 # Arm colours a reader tells apart, from the UI's own palette, in the order arms are listed. The UI's
 # default colour is a hash of the run id, which drew two arms in two near-identical blue-greys.
@@ -58,7 +64,7 @@ def line_chart(metric_key: str, index: int) -> dict:
         "deleted": False,
         "isGenerated": False,
         "runsCountToCompare": 10,
-        "displayName": metric_key,
+        "displayName": metric_key,  # unused on the experiment page (see SECTION_COLUMNS), kept as the key
         "metricKey": metric_key,
         "selectedMetricKeys": [metric_key],
         "lineSmoothness": 0,
@@ -100,6 +106,7 @@ def chart_view_state(run_ids: list[str], metric_keys: list[str], *, group_by_tag
                 "deleted": False,
                 "isGenerated": False,
                 "columns": SECTION_COLUMNS,
+                "cardHeight": SECTION_CARD_HEIGHT,
             }
         ],
         # Generated sections for the other metrics go below ours, not re-sorted above it.

@@ -1,6 +1,7 @@
 """The saved chart view tells arms apart: each run carries its arm's colour (distinct per arm),
-one-run arms are not grouped (a group's colour is the UI's hash, not ours), and cards are two a
-row, so their titles (metric keys) are not cut to a few letters."""
+one-run arms are not grouped (a group's colour is the UI's hash, not ours), and cards are one a
+row, so their titles (metric keys) are not cut to a few letters (test_chart_view_titles.py checks
+that in Chromium)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_one_run_per_arm_is_drawn_in_distinct_arm_colours(mlflow_uri):
     assert colours == list(ARM_COLOURS[:2]) and colours[0] != colours[1]
     state = load_chart_view(client, experiment_id, view_key_in_url(url))
     assert state["groupBy"] is None  # a group's colour would be the UI's hash of the group
-    assert state["compareRunSections"][0]["columns"] == 2
+    assert state["compareRunSections"][0]["columns"] == 1
 
 
 def test_seeds_stay_grouped_and_share_their_arms_colour(mlflow_uri):
