@@ -19,14 +19,16 @@ per request; more allowed scores are refused at set-up.
 
 Memory: the vLLM judge starts with the smallest KV cache vLLM accepts (one judge input of
 ``max_input_tokens + max_new_tokens``; short inputs share it, long ones queue) unless
-``kv_cache_gb`` says otherwise. vLLM's CPU backend binds torch's threads when it starts, so the
-process's torch thread count is put back afterwards (the learner shares the process).
+``kv_cache_gb`` says otherwise. vLLM's CPU backend binds torch's threads when it starts, and its
+worker seeds the global random generators: the process's torch thread count and random states
+are put back afterwards (the learner shares the process).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -58,7 +60,8 @@ def start_judge_engine(
     )
     threads = torch.get_num_threads()
     try:
-        return VLLMRolloutEngine(str(folder), seed=0, dtype=dtype, max_model_len=max_model_len, enforce_eager=True, **size)
+        with random_states_kept():
+            return VLLMRolloutEngine(str(folder), seed=0, dtype=dtype, max_model_len=max_model_len, enforce_eager=True, **size)
     except EngineStartError as error:
         raise RewardConfigError(
             f"judge {field}: vllm could not start the judge on {str(folder)!r} ({error.__cause__!r}); "
@@ -66,6 +69,27 @@ def start_judge_engine(
         ) from error
     finally:
         set_torch_threads(threads)
+
+
+@contextmanager
+def random_states_kept() -> Iterator[None]:
+    """Python's, NumPy's and torch's global random states as they were before the block. vLLM's
+    worker seeds them all when it starts (``set_random_seed``): a judge started mid set-up would
+    otherwise reset the run's randomness to the judge's seed, the same in every arm and run seed."""
+    import random
+
+    import numpy as np
+
+    python, numpy, cpu = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.random.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def model_positions(folder: Path) -> int | None:

@@ -143,9 +143,13 @@ def test_a_vllm_judge_beside_vllm_rollout_engines(chat_model_dir):
     import torch
 
     threads = torch.get_num_threads()
+    torch.manual_seed(123)
+    expected_draw = torch.rand(4)
+    torch.manual_seed(123)
     judge = JudgeReward(model=str(chat_model_dir), min_score_mass=1e-9, max_input_tokens=256, engine="vllm", kv_cache_gb=0.05)
     judge.setup()
     assert torch.get_num_threads() == threads  # vLLM's CPU worker binds threads; the learner's are given back
+    assert torch.equal(torch.rand(4), expected_draw)  # and seeds the global generators: the run's are given back
     first = start_rollout()
     try:
         samples, scores = sample(first), judged(judge)
