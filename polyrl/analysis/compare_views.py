@@ -44,10 +44,12 @@ def write_chart_view(
     are grouped by arm only when an arm has several (seeds): a group is drawn in a colour the UI
     derives from the group itself (a colour picked in the UI is kept in that browser only), so
     one run per arm is left ungrouped and drawn in its arm's colour."""
-    run_arms = {run_id: client.get_run(run_id).data.tags.get(ARM_TAG, run_id) for run_id in run_ids}
+    runs = {run_id: client.get_run(run_id) for run_id in run_ids}
+    run_arms = {run_id: run.data.tags.get(ARM_TAG, run_id) for run_id, run in runs.items()}
     colour_runs(client, run_arms)
     grouped = grouped and len(set(run_arms.values())) < len(run_arms)
-    state = chart_view_state(run_ids, headline_keys(eval_keys), group_by_tag=ARM_TAG if grouped else None)
+    logged = sorted({key for run in runs.values() for key in run.data.metrics})
+    state = chart_view_state(run_ids, headline_keys(eval_keys), group_by_tag=ARM_TAG if grouped else None, other_keys=logged)
     key = view_key(parent_run_id)
     save_chart_view(client, experiment_id, key, state)
     return chart_view_url(base_url, experiment_id, key)

@@ -6,8 +6,9 @@ Share button stores the state as the experiment tag ``mlflow.sharedViewState.<ke
 links to ``…/runs?viewStateShareKey=<key>``. polyrl writes that tag itself, so the URL it
 prints opens with the comparison's curves drawn, no clicks: the runs of one experiment run
 (its seed runs when it has seeds, else its arm runs), grouped by the ``polyrl.arm`` tag (a
-group is drawn as the mean of its runs with their min–max band), and a first chart section
-with the metrics compared. The state's shape is MLflow 3.17's UI (``ExperimentPageUIState``
+group is drawn as the mean of its runs with their min–max band), a first chart section
+with the metrics compared, and below it a section per prefix of the runs' other metrics, all one
+card a row so that the UI does not cut the cards' titles. The state's shape is MLflow 3.17's UI (``ExperimentPageUIState``
 and its chart cards, read from the UI bundle): keys it does not know are ignored, and keys it
 lacks take the UI's defaults, so another MLflow version opens the same page with fewer settings.
 """
@@ -87,8 +88,35 @@ def run_filter(run_ids: list[str]) -> str:
     return "attributes.run_id IN (" + ", ".join(f"'{run_id}'" for run_id in run_ids) + ")"
 
 
-def chart_view_state(run_ids: list[str], metric_keys: list[str], *, group_by_tag: str | None) -> dict:
-    """The shared-view state: search facets and UI state of the experiment page."""
+def section(uuid: str, name: str) -> dict:
+    """A chart section of the experiment page, one card a row (see :data:`SECTION_COLUMNS`)."""
+    return {
+        "uuid": uuid,
+        "name": name,
+        "display": True,
+        "isReordered": False,
+        "deleted": False,
+        "isGenerated": False,
+        "columns": SECTION_COLUMNS,
+        "cardHeight": SECTION_CARD_HEIGHT,
+    }
+
+
+def other_sections(logged_keys: list[str], shown_keys: list[str]) -> list[dict]:
+    """Sections for the runs' other metrics, named as the UI names the ones it generates (the key
+    up to its last '/': ``actor/clip_frac_high`` goes to ``actor``). The UI fills a section of that
+    name when the view has one, and keeps its layout; left to make its own, it lays them out three
+    a row, which cut every title. Keys without a '/' and system metrics keep the UI's sections."""
+    names = sorted(
+        {key.rsplit("/", 1)[0] for key in logged_keys if "/" in key and key not in shown_keys and not key.startswith("system/")}
+    )
+    return [section(f"{SECTION_ID}-other-{index}", name) for index, name in enumerate(names)]
+
+
+def chart_view_state(run_ids: list[str], metric_keys: list[str], *, group_by_tag: str | None, other_keys: list[str] = ()) -> dict:
+    """The shared-view state: search facets and UI state of the experiment page. ``metric_keys``
+    are the comparison section's cards; ``other_keys`` (the runs' other metrics) get sections of
+    the same layout below it (:func:`other_sections`), filled by the UI."""
     return {
         "searchFilter": run_filter(run_ids),
         # Sorted by anything but start time, the UI neither nests child runs under their parent
@@ -97,18 +125,7 @@ def chart_view_state(run_ids: list[str], metric_keys: list[str], *, group_by_tag
         "orderByKey": "tags.`mlflow.runName`",  # the UI's own "Run Name" sort
         "orderByAsc": True,
         "compareRunCharts": [line_chart(key, index) for index, key in enumerate(metric_keys)],
-        "compareRunSections": [
-            {
-                "uuid": SECTION_ID,
-                "name": SECTION_NAME,
-                "display": True,
-                "isReordered": False,
-                "deleted": False,
-                "isGenerated": False,
-                "columns": SECTION_COLUMNS,
-                "cardHeight": SECTION_CARD_HEIGHT,
-            }
-        ],
+        "compareRunSections": [section(SECTION_ID, SECTION_NAME), *other_sections(list(other_keys), metric_keys)],
         # Generated sections for the other metrics go below ours, not re-sorted above it.
         "isAccordionReordered": True,
         "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": group_by_tag}]}

@@ -53,3 +53,21 @@ def test_seeds_stay_grouped_and_share_their_arms_colour(mlflow_uri):
     assert (
         load_chart_view(client, experiment_id, view_key_in_url(url))["groupBy"]["groupByKeys"][0]["groupByData"] == "polyrl.arm"
     )
+
+
+def test_other_metrics_get_sections_of_the_same_layout_named_as_the_ui_names_them():
+    from polyrl.tracking.chart_view import SECTION_COLUMNS, chart_view_state
+
+    state = chart_view_state(
+        ["abc"],
+        ["reward/mean", "rollout/response_length/mean"],
+        group_by_tag=None,
+        other_keys=["reward/mean", "rollout/response_length/mean", "rollout/response_length/clipped_ratio",
+                    "actor/clip_frac_high", "actor/entropy", "system/cpu", "loss"],
+    )  # fmt: skip
+    sections = state["compareRunSections"]
+    # The comparison section first; then one per prefix of the keys it does not show (the UI's name
+    # for a generated section: the key up to its last '/'), sorted; system metrics and keys without
+    # a '/' are left to the UI.
+    assert [s["name"] for s in sections] == ["polyrl comparison", "actor", "rollout/response_length"]
+    assert {s["columns"] for s in sections} == {SECTION_COLUMNS} and len({s["uuid"] for s in sections}) == 3

@@ -25,6 +25,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.mlflow_server, pytest.mark.slow]
 
 EVAL_KEYS = ["eval/arithmetic_chat/accuracy", "eval/arithmetic_chat/length/mean", "eval/arithmetic_chat/length/wrong_mean"]
 TRAINING = {"reward/mean": 0.5, "train/accuracy": 0.5, "rollout/response_length/mean": 30.0, "actor/entropy": 1.0}
+# Metrics outside the comparison section: the UI puts them in sections named by their prefix.
+OTHER = {"actor/clip_frac_high": 0.1, "rollout/response_length/clipped_ratio": 0.0}
 # A title cut by the UI's ellipsis is narrower on screen than its text.
 TITLES_JS = """Array.from(document.querySelectorAll('[data-testid=experiment-view-compare-runs-card] h4'))
   .map(h => ({text: h.textContent, scroll: h.scrollWidth, client: h.clientWidth}))"""
@@ -63,7 +65,7 @@ def test_chart_titles_show_the_whole_metric_key_and_arms_their_colours(tmp_path)
     for offset, arm in enumerate(("grpo", "dr_grpo")):
         run = tracker.start_arm(parent.run_id, arm)
         for step in range(3):
-            run.log_step(step, {**TRAINING, **{key: 0.1 * step + offset for key in EVAL_KEYS}})
+            run.log_step(step, {**TRAINING, **OTHER, **{key: 0.1 * step + offset for key in EVAL_KEYS}})
         run.finish()
         run_ids.append(run.run_id)
     parent.finish()
@@ -83,7 +85,9 @@ def test_chart_titles_show_the_whole_metric_key_and_arms_their_colours(tmp_path)
         # only once it is scrolled into view.
         with ChromiumPage(tmp_path / "chromium", width=1400, height=3000) as page:
             page.open(url)
-            drawn = page.wait_for(f"({TITLES_JS}).length >= {len(expected)} && ({STROKES_JS}).length >= 2", timeout=300)
+            drawn = page.wait_for(
+                f"({TITLES_JS}).length >= {len(expected) + len(OTHER)} && ({STROKES_JS}).length >= 2", timeout=300
+            )
             page.screenshot(tmp_path / "chart_view.png")
             assert drawn, f"the chart view did not draw its cards; screenshot {tmp_path / 'chart_view.png'}"
             titles = page.evaluate(TITLES_JS)
@@ -94,10 +98,10 @@ def test_chart_titles_show_the_whole_metric_key_and_arms_their_colours(tmp_path)
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
-    # The comparison section comes first; the UI's generated sections (the other logged keys, three
-    # a row, the UI's own layout) follow, and their titles are cut ("train/step": 29 of 59 px).
-    titles = titles[: len(expected)]
-    assert [title["text"] for title in titles] == expected
+    # The comparison section comes first, then the sections of the other logged keys. Left to the UI
+    # those were three a row and cut their titles ("train/step": 29 of its 59 px).
+    assert [title["text"] for title in titles][: len(expected)] == expected
+    assert set(OTHER) <= {title["text"] for title in titles[len(expected) :]}
     cut = [title for title in titles if title["scroll"] > title["client"]]
     assert not cut, f"titles cut with an ellipsis (scrollWidth > clientWidth): {cut}"
     assert min(title["client"] for title in titles) > 0
