@@ -1,8 +1,8 @@
 """``polyrl eval`` on a vision-language model: the tiny Idefics3's folder and a checkpoint of a
 VLM training run, on the shipped VQA suite (experiments/evals/vqa.yaml), through vLLM (CPU).
 
-One training run (1 step, HF engine) gives the checkpoint; one eval command evaluates both
-models, as a user runs it, in a subprocess.
+One training run (1 step, HF engine, in this process: the CLI's own run is tested elsewhere) gives
+the checkpoint; one eval command evaluates both models, as a user runs it, in a subprocess.
 """
 
 from __future__ import annotations
@@ -63,14 +63,10 @@ def vlm_run(tmp_path_factory, vlm_dir):
             }
         )
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "polyrl.cli.main", "run", str(folder / "exp.yaml"), "--no-progress"],
-        capture_output=True,
-        text=True,
-        cwd=folder,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    from polyrl.launch.runner import run_experiment
+
+    result = run_experiment(folder / "exp.yaml", show_progress=False)
+    assert not result.failed and result.final_metrics["main"], result
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("vqa_eval_src")
     (arm,) = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("polyrl.role") == "arm"]
