@@ -22,19 +22,18 @@ import torch
 from torch import Tensor
 
 from polyrl.algos.aggregation import loss_normalizer_count
-from polyrl.algos.entropy_control import EntropyController, high_entropy_token_mask
+from polyrl.algos.entropy_control import EntropyController
 from polyrl.algos.metric_parts import MetricAccumulator
-from polyrl.algos.objectives.common import TOKEN_DETAIL
-from polyrl.algos.rollout_correction import apply_correction, mismatch_from_sums, mismatch_sums
-from polyrl.modeling.logprobs import token_logprobs
+from polyrl.algos.rollout_correction import mismatch_from_sums, mismatch_sums
 from polyrl.modeling.lora import write_adapter
-from polyrl.modeling.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_columns, trim_padding
+from polyrl.modeling.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_padding
 from polyrl.modeling.shared_prompts import attention_cost_ratio, completion_widths, row_prompts, shared_prompt_micro_batches
 from polyrl.roles.batches import LearnerBatch
 from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
 from polyrl.roles.learner_inspection import TokenCapture
+from polyrl.roles.policy_loss import PolicyLoss
 from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
-from polyrl.runtime.data_parallel import LocalGroup, through_root
+from polyrl.runtime.data_parallel import LocalGroup
 from polyrl.runtime.gradient_buffers import AutogradGradients, GradientBuffers, update_gradients
 from polyrl.runtime.precision import autocast
 
@@ -73,7 +72,7 @@ class LearnerSettings:
     compute_dtype: torch.dtype = torch.float32
 
 
-class PolicyLearner:
+class PolicyLearner(PolicyLoss):
     """Updates ``policy`` (fp32, dropout off) with ``objective`` (an :class:`ObjectiveSpec`);
     ``critic`` (optional) gets each applied policy step and keeps its own cadence."""
 
@@ -349,115 +348,3 @@ class PolicyLearner:
         if versions is None:
             return torch.ones(len(batch.packed), dtype=torch.bool, device=batch.advantages.device)
         return (versions < 0) | (versions == step_index)
-
-    def _objective_params(self, batch: LearnerBatch, rows: Tensor) -> dict[str, Any]:
-        s = self.settings
-        params = {**s.objective_params, "kl_coef": s.kl_coef, "kl_estimator": s.kl_estimator, "entropy_coef": self.entropy.coef}
-        if batch.ref_logprobs is not None:
-            params["ref_logprobs"] = batch.ref_logprobs[rows]
-        return params
-
-    def _token_logprobs(self, packed: Any, **options: Any) -> tuple[Tensor, Tensor | None]:
-        """:func:`token_logprobs` of the policy with the settings' temperature, shared prompts and
-        padding-free rows; inside the FSDP2 root's forward where the policy is sharded
-        (:func:`polyrl.runtime.data_parallel.through_root`)."""
-        s = self.settings
-        return through_root(
-            self.policy,
-            lambda: token_logprobs(
-                self.policy,
-                packed,
-                temperature=s.temperature,
-                share_prompts=s.share_prompts,
-                padding_free=s.padding_free,
-                **options,
-            ),
-        )
-
-    def _zero_weight_pass(self, batch: LearnerBatch, rows: Tensor) -> None:
-        """A forward and backward that add nothing to the gradients (weight 0), for an FSDP2 rank
-        with fewer micro-batches in this mini-batch than another (a shard a row shorter, or empty):
-        FSDP2 gathers parameters in every forward and reduces gradients in every backward, and every
-        rank must join each of those collectives or all of them wait. verl evens its micro-batch
-        counts across ranks likewise. ``rows``: any row of the batch (every rank holds it all)."""
-        packed = trim_padding(batch.packed.select(rows))
-        with autocast(self.policy, self.settings.compute_dtype):
-            logprobs, _ = self._token_logprobs(packed, compute_entropy=False)
-        (logprobs.sum() * 0.0).backward()
-
-    @torch.no_grad()
-    def prepare_objective(self, batch: LearnerBatch, mini: Tensor) -> dict[str, Any]:
-        """The objective's once-per-mini-batch preparation (e.g. BAPO's clip-bound search) on
-        the current policy's log-probs over the whole mini-batch, so that its result does not
-        depend on the micro-batch size; ``{}`` for objectives without one."""
-        prepare = getattr(self.objective, "prepare", None)
-        if prepare is None:
-            return {}
-        s = self.settings
-        packed = batch.packed.select(mini)
-        parts = []
-        with autocast(self.policy, s.compute_dtype):
-            for start in range(0, len(packed), s.micro_batch_size):
-                part = packed.select(slice(start, start + s.micro_batch_size))
-                parts.append(self._token_logprobs(part, compute_entropy=True))
-        logprobs = torch.cat([lp for lp, _ in parts])
-        entropy = torch.cat([h for _, h in parts])
-        old_logprobs = logprobs if batch.old_logprobs is None else batch.old_logprobs[mini]
-        return dict(
-            prepare(
-                logprobs,
-                old_logprobs,
-                batch.advantages[mini],
-                batch.loss_mask[mini],
-                entropy=entropy,
-                **self._objective_params(batch, mini),
-            )
-        )
-
-    def policy_loss(self, batch: LearnerBatch, rows: Tensor, normalizer: float,
-                    prepared: dict[str, Any] | None = None) -> tuple[Tensor, dict[str, float], Tensor]:  # fmt: skip
-        s = self.settings
-        packed = trim_padding(batch.packed.select(rows))
-        width = packed.response_mask.shape[1]
-        # The entropy takes part in the gradient only through an entropy bonus; else it is a metric.
-        with autocast(self.policy, s.compute_dtype):
-            logprobs, entropy = self._token_logprobs(packed, compute_entropy=True, entropy_grad=self.entropy.active)
-        params = self._objective_params(batch, rows)
-        if "ref_logprobs" in params:
-            params["ref_logprobs"] = params["ref_logprobs"][:, :width]
-        params.update(prepared or {})  # mini-batch-level values (e.g. BAPO's clip bounds), not per token
-        advantages, loss_mask, old = trim_columns(
-            width,
-            [batch.advantages[rows], batch.loss_mask[rows], None if batch.old_logprobs is None else batch.old_logprobs[rows]],
-        )
-        old_logprobs = logprobs.detach() if old is None else old
-        corrected: dict[str, float] = {}
-        rejected = None
-        if batch.in_update_correction is not None:
-            # Bypass-mode rollout correction: its masks compare the current π_θ with the sampler.
-            sampled = batch.packed.sampling_logprobs[rows][:, :width]
-            before = loss_mask.bool()
-            _, loss_mask, corrected = apply_correction(
-                logprobs.detach() - sampled, loss_mask, advantages, settings=batch.in_update_correction, importance=False
-            )
-            rejected = before & ~loss_mask
-        if s.high_entropy_top_ratio is not None:
-            # Forking tokens (polyrl/algos/entropy_control.py): the rest of the tokens leave the loss.
-            loss_mask, selected = high_entropy_token_mask(entropy, loss_mask, top_ratio=s.high_entropy_top_ratio)
-            corrected = {**corrected, **selected}
-        loss, metrics = self.objective.fn(
-            logprobs,
-            old_logprobs,
-            advantages,
-            loss_mask,
-            loss_normalizer=normalizer,
-            aggregation=s.aggregation,
-            entropy=entropy,
-            **params,
-            **({"inspect_tokens": True} if self._capture is not None else {}),
-        )
-        if self._capture is not None:
-            # The objective's per-token tensors (polyrl/algos/objectives/common.py) go to the capture, not the metrics.
-            detail = {k.removeprefix(TOKEN_DETAIL): metrics.pop(k) for k in [k for k in metrics if k.startswith(TOKEN_DETAIL)]}
-            self._capture.record(rows, detail, entropy=entropy, loss_mask=loss_mask, rejected=rejected)
-        return loss, {**metrics, **corrected}, logprobs
