@@ -64,22 +64,22 @@ def _config(tiny_experiment, folder: Path, engine: str):
 
 
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])
-def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_experiment, engine, write_experiment):
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_experiment, engine, write_experiment, monkeypatch):
+    from polyrl.launch.runner import run_experiment
+
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
 
+    # The uninterrupted reference runs in this process (the kill and the resume are the CLI's and
+    # stay subprocesses): a run sets its own seeds and torch threads, so where it runs is moot.
     straight = tmp_path / "straight"
     straight.mkdir()
     path = write_experiment(straight, _config(tiny_experiment, straight, engine))
-    subprocess.run(
-        _polyrl("run", str(path), "--no-progress", cwd=straight),
-        cwd=straight,
-        env=env,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        timeout=600,
-    )
+    with monkeypatch.context() as patch:
+        patch.chdir(straight)
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        result = run_experiment(path, show_progress=False)
+    assert not result.failed, result.failed
 
     killed = tmp_path / "killed"
     killed.mkdir()
