@@ -5,31 +5,36 @@ train reports the last logged values instead of NaN."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from mlflow.tracking import MlflowClient
-from run_control import child_env
+from typer.testing import CliRunner
 
+from polyrl.cli.main import app
 from polyrl.tracking.mlflow_runs import ROLE_TAG, STEP_MARKER
 
 
-def _polyrl(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "polyrl.cli.main", "run", *args, "--no-progress"],
-        cwd=folder,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def _polyrl(folder: Path, monkeypatch, *args: str) -> SimpleNamespace:
+    """``polyrl run ARGS --no-progress`` in this process (Typer's runner: exit code, stdout and
+    stderr apart), from ``folder``, wide and without a tracking URI of the environment's. In
+    process, not a subprocess: what is checked is the command's messages and records, and five
+    interpreter start-ups were most of this test's time."""
+    with monkeypatch.context() as patch:
+        patch.chdir(folder)
+        patch.setenv("COLUMNS", "200")
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv("RAY_ADDRESS", raising=False)
+        result = CliRunner().invoke(app, ["run", *args, "--no-progress"])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}\n{result.output}")
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
 
 @pytest.mark.slow
 def test_a_finished_arm_trains_longer_never_shorter_and_a_no_step_resume_reports_its_last_values(
-    tmp_path, tiny_experiment, write_experiment
+    tmp_path, tiny_experiment, write_experiment, monkeypatch
 ):
     config = tiny_experiment(
         name="longer",
@@ -38,18 +43,18 @@ def test_a_finished_arm_trains_longer_never_shorter_and_a_no_step_resume_reports
         rollout={"prompts_per_step": 2, "samples_per_prompt": 2},
     )
     path = str(write_experiment(tmp_path, config))
-    first = _polyrl(tmp_path, path)
+    first = _polyrl(tmp_path, monkeypatch, path)
     assert first.returncode == 0, first.stderr[-3000:]
 
     # Fewer steps than the checkpoint has: refused, with or without the flag (before: accepted, a summary
     # of NaNs, the arm FINISHED at 2 steps while its recorded config said 1).
     for flags in (["--allow-config-change"], []):
-        shorter = _polyrl(tmp_path, path, "--resume", *flags, "--set", "train.steps=1")
+        shorter = _polyrl(tmp_path, monkeypatch, path, "--resume", *flags, "--set", "train.steps=1")
         assert shorter.returncode == 2, shorter.stdout[-2000:] + shorter.stderr[-2000:]
         assert "train.steps: 2 → 1 is below the step its checkpoint has reached (2)" in shorter.stderr, shorter.stderr
 
     # Train the finished arm on to step 4 (before: refused, "already finished").
-    longer = _polyrl(tmp_path, path, "--resume", "--allow-config-change", "--set", "train.steps=4")
+    longer = _polyrl(tmp_path, monkeypatch, path, "--resume", "--allow-config-change", "--set", "train.steps=4")
     assert longer.returncode == 0, longer.stdout[-3000:] + longer.stderr[-3000:]
     out = " ".join(longer.stdout.split())  # rich wraps long lines
     assert "main finished at step 2; training it on to step 4" in out, out
@@ -69,7 +74,7 @@ def test_a_finished_arm_trains_longer_never_shorter_and_a_no_step_resume_reports
     state = json.loads(state_path.read_text())
     state["finished"] = []
     state_path.write_text(json.dumps(state))
-    again = _polyrl(tmp_path, path, "--resume", "--set", "train.steps=4")
+    again = _polyrl(tmp_path, monkeypatch, path, "--resume", "--set", "train.steps=4")
     assert again.returncode == 0, again.stderr[-3000:]
     last_reward = client.get_metric_history(run.info.run_id, "reward/mean")[-1].value
     assert f"main: reward {last_reward:.3f}" in again.stdout and "nan" not in again.stdout, again.stdout
