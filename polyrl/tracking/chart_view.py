@@ -4,13 +4,21 @@ MLflow's experiment page has a chart mode (``compareRunsMode=CHART``) whose stat
 runs, grouped how, which charts — lives in the browser, except for *shared views*: the UI's
 Share button stores the state as the experiment tag ``mlflow.sharedViewState.<key>`` and
 links to ``…/runs?viewStateShareKey=<key>``. polyrl writes that tag itself, so the URL it
-prints opens with the comparison's curves drawn, no clicks: the runs of one experiment run
-(its seed runs when it has seeds, else its arm runs), grouped by the ``polyrl.arm`` tag (a
-group is drawn as the mean of its runs with their min–max band), a first chart section
-with the metrics compared, and below it a section per prefix of the runs' other metrics, all one
+prints opens with the comparison's curves drawn, no clicks: the runs of one experiment run,
+each drawn in its arm's colour (``mlflow.runColor``), a first chart section with the metrics
+compared, and below it a section per prefix of the runs' other metrics, all one
 card a row so that the UI does not cut the cards' titles. The state's shape is MLflow 3.17's UI (``ExperimentPageUIState``
 and its chart cards, read from the UI bundle): keys it does not know are ignored, and keys it
 lacks take the UI's defaults, so another MLflow version opens the same page with fewer settings.
+
+MLflow 3.17 colours a group of runs (``groupBy``) from ``experimentRunColors`` in the browser's
+localStorage (set by its colour picker) or else a hash of the group's id; a run's
+``mlflow.runColor`` tag colours that run only. Nothing in the view state or in tags colours a
+group, so a view that groups seeds by arm draws arms in colours polyrl cannot choose (two of
+them came out grey and dark blue). The view polyrl links to therefore draws runs, not groups.
+Nor can a shared view hide some of its runs: the UI drops ``runsHidden``, ``runsVisibilityMap``,
+``runsPinned`` and ``runsExpanded`` from it when it opens (they stay the reader's own), so a run
+the view should not draw is left out of its filter.
 """
 
 from __future__ import annotations
@@ -41,6 +49,11 @@ ARM_COLOURS: tuple[str, ...] = ("#2272b4", "#de7921", "#308613", "#c83243", "#8a
 def view_key(parent_run_id: str) -> str:
     """One saved view per experiment run; re-running ``polyrl compare`` rewrites it."""
     return f"polyrl-{parent_run_id}"
+
+
+def seeds_view_key(parent_run_id: str) -> str:
+    """The second saved view of a seeded experiment run: its seed runs grouped by arm."""
+    return f"{view_key(parent_run_id)}-seeds"
 
 
 def arm_colours(arms: list[str]) -> dict[str, str]:

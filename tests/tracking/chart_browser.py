@@ -70,8 +70,13 @@ class ChromiumPage:
             time.sleep(0.5)
         return None
 
-    def screenshot(self, path: Path) -> None:
-        path.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"]))
+    def screenshot(self, path: Path, *, height: int | None = None) -> None:
+        """A PNG of the page; with ``height``, only its top ``height`` CSS pixels."""
+        clip = {}
+        if height:
+            width = self.evaluate("window.innerWidth")
+            clip = {"clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}}
+        path.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", format="png", **clip)["data"]))
 
     def __enter__(self) -> ChromiumPage:
         return self

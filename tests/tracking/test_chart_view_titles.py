@@ -106,3 +106,69 @@ def test_chart_titles_show_the_whole_metric_key_and_arms_their_colours(tmp_path)
     assert not cut, f"titles cut with an ellipsis (scrollWidth > clientWidth): {cut}"
     assert min(title["client"] for title in titles) > 0
     assert {_rgb(ARM_COLOURS[0]), _rgb(ARM_COLOURS[1])} <= set(strokes), strokes
+
+
+def _far_apart(first: str, second: str) -> float:
+    """Euclidean distance of two ``rgb(r, g, b)`` strings (0 to 441)."""
+    import re
+
+    a, b = ([int(v) for v in re.findall(r"\d+", colour)[:3]] for colour in (first, second))
+    return sum((x - y) ** 2 for x, y in zip(a, b, strict=True)) ** 0.5
+
+
+def test_seeded_arms_are_drawn_in_two_distinct_polyrl_colours(tmp_path):
+    """2 arms x 2 seeds. Grouped by arm (the view before), the UI coloured each group from a hash of
+    the group (grey and dark blue); the view now draws the arm runs (the mean over their seeds) in
+    their arm colours."""
+    import os
+    import socket
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = ExperimentTracker(uri, "seeded")
+    parent = tracker.start_parent("seeded")
+    run_ids = []
+    for offset, arm in enumerate(("grpo", "dr_grpo")):
+        arm_run = tracker.start_arm(parent.run_id, arm)
+        for seed in range(2):
+            run = tracker.start_arm(arm_run.run_id, arm, seed=seed)
+            for step in range(6):
+                rising = 0.3 + 0.08 * step * (1 + offset) + 0.03 * seed  # dr_grpo climbs twice as fast
+                run.log_step(step, {**TRAINING, "reward/mean": rising, **{key: rising for key in EVAL_KEYS}})
+            run.finish()
+            run_ids.append(run.run_id)
+        arm_run.finish()
+    parent.finish()
+    client = MlflowClient(uri)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = write_chart_view(
+        client, experiment_id=client.get_run(parent.run_id).info.experiment_id, parent_run_id=parent.run_id,
+        run_ids=run_ids, eval_keys=EVAL_KEYS, grouped=True, base_url=f"http://127.0.0.1:{port}",
+    )  # fmt: skip
+    server = _serve(uri, port)
+    try:
+        with ChromiumPage(tmp_path / "chromium", width=1400, height=3000) as page:
+            page.open(url)
+            drawn = page.wait_for(f"({STROKES_JS}).length >= 2 && ({TITLES_JS}).length >= 3", timeout=300)
+            time.sleep(1)  # the last cards' lines
+            page.screenshot(tmp_path / "chart_view.png")
+            page.screenshot(tmp_path / "chart_view_top.png", height=1100)  # docs/mlflow_compare.png
+            assert drawn, f"the chart view did not draw its cards; screenshot {tmp_path / 'chart_view.png'}"
+            strokes = page.evaluate(STROKES_JS)
+            names = page.evaluate("document.body.innerText")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    if os.environ.get("POLYRL_CHART_SCREENSHOT"):  # regenerate the docs' picture
+        Path(os.environ["POLYRL_CHART_SCREENSHOT"]).write_bytes((tmp_path / "chart_view_top.png").read_bytes())
+    # Only the two arm colours are drawn (a group would be drawn in a colour hashed from the group).
+    assert set(strokes) == {_rgb(ARM_COLOURS[0]), _rgb(ARM_COLOURS[1])}, strokes
+    # Far apart: (34, 114, 180) and (222, 121, 33) are sqrt(188² + 7² + 147²) ≈ 239 apart (of 441).
+    assert _far_apart(_rgb(ARM_COLOURS[0]), _rgb(ARM_COLOURS[1])) > 150
+    # One line per arm: the arm runs, not their seed runs (which are the second saved view).
+    seed_names = [client.get_run(run_id).info.run_name for run_id in run_ids]
+    assert "grpo" in names and not any(name in names for name in seed_names), (seed_names, names[:2000])
