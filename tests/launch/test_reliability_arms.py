@@ -9,14 +9,12 @@ did not finish.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from mlflow.tracking import MlflowClient
-from run_control import child_env
 from typer.testing import CliRunner
 
 from polyrl.analysis.compare import compare_experiment
@@ -43,15 +41,19 @@ def _three_arms(tmp_path: Path, tiny_experiment, write_experiment) -> Path:
     return write_experiment(tmp_path, config)
 
 
-def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "polyrl.cli.main", "run", *args, "--no-progress"],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def _run(tmp_path: Path, monkeypatch, *args: str) -> SimpleNamespace:
+    """``polyrl run ARGS --no-progress`` in this process (Typer's runner: exit code, stdout and
+    stderr apart), from ``tmp_path``, wide and without a tracking URI of the environment's; an
+    exception that escaped the command fails here (a traceback a user would have seen)."""
+    with monkeypatch.context() as patch:
+        patch.chdir(tmp_path)
+        patch.setenv("COLUMNS", "200")
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv("RAY_ADDRESS", raising=False)
+        result = CliRunner().invoke(app, ["run", *args, "--no-progress"])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}\n{result.output}")
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
 
 def _arm_runs(client: MlflowClient, parent_run_id: str) -> dict[str, object]:
@@ -76,7 +78,7 @@ def test_a_failing_middle_arm_does_not_stop_the_next_and_compare_names_it(
     tmp_path, tiny_experiment, write_experiment, monkeypatch
 ):
     path = _three_arms(tmp_path, tiny_experiment, write_experiment)
-    ran = _run(tmp_path, str(path))
+    ran = _run(tmp_path, monkeypatch, str(path))
     # Before: the run ended at arm b with exit 2, and arm c was never started.
     assert ran.returncode == 1, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert "Traceback" not in ran.stdout + ran.stderr
@@ -102,7 +104,7 @@ def test_a_failing_middle_arm_does_not_stop_the_next_and_compare_names_it(
     assert "| b |" not in report and "| a |" in report and "| c |" in report  # no values from the failed arm
 
     # --fail-fast: the old behaviour, the first failure ends the run; compare says c never ran.
-    fast = _run(tmp_path, str(path), "--fail-fast")
+    fast = _run(tmp_path, monkeypatch, str(path), "--fail-fast")
     assert fast.returncode == 2, fast.stderr[-3000:]
     assert "the scoring service is down" in fast.stderr and "c: reward" not in fast.stdout
     code, output = _compare(tmp_path, monkeypatch)
