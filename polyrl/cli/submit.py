@@ -16,6 +16,7 @@ from rich.table import Table
 from polyrl.cli.errors import fail, user_errors
 from polyrl.config.schema import ConfigError
 from polyrl.launch.arm_runs import summary_line
+from polyrl.launch.preflight import preflight_file
 from polyrl.launch.ray_jobs import DEFAULT_DASHBOARD, TERMINAL, follow_logs, job_client, job_logs, list_jobs, stop_job, submit_job
 from polyrl.launch.ray_submit import submit_experiment
 from polyrl.launch.run_units import MANY_RUNS
@@ -75,6 +76,10 @@ def submit_command(
                 f"{DEFAULT_DASHBOARD} (a head started with `ray start --head --dashboard-host 127.0.0.1`); "
                 "a local Ray started by this command stops when it ends"
             )
+        # The arms run on a local Ray from this machine's files: what `polyrl run` checks before any
+        # MLflow run or model exists is checked here before Ray starts. (With --address the job's
+        # own `polyrl run` checks them on the cluster, where the files are.)
+        preflight_file(config, set_options=set_, runs_here=True, echo=lambda line: _console.print(line, highlight=False))
         result = submit_experiment(
             config,
             set_options=set_,

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import ray
 import yaml
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
@@ -79,6 +80,12 @@ def test_a_prompt_longer_than_the_model_positions_is_refused_by_validate_and_bef
         assert "data.source 'rows.jsonl'" in output
     # run refused before any MLflow run (or store) or experiment folder was created.
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
+    # submit: the arms would run on a local Ray from this machine's files. Before, it started Ray
+    # and created the MLflow runs, and each arm's sampler then refused the prompt. (Its log file
+    # is opened before the command, as for every submit.)
+    code, output = invoke(["submit", path], tmp_path, monkeypatch)
+    assert code == 2 and f"- {expected}" in output, (expected, output)
+    assert not (tmp_path / "mlflow.db").exists() and not ray.is_initialized()
 
 
 def test_a_long_system_prompt_is_counted_as_the_chat_template_formats_it(tmp_path, monkeypatch, chat_model_dir):
