@@ -116,6 +116,19 @@ def _far_apart(first: str, second: str) -> float:
     return sum((x - y) ** 2 for x, y in zip(a, b, strict=True)) ** 0.5
 
 
+def _seeded_step(score: float, length: float) -> dict[str, float]:
+    """One step of a plausible run (scores in [0, 1], lengths in tokens), for docs/mlflow_compare.png."""
+    return {
+        **TRAINING,
+        "reward/mean": score,
+        "train/accuracy": score,
+        "rollout/response_length/mean": length,
+        EVAL_KEYS[0]: score - 0.05,
+        EVAL_KEYS[1]: length,
+        EVAL_KEYS[2]: length + 8,
+    }
+
+
 def test_seeded_arms_are_drawn_in_two_distinct_polyrl_colours(tmp_path):
     """2 arms x 2 seeds. Grouped by arm (the view before), the UI coloured each group from a hash of
     the group (grey and dark blue); the view now draws the arm runs (the mean over their seeds) in
@@ -132,8 +145,9 @@ def test_seeded_arms_are_drawn_in_two_distinct_polyrl_colours(tmp_path):
         for seed in range(2):
             run = tracker.start_arm(arm_run.run_id, arm, seed=seed)
             for step in range(6):
-                rising = 0.3 + 0.08 * step * (1 + offset) + 0.03 * seed  # dr_grpo climbs twice as fast
-                run.log_step(step, {**TRAINING, "reward/mean": rising, **{key: rising for key in EVAL_KEYS}})
+                score = 0.3 + 0.04 * step * (1 + offset) + 0.03 * seed  # dr_grpo climbs twice as fast
+                length = 60.0 - 3 * step * (1 + offset) + seed  # and shortens its answers faster
+                run.log_step(step, _seeded_step(score, length))
             run.finish()
             run_ids.append(run.run_id)
         arm_run.finish()
