@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.analysis.compare import compare_experiment, experiment_compare_url
 from polyrl.analysis.results_doc import markers, write_results
-from polyrl.tracking.chart_view import load_chart_view, run_ids_in_filter, view_key_in_url
+from polyrl.tracking.chart_view import load_chart_view, run_ids_in_filter, seeds_view_key, view_key_in_url
 from polyrl.tracking.mlflow_runs import NOTE_TAG, ExperimentTracker
 
 STEPS = 3
@@ -75,13 +75,17 @@ def test_parent_metrics_chart_view_and_sample_links(tmp_path, mlflow_uri):
     # Paired differences 2, 3, 4: mean 3, s = 1, t · s/√3 = 2.484 -> [0.516, 5.484].
     assert metrics["diff/grpo_minus_dr_grpo/reward/mean/estimate"] == pytest.approx(3.0)
     assert metrics["diff/grpo_minus_dr_grpo/reward/mean/ci_low"] == pytest.approx(0.516, abs=1e-3)
-    # The printed URL opens the chart view of this run's seed runs (not the older run's), grouped by arm,
-    # held-out accuracy first, then the response length and reward.
+    # The printed URL opens the chart view of this run's arm runs (not the older run's), ungrouped (the
+    # mean over seeds, each in its arm's colour), held-out accuracy first, then the response length and
+    # reward; the seed runs grouped by arm are the second saved view.
     assert "compareRunsMode=CHART" in comparison.compare_url and "#/experiments/" in comparison.compare_url
     experiment_id = client.get_run(comparison.parent_run_id).info.experiment_id
     state = load_chart_view(client, experiment_id, view_key_in_url(comparison.compare_url))
-    assert sorted(run_ids_in_filter(state["searchFilter"])) == sorted(trained["grpo"] + trained["dr_grpo"])
-    assert state["groupBy"] == {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "polyrl.arm"}]}
+    assert sorted(run_ids_in_filter(state["searchFilter"])) == sorted(comparison.arms.values())
+    assert state["groupBy"] is None
+    seeds = load_chart_view(client, experiment_id, seeds_view_key(comparison.parent_run_id))
+    assert sorted(run_ids_in_filter(seeds["searchFilter"])) == sorted(trained["grpo"] + trained["dr_grpo"])
+    assert seeds["groupBy"] == {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "polyrl.arm"}]}
     charts = [chart["metricKey"] for chart in state["compareRunCharts"]]
     assert charts[:3] == ["eval/arith/accuracy", "rollout/response_length/mean", "reward/mean"]
     assert experiment_compare_url("paired", tracking_uri=mlflow_uri) == comparison.compare_url

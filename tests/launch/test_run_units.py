@@ -14,7 +14,7 @@ from polyrl.analysis.compare import compare_experiment, experiment_compare_url
 from polyrl.config.schema import ConfigError
 from polyrl.config.seeds import experiment_seeds, parse_seeds_option
 from polyrl.launch.runner import run_experiment
-from polyrl.tracking.chart_view import load_chart_view, run_ids_in_filter, view_key_in_url
+from polyrl.tracking.chart_view import load_chart_view, run_ids_in_filter, seeds_view_key, view_key_in_url
 from polyrl.tracking.mlflow_runs import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, NOTE_TAG
 from polyrl.tracking.ui_links import run_ids_in_compare_url
 
@@ -132,13 +132,16 @@ def test_two_seeds_two_arms_make_the_hierarchy_and_a_report_with_bands(tmp_path,
     assert "| reward/mean | grpo − dr_grpo |" in note
     logged = {a.path for a in client.list_artifacts(result.parent_run_id, "comparison")}
     assert {"comparison/report.md", "comparison/reward_mean.png"} <= logged
-    # The URL opens MLflow's chart view of the seed runs grouped by arm (one line per arm).
+    # The URL opens MLflow's chart view of the arm runs (one line per arm: the mean over its seeds);
+    # the seed runs grouped by arm are the second saved view.
     assert "compareRunsMode=CHART" in comparison.compare_url
-    state = load_chart_view(
-        client, client.get_run(result.parent_run_id).info.experiment_id, view_key_in_url(comparison.compare_url)
-    )
-    assert sorted(run_ids_in_filter(state["searchFilter"])) == sorted(result.seed_run_ids.values())
-    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "polyrl.arm"}]
+    experiment_id = client.get_run(result.parent_run_id).info.experiment_id
+    state = load_chart_view(client, experiment_id, view_key_in_url(comparison.compare_url))
+    arm_runs = {client.get_run(run_id).data.tags["mlflow.parentRunId"] for run_id in result.seed_run_ids.values()}
+    assert sorted(run_ids_in_filter(state["searchFilter"])) == sorted(arm_runs) and state["groupBy"] is None
+    seeds = load_chart_view(client, experiment_id, seeds_view_key(result.parent_run_id))
+    assert sorted(run_ids_in_filter(seeds["searchFilter"])) == sorted(result.seed_run_ids.values())
+    assert seeds["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "polyrl.arm"}]
     # The parent run carries the headline figures: grpo's mean final reward over its 2 seeds, with bounds.
     metrics = client.get_run(result.parent_run_id).data.metrics
     assert metrics["grpo/reward/mean/final"] == pytest.approx(sum(grpo) / 2)
