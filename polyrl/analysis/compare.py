@@ -189,9 +189,9 @@ def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str, summa
 
 
 def _view_runs(client: MlflowClient, arms: dict[str, str], seed_runs: dict[str, dict[int, str]]) -> list[str]:
-    """The runs the chart view shows: the seed runs that count, else the arm runs. They are
-    grouped by arm either way (one run per group without seeds: the UI then gives each arm a
-    group's distinct colour rather than two shades of one)."""
+    """The runs the chart view is built from: the seed runs that count, else the arm runs. With
+    seeds, :func:`~polyrl.analysis.compare_views.write_chart_view` draws each arm's run (their
+    per-step mean, in the arm's colour) and saves the seed runs grouped by arm as a second view."""
     if seed_runs:
         kept, _ = finished_seed_runs(client, seed_runs)
         return [run_id for by_seed in kept.values() for run_id in by_seed.values()]
@@ -226,8 +226,9 @@ def _seed_run_ids(client: MlflowClient, parent, arms: dict[str, str]):
 
 
 def experiment_compare_url(experiment: str, *, tracking_uri: str, base_url: str | None = None) -> str:
-    """The chart view of the newest run of ``experiment`` (its arms' step curves, seeds grouped
-    by arm), saved on the experiment first (:mod:`polyrl.analysis.compare_views`)."""
+    """The chart view of the newest run of ``experiment`` (its arms' step curves, one line per arm:
+    the mean over its seeds where it has them), saved on the experiment first
+    (:mod:`polyrl.analysis.compare_views`)."""
     require_existing_store(tracking_uri)
     client = make_client(tracking_uri)
     parent, arms = _arm_runs(client, experiment, tracking_uri)

@@ -275,7 +275,7 @@ def ui(
 ) -> None:
     """Start the MLflow UI on the experiment store (127.0.0.1 by default), or, for a tracking
     server, point at it; with EXPERIMENT, the URL of the chart view of its arms (step curves,
-    seeds grouped by arm)."""
+    one line per arm: the mean over its seeds)."""
     from polyrl.analysis.compare import experiment_compare_url
     from polyrl.tracking.mlflow_runs import is_server_uri, resolve_tracking_uri
     from polyrl.tracking.ui_links import ui_base_url
