@@ -16,7 +16,9 @@ from polyrl.roles.hooks import HealthHook, StepReport
 
 
 def _settings(**health):
-    return ExperimentConfig(name="t", health=health).health
+    # A held-out metric is read from periodic evaluation, which the config must then have.
+    evaluation = {"eval": {"every": 2, "suite": "arithmetic"}} if "held_out_metric" in health else {}
+    return ExperimentConfig(name="t", health=health, **evaluation).health
 
 
 def _rows(rewards, lengths, prompts=None, completions=None):

@@ -72,6 +72,7 @@ def test_a_learner_batch_moves_every_tensor_and_keeps_the_rest():
         metrics={"reward/mean": 0.5},
         policy_versions=torch.zeros(shape[0], dtype=torch.long),
         in_update_correction=settings,  # settings, not a tensor: carried as they are
+        correction_rejected=torch.zeros(shape, dtype=torch.bool),
     )
     # Every field is set, so a tensor field added later and left out of ``to`` fails here.
     unset = [f.name for f in fields(batch) if getattr(batch, f.name) is None]
@@ -85,8 +86,9 @@ def test_a_learner_batch_moves_every_tensor_and_keeps_the_rest():
         for f in fields(moved.packed)
         if isinstance(getattr(moved.packed, f.name), Tensor)
     }
-    # loss_mask, old_logprobs, advantages, ref_logprobs, old_values, returns, policy_versions; 7 of the packed batch
-    assert len(tensors) == 7 + 7
+    # loss_mask, old_logprobs, advantages, ref_logprobs, old_values, returns, policy_versions,
+    # correction_rejected; 7 of the packed batch
+    assert len(tensors) == 8 + 7
     assert moved.in_update_correction is settings
     assert {name for name, tensor in tensors.items() if tensor.device.type != "meta"} == set()
     assert moved.metrics == {"reward/mean": 0.5}
