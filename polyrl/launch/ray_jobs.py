@@ -195,6 +195,10 @@ def job_client(address: str | None = None):
         raise RayUnreachableError(f"--address {address}: the job server at {url} did not answer as one ({error})") from None
 
 
+NO_AGENT = "No available agent to submit job"
+AGENT_WAIT_S = 60.0  # how long a submission waits for a just-started head's job agent
+
+
 @contextlib.contextmanager
 def _job_request(job_id: str) -> Iterator[None]:
     try:
@@ -286,16 +290,26 @@ def submit_job(
         "py_modules": [str(Path(polyrl.__file__).resolve().parent)],
     }
     job_id = f"polyrl-{first.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    with _job_request(job_id):
-        client.submit_job(
-            entrypoint=entrypoint,
-            submission_id=job_id,
-            runtime_env=runtime_env,
-            metadata={"polyrl.experiment": first.name, "polyrl.config": config, "polyrl.tracking_uri": tracking_uri},
-            entrypoint_num_cpus=num_cpus,
-            entrypoint_num_gpus=num_gpus or None,
-        )
-    return SubmittedJob(job_id, url, entrypoint, tracking_uri)
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            with _job_request(job_id):
+                client.submit_job(
+                    entrypoint=entrypoint,
+                    submission_id=job_id,
+                    runtime_env=runtime_env,
+                    metadata={"polyrl.experiment": first.name, "polyrl.config": config, "polyrl.tracking_uri": tracking_uri},
+                    entrypoint_num_cpus=num_cpus,
+                    entrypoint_num_gpus=num_gpus or None,
+                )
+            return SubmittedJob(job_id, url, entrypoint, tracking_uri)
+        except JobError as error:
+            # A head that has just started answers before its job agent is up ("No available
+            # agent to submit job, please try again later"): wait for it, within a bound.
+            if NO_AGENT not in str(error) or time.monotonic() > deadline:
+                raise
+            echo(f"waiting for the cluster's job agent at {url} (up to {AGENT_WAIT_S:.0f} s)")
+            time.sleep(2.0)
 
 
 def _inside(folder: Path, workdir: Path) -> list[str]:

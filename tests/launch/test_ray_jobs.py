@@ -258,3 +258,51 @@ def test_a_job_server_that_stops_answering_after_the_version_check_fails_with_th
         release.set()
         server.shutdown()
         server.server_close()
+
+
+def test_a_submission_waits_for_a_just_started_heads_job_agent(tmp_path, tiny_experiment, write_experiment, monkeypatch):
+    """A head that has just started answers a submission with "No available agent to submit job,
+    please try again later" until its job agent is up (it failed the real-head test above once on
+    a loaded machine). The submission waits for the agent within AGENT_WAIT_S; any other refusal,
+    or the agent still missing after the wait, is the error it was. The client here stands in for
+    Ray's JobSubmissionClient only at the request (the real one runs in the test above)."""
+    from polyrl.launch import ray_jobs
+
+    class Client:
+        def __init__(self, refusals: list[str]):
+            self.refusals, self.calls = list(refusals), 0
+
+        def get_address(self):
+            return "http://127.0.0.1:8265"
+
+        def submit_job(self, **request):
+            self.calls += 1
+            if self.refusals:
+                raise RuntimeError(f"Request failed with status code 500: {self.refusals.pop(0)}.")
+            return request["submission_id"]
+
+    no_agent = "No available agent to submit job, please try again later"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ray_jobs.time, "sleep", lambda s: None)
+    path = write_experiment(tmp_path, tiny_experiment())
+
+    def submit(client: Client) -> tuple[list[str], object]:
+        monkeypatch.setattr(ray_jobs, "job_client", lambda address: client)
+        said: list[str] = []
+        return said, ray_jobs.submit_job(path, address="http://127.0.0.1:8265", echo=said.append)
+
+    client = Client([no_agent, no_agent])
+    said, job = submit(client)
+    assert client.calls == 3 and job.job_id.startswith("polyrl-tiny-")  # before: the first refusal was the error
+    assert said == ["waiting for the cluster's job agent at http://127.0.0.1:8265 (up to 60 s)"] * 2
+    # Another refusal is not waited on.
+    client = Client(["Job with submission_id x already exists", no_agent])
+    with pytest.raises(ray_jobs.JobError, match="already exists"):
+        submit(client)
+    assert client.calls == 1
+    # Nor is an agent that never comes, past the wait.
+    monkeypatch.setattr(ray_jobs, "AGENT_WAIT_S", -1.0)
+    client = Client([no_agent] * 5)
+    with pytest.raises(ray_jobs.JobError, match="No available agent"):
+        submit(client)
+    assert client.calls == 1
