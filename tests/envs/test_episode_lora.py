@@ -36,12 +36,12 @@ def train_recording(config: dict, arm_dir):
     return arm, history, played, base, adapter
 
 
-def _check_lora_episodes(tmp_path, tiny_arch_dir, engine: str, sync: str, gap: float):
+def _check_lora_episodes(tmp_path, model_dir, engine: str, sync: str, gap: float):
     from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
 
     config = episode_experiment(
         tmp_path,
-        tiny_arch_dir("qwen2"),
+        model_dir,
         engine,
         model={"lora": {"r": 4, "alpha": 8, "target_modules": "all-linear", "sync": sync}},
     )
@@ -70,13 +70,36 @@ def _check_lora_episodes(tmp_path, tiny_arch_dir, engine: str, sync: str, gap: f
 @pytest.mark.slow
 def test_lora_episodes_train_the_adapter_through_hf(tmp_path, tiny_arch_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    _check_lora_episodes(tmp_path, tiny_arch_dir, "hf", "merged", 1e-4)
+    _check_lora_episodes(tmp_path, tiny_arch_dir("qwen2"), "hf", "merged", 1e-4)
 
 
 # On vLLM only the adapter sync: a merged sync reaches vLLM as a plain weight sync, the path every
 # vLLM episode test takes; the adapter is sent with each turn's generation call instead.
+# In a process of its own: run alone it passes, but once, in a full `make test` on a fresh clone,
+# it found the sampler's log-probs equal to the base model's at step 2 (1.7e-7 apart) after other
+# tests had run in the same worker; that is not understood yet (docs/episodes.md), and a test
+# whose outcome depends on its neighbours proves nothing either way.
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_lora_episodes_train_the_adapter_through_vllm_with_adapter_sync(tmp_path, tiny_arch_dir, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    _check_lora_episodes(tmp_path, tiny_arch_dir, "vllm", "adapter", 1e-3)
+def test_lora_episodes_train_the_adapter_through_vllm_with_adapter_sync(tmp_path, tiny_arch_dir):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from run_control import child_env
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import os, pathlib, sys; sys.path[:0] = [sys.argv[3], sys.argv[3] + '/tests']; os.chdir(sys.argv[1]); "
+        "from tests.envs.test_episode_lora import _check_lora_episodes; "
+        "_check_lora_episodes(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), 'vllm', 'adapter', 1e-3)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), str(tiny_arch_dir("qwen2")), str(root)],
+        cwd=root,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

@@ -46,6 +46,16 @@ def ray_head():
     stops only its own processes (never `ray stop`, which stops every Ray on the machine). Its
     jobs run `python` from this interpreter's folder, as they would from an activated venv."""
     gcs_port, dashboard_port = _free_port(), _free_port()
+    agent_ports = [
+        word
+        for option in (
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+        )
+        for word in (option, str(_free_port()))
+    ]
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must stay short (AF_UNIX: 107 bytes)
     env = child_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this checkout's polyrl, as in the test process
@@ -72,6 +82,10 @@ def ray_head():
                 "--disable-usage-stats",
                 "--temp-dir",
                 temp_dir,
+                # The head's agents on free ports too: their defaults (52365 for the job agent) may
+                # still be held by a Ray that another test of this worker started, and then the
+                # head never gets a job agent ("No available agent to submit job").
+                *agent_ports,
             ],
             env=env,
             stdout=out,
