@@ -154,16 +154,26 @@ def pretrained_dir(name: str, cache_dir: str | Path | None = None) -> Path:
     return converted_gguf_dir(packaged_gguf(name), cache_dir, field="model.builtin.name")
 
 
+def gguf_tokenizer(path: Path) -> Any:
+    """The tokenizer of the GGUF file ``path``, as its conversion saves it: transformers' GGUF
+    tokenizer with the file's control tokens registered as special. It reads the file's metadata
+    only (no weight is dequantised), so the pre-flight can format prompts before any conversion."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    register_control_tokens(tokenizer, path)
+    return tokenizer
+
+
 def convert_gguf(path: Path, folder: Path, *, digest: str) -> dict[str, Any]:
     """Write ``path`` (a GGUF causal LM) into ``folder`` as fp32 safetensors plus its tokenizer;
     returns the build record."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     started = time.perf_counter()
     loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    register_control_tokens(tokenizer, path)
+    tokenizer = gguf_tokenizer(path)
     config = loaded.config
     # The GGUF marker is what makes save_pretrained refuse; without it the config is ordinary.
     if hasattr(config, "quantization_config"):

@@ -6,9 +6,9 @@ tokenizer and the model's positions only. They are had cheaply here:
 
 - a ``model.path`` folder: its tokenizer files and ``config.json``;
 - a GGUF file (``model.path`` ending in ``.gguf``, or ``model.builtin.name``): the converted folder
-  in the model cache, once a run has converted it; before that there is none without converting
-  the weights, so :func:`policy_tokenizer` returns None and the run's own check (when the sampler
-  is built) is the one that applies;
+  in the model cache, once a run has converted it; before that, the tokenizer the conversion
+  will save, read from the file's metadata (:func:`polyrl.policies.pretrained.gguf_tokenizer`),
+  and the positions of the file's config;
 - a built-in tiny policy: its tokenizer, built in milliseconds by the same function that builds
   the policy's; its positions are the tokenizer's ``model_max_length``, which the tiny policies'
   builders set to their models' ``max_position_embeddings`` (tests/launch/test_preflight_prompts.py
@@ -23,7 +23,7 @@ from typing import Any
 
 from polyrl.config.schema import ModelConfig
 from polyrl.policies.cache import is_complete, resolve_cache_dir
-from polyrl.policies.pretrained import file_sha256, gguf_cache_key, is_gguf_path, packaged_gguf
+from polyrl.policies.pretrained import file_sha256, gguf_cache_key, gguf_tokenizer, is_gguf_path, packaged_gguf
 
 __all__ = ["PolicyTokenizer", "policy_tokenizer"]
 
@@ -49,19 +49,31 @@ def _converted(path: Path, cache_dir: str | Path | None) -> Path | None:
     return folder if is_complete(folder) else None
 
 
+def _gguf(path: Path, cache_dir: str | Path | None) -> PolicyTokenizer | None:
+    if not path.is_file():
+        return None  # reported by the model check
+    folder = _converted(path, cache_dir)
+    if folder is not None:
+        return _folder(folder, str(folder))
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        return PolicyTokenizer(gguf_tokenizer(path), None, int(config.max_position_embeddings), str(path))
+    except Exception:  # noqa: BLE001 - a file the reader cannot take is the model check's to report, by name
+        return None
+
+
 def policy_tokenizer(model: ModelConfig) -> PolicyTokenizer | None:
-    """The policy's tokenizer and positions without loading its weights; None when they cannot be
-    had cheaply (a GGUF not converted yet) or the policy is broken (reported by its own check)."""
+    """The policy's tokenizer and positions without loading its weights; None when the policy is
+    broken (reported by its own check)."""
     if model.path and is_gguf_path(model.path):
-        path = Path(model.path).expanduser()
-        folder = _converted(path, model.cache_dir) if path.is_file() else None
-        return _folder(folder, str(folder)) if folder else None
+        return _gguf(Path(model.path).expanduser(), model.cache_dir)
     if model.path:
         folder = Path(model.path).expanduser()
         return _folder(folder, str(folder))
     if model.builtin.name is not None:
-        folder = _converted(packaged_gguf(model.builtin.name), model.cache_dir)
-        return _folder(folder, str(folder)) if folder else None
+        return _gguf(packaged_gguf(model.builtin.name), model.cache_dir)
     task = model.builtin.task
     if task == "drawing":
         from polyrl.policies.drawing import build_drawing_tokenizer

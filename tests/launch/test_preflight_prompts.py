@@ -139,7 +139,7 @@ def test_a_gguf_policy_is_checked_with_its_converted_tokenizer_once_it_is_in_the
     gguf_file = tmp_path / "model.gguf"
     gguf_file.write_bytes(b"GGUF" + bytes(60))  # only its content hash is read here
     model = ModelConfig(path=str(gguf_file), cache_dir=str(tmp_path / "cache"))
-    # Not converted yet: its tokenizer would need the conversion of its weights, so the run's own check applies.
+    # Not converted yet, and not a GGUF the reader can take: the model check reports it, by name.
     assert policy_tokenizer(model) is None
     final = tmp_path / "cache" / gguf_cache_key(gguf_file, file_sha256(gguf_file))
     build_cached(final, lambda folder: shutil.copytree(random_policy_dir, folder, dirs_exist_ok=True) and {})

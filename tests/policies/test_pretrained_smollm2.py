@@ -20,10 +20,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from polyrl.config.schema import ModelConfig  # noqa: E402
 from polyrl.core.types import PromptSample, SamplingSettings  # noqa: E402
+from polyrl.data.prompt_lengths import model_positions  # noqa: E402
 from polyrl.engines.base import build_rollout_engine  # noqa: E402
 from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs  # noqa: E402
 from polyrl.policies.cache import INFO_FILE  # noqa: E402
 from polyrl.policies.paths import resolve_policy_path  # noqa: E402
+from polyrl.policies.tokenizer_only import policy_tokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real_model, pytest.mark.slow]
 
@@ -42,6 +44,11 @@ def _gap(model, completions, pad_id: int) -> float:
 
 def test_builtin_smollm2_converts_samples_in_sync_and_answers_in_english(tmp_path, record_property):
     config = ModelConfig(builtin={"name": "smollm2-135m-instruct"}, cache_dir=str(tmp_path / "cache"))
+    # Before any conversion the pre-flight reads the tokenizer and positions from the GGUF's
+    # metadata (policies/tokenizer_only.py); before, it had none and left the prompt check to the
+    # run's sampler, after the MLflow runs existed.
+    from_gguf = policy_tokenizer(config)
+    assert from_gguf is not None and from_gguf.folder is None and from_gguf.positions == 8192
     started = time.perf_counter()
     folder = resolve_policy_path(config)
     record = json.loads((folder / INFO_FILE).read_text())
@@ -58,6 +65,15 @@ def test_builtin_smollm2_converts_samples_in_sync_and_answers_in_english(tmp_pat
         for text in (QUESTION, REQUEST)
     )
     assert prompt.endswith("<|im_start|>assistant\n")
+    # ...and formats prompts into the ids the converted tokenizer gives (the sampler's).
+    converted = policy_tokenizer(config)
+    assert converted.folder == folder and model_positions(folder) == from_gguf.positions
+    assert from_gguf.tokenizer.chat_template == tokenizer.chat_template
+    for text in (prompt, request):
+        assert (
+            from_gguf.tokenizer(text, add_special_tokens=False)["input_ids"]
+            == tokenizer(text, add_special_tokens=False)["input_ids"]
+        )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     engine = build_rollout_engine("vllm", str(folder), seed=0, kv_cache_gb=0.25, max_model_len=256)
     try:
