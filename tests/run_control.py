@@ -81,3 +81,26 @@ def wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> Non
         assert process.poll() is None, process.communicate()
         assert time.time() < deadline, f"{path} never appeared"
         time.sleep(0.05)
+
+
+def polyrl_here(folder: Path, monkeypatch, *args: str):
+    """``polyrl ARGS`` in this process (Typer's runner: exit code, stdout and stderr apart), from
+    ``folder``, in :func:`child_env`'s terms (wide, no tracking URI or Ray address of its own);
+    an exception that escaped the command fails here (a traceback a user would have seen). For
+    tests of what a command does rather than of its process: an interpreter start-up costs
+    10-15 CPU-seconds."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from polyrl.cli.main import app
+
+    with monkeypatch.context() as patch:
+        patch.chdir(folder)
+        patch.setenv("COLUMNS", "200")
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv("RAY_ADDRESS", raising=False)
+        result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}\n{result.output}")
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)

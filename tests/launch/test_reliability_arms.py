@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from mlflow.tracking import MlflowClient
+from run_control import polyrl_here
 from typer.testing import CliRunner
 
 from polyrl.analysis.compare import compare_experiment
@@ -41,19 +41,9 @@ def _three_arms(tmp_path: Path, tiny_experiment, write_experiment) -> Path:
     return write_experiment(tmp_path, config)
 
 
-def _run(tmp_path: Path, monkeypatch, *args: str) -> SimpleNamespace:
-    """``polyrl run ARGS --no-progress`` in this process (Typer's runner: exit code, stdout and
-    stderr apart), from ``tmp_path``, wide and without a tracking URI of the environment's; an
-    exception that escaped the command fails here (a traceback a user would have seen)."""
-    with monkeypatch.context() as patch:
-        patch.chdir(tmp_path)
-        patch.setenv("COLUMNS", "200")
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv("RAY_ADDRESS", raising=False)
-        result = CliRunner().invoke(app, ["run", *args, "--no-progress"])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}\n{result.output}")
-    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
+def _run(tmp_path: Path, monkeypatch, *args: str):
+    """``polyrl run ARGS --no-progress`` in this process, from ``tmp_path``."""
+    return polyrl_here(tmp_path, monkeypatch, "run", *args, "--no-progress")
 
 
 def _arm_runs(client: MlflowClient, parent_run_id: str) -> dict[str, object]:

@@ -6,30 +6,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
+from run_control import polyrl_here
 
-from polyrl.cli.main import app
 from polyrl.tracking.mlflow_runs import ROLE_TAG, STEP_MARKER
 
 
-def _polyrl(folder: Path, monkeypatch, *args: str) -> SimpleNamespace:
-    """``polyrl run ARGS --no-progress`` in this process (Typer's runner: exit code, stdout and
-    stderr apart), from ``folder``, wide and without a tracking URI of the environment's. In
-    process, not a subprocess: what is checked is the command's messages and records, and five
-    interpreter start-ups were most of this test's time."""
-    with monkeypatch.context() as patch:
-        patch.chdir(folder)
-        patch.setenv("COLUMNS", "200")
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv("RAY_ADDRESS", raising=False)
-        result = CliRunner().invoke(app, ["run", *args, "--no-progress"])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}\n{result.output}")
-    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
+def _polyrl(folder: Path, monkeypatch, *args: str):
+    """``polyrl run ARGS --no-progress`` in this process, from ``folder``: what is checked is the
+    command's messages and records, and five interpreter start-ups were most of this test's time."""
+    return polyrl_here(folder, monkeypatch, "run", *args, "--no-progress")
 
 
 @pytest.mark.slow

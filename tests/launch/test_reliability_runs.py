@@ -9,15 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
-from run_control import child_env, run_child, start_child, wait_for
-from typer.testing import CliRunner
+from run_control import child_env, polyrl_here, run_child, start_child, wait_for
 
-from polyrl.cli.main import app
 from polyrl.tracking.mlflow_runs import STEP_MARKER
 
 # What these tests start (pyproject.toml markers).
@@ -35,21 +32,6 @@ def _polyrl(folder: Path, *args: str, timeout: float = 600) -> subprocess.Comple
         text=True,
         timeout=timeout,
     )
-
-
-def _polyrl_here(folder: Path, monkeypatch, *args: str) -> SimpleNamespace:
-    """``polyrl ARGS`` in this process (Typer's runner: exit code, stdout and stderr apart), from
-    ``folder``, in ``child_env``'s terms (wide, no tracking URI or Ray address of its own). For the
-    commands that follow a killed run: the kill needs a process, reading what it left does not."""
-    with monkeypatch.context() as patch:
-        patch.chdir(folder)
-        patch.setenv("COLUMNS", "200")
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv("RAY_ADDRESS", raising=False)
-        result = CliRunner().invoke(app, list(args))
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}\n{result.output}")
-    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
 
 def _child(folder: Path, action: str, at: int, *args: str) -> subprocess.CompletedProcess:
@@ -134,7 +116,7 @@ def test_sigkill_right_after_a_checkpoint_then_resume_logs_every_step_once(
     # Step 4's metrics reached MLflow before its checkpoint was written.
     assert _steps(client, _only_arm_run(client).info.run_id) == [1, 2, 3, 4]
 
-    resumed = _polyrl_here(tmp_path, monkeypatch, "run", str(path), "--resume", "--no-progress")
+    resumed = polyrl_here(tmp_path, monkeypatch, "run", str(path), "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 4" in resumed.stdout
     assert "taking over the lock of a run that is gone" in resumed.stdout  # the killed run's lock
@@ -162,7 +144,7 @@ def test_killed_between_marker_and_rename_resume_and_eval_ignore_the_partial(
     resolved = resolve_model(f"run:{run_id}", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", cache_dir=tmp_path / "cache")
     assert resolved.step == 2
 
-    resumed = _polyrl_here(tmp_path, monkeypatch, "run", str(path), "--resume", "--no-progress")
+    resumed = polyrl_here(tmp_path, monkeypatch, "run", str(path), "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 2" in resumed.stdout
     assert _checkpoints(arm_dir) == ["step_000004", "step_000006"]  # the partial is gone, keep=2
@@ -259,7 +241,7 @@ def test_resume_refuses_a_changed_config_unless_allowed_and_then_applies_and_rec
     arm_dir = tmp_path / "runs" / "rel" / "main"
     change = ["--set", "train.learning_rate=0.001", "--set", "objective.name=dr_grpo"]
 
-    refused = _polyrl_here(tmp_path, monkeypatch, "run", str(path), "--resume", "--no-progress", *change)
+    refused = polyrl_here(tmp_path, monkeypatch, "run", str(path), "--resume", "--no-progress", *change)
     _clean_error(
         refused,
         2,
@@ -268,7 +250,7 @@ def test_resume_refuses_a_changed_config_unless_allowed_and_then_applies_and_rec
         "arm 'main' (resumes after step 2)",
         "--allow-config-change",
     )
-    frozen = _polyrl_here(
+    frozen = polyrl_here(
         tmp_path,
         monkeypatch,
         "run",
@@ -284,7 +266,7 @@ def test_resume_refuses_a_changed_config_unless_allowed_and_then_applies_and_rec
     _clean_error(frozen, 2, "cannot apply to a resumed run", "seed: 0 → 1", "data.limit: None → 5")
     assert _steps(client, run_id) == [1, 2] and _checkpoints(arm_dir) == ["step_000002"]  # nothing trained meanwhile
 
-    allowed = _polyrl_here(tmp_path, monkeypatch, "run", str(path), "--resume", "--no-progress", "--allow-config-change", *change)
+    allowed = polyrl_here(tmp_path, monkeypatch, "run", str(path), "--resume", "--no-progress", "--allow-config-change", *change)
     assert allowed.returncode == 0, allowed.stderr[-3000:]
     assert "applying config changes from step 3" in allowed.stdout
     run = client.get_run(run_id)
@@ -364,7 +346,7 @@ def test_sigterm_checkpoints_the_step_marks_runs_killed_and_resumes(tmp_path, ti
     assert run.info.status == "KILLED" and _runs(client, "rel", "experiment")[0].info.status == "KILLED"
     assert _steps(client, run.info.run_id) == [1, 2, 3]
 
-    resumed = _polyrl_here(tmp_path, monkeypatch, "run", str(path), "--resume", "--no-progress")
+    resumed = polyrl_here(tmp_path, monkeypatch, "run", str(path), "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 3" in resumed.stdout
     assert _only_arm_run(client).info.status == "FINISHED"
