@@ -72,3 +72,29 @@ def observation_grad_is_zero(policy, completions) -> bool:
     grad = logprobs.grad
     policy.zero_grad(set_to_none=True)
     return bool(observation.any()) and bool(torch.all(grad[observation] == 0)) and bool(torch.all(grad[mask] != 0))
+
+
+def train_recording(config: dict, arm_dir):
+    """Build and run the arm; the episodes of every step (as returned by the runner), the
+    history, and the arm (closed) with its policy."""
+    from polyrl.config.schema import ExperimentConfig
+    from polyrl.roles.arm import build_arm
+
+    arm = build_arm(ExperimentConfig.model_validate(config), arm="main", arm_dir=arm_dir)
+    played = []
+    try:
+        runner = arm.collector.episodes
+        run = runner.run
+
+        def recorded(*args, **kwargs):
+            groups = run(*args, **kwargs)
+            played.append([c for group in groups for c in group])
+            return groups
+
+        runner.run = recorded
+        base = {n: p.detach().clone() for n, p in arm.learner.policy.named_parameters() if not p.requires_grad}
+        adapter = {n: p.detach().clone() for n, p in arm.learner.policy.named_parameters() if p.requires_grad}
+        history = arm.loop(printer=lambda _: None).run()
+    finally:
+        arm.close()
+    return arm, history, played, base, adapter

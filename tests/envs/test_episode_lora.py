@@ -8,32 +8,7 @@ import math
 import pytest
 import torch
 
-from polyrl.config.schema import ExperimentConfig
-from polyrl.roles.arm import build_arm
-from tests.envs.shaped_guess import episode_experiment, observation_grad_is_zero
-
-
-def train_recording(config: dict, arm_dir):
-    """Build and run the arm; the episodes of every step (as returned by the runner), the
-    history, and the arm (closed) with its policy."""
-    arm = build_arm(ExperimentConfig.model_validate(config), arm="main", arm_dir=arm_dir)
-    played = []
-    try:
-        runner = arm.collector.episodes
-        run = runner.run
-
-        def recorded(*args, **kwargs):
-            groups = run(*args, **kwargs)
-            played.append([c for group in groups for c in group])
-            return groups
-
-        runner.run = recorded
-        base = {n: p.detach().clone() for n, p in arm.learner.policy.named_parameters() if not p.requires_grad}
-        adapter = {n: p.detach().clone() for n, p in arm.learner.policy.named_parameters() if p.requires_grad}
-        history = arm.loop(printer=lambda _: None).run()
-    finally:
-        arm.close()
-    return arm, history, played, base, adapter
+from tests.envs.shaped_guess import episode_experiment, observation_grad_is_zero, train_recording
 
 
 def _check_lora_episodes(tmp_path, model_dir, engine: str, sync: str, gap: float):

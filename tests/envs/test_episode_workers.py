@@ -10,7 +10,7 @@ import pytest
 
 from polyrl.config.schema import ExperimentConfig
 from polyrl.roles.arm import build_arm
-from tests.envs.shaped_guess import episode_experiment, observation_grad_is_zero
+from tests.envs.shaped_guess import episode_experiment, observation_grad_is_zero, train_recording
 from tests.ray_support import in_process_cluster
 
 # What these tests start (pyproject.toml markers).
@@ -90,24 +90,8 @@ def test_two_workers_play_episodes_ahead_for_a_lora_policy(ray_cluster, tmp_path
         rollout={"workers": 2, "max_staleness": 1},
         model={"lora": {"r": 4, "alpha": 8, "target_modules": "all-linear"}},
     )
-    arm = build_arm(ExperimentConfig.model_validate(config), arm="main", arm_dir=tmp_path / "runs" / "main")
-    played = []
-    try:
-        runner = arm.collector.episodes
-        run = runner.run
-
-        def recorded(*args, **kwargs):
-            groups = run(*args, **kwargs)
-            played.append([c for group in groups for c in group])
-            return groups
-
-        runner.run = recorded
-        policy = arm.learner.policy
-        base = {n: p.detach().clone() for n, p in policy.named_parameters() if not p.requires_grad}
-        adapter = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
-        history = arm.loop(printer=lambda _: None).run()
-    finally:
-        arm.close()
+    arm, history, played, base, adapter = train_recording(config, tmp_path / "runs" / "main")
+    policy = arm.learner.policy
     assert len(history) == 3 and all(math.isfinite(h["actor/loss"]) for h in history)
     assert [h["async/partition"] for h in history] == [0.0, 1.0, 0.0]
     assert all(h["async/staleness_max"] <= min(1, step) for step, h in enumerate(history))
