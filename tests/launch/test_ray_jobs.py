@@ -174,7 +174,9 @@ def test_an_unreachable_job_server_fails_in_seconds_naming_it(tmp_path, tiny_exp
     elapsed = time.monotonic() - started
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in done.stderr and "ray start --head" in done.stderr
-    assert elapsed < 20, elapsed
+    # The bound allows a loaded CI machine's interpreter start (17 s seen); Ray's own connection
+    # retries, which the address probe spares the user, take minutes.
+    assert elapsed < 45, elapsed
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
@@ -226,7 +228,7 @@ def test_a_job_server_that_accepts_but_never_answers_fails_in_seconds(tmp_path, 
     assert f"--address http://127.0.0.1:{port}: the job server at http://127.0.0.1:{port} did not answer within 5 s" in (
         " ".join(done.stderr.split())
     ), done.stderr[-3000:]
-    assert elapsed < 30, elapsed  # 5 s of reply timeout, plus the CLI's start
+    assert elapsed < 60, elapsed  # 5 s of reply timeout, plus the CLI's start (17 s seen on a loaded CI machine)
     assert not list(tmp_path.rglob("step_*"))  # nothing was run
 
 

@@ -216,14 +216,31 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_mlflow_server_down_at_start_is_one_message_in_seconds(tmp_path, tiny_experiment, write_experiment):
+def test_mlflow_server_down_at_start_is_one_message_in_seconds(tmp_path, tiny_experiment, write_experiment, monkeypatch):
+    # "In seconds" is checked as behaviour, not wall time (a loaded CI machine took 17 s just to
+    # start the process): one probe of /health bounded by the probe timeout, and no MLflow HTTP
+    # call at all, whose retries with backoff are what could take minutes.
+    import mlflow.utils.rest_utils as rest_utils
+
+    import polyrl.tracking.connection as connection
+
+    probes: list[tuple[str, float]] = []
+    real_urlopen = connection.urllib.request.urlopen
+
+    def recording_urlopen(url, *args, timeout=None, **kwargs):
+        probes.append((url, timeout))
+        return real_urlopen(url, *args, timeout=timeout, **kwargs)
+
+    def no_mlflow_call(*args, **kwargs):
+        raise AssertionError(f"an MLflow HTTP call was made to a server known to be down: {args[1:3] or kwargs}")
+
+    monkeypatch.setattr(connection.urllib.request, "urlopen", recording_urlopen)
+    monkeypatch.setattr(rest_utils, "http_request", no_mlflow_call)
     uri = f"http://127.0.0.1:{_closed_port()}"
     path = _experiment(tiny_experiment, write_experiment, tmp_path, tracking={"uri": uri})
-    started = time.monotonic()
-    done = _polyrl(tmp_path, "run", str(path), "--no-progress", timeout=120)
-    elapsed = time.monotonic() - started
+    done = polyrl_here(tmp_path, monkeypatch, "run", str(path), "--no-progress")
     _clean_error(done, 2, f"cannot reach MLflow at {uri}", "nothing was trained or logged")
-    assert elapsed < 15, elapsed
+    assert probes == [(f"{uri}/health", connection.PROBE_TIMEOUT_S)]
     assert not (tmp_path / "runs").exists()  # before the experiment folder, any model or any run
 
 
@@ -364,7 +381,9 @@ def test_submit_to_an_unreachable_ray_address_fails_in_seconds_naming_it(tmp_pat
     done = _polyrl(tmp_path, "submit", str(path), "--address", address, timeout=120)
     elapsed = time.monotonic() - started
     _clean_error(done, 2, f"--address {address}: cannot reach a Ray cluster at 127.0.0.1:", "ray start --head")
-    assert elapsed < 20, elapsed
+    # The bound allows a loaded CI machine's interpreter start (17 s seen); Ray's own connection
+    # retries, which the address probe spares the user, take minutes.
+    assert elapsed < 45, elapsed
     assert not (tmp_path / "runs").exists() and _runs(_client(tmp_path), "rel", "arm") == []
 
 
