@@ -6,6 +6,7 @@ platform's own tokenizer, and every MLflow store is a SQLite file under pytest's
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -18,6 +19,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
+_TMP_PATHS_HANDED_OUT = itertools.count()
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """pytest's ``tmp_path``, one level down, in a folder no earlier test of this process had.
+
+    pytest names a test's folder after the first 30 characters of its name and removes a passing
+    test's folder at once (``tmp_path_retention_policy = "failed"``), so the next parameter of a
+    long-named test is handed the very same path. What this process cached by path then belongs to
+    the previous test: MLflow's SQLAlchemy engine for ``sqlite:///<tmp>/mlflow.db`` still holds the
+    deleted file ("attempt to write a readonly database"), and an imported ``broken.py`` is the
+    previous parameter's. With a file's tests on one worker (``--dist loadgroup``) every such
+    parameter pair met, in eleven tests."""
+    folder = tmp_path / f"t{next(_TMP_PATHS_HANDED_OUT)}"
+    folder.mkdir()
+    return folder
 
 
 @pytest.fixture(scope="session")
