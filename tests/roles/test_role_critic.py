@@ -29,8 +29,12 @@ def test_values_are_zero_off_the_response(random_policy_dir):
 
 
 def test_the_cadence_counts_policy_optimizer_steps_and_updates_lower_the_value_loss(random_policy_dir):
+    # The value head starts from the global RNG, so the start is fixed here rather than left to the
+    # tests before this one. At lr 1e-2 one Adam step overshot for 1 start in 12 (the loss rose
+    # 2.4×); at 1e-3 the second update's loss is 0.61-0.70 of the first for all 12.
+    torch.manual_seed(0)
     critic = Critic(
-        ValueModel(random_policy_dir, torch.float32), CriticSettings(learning_rate=1e-2, update_every=2, micro_batch_size=2)
+        ValueModel(random_policy_dir, torch.float32), CriticSettings(learning_rate=1e-3, update_every=2, micro_batch_size=2)
     )
     packed = _packed()
     batch = LearnerBatch(
