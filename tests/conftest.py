@@ -107,7 +107,7 @@ def tiny_experiment(tmp_path, random_policy_dir):
             "name": "tiny",
             "seed": 0,
             "model": {"path": str(random_policy_dir)},
-            "rollout": {"engine": "hf", "prompts_per_step": 4, "samples_per_prompt": 4, "max_tokens": 16, "kv_cache_gb": 0.25},
+            "rollout": {"engine": "hf", "prompts_per_step": 4, "samples_per_prompt": 4, "max_tokens": 16},
             "rewards": [{"module": "length", "params": {"unit": "chars"}}],
             "train": {"steps": 3, "learning_rate": 3e-3, "micro_batch_size": 8},
             "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "progress": False},
@@ -119,6 +119,8 @@ def tiny_experiment(tmp_path, random_policy_dir):
                 section.update(value)
             else:
                 config[key] = value
+        if config["rollout"].get("engine") == "vllm":  # a small cache; on the HF engine the setting is refused
+            config["rollout"].setdefault("kv_cache_gb", 0.25)
         return config
 
     return make

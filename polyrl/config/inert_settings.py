@@ -124,6 +124,16 @@ INERT_SETTINGS: tuple[Inert, ...] = (
         ),
     ),
     Inert(
+        ("rollout", "kv_cache_gb"),
+        # In-run evaluation and rollout workers use the run's own engine, so nothing else sizes a cache from it.
+        lambda c: c.rollout.engine != "vllm",
+        lambda c: (
+            f"rollout.engine is {c.rollout.engine!r}, which keeps no vLLM KV cache to size; allowed here: "
+            "engine: vllm, or kv_cache_gb: auto (or unset)"
+        ),
+        acts=lambda value: value != "auto",
+    ),
+    Inert(
         ("rollout", "truncated_importance_sampling", "cap"),
         lambda c: not c.rollout.truncated_importance_sampling.enabled,
         lambda c: (
@@ -200,6 +210,7 @@ SWITCHES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("advantage", "overlong", "penalty_weight"): ("advantage.overlong.mode",),
     ("advantage", "dynamic_sampling", "max_rounds"): ("advantage.dynamic_sampling.enabled",),
     ("rollout", "truncated_importance_sampling", "cap"): ("rollout.truncated_importance_sampling.enabled",),
+    ("rollout", "kv_cache_gb"): ("rollout.engine",),
     ("objective", "rollout_correction", "is_threshold"): ("objective.rollout_correction.is_level",),
     ("eval", "suite"): ("eval.every",),
     ("eval", "limit"): ("eval.every",),

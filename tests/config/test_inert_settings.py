@@ -35,6 +35,11 @@ REFUSED = [
     ({"train": {"kl_estimator": "k1"}}, "train.kl_estimator: set, but train.kl_coef is 0", "(got 'k1')"),
     ({"train": {"min_lr_ratio": 0.1}}, "train.min_lr_ratio: set, but train.lr_schedule is 'constant'", "linear or cosine"),
     (
+        {"rollout": {"engine": "hf", "kv_cache_gb": 0.25}},
+        "rollout.kv_cache_gb: set, but rollout.engine is 'hf', which keeps no vLLM KV cache to size",
+        "allowed here: engine: vllm, or kv_cache_gb: auto (or unset) (got 0.25)",
+    ),
+    (
         {"train": {"value": {"learning_rate": 1e-3}}},
         "train.value: set, but the advantage estimator group_norm (objective grpo's) uses no critic",
         "advantage.estimator: gae",
@@ -116,6 +121,9 @@ ACCEPTED = [
     {"advantage": {"overlong": {"mode": "soft_punishment", "max_length": 32, "cache_length": 8, "penalty_weight": 0.5}}},
     {"advantage": {"dynamic_sampling": {"enabled": True, "max_rounds": 5}}},
     {"rollout": {"truncated_importance_sampling": {"enabled": True, "cap": 3.0}}},
+    {"rollout": {"engine": "vllm", "kv_cache_gb": 0.25}},
+    {"rollout": {"kv_cache_gb": 0.25}},  # the default engine is vLLM
+    {"rollout": {"engine": "hf", "kv_cache_gb": "auto"}},  # auto never sizes anything by itself
     {"objective": {"rollout_correction": {"is_level": "token", "is_threshold": 3.0}}},
     {"eval": {"every": 0}},
     {

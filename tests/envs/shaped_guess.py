@@ -38,7 +38,7 @@ def episode_experiment(tmp_path, model_dir, engine: str = "hf", *, steps: int = 
             "samples_per_prompt": 4,
             "max_tokens": 8,
             "max_model_len": 512,
-            "kv_cache_gb": 0.25,
+            **({"kv_cache_gb": 0.25} if engine == "vllm" else {}),  # the HF engine refuses it
         },  # fmt: skip
         "train": {"steps": steps, "learning_rate": 5e-2, "micro_batch_size": 8},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "progress": False},

@@ -148,7 +148,7 @@ def test_grpo_on_captions_with_cider_updates_the_policy(tmp_path, run_experiment
         "seed": 0,
         "model": {"builtin": {"task": "caption", "warmup_steps": 60}},
         "data": {"source": "scenes_captions", "limit": 32},
-        "rollout": {"engine": "hf", "prompts_per_step": 4, "samples_per_prompt": 4, "max_tokens": 40, "kv_cache_gb": 0.25},
+        "rollout": {"engine": "hf", "prompts_per_step": 4, "samples_per_prompt": 4, "max_tokens": 40},
         "objective": {"name": "grpo"},
         "rewards": [{"module": "cider"}],
         "train": {"steps": 2, "learning_rate": 1e-3, "micro_batch_size": 16},

@@ -83,7 +83,7 @@ def write_experiment(folder: Path, random_policy_dir: Path, rewards: list[dict])
     config = {
         "name": "hostile",
         "model": {"path": str(random_policy_dir)},
-        "rollout": {"engine": "hf", "prompts_per_step": 2, "samples_per_prompt": 2, "max_tokens": 4, "kv_cache_gb": 0.25},
+        "rollout": {"engine": "hf", "prompts_per_step": 2, "samples_per_prompt": 2, "max_tokens": 4},
         "rewards": rewards,
         "train": {"steps": 1, "micro_batch_size": 4},
         "tracking": {"uri": f"sqlite:///{folder / 'mlflow.db'}", "progress": False},

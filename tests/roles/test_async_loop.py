@@ -289,7 +289,7 @@ def test_an_async_resume_loses_and_repeats_no_prompt(tmp_path, tiny_experiment):
 @pytest.mark.slow
 def test_vllm_generates_ahead_under_the_engine_lock_within_the_bound(tmp_path, tiny_experiment):
     config = _async_config(tiny_experiment, k=2, steps=4)
-    config["rollout"]["engine"] = "vllm"
+    config["rollout"].update(engine="vllm", kv_cache_gb=0.25)
     arm = _arm(tmp_path, config)
     try:
         before = _parameters(arm)
