@@ -106,7 +106,7 @@ class RolloutConfig(StrictModel):
         "samples_per_prompt sequences of the longest training prompt + max_tokens; polyrl/engines/kv_cache.py). On the "
         "CPU the whole cache is resident memory, so a fixed size above the need is memory the run never uses; below it "
         "vLLM queues sequences (slower, same samples). With periodic evaluation (eval.every), whose batches are not sized "
-        "here, auto is the former fixed 1 GiB.",
+        "here, auto is the former fixed 1 GiB. A size is refused with engine: hf, which keeps no such cache.",
     )
     threads: int | None = Field(
         None,
