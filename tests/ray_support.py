@@ -11,6 +11,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from polyrl.runtime.ray_cluster import LOCAL_CLUSTER_SYSTEM_CONFIG
+
 
 def in_process_cluster(*, num_cpus: int, object_store_mb: int) -> Iterator[Any]:
     """Yields the ``ray`` module with a fresh local cluster up; shuts it down afterwards. Workers
@@ -28,11 +30,18 @@ def in_process_cluster(*, num_cpus: int, object_store_mb: int) -> Iterator[Any]:
         log_to_driver=False,
         logging_level="ERROR",
         _node_ip_address="127.0.0.1",
+        # Workers at the driver's priority, as on the clusters polyrl starts: at Ray's nice 15 they
+        # got a sliver of a core beside the other test workers (docs/testing.md).
+        _system_config=LOCAL_CLUSTER_SYSTEM_CONFIG,
     )
     try:
         yield ray
     finally:
         ray.shutdown()
+
+
+# For a ``ray start --head`` process: its workers at the test's priority (see in_process_cluster).
+FAIR_WORKERS_ENV = {"RAY_worker_niceness": "0"}
 
 
 def stop_blocking_head(head: subprocess.Popen, temp_dir: Any) -> None:

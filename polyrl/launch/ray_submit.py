@@ -52,6 +52,7 @@ from polyrl.launch.experiment_folder import STATE_FILE, archive_previous_run, ex
 from polyrl.launch.ray_workers import finish_if_running, supervise_arms, worker_env
 from polyrl.launch.run_lock import acquire_lock
 from polyrl.launch.run_units import expand_units, load_plan, start_seeded_arm_run
+from polyrl.runtime.ray_cluster import LOCAL_CLUSTER_SYSTEM_CONFIG
 from polyrl.tracking.mlflow_runs import ExperimentTracker, probe_tracking, resolve_tracking_uri
 
 RAY_CLIENT_PORT = 10001
@@ -238,7 +239,10 @@ def submit_experiment(
         try:
             if address is None:
                 # A local cluster listens on loopback only, like every polyrl server.
-                local_only = {} if remote_cluster else {"_node_ip_address": "127.0.0.1"}
+                # Its workers (the arms) keep the driver's priority (LOCAL_CLUSTER_SYSTEM_CONFIG).
+                local_only = (
+                    {} if remote_cluster else {"_node_ip_address": "127.0.0.1", "_system_config": LOCAL_CLUSTER_SYSTEM_CONFIG}
+                )
                 ray.init(
                     include_dashboard=False,
                     object_store_memory=200 * 1024 * 1024,

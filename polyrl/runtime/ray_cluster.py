@@ -25,6 +25,14 @@ from typing import Any
 
 from polyrl.core.errors import PolyrlError
 
+# Ray starts its worker processes at nice 15, below the driver, so that a shared head stays
+# responsive. On a cluster polyrl starts itself (for one run, or one local ``polyrl submit``) the
+# workers are the work: rollout engines and reward actors beside the learner, which is the
+# driver, or the arms themselves. At nice 15 they get a sliver of a core whenever the learner
+# computes (asynchronous training, ``rollout.max_staleness``) or anything else runs on the machine,
+# so they keep the driver's priority. A cluster someone else started keeps its own setting.
+LOCAL_CLUSTER_SYSTEM_CONFIG: dict[str, Any] = {"worker_niceness": 0}
+
 _lock = threading.Lock()
 _users = 0  # acquire_ray calls not yet released, counted only for a cluster started here
 _started_here = False
@@ -86,7 +94,9 @@ def acquire_ray(demand: RayDemand | None = None) -> Any:
     with _lock:
         if not ray.is_initialized():
             local = not os.environ.get("RAY_ADDRESS")
-            options: dict[str, Any] = {"_node_ip_address": "127.0.0.1"} if local else {}
+            options: dict[str, Any] = (
+                {"_node_ip_address": "127.0.0.1", "_system_config": LOCAL_CLUSTER_SYSTEM_CONFIG} if local else {}
+            )
             if local and demand is not None and demand.parts:
                 options["num_cpus"] = local_cluster_cpus(demand.cpus, os.cpu_count() or 1)
             ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", **options)

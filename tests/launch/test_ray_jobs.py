@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from run_control import child_env
 from typer.testing import CliRunner
 
-from tests.ray_support import stop_blocking_head
+from tests.ray_support import FAIR_WORKERS_ENV, stop_blocking_head
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.ray]
@@ -57,7 +57,7 @@ def ray_head():
         for word in (option, str(_free_port()))
     ]
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must stay short (AF_UNIX: 107 bytes)
-    env = child_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = child_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **FAIR_WORKERS_ENV)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this checkout's polyrl, as in the test process
     log = Path(temp_dir) / "head.log"
     with log.open("w") as out:

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from polyrl.cli.main import app
 from polyrl.tracking.mlflow_runs import ExperimentTracker
-from tests.ray_support import stop_blocking_head
+from tests.ray_support import FAIR_WORKERS_ENV, stop_blocking_head
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.ray]
@@ -104,7 +104,7 @@ def token_ray_head(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "HOME": str(home), "RAY_AUTH_MODE": "token"}
+    env = {**os.environ, "HOME": str(home), "RAY_AUTH_MODE": "token", **FAIR_WORKERS_ENV}
     env.pop("RAY_ADDRESS", None)
     log = tmp_path / "head.log"
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must stay short (AF_UNIX: 107 bytes)

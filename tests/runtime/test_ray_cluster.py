@@ -30,6 +30,29 @@ def test_a_local_cluster_lives_from_the_first_acquire_to_the_last_release():
             ray.shutdown()
 
 
+@pytest.mark.slow
+def test_a_local_cluster_runs_its_actors_at_the_drivers_priority():
+    """Ray starts workers at nice 15; on a cluster polyrl starts, the workers are the run's own
+    rollouts and rewards beside the learner (the driver), so they keep the driver's priority.
+    Before: os.nice(0) in a task returned 15 here."""
+    import os
+
+    ray = pytest.importorskip("ray")
+    assert not ray.is_initialized()
+    try:
+        acquire_ray()
+
+        @ray.remote(num_cpus=0)
+        def niceness() -> int:
+            return os.nice(0)
+
+        assert ray.get(niceness.remote()) == os.nice(0)
+    finally:
+        release_ray()
+        if ray.is_initialized():
+            ray.shutdown()
+
+
 def test_a_run_that_cannot_fit_the_cluster_is_refused_naming_each_part_and_the_total():
     from polyrl.runtime.ray_cluster import RayDemand, RayRoomError, check_room, local_cluster_cpus
 
