@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.engine_settings import kv_cache_for
+
 # In-process vLLM engine core (no spawned process) and no hub look-ups.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -119,8 +121,9 @@ def tiny_experiment(tmp_path, random_policy_dir):
                 section.update(value)
             else:
                 config[key] = value
-        if config["rollout"].get("engine") == "vllm":  # a small cache; on the HF engine the setting is refused
-            config["rollout"].setdefault("kv_cache_gb", 0.25)
+        engine = config["rollout"].get("engine", "vllm")  # the schema's default engine
+        for key, value in kv_cache_for(engine).items():
+            config["rollout"].setdefault(key, value)
         return config
 
     return make

@@ -52,6 +52,16 @@ app()
 """
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now (the OS's pick, then released): for a server a test
+    starts, or for an address that must be refused."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """This environment, unbuffered and wide, without a tracking URI or Ray address of its own."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **extra}

@@ -20,7 +20,10 @@ def _under_loadgroup(config: pytest.Config) -> bool:
 def test_a_tests_node_id_carries_its_files_group(request):
     if not _under_loadgroup(request.config):
         pytest.skip("not under pytest-xdist --dist loadgroup")
-    assert request.node.nodeid == "tests/test_suite_groups.py::test_a_tests_node_id_carries_its_files_group@tests/test_suite_groups.py"
+    assert (
+        request.node.nodeid
+        == "tests/test_suite_groups.py::test_a_tests_node_id_carries_its_files_group@tests/test_suite_groups.py"
+    )
 
 
 def test_the_group_of_a_ray_test_is_ray(request):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from polyrl.envs import Step
 from polyrl.envs.builtins.guess_number import GuessNumberEnv
+from tests.engine_settings import kv_cache_for
 
 
 class ShapedGuessEnv(GuessNumberEnv):
@@ -38,7 +39,7 @@ def episode_experiment(tmp_path, model_dir, engine: str = "hf", *, steps: int = 
             "samples_per_prompt": 4,
             "max_tokens": 8,
             "max_model_len": 512,
-            **({"kv_cache_gb": 0.25} if engine == "vllm" else {}),  # the HF engine refuses it
+            **kv_cache_for(engine),
         },  # fmt: skip
         "train": {"steps": steps, "learning_rate": 5e-2, "micro_batch_size": 8},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "progress": False},

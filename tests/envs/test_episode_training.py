@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from tests.engine_settings import kv_cache_for
+
 BAD_TOOL_ENV = '''
 import time
 
@@ -81,7 +83,7 @@ def _config(tmp_path, model_dir, engine: str) -> dict:
             "samples_per_prompt": 4,
             "max_tokens": 8,
             "max_model_len": 512,
-            **({"kv_cache_gb": 0.25} if engine == "vllm" else {}),  # the HF engine refuses it
+            **kv_cache_for(engine),
         },  # fmt: skip
         "train": {"steps": 2, "learning_rate": 1e-2, "micro_batch_size": 8},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "progress": False},

@@ -7,6 +7,8 @@ import math
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.engine_settings import kv_cache_for
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
@@ -23,7 +25,7 @@ def test_grpo_on_vqa_trains_with_the_sampler_in_sync(tmp_path, run_experiment_cl
             "prompts_per_step": 4,
             "samples_per_prompt": 4,
             "max_tokens": 12,
-            **({"kv_cache_gb": 0.25} if engine == "vllm" else {}),  # the HF engine refuses it
+            **kv_cache_for(engine),
         },
         "objective": {"name": "grpo"},
         # A small length term keeps every group informative, so the two steps always update

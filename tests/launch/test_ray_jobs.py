@@ -14,19 +14,13 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from run_control import child_env
+from run_control import child_env, free_port, polyrl_here
 from typer.testing import CliRunner
 
 from tests.ray_support import FAIR_WORKERS_ENV, stop_blocking_head
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.ray]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _polyrl(folder: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -45,7 +39,7 @@ def ray_head():
     """A Ray head with its dashboard on 127.0.0.1, in the foreground (--block) so that stopping it
     stops only its own processes (never `ray stop`, which stops every Ray on the machine). Its
     jobs run `python` from this interpreter's folder, as they would from an activated venv."""
-    gcs_port, dashboard_port = _free_port(), _free_port()
+    gcs_port, dashboard_port = free_port(), free_port()
     agent_ports = [
         word
         for option in (
@@ -54,7 +48,7 @@ def ray_head():
             "--runtime-env-agent-port",
             "--metrics-export-port",
         )
-        for word in (option, str(_free_port()))
+        for word in (option, str(free_port()))
     ]
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must stay short (AF_UNIX: 107 bytes)
     env = child_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **FAIR_WORKERS_ENV)
@@ -140,35 +134,32 @@ def test_submit_list_follow_and_stop_jobs_on_a_real_ray_head(tmp_path, ray_head,
     # The jobs commands in this process (each subprocess costs seconds of imports); the client
     # turns Ray's token mode on as a subprocess would, undone at the end of the test.
     monkeypatch.setenv("RAY_AUTH_MODE", "token" if (Path.home() / ".ray" / "auth_token").exists() else "disabled")
-    listed = _cli("jobs", "list", "--address", url)
-    assert listed.exit_code == 0, listed.output[-3000:]
-    rows = {line.split("│")[1].strip(): line for line in listed.output.splitlines() if "polyrl-jobs-" in line}
-    assert set(rows) == {first, second}, listed.output
-    assert "SUCCEEDED" in rows[first] and re.search(r"PENDING|RUNNING", rows[second]), listed.output
 
-    stopped = _cli("jobs", "stop", second, "--address", url)
-    assert stopped.exit_code == 0 and f"job {second}: STOPPED" in stopped.output, stopped.output[-3000:]
-    logs = _cli("jobs", "logs", first, "--address", url)
-    assert logs.exit_code == 0 and "(parent run" in logs.output, logs.output[-3000:]
-    followed = _cli("jobs", "logs", second, "--follow", "--address", url)  # an ended job: its logs, its status
-    assert followed.exit_code == 1 and f"job {second}: STOPPED" in followed.output, followed.output[-2000:]
+    def jobs(*args: str) -> tuple[int, str]:
+        done = polyrl_here(tmp_path, monkeypatch, "jobs", *args, "--address", url)
+        return done.returncode, done.stdout + done.stderr
 
-    unknown = _cli("jobs", "logs", "polyrl-no-such-job", "--address", url)
-    assert unknown.exit_code == 2 and "job polyrl-no-such-job: Job polyrl-no-such-job does not exist" in unknown.output, (
-        unknown.output[-3000:]
-    )
+    code, listed = jobs("list")
+    assert code == 0, listed[-3000:]
+    rows = {line.split("│")[1].strip(): line for line in listed.splitlines() if "polyrl-jobs-" in line}
+    assert set(rows) == {first, second}, listed
+    assert "SUCCEEDED" in rows[first] and re.search(r"PENDING|RUNNING", rows[second]), listed
 
+    code, stopped = jobs("stop", second)
+    assert code == 0 and f"job {second}: STOPPED" in stopped, stopped[-3000:]
+    code, logs = jobs("logs", first)
+    assert code == 0 and "(parent run" in logs, logs[-3000:]
+    code, followed = jobs("logs", second, "--follow")  # an ended job: its logs, its status
+    assert code == 1 and f"job {second}: STOPPED" in followed, followed[-2000:]
 
-def _cli(*args: str):
-    from polyrl.cli.main import app
-
-    return CliRunner().invoke(app, list(args))
+    code, unknown = jobs("logs", "polyrl-no-such-job")
+    assert code == 2 and "job polyrl-no-such-job: Job polyrl-no-such-job does not exist" in unknown, unknown[-3000:]
 
 
 @pytest.mark.parametrize("command", [("submit", "exp.yaml", "--address"), ("jobs", "list", "--address")])
 def test_an_unreachable_job_server_fails_in_seconds_naming_it(tmp_path, tiny_experiment, write_experiment, command):
     write_experiment(tmp_path, tiny_experiment())
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     started = time.monotonic()
     done = _polyrl(tmp_path, *command, f"http://127.0.0.1:{port}", timeout=120)
     elapsed = time.monotonic() - started

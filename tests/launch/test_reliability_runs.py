@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
-from run_control import child_env, polyrl_here, run_child, start_child, wait_for
+from run_control import child_env, free_port, polyrl_here, run_child, start_child, wait_for
 
 from polyrl.tracking.mlflow_runs import STEP_MARKER
 
@@ -208,14 +208,6 @@ def test_disk_full_mid_checkpoint_fails_cleanly_and_resumes_once_space_is_back(
 # --- 5. MLflow server down at start ------------------------------------------------------------
 
 
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_mlflow_server_down_at_start_is_one_message_in_seconds(tmp_path, tiny_experiment, write_experiment, monkeypatch):
     # "In seconds" is checked as behaviour, not wall time (a loaded CI machine took 17 s just to
     # start the process): one probe of /health bounded by the probe timeout, and no MLflow HTTP
@@ -236,7 +228,7 @@ def test_mlflow_server_down_at_start_is_one_message_in_seconds(tmp_path, tiny_ex
 
     monkeypatch.setattr(connection.urllib.request, "urlopen", recording_urlopen)
     monkeypatch.setattr(rest_utils, "http_request", no_mlflow_call)
-    uri = f"http://127.0.0.1:{_closed_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     path = _experiment(tiny_experiment, write_experiment, tmp_path, tracking={"uri": uri})
     done = polyrl_here(tmp_path, monkeypatch, "run", str(path), "--no-progress")
     _clean_error(done, 2, f"cannot reach MLflow at {uri}", "nothing was trained or logged")
@@ -375,7 +367,7 @@ def test_sigterm_checkpoints_the_step_marks_runs_killed_and_resumes(tmp_path, ti
 
 @pytest.mark.parametrize("form", ["ray://127.0.0.1:{port}", "127.0.0.1:{port}"])
 def test_submit_to_an_unreachable_ray_address_fails_in_seconds_naming_it(tmp_path, tiny_experiment, write_experiment, form):
-    address = form.format(port=_closed_port())
+    address = form.format(port=free_port())
     path = _experiment(tiny_experiment, write_experiment, tmp_path)
     started = time.monotonic()
     done = _polyrl(tmp_path, "submit", str(path), "--address", address, timeout=120)

@@ -12,6 +12,7 @@ import shutil
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from run_control import free_port
 
 from polyrl.core.errors import PolyrlError
 from polyrl.roles import checkpoint as ckpt
@@ -275,20 +276,12 @@ def test_schedule_note_states_the_moved_horizon():
 # --- 5. an unreachable tracking server is reported at once -------------------------------------
 
 
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_probe_reports_a_closed_port_in_seconds_and_passes_local_stores(tmp_path):
     import time
 
     from polyrl.tracking.mlflow_runs import TrackingUnavailableError, probe_tracking, unreachable_reason
 
-    uri = f"http://127.0.0.1:{_closed_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
     with pytest.raises(TrackingUnavailableError, match=rf"cannot reach MLflow at {uri}: .*refused"):
         probe_tracking(uri)

@@ -7,7 +7,6 @@ and waited on each other until the group's time-out)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from fsdp_cases import CASES, learner_for, shared_batch
+from run_control import free_port
 from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed")]
@@ -22,16 +22,10 @@ pytestmark = [pytest.mark.distributed, pytest.mark.skipif(not torch.distributed.
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_ranks(random_policy_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
-    port = _free_port()
+    port = free_port()
     ranks = [
         subprocess.Popen(
             [sys.executable, str(WORKER), str(rank), "2", str(port), str(random_policy_dir), str(out)],

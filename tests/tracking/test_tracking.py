@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from run_control import free_port
 
 from polyrl.analysis.compare import compare_experiment
 from polyrl.launch.runner import run_experiment
@@ -49,15 +49,9 @@ def test_steps_already_logged_are_not_logged_twice(tmp_path):
     assert client.get_metric_history(arm.run_id, "text") == []  # non-numbers are dropped (NaN is kept: test_reliability_units)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
-    port = _free_port()
+    port = free_port()
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     process = subprocess.Popen(
         [
