@@ -18,6 +18,45 @@ from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModule
 from polyrl.rewards.registry import register_reward
 
 
+def pair_text(tokenizer: Any, prompt: str, completion: str, *, chat_template: bool = True, separator: str = "\n") -> str:
+    """The text a scorer reads for one pair: a user turn and an assistant turn of the tokenizer's
+    chat template (when ``chat_template`` and the tokenizer has one), else ``prompt + separator +
+    completion``. Shared with the pairwise trainer (pairwise_training.py), so that a scorer is
+    trained on the same text it scores."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}], tokenize=False
+        )
+    return prompt + separator + completion
+
+
+def encode_pair(tokenizer: Any, prompt: str, completion: str, *, chat_template: bool = True, separator: str = "\n") -> list[int]:
+    """Token ids of :func:`pair_text`. A rendered chat template already holds its special tokens
+    (BOS among them), so the tokenizer adds none then; plain text gets the tokenizer's own."""
+    templated = bool(chat_template and getattr(tokenizer, "chat_template", None))
+    text = pair_text(tokenizer, prompt, completion, chat_template=chat_template, separator=separator)
+    return tokenizer.encode(text, add_special_tokens=not templated)
+
+
+def padded_batch(rows: list[list[int]], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Right-padded ``(input_ids, attention_mask, pad_id)`` of token-id rows, for a sequence classifier.
+
+    transformers' sequence classifiers score each row at its last token that is not
+    ``config.pad_token_id``. With the tokenizer's pad (often EOS) a row that ends in EOS would be
+    scored one token early, so the padding uses an id that no row contains; the caller sets the
+    model's ``config.pad_token_id`` to the returned id before the forward pass.
+    """
+    used = {t for row in rows for t in row}
+    pad = next(t for t in range(vocab_size - 1, -1, -1) if t not in used)
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for k, row in enumerate(rows):
+        ids[k, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[k, : len(row)] = 1
+    return ids, mask, pad
+
+
 @register_reward("learned_scorer")
 class LearnedScorer(RewardModule):
     """A sequence-classification model scores each (prompt, completion) pair.
@@ -101,18 +140,13 @@ class LearnedScorer(RewardModule):
             )
 
     def text(self, prompt: str, completion: str) -> str:
-        if self.chat_template and getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}], tokenize=False
-            )
-        return prompt + self.separator + completion
+        return pair_text(self.tokenizer, prompt, completion, chat_template=self.chat_template, separator=self.separator)
 
     @torch.no_grad()
     def score(self, batch: RewardBatch) -> list[float | None]:
         self.setup()
-        templated = bool(self.chat_template and getattr(self.tokenizer, "chat_template", None))
         rows = [
-            self.tokenizer.encode(self.text(p, c), add_special_tokens=not templated)
+            encode_pair(self.tokenizer, p, c, chat_template=self.chat_template, separator=self.separator)
             for p, c in zip(batch.prompts, batch.completions)
         ]
         out: list[float | None] = [None] * len(batch)
@@ -122,18 +156,8 @@ class LearnedScorer(RewardModule):
         vocab = int(self.model.get_input_embeddings().num_embeddings)
         for start in range(0, len(kept), self.batch_size):
             chunk = kept[start : start + self.batch_size]
-            width = max(len(rows[i]) for i in chunk)
-            # transformers' sequence classifiers score each row at its last token that is not the pad
-            # id. With the tokenizer's pad (often EOS) a row that ends in EOS would be scored one token
-            # early, so the padding uses an id that no row of the chunk contains.
-            used = {t for i in chunk for t in rows[i]}
-            pad = next(t for t in range(vocab - 1, -1, -1) if t not in used)
+            ids, mask, pad = padded_batch([rows[i] for i in chunk], vocab)
             self.model.config.pad_token_id = pad
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for k, i in enumerate(chunk):
-                ids[k, : len(rows[i])] = torch.tensor(rows[i])
-                mask[k, : len(rows[i])] = 1
             logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
             values = logits[:, 0] if logits.shape[-1] == 1 else torch.softmax(logits, dim=-1)[:, self.output]
             for i, value in zip(chunk, values.tolist()):
