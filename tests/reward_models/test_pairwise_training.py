@@ -166,3 +166,25 @@ def test_polyrl_eval_reports_the_trained_scorer(trained, tmp_path, random_policy
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert math.isfinite(report["metrics"]["q/reward/learned_scorer/mean"])
+
+
+@pytest.mark.slow  # loads and trains the tiny chat model for 2 steps
+def test_the_script_writes_a_scorer_folder_and_its_figures(chat_model_dir, tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "experiments" / "real" / "train_arithmetic_scorer.py"
+    spec = importlib.util.spec_from_file_location("train_arithmetic_scorer", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "scorer"
+    args = ["--model", str(chat_model_dir), "--out", str(out), "--steps", "2", "--train-pairs", "8", "--eval-pairs", "4"]
+    assert script.main([*args, "--trainable-layers", "1", "--learning-rate", "1e-3"]) == 0
+    printed = capsys.readouterr().out
+    assert "held-out before: pairwise accuracy" in printed and "held-out after:" in printed and "wall time" in printed
+    record = json.loads((out / "pairwise_training.json").read_text())
+    assert record["train_pairs"] == 8 and record["held_out_pairs"] == 4 and len(record["train_loss"]) == 2
+    assert record["settings"]["trainable_layers"] == 1 and record["held_out_after"]["pairs"] == 4.0
+    assert LearnedScorer(model=str(out)).score(RewardBatch(prompts=["What is 1 + 1?"], completions=["2"]))[0] is not None
+    with pytest.raises(SystemExit):
+        script.main(["--model", str(chat_model_dir), "--out", str(out), "--steps", "0"])
