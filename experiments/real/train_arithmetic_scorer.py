@@ -82,11 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_scorer_from_lm(folder, seed=args.seed)
     print(f"scorer from {folder}: {len(train)} train pairs, {len(test)} held-out (test split) pairs", flush=True)
 
+    def summary(metrics: dict[str, float]) -> str:
+        # near: the right answer ± a few; other: another problem's answer (often tellable by size).
+        kinds = ", ".join(f"{key.split('/')[1]} {value:.3f}" for key, value in metrics.items() if key.startswith("accuracy/"))
+        return (
+            f"pairwise accuracy {metrics['accuracy']:.3f} ({kinds}), loss {metrics['loss']:.4f}, margin {metrics['margin']:+.3f}"
+        )
+
     before = evaluate_pairs(model, tokenizer, test)
-    print(
-        f"held-out before: pairwise accuracy {before['accuracy']:.3f}, loss {before['loss']:.4f}, margin {before['margin']:+.3f}",
-        flush=True,
-    )
+    print(f"held-out before: {summary(before)}", flush=True)
 
     every = max(1, settings.steps // 20)
 
@@ -102,10 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     train_seconds = time.perf_counter() - train_started
 
     after = evaluate_pairs(model, tokenizer, test)
-    print(
-        f"held-out after:  pairwise accuracy {after['accuracy']:.3f}, loss {after['loss']:.4f}, margin {after['margin']:+.3f}",
-        flush=True,
-    )
+    print(f"held-out after:  {summary(after)}", flush=True)
     save_scorer(model, tokenizer, args.out)
     wall = time.perf_counter() - started
     record = {

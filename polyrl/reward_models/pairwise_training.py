@@ -57,11 +57,13 @@ def bradley_terry_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tenso
 
 @dataclass(frozen=True)
 class PreferencePair:
-    """One comparison: for ``prompt``, ``chosen`` is better than ``rejected``."""
+    """One comparison: for ``prompt``, ``chosen`` is better than ``rejected``. ``kind`` (optional)
+    names the way the pair was made; :func:`evaluate_pairs` reports an accuracy per kind."""
 
     prompt: str
     chosen: str
     rejected: str
+    kind: str = ""
 
 
 # How an answer is written. A pair's chosen and rejected completions share the form, so the only
@@ -78,8 +80,9 @@ def arithmetic_preference_pairs(split: str, *, seed: int = 0, limit: int | None 
     The prompt is the chat question the ``arithmetic_chat`` source asks (``What is 37 + 48?
     Answer with the number only.``). The chosen completion states the right answer, the rejected
     one a wrong answer in the same form: half the time the right answer plus one of
-    :data:`WRONG_OFFSETS` (never negative), else another row's answer. Deterministic in ``seed``;
-    ``limit`` keeps the first rows of the shipped file.
+    :data:`WRONG_OFFSETS` (never negative; kind ``near``), else another row's answer (kind
+    ``other``, often far off: a scorer can tell those by size alone, so the two kinds' accuracies
+    are reported apart). Deterministic in ``seed``; ``limit`` keeps the first rows of the shipped file.
     """
     rows = arithmetic.read_rows(split)
     if limit is not None:
@@ -90,18 +93,18 @@ def arithmetic_preference_pairs(split: str, *, seed: int = 0, limit: int | None 
     for row in rows:
         a, op, b = arithmetic.parse_prompt(row["prompt"])
         right = arithmetic.compute_answer(a, op, b)
-        wrong = right
         if rng.random() < 0.5:
-            wrong = right + rng.choice([o for o in WRONG_OFFSETS if right + o >= 0])
+            kind, wrong = "near", right + rng.choice([o for o in WRONG_OFFSETS if right + o >= 0])
         else:
             others = [n for n in answers if n != right]
-            wrong = rng.choice(others) if others else right + 1
+            kind, wrong = "other", rng.choice(others) if others else right + 1
         form = rng.choice(ANSWER_FORMS)
         pairs.append(
             PreferencePair(
                 prompt=arithmetic.chat_row(row)["prompt"],
                 chosen=form.format(n=right, a=a, op=op, b=b),
                 rejected=form.format(n=wrong, a=a, op=op, b=b),
+                kind=kind,
             )
         )
     return pairs
@@ -207,7 +210,8 @@ def pair_scores(
 def evaluate_pairs(
     model: Any, tokenizer: Any, pairs: Sequence[PreferencePair], *, batch_pairs: int = 16, chat_template: bool = True
 ) -> dict[str, float]:
-    """Bradley–Terry loss, pairwise accuracy and mean margin over ``pairs`` (no training)."""
+    """Bradley–Terry loss, pairwise accuracy and mean margin over ``pairs`` (no training), and
+    ``accuracy/<kind>`` with ``pairs/<kind>`` for each non-empty ``PreferencePair.kind``."""
     was_training = model.training
     model.eval()
     chosen, rejected = [], []
@@ -216,8 +220,14 @@ def evaluate_pairs(
         chosen.append(c)
         rejected.append(r)
     model.train(was_training)
-    _, metrics = bradley_terry_loss(torch.cat(chosen), torch.cat(rejected))
-    return {**metrics, "pairs": float(len(pairs))}
+    chosen_all, rejected_all = torch.cat(chosen), torch.cat(rejected)
+    _, metrics = bradley_terry_loss(chosen_all, rejected_all)
+    metrics["pairs"] = float(len(pairs))
+    for kind in sorted({p.kind for p in pairs} - {""}):
+        rows = torch.tensor([p.kind == kind for p in pairs])
+        metrics[f"accuracy/{kind}"] = float((chosen_all[rows] > rejected_all[rows]).float().mean())
+        metrics[f"pairs/{kind}"] = float(rows.sum())
+    return metrics
 
 
 def train_pairwise(

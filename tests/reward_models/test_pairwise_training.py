@@ -70,6 +70,9 @@ def test_arithmetic_pairs_are_right_vs_wrong_and_the_splits_share_no_prompt():
         # Same form: the texts differ only in the number.
         last_number = re.compile(r"\d+(?=\D*$)")
         assert last_number.sub("N", pair.chosen) == last_number.sub("N", pair.rejected)
+        # near: the right answer ± 1, 2 or 10; other: another row's answer (any distance).
+        assert pair.kind in ("near", "other") and (pair.kind == "other" or abs(wrong - right) in (1, 2, 10))
+    assert {p.kind for p in test} == {"near", "other"}
     assert arithmetic_preference_pairs("test", seed=0) == test
     assert arithmetic_preference_pairs("test", seed=1) != test
 
@@ -185,6 +188,10 @@ def test_the_script_writes_a_scorer_folder_and_its_figures(chat_model_dir, tmp_p
     record = json.loads((out / "pairwise_training.json").read_text())
     assert record["train_pairs"] == 8 and record["held_out_pairs"] == 4 and len(record["train_loss"]) == 2
     assert record["settings"]["trainable_layers"] == 1 and record["held_out_after"]["pairs"] == 4.0
+    after = record["held_out_after"]
+    # The per-kind accuracies are the overall one split by kind (pairs-weighted mean).
+    kinds = [k.split("/")[1] for k in after if k.startswith("pairs/")]
+    assert kinds and sum(after[f"accuracy/{k}"] * after[f"pairs/{k}"] for k in kinds) / 4 == pytest.approx(after["accuracy"])
     assert LearnedScorer(model=str(out)).score(RewardBatch(prompts=["What is 1 + 1?"], completions=["2"]))[0] is not None
     with pytest.raises(SystemExit):
         script.main(["--model", str(chat_model_dir), "--out", str(out), "--steps", "0"])
