@@ -9,7 +9,7 @@ Pairs (polyrl.reward_models.pairwise_training.arithmetic_preference_pairs): the
 split's pairs (problems the train split never holds) before and after training, prints the train
 loss as it goes and the wall time, and writes all of it to ``<out>/pairwise_training.json``
 beside the scorer (safetensors and tokenizer: a folder for ``learned_scorer``'s ``params.model``).
-experiments/real/learned_scorer.yaml uses the folder as a reward.
+experiments/real/model_rewards.yaml uses the folder as a reward.
 """
 
 from __future__ import annotations
