@@ -145,7 +145,9 @@ class TrainConfig(StrictModel):
         "normaliser and gradients summed over the ranks: the same update as one process. 1: the learner in this process. "
         "Not with model.lora, train.compile or train.share_prompts.",
     )
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: all cores.")
+    threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads; default: OMP_NUM_THREADS when set, else all cores."
+    )
     device: str = Field(
         "auto",
         description="Where the learner's models (policy, reference, critic) live: 'auto' (the first CUDA device when "

@@ -5,7 +5,6 @@ the engine is up and the ones generation runs with, and the collector that sampl
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from polyrl.roles.async_loop import VersionedEngine
 from polyrl.roles.collector import CollectSettings, RolloutCollector
 from polyrl.roles.episodes import EpisodeRunner, EpisodeSettings
 from polyrl.runtime.devices import learner_device
-from polyrl.runtime.threads import set_torch_threads
+from polyrl.runtime.threads import default_torch_threads, set_torch_threads
 
 __all__ = ["RolloutSide", "adapter_sync", "build_collector", "build_engine", "build_rollout", "rollout_threads"]
 
@@ -127,7 +126,7 @@ def build_rollout(
     startup_s = time.perf_counter() - started
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
     # wants every core back for its forward/backward passes (or train.threads).
-    threads = set_torch_threads(cfg.train.threads or os.cpu_count() or 1)
+    threads = set_torch_threads(cfg.train.threads or default_torch_threads())
     return RolloutSide(
         engine=engine,
         startup_s=startup_s,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -20,6 +21,19 @@ def set_torch_threads(count: int) -> int:
     if torch.get_num_threads() != count:
         raise RuntimeError(f"torch kept {torch.get_num_threads()} threads when asked for {count}")
     return count
+
+
+def default_torch_threads() -> int:
+    """The learner's thread count when ``train.threads`` is unset: ``OMP_NUM_THREADS`` when the
+    environment sets it to a positive integer (the convention torch itself follows at start-up,
+    and how a user or a scheduler shares a machine between processes), else every core.
+
+    Set explicitly because vLLM drops torch to one thread once its engine is up, so the default
+    torch chose at start-up is gone by the time the learner runs."""
+    requested = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if requested.isdigit() and int(requested) > 0:
+        return int(requested)
+    return os.cpu_count() or 1
 
 
 @contextmanager
