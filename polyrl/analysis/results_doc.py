@@ -243,6 +243,7 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
     }
     params = next(iter(by_arm.values())).data.params
     keys = headline_keys(eval_keys)
+    keys += [key for key in comparison.metrics or [] if key not in keys]  # a study's own metrics (--metrics) get columns
     seeded = bool(comparison.seed_runs)
     seeds = {arm: len(by_seed) for arm, by_seed in (comparison.seed_runs or {}).items()}
     seed_text = (

@@ -208,16 +208,26 @@ def comparison_note(rows: list[tuple[str, str, str, Difference, float, str]], ba
     )
 
 
-def compared_metrics(metrics: list[str], columns: list[str]) -> list[str]:
-    """The metrics asked for (``polyrl compare --metrics``), checked against those the arms logged
-    (the final table's columns); an unknown one is refused, naming the ones there are."""
-    unknown = [key for key in metrics if key not in columns]
+def compared_metrics(metrics: list[str], logged: list[str]) -> list[str]:
+    """The metrics asked for (``polyrl compare --metrics``), checked against those the finished
+    seed runs logged (any of them, not only the default table's columns: a study's own metric,
+    such as ``rollout_corr/kl``, is compared the same way); an unknown one is refused, naming the
+    ones there are."""
+    unknown = [key for key in metrics if key not in logged]
     if unknown:
         raise PolyrlError(
             f"--metrics: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not logged by the finished seed runs; "
-            f"the metrics there are: {', '.join(columns)}"
+            f"the metrics there are: {', '.join(sorted(logged))}"
         )
     return list(dict.fromkeys(metrics))
+
+
+def logged_metric_keys(client: MlflowClient, run_ids: list[str]) -> list[str]:
+    """Every metric key any of the runs logged."""
+    keys: set[str] = set()
+    for run_id in run_ids:
+        keys.update(client.get_run(run_id).data.metrics)
+    return sorted(keys)
 
 
 def metric_name(text: str) -> str:
@@ -302,7 +312,10 @@ def seeded_report(
     run_ids = [run_id for by_seed in seed_runs.values() for run_id in by_seed.values()]
     eval_keys = eval_metric_keys(client, run_ids)
     curve_keys = [key for key, _ in CURVES] + eval_keys
-    keys = sorted(set(curve_keys) | set(TABLE_METRICS))
+    # Metrics asked for beyond the default table (a study's own, e.g. rollout_corr/kl) get a column too.
+    asked = compared_metrics(metrics, logged_metric_keys(client, run_ids)) if metrics else []
+    own = tuple(key for key in asked if key not in TABLE_METRICS and key not in eval_keys)
+    keys = sorted(set(curve_keys) | set(TABLE_METRICS) | set(own))
     histories: SeedHistories = {}
     for arm, by_seed in seed_runs.items():
         per_seed = {seed: metric_histories(client, run_id, keys) for seed, run_id in sorted(by_seed.items())}
@@ -311,7 +324,7 @@ def seeded_report(
     plot_paths = plot_bands(histories, curve_keys, titles, experiment=experiment, out=out)
     columns = [
         key
-        for key in TABLE_METRICS + tuple(eval_keys)
+        for key in TABLE_METRICS + tuple(eval_keys) + own
         if any(any(h.values()) for h in (by_key.get(key, {}) for by_key in histories.values()))
     ]
     counts = {arm: len(by_seed) for arm, by_seed in seed_runs.items()}
@@ -323,7 +336,7 @@ def seeded_report(
         if key in columns
     ]
     if metrics:
-        pair_keys = compared_metrics(metrics, columns)
+        pair_keys = asked
     rows = pairwise_rows(histories, pair_keys, baseline=baseline)
     changes = change_rows(histories, [key for key in eval_keys if key in columns and (not metrics or key in metrics)])
     no_baseline = baseline is not None and not any(finals(histories, key).get(baseline) for key in pair_keys)
@@ -393,7 +406,7 @@ def seeded_report(
         }
         for arm, by_key in histories.items()
     }
-    keys = [key for key in headline_keys(eval_keys) if key in columns]
+    keys = [key for key in headline_keys(eval_keys) if key in columns] + [key for key in own if key in columns]
     return (
         report,
         table,

@@ -102,8 +102,34 @@ def test_metrics_restrict_the_differences_and_the_results_section_records_the_co
     assert "### Differences from the baseline grpo" in section
     assert "| reward/mean | dapo − grpo | 4 | [1.52, 6.48] (paired) | 0.04 |" in section
     assert "- reward/mean: dapo vs grpo: dapo is higher" in section
-    with pytest.raises(PolyrlError, match=r"--metrics: eval/x/accuracy is not logged .* the metrics there are: reward/mean,"):
+    with pytest.raises(
+        PolyrlError,
+        match=r"--metrics: eval/x/accuracy is not logged .* the metrics there are: actor/entropy, perf/step_s, reward/mean,",
+    ):
         compare_experiment("league", tracking_uri=mlflow_uri, out_dir=tmp_path / "r2", metrics=["eval/x/accuracy"])
+
+
+def test_metrics_may_name_any_logged_metric_outside_the_default_table(tmp_path, mlflow_uri):
+    """A study's own metric (the mismatch study's rollout_corr/kl) is not one of the default table's
+    columns; asked for, it gets a column and differences like any other."""
+    _experiment(mlflow_uri, "study", FINALS, extra={"rollout_corr/kl": 0.002})
+    comparison = compare_experiment(
+        "study",
+        tracking_uri=mlflow_uri,
+        out_dir=tmp_path / "r",
+        log_to_mlflow=False,
+        baseline="grpo",
+        metrics=["reward/mean", "rollout_corr/kl"],
+    )
+    # The same kl in every run: each difference is exactly 0.
+    kl = {(a, b): d.interval.estimate for key, a, b, d, _, _ in comparison.differences if key == "rollout_corr/kl"}
+    assert kl == {("dapo", "grpo"): pytest.approx(0.0), ("gspo", "grpo"): pytest.approx(0.0)}
+    assert "rollout_corr/kl" in (tmp_path / "r" / "report.md").read_text().split("\n", 3)[-1]
+    # The results section's final table has its column: 0.002 in every seed run of every arm.
+    section = write_results(tmp_path / "results.md", MlflowClient(mlflow_uri), comparison).read_text()
+    header = next(line for line in section.splitlines() if line.startswith("| arm | seeds |"))
+    assert header.endswith("| rollout_corr/kl |"), header
+    assert "| grpo | 3 |" in section and "| 0.002 [0.002, 0.002] |" in section
 
 
 def test_one_seed_per_arm_refuses_baseline(tmp_path, mlflow_uri):
