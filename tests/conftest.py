@@ -22,6 +22,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 
+# Torch threads per pytest worker: the cores shared out among the workers (make test runs three
+# on two cores), set before torch is imported. With torch's default (every core) in each worker,
+# three processes ran six OpenMP threads on two cores. Runs inside a test, and the subprocesses a
+# test starts, inherit it (polyrl's learner default honours OMP_NUM_THREADS); tests about threads
+# set their counts explicitly. An OMP_NUM_THREADS of the caller's own is kept.
+_PYTEST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _PYTEST_WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _PYTEST_WORKERS)))
+
 _TMP_PATHS_HANDED_OUT = itertools.count()
 
 
