@@ -14,6 +14,11 @@ An environment is a small class, like a reward module. One instance plays one ep
 
 Parameters come from the experiment YAML (``env.params``) as constructor keyword arguments. The
 episode's return is the sum of its turns' rewards (``None`` counts 0).
+
+Accuracy (``train/accuracy``, the eval harness's ``accuracy`` and pass@k) counts an episode solved
+when the environment said so (``Step.solved`` on the turn that decides it); an environment that
+never says falls back to "return above 0". Say it whenever the return can be positive without a
+solved task, e.g. a format reward for a tool call.
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from polyrl.core.errors import PolyrlError
 
-__all__ = ["EnvConfigError", "Environment", "EpisodeRow", "Step", "ToolEnvironment", "checked_messages"]
+__all__ = [
+    "EnvConfigError",
+    "Environment",
+    "EpisodeRow",
+    "Step",
+    "ToolEnvironment",
+    "checked_messages",
+    "episode_accuracy_value",
+]
 
 
 class EnvConfigError(PolyrlError, ValueError):
@@ -60,6 +73,19 @@ class Step:
     done: bool = False
     tool_calls: int = 0  # tool calls this turn made (metrics)
     tool_errors: int = 0  # of which failed: exception, time-out, malformed call, unknown tool
+    # Whether the task is solved, on the turn that decides it (None: not decided by this turn).
+    # What accuracy counts; without it, an episode counts as solved when its return is above 0.
+    solved: bool | None = None
+
+
+def episode_accuracy_value(record: dict[str, Any]) -> float | None:
+    """An episode's value for :func:`polyrl.rewards.summary.accuracy_share` (solved: above 0):
+    1 or 0 when the environment said whether it solved the task (``Step.solved``), else its
+    return, so a shaped return (a format reward for a call that ran) is never read as a solve."""
+    solved = record.get("solved")
+    if solved is None:
+        return record["return"]
+    return 1.0 if solved else 0.0
 
 
 @runtime_checkable

@@ -5,10 +5,11 @@ each prompt of the suite's datasets as ``generation.n`` episodes with the traini
 environment and budgets (:mod:`polyrl.roles.episodes`), on the run's own engine, with the suite's
 decoding (greedy or sampled). Per dataset, logged as ``eval/<dataset>/<metric>``:
 
-- ``accuracy``: the share of episodes whose return is above 0 (polyrl's one definition of
-  accuracy, :func:`polyrl.rewards.summary.accuracy_share`, on the returns);
+- ``accuracy``: the share of episodes solved: the environment's verdict (``Step.solved``), or a
+  return above 0 when it gives none (:func:`polyrl.envs.base.episode_accuracy_value`; polyrl's one
+  definition of accuracy, :func:`polyrl.rewards.summary.accuracy_share`);
 - ``pass_at_<k>`` for the suite's ``metrics.pass_at_k`` (k <= n): unbiased pass@k with an
-  episode counted correct when its return is above 0 (:mod:`polyrl.evals.passk`);
+  episode counted correct as ``accuracy`` counts it (:mod:`polyrl.evals.passk`);
 - ``return_mean`` and every ``episode/*`` metric of training (turns, tool calls and errors,
   tool-call rate, truncation shares).
 
@@ -23,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from polyrl.envs import build_env, load_env_class
+from polyrl.envs.base import episode_accuracy_value
 from polyrl.evals.harness import EvalResult, SuiteRunner
 from polyrl.evals.passk import mean_pass_at_k
-from polyrl.rewards.summary import accuracy_share
+from polyrl.rewards.summary import accuracy_share, is_correct
 from polyrl.roles.episodes import EpisodeRunner, EpisodeSettings, episode_metrics
 
 __all__ = ["EpisodeOptions", "EpisodeSuiteRunner"]
@@ -94,8 +96,9 @@ class EpisodeSuiteRunner:
             groups = self._runner.run(engine, list(data.samples), settings)
             completions = [c for group in groups for c in group]
             returns: list[float | None] = [c.episode["return"] for c in completions]
-            out = {"accuracy": accuracy_share(returns), "return_mean": sum(returns) / max(len(returns), 1)}
-            problems = [(n, sum(r > 0 for r in returns[i : i + n])) for i in range(0, len(returns), n)]
+            solved = [episode_accuracy_value(c.episode) for c in completions]
+            out = {"accuracy": accuracy_share(solved), "return_mean": sum(returns) / max(len(returns), 1)}
+            problems = [(n, sum(is_correct(v) for v in solved[i : i + n])) for i in range(0, len(solved), n)]
             for k in self.suite_runner.suite.metrics.pass_at_k:
                 if k <= n:
                     out[f"pass_at_{k}"] = mean_pass_at_k(problems, k)

@@ -154,7 +154,8 @@ def build_collector(
     accuracy_label: str | None,
 ) -> RolloutCollector:
     """The collector: ``rollout.*`` sampling settings, DAPO dynamic sampling, the accuracy reward;
-    with ``env:``, the episode runner (its return, labelled ``env``, is the reward and the accuracy)."""
+    with ``env:``, the episode runner (its return, labelled ``env``, is the reward; the accuracy is the
+    environment's verdict, :func:`polyrl.envs.base.episode_accuracy_value`)."""
     r, dynamic = cfg.rollout, cfg.advantage.dynamic_sampling
     episodes = build_episodes(cfg, engine.tokenizer) if cfg.env is not None else None
     if episodes is not None:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from polyrl.algos.dapo_data import dapo_dynamic_sampling_keep
 from polyrl.core.types import PromptSample, SamplingSettings
+from polyrl.envs.base import episode_accuracy_value
 from polyrl.rewards import RewardBatch, RewardResult
 from polyrl.rewards.summary import accuracy_share, length_by_correctness
 from polyrl.roles.batches import Rollout, Scores, length_metrics
@@ -148,7 +149,7 @@ class RolloutCollector:
     def score(self, rollout: Rollout) -> Scores:
         if self.episodes is not None:
             returns: list[float | None] = [c.episode["return"] for c in rollout.completions]
-            scores = Scores(returns, self.reward_metrics(returns, {"env": returns}), {"env": returns})
+            scores = Scores(returns, self.reward_metrics(returns, {"env": returns}, rollout.completions), {"env": returns})
             scores.metrics.update(episode_metrics(rollout.completions))
             return scores
         batch = RewardBatch(
@@ -159,20 +160,35 @@ class RolloutCollector:
             fields=[dict(p.fields) for p in rollout.prompts],
         )
         result = self.rewards.score(batch)
-        return Scores(list(result.totals), self.reward_metrics(result.totals, result.per_module), dict(result.per_module))
+        metrics = self.reward_metrics(result.totals, result.per_module, rollout.completions)
+        return Scores(list(result.totals), metrics, dict(result.per_module))
 
-    def reward_metrics(self, totals: list[float | None], per_module: dict[str, list[float | None]]) -> dict[str, float]:
+    def accuracy_values(self, completions: list[Any], per_module: dict[str, list[float | None]]) -> list[float | None] | None:
+        """Per sample, the value accuracy reads (above 0: right): the accuracy reward's score, or for
+        an episode the environment's verdict (a shaped return, such as a format reward for a tool
+        call, is not a solve); ``None`` when the run has no accuracy reward."""
+        if self.episodes is not None:
+            return [episode_accuracy_value(c.episode) for c in completions]
+        if self.settings.accuracy_label is None:
+            return None
+        return per_module[self.settings.accuracy_label]
+
+    def reward_metrics(
+        self, totals: list[float | None], per_module: dict[str, list[float | None]], completions: list[Any]
+    ) -> dict[str, float]:
         metrics = RewardResult(totals=list(totals), per_module=per_module).metrics()
-        if self.settings.accuracy_label is not None:
-            metrics["train/accuracy"] = accuracy_share(per_module[self.settings.accuracy_label])
+        values = self.accuracy_values(completions, per_module)
+        if values is not None:
+            metrics["train/accuracy"] = accuracy_share(values)
         return metrics
 
     def length_by_correctness(self, completions: list[Any], per_module: dict[str, list[float | None]]) -> dict[str, float]:
         """``rollout/response_length/{correct,wrong}_mean``, right as ``train/accuracy`` counts it."""
-        if self.settings.accuracy_label is None:
+        values = self.accuracy_values(completions, per_module)
+        if values is None:
             return {}
         lengths = [c.policy_length for c in completions]
-        split = length_by_correctness(lengths, per_module[self.settings.accuracy_label])
+        split = length_by_correctness(lengths, values)
         return {f"rollout/response_length/{k}": v for k, v in split.items()}
 
     def collect(self, step: int) -> Collected:
@@ -225,7 +241,7 @@ class RolloutCollector:
         merged = Rollout.concat([r for r, _ in kept])
         totals = [t for s_ in generated for t in s_.totals]
         per_module = {label: [v for s_ in generated for v in s_.per_module[label]] for label in generated[0].per_module}
-        metrics = self.reward_metrics(totals, per_module)
+        metrics = self.reward_metrics(totals, per_module, generated_completions)
         metrics.update(length_metrics(generated_completions, "rollout"))  # every generated sample, as the reward metrics
         metrics.update(self.length_by_correctness(generated_completions, per_module))
         metrics.update(self.version_metrics(generated_completions))

@@ -162,6 +162,7 @@ class _Episode:
     logprobs: list[float] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[float | None] = field(default_factory=list)
+    solved: bool | None = None  # the environment's last verdict (Step.solved)
     assistant_turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -265,6 +266,8 @@ class EpisodeRunner:
         step = self._step(ep, text)
         record.update(reward=step.reward, tool_calls=step.tool_calls, tool_errors=step.tool_errors)
         ep.rewards.append(step.reward)
+        if step.solved is not None:
+            ep.solved = bool(step.solved)
         ep.tool_calls += step.tool_calls
         ep.tool_errors += step.tool_errors
         if step.done:
@@ -309,6 +312,7 @@ class EpisodeRunner:
         record = {
             "turns": ep.turns,
             "return": total,
+            "solved": ep.solved,
             "assistant_turns": ep.assistant_turns,
             "tool_calls": ep.tool_calls,
             "tool_errors": ep.tool_errors,

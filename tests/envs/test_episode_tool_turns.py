@@ -57,3 +57,39 @@ def test_tool_call_turn_then_answer(tiny_arch_dir, stop):
     # The second turn was asked with exactly the first prompt, the sampled ids and the observation.
     assert engine.prompts[1] == episode.prompt_ids + episode.completion_ids[: len(first_ids) + n_obs]
     assert [t["role"] for t in episode.episode["turns"]] == ["system", "user", "assistant", "tool", "assistant"]
+
+
+def test_a_shaped_return_is_not_a_solve(tiny_arch_dir):
+    """With a format reward, a tool call that ran earns 0.1 whatever the answer; accuracy (train/accuracy,
+    the correct/wrong lengths, the eval harness's accuracy and pass@k) counts the environment's
+    verdict on the final answer, not "return above 0", which would count the wrong answer below."""
+    from functools import partial
+
+    from transformers import AutoTokenizer
+
+    from polyrl.envs.base import episode_accuracy_value
+    from polyrl.roles.collector import CollectSettings, RolloutCollector
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_arch_dir("qwen2"))
+    call = CALL + "<|im_end|>"
+    # Prompt 1: call, then the right product; prompt 2: call, then a wrong one. The runner plays
+    # each turn of all live episodes as one batch: the first turns of both, then both answers.
+    engine = ScriptedEngine(tokenizer, [call, call, "It is 5535.<|im_end|>", "It is 5534.<|im_end|>"])
+    runner = EpisodeRunner(
+        partial(CalculatorEnv, format_reward=0.1), tokenizer, EpisodeSettings(max_turns=3, max_episode_tokens=400)
+    )
+    question = PromptSample("What is 123 * 45?", fields={"answer": 5535})
+    collector = RolloutCollector(
+        engine, None, lambda count: [question] * count, CollectSettings(prompts_per_step=2, samples_per_prompt=1), episodes=runner
+    )
+    collected = collector.collect(1)
+    records = [c.episode for c in collected.rollout.completions]
+    # Returns: 0.1 + 1 = 1.1 (solved) and 0.1 + 0 = 0.1 (wrong): both above 0.
+    assert [r["return"] for r in records] == pytest.approx([1.1, 0.1])
+    assert [r["solved"] for r in records] == [True, False]
+    assert [episode_accuracy_value(r) for r in records] == [1.0, 0.0]
+    assert collected.scores.metrics["train/accuracy"] == 0.5  # 1 of 2 solved (the returns alone would say 2 of 2)
+    assert collected.scores.totals == pytest.approx([1.1, 0.1])  # the reward is still the return
+    # An environment that gives no verdict: accuracy falls back to the return.
+    assert episode_accuracy_value({"return": 0.5, "solved": None}) == 0.5
+    assert episode_accuracy_value({"return": 0.0}) == 0.0

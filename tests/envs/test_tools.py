@@ -114,8 +114,9 @@ def test_calculator_env_scores_final_answer():
     ]
     step = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>')
     assert (step.done, step.tool_calls, step.tool_errors, step.observation[0]["content"]) == (False, 1, 0, "5535")
-    assert env.step("The answer is 5,535.").reward == 1.0
-    assert env.step("The answer is 5534.").reward == 0.0
+    right, wrong = env.step("The answer is 5,535."), env.step("The answer is 5534.")
+    assert (right.reward, right.solved, wrong.reward, wrong.solved) == (1.0, True, 0.0, False)
+    assert step.solved is None  # a call decides nothing
     shaped = load_env_class("calculator")(format_reward=0.1)
     shaped.start(EpisodeRow("What is 123 * 45?", fields={"answer": 5535}))
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>'
@@ -133,7 +134,7 @@ def test_guess_number_feedback():
     assert env.step("I guess 9").observation == [{"role": "user", "content": "Lower."}]
     assert env.step("no idea").observation == [{"role": "user", "content": "Please answer with a number."}]
     step = env.step("6")
-    assert (step.done, step.reward) == (True, 1.0)
+    assert (step.done, step.reward, step.solved) == (True, 1.0, True)
 
 
 ONE_FILE_ENV = '''

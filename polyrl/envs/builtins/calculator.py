@@ -58,6 +58,8 @@ class CalculatorEnv(ToolEnvironment):
 
     def step(self, text: str) -> Step:
         step = super().step(text)
+        if step.done:  # the final answer: solved or not, whatever the format reward added before
+            step.solved = last_integer(text) == self.target
         if step.tool_calls and not step.tool_errors and not self.called:
             self.called = True
             if self.format_reward:

@@ -36,5 +36,5 @@ class GuessNumberEnv:
         if guess is None:
             return Step([{"role": "user", "content": "Please answer with a number."}])
         if guess == self.target:
-            return Step(reward=self.solved, done=True)
+            return Step(reward=self.solved, done=True, solved=True)
         return Step([{"role": "user", "content": "Higher." if guess < self.target else "Lower."}])
