@@ -16,9 +16,10 @@ Parameters come from the experiment YAML (``env.params``) as constructor keyword
 episode's return is the sum of its turns' rewards (``None`` counts 0).
 
 Accuracy (``train/accuracy``, the eval harness's ``accuracy`` and pass@k) counts an episode solved
-when the environment said so (``Step.solved`` on the turn that decides it); an environment that
-never says falls back to "return above 0". Say it whenever the return can be positive without a
-solved task, e.g. a format reward for a tool call.
+when the environment's last verdict (``Step.solved``) says so; an episode with no verdict falls
+back to "return above 0". Give verdicts on every turn whenever the return can be positive without
+a solved task, e.g. a format reward for a tool call: an episode cut at ``max_turns`` after a
+call then ends unsolved rather than counted by its format reward.
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ class Step:
     done: bool = False
     tool_calls: int = 0  # tool calls this turn made (metrics)
     tool_errors: int = 0  # of which failed: exception, time-out, malformed call, unknown tool
-    # Whether the task is solved, on the turn that decides it (None: not decided by this turn).
-    # What accuracy counts; without it, an episode counts as solved when its return is above 0.
+    # Whether the task is solved as of this turn (None: no verdict). An episode's verdict is the
+    # last one given, so say False on the turns before the deciding one: an episode cut at
+    # max_turns then ends unsolved. What accuracy counts; an episode with no verdict at all counts
+    # as solved when its return is above 0.
     solved: bool | None = None
 
 

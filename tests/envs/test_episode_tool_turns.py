@@ -72,24 +72,27 @@ def test_a_shaped_return_is_not_a_solve(tiny_arch_dir):
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_arch_dir("qwen2"))
     call = CALL + "<|im_end|>"
-    # Prompt 1: call, then the right product; prompt 2: call, then a wrong one. The runner plays
-    # each turn of all live episodes as one batch: the first turns of both, then both answers.
-    engine = ScriptedEngine(tokenizer, [call, call, "It is 5535.<|im_end|>", "It is 5534.<|im_end|>"])
+    # Prompt 1: call, then the right product; prompt 2: call, then a wrong one; prompt 3: calls
+    # until max_turns (2) cuts it, no answer. The runner plays each turn of all live episodes as
+    # one batch: the first turns of the three, then the second turns.
+    turns = [call, call, call, "It is 5535.<|im_end|>", "It is 5534.<|im_end|>", call]
+    engine = ScriptedEngine(tokenizer, turns)
     runner = EpisodeRunner(
-        partial(CalculatorEnv, format_reward=0.1), tokenizer, EpisodeSettings(max_turns=3, max_episode_tokens=400)
+        partial(CalculatorEnv, format_reward=0.1), tokenizer, EpisodeSettings(max_turns=2, max_episode_tokens=400)
     )
     question = PromptSample("What is 123 * 45?", fields={"answer": 5535})
     collector = RolloutCollector(
-        engine, None, lambda count: [question] * count, CollectSettings(prompts_per_step=2, samples_per_prompt=1), episodes=runner
+        engine, None, lambda count: [question] * count, CollectSettings(prompts_per_step=3, samples_per_prompt=1), episodes=runner
     )
     collected = collector.collect(1)
     records = [c.episode for c in collected.rollout.completions]
-    # Returns: 0.1 + 1 = 1.1 (solved) and 0.1 + 0 = 0.1 (wrong): both above 0.
-    assert [r["return"] for r in records] == pytest.approx([1.1, 0.1])
-    assert [r["solved"] for r in records] == [True, False]
-    assert [episode_accuracy_value(r) for r in records] == [1.0, 0.0]
-    assert collected.scores.metrics["train/accuracy"] == 0.5  # 1 of 2 solved (the returns alone would say 2 of 2)
-    assert collected.scores.totals == pytest.approx([1.1, 0.1])  # the reward is still the return
+    assert [r["end"] for r in records] == ["done", "done", "max_turns"]
+    # Returns: 0.1 + 1 = 1.1 (solved), 0.1 + 0 = 0.1 (wrong), 0.1 (cut after its calls): all above 0.
+    assert [r["return"] for r in records] == pytest.approx([1.1, 0.1, 0.1])
+    assert [r["solved"] for r in records] == [True, False, False]
+    assert [episode_accuracy_value(r) for r in records] == [1.0, 0.0, 0.0]
+    assert collected.scores.metrics["train/accuracy"] == pytest.approx(1 / 3)  # the returns alone would say 3 of 3
+    assert collected.scores.totals == pytest.approx([1.1, 0.1, 0.1])  # the reward is still the return
     # An environment that gives no verdict: accuracy falls back to the return.
     assert episode_accuracy_value({"return": 0.5, "solved": None}) == 0.5
     assert episode_accuracy_value({"return": 0.0}) == 0.0

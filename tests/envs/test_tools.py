@@ -116,7 +116,7 @@ def test_calculator_env_scores_final_answer():
     assert (step.done, step.tool_calls, step.tool_errors, step.observation[0]["content"]) == (False, 1, 0, "5535")
     right, wrong = env.step("The answer is 5,535."), env.step("The answer is 5534.")
     assert (right.reward, right.solved, wrong.reward, wrong.solved) == (1.0, True, 0.0, False)
-    assert step.solved is None  # a call decides nothing
+    assert step.solved is False  # not solved yet: the episode's verdict if it is cut here
     shaped = load_env_class("calculator")(format_reward=0.1)
     shaped.start(EpisodeRow("What is 123 * 45?", fields={"answer": 5535}))
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>'
@@ -130,7 +130,8 @@ def test_calculator_env_scores_final_answer():
 def test_guess_number_feedback():
     env = load_env_class("guess_number")()
     env.start(EpisodeRow("Guess", fields={"target": 6}))
-    assert env.step("3").observation == [{"role": "user", "content": "Higher."}]
+    first = env.step("3")
+    assert (first.observation, first.solved) == ([{"role": "user", "content": "Higher."}], False)
     assert env.step("I guess 9").observation == [{"role": "user", "content": "Lower."}]
     assert env.step("no idea").observation == [{"role": "user", "content": "Please answer with a number."}]
     step = env.step("6")

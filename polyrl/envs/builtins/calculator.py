@@ -58,8 +58,9 @@ class CalculatorEnv(ToolEnvironment):
 
     def step(self, text: str) -> Step:
         step = super().step(text)
-        if step.done:  # the final answer: solved or not, whatever the format reward added before
-            step.solved = last_integer(text) == self.target
+        # Not solved until a final answer is right, whatever the format reward added: an episode cut
+        # at max_turns after its calls ends unsolved (its return may still be the format reward).
+        step.solved = step.done and last_integer(text) == self.target
         if step.tool_calls and not step.tool_errors and not self.called:
             self.called = True
             if self.format_reward:

@@ -34,7 +34,7 @@ class GuessNumberEnv:
     def step(self, text: str) -> Step:
         guess = last_integer(text)
         if guess is None:
-            return Step([{"role": "user", "content": "Please answer with a number."}])
+            return Step([{"role": "user", "content": "Please answer with a number."}], solved=False)
         if guess == self.target:
             return Step(reward=self.solved, done=True, solved=True)
-        return Step([{"role": "user", "content": "Higher." if guess < self.target else "Lower."}])
+        return Step([{"role": "user", "content": "Higher." if guess < self.target else "Lower."}], solved=False)
