@@ -60,15 +60,25 @@ EVAL_HEADLINE_SUFFIXES = ("/accuracy", "/length/mean", "/length/wrong_mean", "/r
 EVAL_REWARD_MEAN = re.compile(r"^eval/[^/]+/reward/[^/]+/mean$")
 
 
-def eval_metric_keys(client: MlflowClient, run_ids: list[str]) -> list[str]:
+def logged_metric_keys(client: MlflowClient, run_ids: list[str]) -> list[str]:
+    """Every metric key any of the runs logged."""
     keys: set[str] = set()
     for run_id in run_ids:
-        keys.update(
-            k
-            for k in client.get_run(run_id).data.metrics
-            if k.startswith("eval/") and (k.endswith(EVAL_HEADLINE_SUFFIXES) or "/pass_at_" in k or EVAL_REWARD_MEAN.match(k))
-        )
+        keys.update(client.get_run(run_id).data.metrics)
     return sorted(keys)
+
+
+def eval_headline_keys(logged: list[str]) -> list[str]:
+    """Of the logged metric keys, the eval metrics worth a curve and a column."""
+    return [
+        k
+        for k in logged
+        if k.startswith("eval/") and (k.endswith(EVAL_HEADLINE_SUFFIXES) or "/pass_at_" in k or EVAL_REWARD_MEAN.match(k))
+    ]
+
+
+def eval_metric_keys(client: MlflowClient, run_ids: list[str]) -> list[str]:
+    return eval_headline_keys(logged_metric_keys(client, run_ids))
 
 
 def is_eval_score(key: str) -> bool:

@@ -21,9 +21,10 @@ from mlflow.tracking import MlflowClient
 from polyrl.analysis.report_metrics import (
     CURVES,
     TABLE_METRICS,
-    eval_metric_keys,
+    eval_headline_keys,
     headline_keys,
     is_eval_score,
+    logged_metric_keys,
     metric_histories,
     save_curve_plot,
 )
@@ -222,14 +223,6 @@ def compared_metrics(metrics: list[str], logged: list[str]) -> list[str]:
     return list(dict.fromkeys(metrics))
 
 
-def logged_metric_keys(client: MlflowClient, run_ids: list[str]) -> list[str]:
-    """Every metric key any of the runs logged."""
-    keys: set[str] = set()
-    for run_id in run_ids:
-        keys.update(client.get_run(run_id).data.metrics)
-    return sorted(keys)
-
-
 def metric_name(text: str) -> str:
     """An arm name as part of an MLflow metric key (letters, digits, ``_ - . /`` and spaces)."""
     import re
@@ -310,10 +303,11 @@ def seeded_report(
     those metrics get differences and changes (:func:`compared_metrics`)."""
     seed_runs, left_out = finished_seed_runs(client, seed_runs)
     run_ids = [run_id for by_seed in seed_runs.values() for run_id in by_seed.values()]
-    eval_keys = eval_metric_keys(client, run_ids)
+    logged = logged_metric_keys(client, run_ids)
+    eval_keys = eval_headline_keys(logged)
     curve_keys = [key for key, _ in CURVES] + eval_keys
     # Metrics asked for beyond the default table (a study's own, e.g. rollout_corr/kl) get a column too.
-    asked = compared_metrics(metrics, logged_metric_keys(client, run_ids)) if metrics else []
+    asked = compared_metrics(metrics, logged) if metrics else []
     own = tuple(key for key in asked if key not in TABLE_METRICS and key not in eval_keys)
     keys = sorted(set(curve_keys) | set(TABLE_METRICS) | set(own))
     histories: SeedHistories = {}
