@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 from polyrl.analysis.stats import arm_difference, curve_band, holm_adjusted, mean_interval, verdict  # noqa: E402
 from polyrl.tracking.mlflow_runs import ARM_TAG, SEED_TAG, find_arm_runs, find_parent_run, find_seed_runs, make_client  # noqa: E402
 
-COLLAPSE_NATS = 0.1  # the health check's entropy_collapse threshold (polyrl/roles/health.py)
+COLLAPSE_NATS = 0.1  # the health check's entropy_collapse threshold (polyrl/monitoring/health.py)
 SEED_WINDOW = 0.03  # polyrl's design notes (unpublished): the positive share fluctuates within ±0.03 of its target
 LAST_STEPS = 10  # train accuracy of one 64-sample step is noisy: average the last few
 

@@ -14,8 +14,9 @@ from pathlib import Path
 CHILD = """
 import os, signal, sys, time
 from pathlib import Path
-from polyrl.roles import checkpoint
-from polyrl.roles import hooks, loop
+from polyrl.trainer import checkpoint
+from polyrl.trainer import hooks
+from polyrl.trainer import loop
 from polyrl.cli.main import app
 
 ACTION, AT = sys.argv[1], {int(s) for s in sys.argv[2].split(",")}

@@ -41,7 +41,7 @@ def test_the_matmul_peak_is_measured_on_the_learners_device():
 
 def test_the_no_trim_arm_skips_the_loops_heap_trims(monkeypatch):
     """compare_trl's no-trim arm (the A/B of runtime/host_memory.py) makes the loop's trims no-ops."""
-    import polyrl.roles.loop as loop
+    import polyrl.trainer.loop as loop
     from polyrl.runtime.host_memory import release_freed_host_memory
 
     monkeypatch.syspath_prepend(str(BENCH[0].parent))
@@ -56,7 +56,7 @@ def test_the_no_trim_arm_skips_the_loops_heap_trims(monkeypatch):
 def test_the_default_malloc_arm_leaves_glibcs_thresholds_alone(monkeypatch):
     """compare_trl's default-malloc arm (the other A/B of runtime/host_memory.py): the run's set-up
     no longer raises glibc's mmap and trim thresholds, and records that it did not."""
-    import polyrl.roles.build_models as setup
+    import polyrl.trainer.build_models as setup
     from polyrl.runtime.host_memory import keep_freed_host_memory
 
     monkeypatch.syspath_prepend(str(BENCH[0].parent))

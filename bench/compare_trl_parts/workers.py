@@ -77,7 +77,7 @@ def long_writer_policy(source: Path, target: Path, push: float = 1e3) -> Path:
 def skip_host_trims() -> None:
     """The bench's A/B of polyrl's heap trims: the loop's (before the update and before the
     sync) become no-ops, in this worker process only."""
-    import polyrl.roles.loop as loop
+    import polyrl.trainer.loop as loop
 
     def skipped() -> bool:
         return False
@@ -88,7 +88,7 @@ def skip_host_trims() -> None:
 def default_host_allocator() -> None:
     """The bench's A/B of polyrl's raised glibc thresholds (runtime/host_memory.py): glibc's
     defaults kept, in this worker process only."""
-    import polyrl.roles.build_models as setup
+    import polyrl.trainer.build_models as setup
 
     setup.keep_freed_host_memory = lambda: "unchanged: compare_trl's default-malloc arm"
 
@@ -149,7 +149,7 @@ def polyrl_worker(
 ) -> dict:
     """One polyrl arm built from :func:`polyrl_settings` (``settings`` are its keyword arguments), timed."""
     from polyrl.config.schema import resolve_arms
-    from polyrl.roles.arm import build_arm
+    from polyrl.trainer.arm import build_arm
     from polyrl.runtime.cpu_matmul import linear_library
 
     compile = settings.get("compile", False)

@@ -23,7 +23,7 @@ console = Console()
 def checkpoint_of(run: str, *, tracking_uri: str | None) -> Path:
     """The checkpoint folder ``run`` names (see the module docstring)."""
     from polyrl.evals.models import RUN_PREFIX, find_run_checkpoint
-    from polyrl.roles.checkpoint import COMPLETE_MARKER, latest_checkpoint
+    from polyrl.trainer.checkpoint import COMPLETE_MARKER, latest_checkpoint
 
     if run.startswith(RUN_PREFIX):
         return find_run_checkpoint(run, tracking_uri=tracking_uri)[2]
@@ -49,7 +49,7 @@ def export_command(
     ),
 ) -> None:
     """Write a checkpoint as a Hugging Face model folder (LoRA runs: base + adapter merged)."""
-    from polyrl.roles.checkpoint import export_model_dir, read_checkpoint_info
+    from polyrl.trainer.checkpoint import export_model_dir, read_checkpoint_info
 
     with user_errors(str):
         checkpoint = checkpoint_of(run, tracking_uri=tracking_uri)

@@ -22,7 +22,7 @@ from polyrl.config.schema import ConfigError
 
 _console = Console()
 
-# polyrl's phases (roles/loop.py PHASES) → the model's; "advantage" computes the old/reference log-probs.
+# polyrl's phases (trainer/loop.py PHASES) → the model's; "advantage" computes the old/reference log-probs.
 RUN_PHASES = {"generate": "generate", "score": "score", "logprobs": "advantage", "update": "update", "sync": "sync", "log": "log"}
 
 

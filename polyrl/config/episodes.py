@@ -1,7 +1,7 @@
 """``env:``: train on multi-turn episodes with an environment instead of single completions.
 
 With ``env:`` set, every sample of ``rollout.samples_per_prompt`` is an episode
-(polyrl/roles/episodes.py): the environment ``env.module`` starts it from the data row and
+(polyrl/rollout/episodes.py): the environment ``env.module`` starts it from the data row and
 answers each assistant turn. ``rollout.max_tokens`` is the budget of ONE assistant turn; the
 episode's own budgets are below. The reward is the episode's return (the sum of the
 environment's per-turn rewards), logged as the reward labelled ``env``; ``rewards:`` is not used

@@ -149,7 +149,7 @@ class RolloutConfig(StrictModel):
     max_staleness: int = Field(
         0,
         ge=0,
-        description="Asynchronous, off-policy training (polyrl/roles/async_loop.py): generation of the next k "
+        description="Asynchronous, off-policy training (polyrl/trainer/async_loop.py): generation of the next k "
         "batches overlaps the current update, and no sample older than k policy versions trains (generation waits rather "
         "than run further ahead). The ratio's old log-probs are then the sampler's (the behaviour policy). 0: the "
         "synchronous loop, unchanged.",

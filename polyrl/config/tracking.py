@@ -122,7 +122,7 @@ class HealthConfig(StrictModel):
     max_sync_share: float = Field(
         0.15, gt=0, le=1, description="Warn when weight syncs take a larger mean share of the learner's step."
     )
-    # Reward-hacking checks (polyrl/rewards/monitors.py, polyrl/roles/reward_health.py; docs/reward_workbench.md).
+    # Reward-hacking checks (polyrl/rewards/monitors.py, polyrl/monitoring/reward_hacking.py; docs/reward_workbench.md).
     reward_window: int = Field(
         10,
         ge=2,

@@ -140,7 +140,7 @@ class TrainConfig(StrictModel):
     learner_workers: int = Field(
         1,
         ge=1,
-        description="Learner ranks (data parallel, polyrl.roles.learner_ranks): Ray actors in one torch.distributed "
+        description="Learner ranks (data parallel, polyrl.learner.ranks): Ray actors in one torch.distributed "
         "group (gloo on CPU, NCCL + FSDP2 on CUDA, one GPU each), each training on its shard of every mini-batch with the "
         "normaliser and gradients summed over the ranks: the same update as one process. 1: the learner in this process. "
         "Not with model.lora, train.compile or train.share_prompts.",

@@ -58,7 +58,7 @@ class Completion:
     # The policy version whose weights sampled it: 0 = the weights the engine started with, then
     # one more per weight sync (RolloutEngine.update_weights). None: an engine that does not say.
     policy_version: int | None = None
-    # Episodes (polyrl/roles/episodes.py): 1 for each completion token the policy sampled, 0 for
+    # Episodes (polyrl/rollout/episodes.py): 1 for each completion token the policy sampled, 0 for
     # an observation token the environment appended (tool result, user message), which carries
     # no gradient and counts in no length. Empty: every token is the policy's (a plain completion).
     completion_mask: tuple[int, ...] = ()

@@ -4,7 +4,7 @@ from polyrl.envs import load_env_class, build_env
 env = build_env(load_env_class("calculator"), {}, ref="calculator")
 messages = env.start(row); step = env.step("<tool_call>...</tool_call>")
 
-See docs/episodes.md. The episode rollout itself (token in, token out) is polyrl/roles/episodes.py.
+See docs/episodes.md. The episode rollout itself (token in, token out) is polyrl/rollout/episodes.py.
 """
 
 from polyrl.envs.base import EnvConfigError, Environment, EpisodeRow, Step, ToolEnvironment, checked_messages

@@ -2,7 +2,7 @@
 
 With ``env:`` set, the periodic evaluator (``eval.suite``, :mod:`polyrl.evals.periodic`) plays
 each prompt of the suite's datasets as ``generation.n`` episodes with the training run's
-environment and budgets (:mod:`polyrl.roles.episodes`), on the run's own engine, with the suite's
+environment and budgets (:mod:`polyrl.rollout.episodes`), on the run's own engine, with the suite's
 decoding (greedy or sampled). Per dataset, logged as ``eval/<dataset>/<metric>``:
 
 - ``accuracy``: the share of episodes solved: the environment's verdict (``Step.solved``), or a
@@ -28,7 +28,7 @@ from polyrl.envs.base import episode_accuracy_value
 from polyrl.evals.harness import EvalResult, SuiteRunner
 from polyrl.evals.passk import mean_pass_at_k
 from polyrl.rewards.summary import accuracy_share, is_correct
-from polyrl.roles.episodes import EpisodeRunner, EpisodeSettings, episode_metrics
+from polyrl.rollout.episodes import EpisodeRunner, EpisodeSettings, episode_metrics
 
 __all__ = ["EpisodeOptions", "EpisodeSuiteRunner"]
 

@@ -9,7 +9,7 @@ where a run *was*: a later run of the same experiment reuses it (moving the earl
 ``<experiment>.previous-<time>``). So a checkpoint counts as the run's only when the MLflow run
 id stored inside it is that run's; the archived copies are searched too, and a folder holding
 another run's weights is refused, naming that run. The chosen checkpoint is exported once
-(:func:`polyrl.roles.checkpoint.export_model_dir`) into ``<cache>/eval-exports/<run>/step_<n>``;
+(:func:`polyrl.trainer.checkpoint.export_model_dir`) into ``<cache>/eval-exports/<run>/step_<n>``;
 later evals reuse the export while it was made from the same run's checkpoint.
 
 A run's model is asked as it was trained: a suite dataset that sets no chat settings of its own
@@ -86,7 +86,7 @@ def run_checkpoints(run_id: str, folder: str | Path) -> tuple[dict[int, Path], s
 
     A checkpoint that stores no run id (written outside ``polyrl run``) is taken as the run's.
     """
-    from polyrl.roles.checkpoint import checkpoint_dirs, checkpoint_step, read_checkpoint_info
+    from polyrl.trainer.checkpoint import checkpoint_dirs, checkpoint_step, read_checkpoint_info
 
     folder = Path(folder)
     experiment = folder.parent
@@ -105,7 +105,7 @@ def run_checkpoints(run_id: str, folder: str | Path) -> tuple[dict[int, Path], s
 
 def _export_matches(target: Path, checkpoint: Path) -> bool:
     """A cached export is reused only if it was made from this very run's checkpoint."""
-    from polyrl.roles.checkpoint import read_checkpoint_info
+    from polyrl.trainer.checkpoint import read_checkpoint_info
 
     try:
         made_from = json.loads((target / EXPORT_INFO).read_text())
@@ -176,7 +176,7 @@ def find_run_checkpoint(ref: str, *, tracking_uri: str | None) -> tuple[str, int
 
 
 def _resolve_run(ref: str, *, tracking_uri: str | None, cache_dir: Path) -> ResolvedModel:
-    from polyrl.roles.checkpoint import export_model_dir
+    from polyrl.trainer.checkpoint import export_model_dir
 
     run_id, step, checkpoint = find_run_checkpoint(ref, tracking_uri=tracking_uri)
     target = cache_dir / slugify(run_id) / f"step_{step:06d}"
@@ -198,7 +198,7 @@ def _resolve_run(ref: str, *, tracking_uri: str | None, cache_dir: Path) -> Reso
 def run_chat_format(checkpoint: Path) -> ChatFormat | None:
     """The chat settings the run's training prompts were formatted with (its resolved config's
     ``data``, stored in the checkpoint); None when the checkpoint holds no config."""
-    from polyrl.roles.checkpoint import read_checkpoint_info
+    from polyrl.trainer.checkpoint import read_checkpoint_info
 
     data = (read_checkpoint_info(checkpoint).get("config") or {}).get("data")
     if not isinstance(data, dict):

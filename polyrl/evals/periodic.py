@@ -63,7 +63,7 @@ def make_periodic_evaluator(config: Any) -> PeriodicEvaluator:
     if getattr(config, "env", None) is not None:
         # Episodes: the suite's prompts played with the run's environment (polyrl/evals/episodes.py).
         from polyrl.evals.episodes import EpisodeSuiteRunner
-        from polyrl.roles.build_rollout import build_episodes
+        from polyrl.trainer.build_rollout import build_episodes
 
         return PeriodicEvaluator(EpisodeSuiteRunner(runner, lambda tokenizer: build_episodes(config, tokenizer)))
     return PeriodicEvaluator(runner)

@@ -21,7 +21,7 @@ from polyrl.core.errors import PolyrlError
 from polyrl.launch.experiment_folder import write_state
 from polyrl.launch.interrupts import StopNow, StopSignals
 from polyrl.launch.resume_config import ConfigChange
-from polyrl.roles.checkpoint import checkpoint_step, latest_checkpoint
+from polyrl.trainer.checkpoint import checkpoint_step, latest_checkpoint
 from polyrl.tracking.mlflow_runs import RunLogger
 
 
@@ -155,7 +155,7 @@ def _stop_at_step_end(arm: Any, stop: StopSignals):
 
 
 def train_with_progress(arm: Any, console: Console, show: bool, stop: StopSignals | None = None) -> None:
-    """Run ``arm``'s loop (a :class:`polyrl.roles.arm.Arm`) with a progress bar and stop requests honoured."""
+    """Run ``arm``'s loop (a :class:`polyrl.trainer.arm.Arm`) with a progress bar and stop requests honoured."""
     total = arm.config.train.steps
     stop = stop or StopSignals()
     stop.arm()

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from polyrl.config.schema import ExperimentConfig, flatten, to_yaml
 from polyrl.core.errors import PolyrlError
 from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes
-from polyrl.roles.checkpoint import remove_partial_checkpoints
+from polyrl.trainer.checkpoint import remove_partial_checkpoints
 from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger
 
 
@@ -90,11 +90,11 @@ def train_arm(
     """Build the arm's roles, train them and close the MLflow run (FINISHED, FAILED or KILLED).
 
     ``train(arm)`` runs the loop (default ``arm.loop().run()``; ``polyrl run`` passes its
-    progress-bar loop), where ``arm`` is the built :class:`polyrl.roles.arm.Arm`. Returns the
+    progress-bar loop), where ``arm`` is the built :class:`polyrl.trainer.arm.Arm`. Returns the
     per-step metric history. A failure closes the run with the error's message in the
     ``polyrl.error`` tag.
     """
-    from polyrl.roles.arm import build_arm  # torch, vLLM: only where an arm trains
+    from polyrl.trainer.arm import build_arm  # torch, vLLM: only where an arm trains
 
     remove_partial_checkpoints(arm_dir)  # a write cut short by a kill; this process owns the folder now
     # Every checkpoint names the run it belongs to (polyrl eval run:<id> checks it) and the

@@ -47,7 +47,7 @@ from polyrl.policies.tokenizer_only import policy_tokenizer
 from polyrl.rewards import RewardConfigError, RewardSpec
 from polyrl.rewards.base import module_label
 from polyrl.rewards.registry import bind_params, build_reward
-from polyrl.roles.build_data import chat_format, training_rows
+from polyrl.trainer.build_data import chat_format, training_rows
 from polyrl.runtime.devices import LearnerDeviceError, learner_device
 
 # Built-in policies that read images (config.schema.BuiltinModelConfig.task).
@@ -75,7 +75,7 @@ def reward_problems(specs: list[RewardSpec], *, model_path: str | None = None) -
         labels.setdefault(label, index)
         params = dict(spec.params)
         # A reward that declares policy_path_param gets the policy's folder there in training
-        # (roles/build_data.py); without a model.path that folder is only known once the built-in
+        # (trainer/build_data.py); without a model.path that folder is only known once the built-in
         # policy is built.
         param = getattr(cls, "policy_path_param", None)
         injected = bool(param) and param not in params

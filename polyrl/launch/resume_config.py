@@ -178,10 +178,10 @@ def describe_changes(changes: list[ConfigChange]) -> str:
 def schedule_note(config: ExperimentConfig, old_steps: int, resume_step: int) -> str:
     """What a new ``train.steps`` does to the learning-rate schedule from ``resume_step`` on, in words.
 
-    The schedule is a function of the optimizer step and ``train.steps`` (:mod:`polyrl.roles.schedule`),
+    The schedule is a function of the optimizer step and ``train.steps`` (:mod:`polyrl.learner.lr_schedule`),
     so a linear or cosine decay stretches to the new horizon: the rate rises again at the next step.
     """
-    from polyrl.roles.schedule import lr_factor
+    from polyrl.learner.lr_schedule import lr_factor
 
     t, new_steps, at = config.train, config.train.steps, resume_step
     head = f"train.steps {old_steps} → {new_steps}"

@@ -54,7 +54,7 @@ from polyrl.launch.experiment_folder import (
 from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
 from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes, schedule_note, steps_change
 from polyrl.launch.run_lock import acquire_lock
-from polyrl.roles.checkpoint import latest_checkpoint
+from polyrl.trainer.checkpoint import latest_checkpoint
 from polyrl.tracking.mlflow_runs import (
     ExperimentTracker,
     RunLogger,

@@ -21,9 +21,9 @@ from polyrl.algos.losses import clipped_value_loss
 from polyrl.engines.image_prompts import model_takes_images
 from polyrl.modeling.batches import PackedBatch
 from polyrl.modeling.logprobs import image_forward_inputs
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.health import NonFiniteGuard, guarded_step
-from polyrl.roles.schedule import apply_optimizer_settings
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.nonfinite import NonFiniteGuard, guarded_step
+from polyrl.learner.lr_schedule import apply_optimizer_settings
 from polyrl.runtime.data_parallel import LocalGroup
 from polyrl.runtime.precision import autocast
 

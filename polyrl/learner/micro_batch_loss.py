@@ -1,11 +1,11 @@
-"""The loss of one micro-batch, as the policy learner (:mod:`polyrl.roles.learner`) computes it:
+"""The loss of one micro-batch, as the policy learner (:mod:`polyrl.learner.policy_learner`) computes it:
 the policy's log-probs and entropy through the model (shared prompts, padding-free rows, inside
 the FSDP2 root's forward where the policy is sharded), the objective's per-mini-batch
 ``prepare`` hook, bypass-mode rollout correction and forking-token selection applied to the
 loss mask, the objective itself, and the zero-weight pass that keeps FSDP2 ranks in step.
 
 The learner's update loop (mini-batches, micro-batches, normaliser, optimizer steps, the
-non-finite guard) stays in :mod:`polyrl.roles.learner`; this mixin holds what it asks of each
+non-finite guard) stays in :mod:`polyrl.learner.policy_learner`; this mixin holds what it asks of each
 micro-batch, so the two read apart. It expects ``policy``, ``objective``, ``settings``,
 ``entropy`` and ``_capture`` on the learner.
 """
@@ -22,7 +22,7 @@ from polyrl.algos.objectives.common import TOKEN_DETAIL
 from polyrl.algos.rollout_correction import apply_correction
 from polyrl.modeling.logprobs import token_logprobs
 from polyrl.modeling.microbatches import trim_columns, trim_padding
-from polyrl.roles.batches import LearnerBatch
+from polyrl.rollout.batches import LearnerBatch
 from polyrl.runtime.data_parallel import through_root
 from polyrl.runtime.precision import autocast
 
@@ -30,7 +30,7 @@ __all__ = ["PolicyLoss"]
 
 
 class PolicyLoss:
-    """The per-micro-batch half of :class:`~polyrl.roles.learner.PolicyLearner`."""
+    """The per-micro-batch half of :class:`~polyrl.learner.policy_learner.PolicyLearner`."""
 
     policy: Any
     objective: Any

@@ -1,10 +1,10 @@
 """The policy learner: optimizer and LR schedule, the mini/micro-batch loop with its normaliser,
 gradient clipping, the non-finite guard, the objective's ``prepare`` hook and mixed precision.
 
-In: a :class:`~polyrl.roles.batches.LearnerBatch` (plain data); out: a dict of metrics. Master
+In: a :class:`~polyrl.rollout.batches.LearnerBatch` (plain data); out: a dict of metrics. Master
 weights and optimizer state are fp32 whatever the compute dtype (:mod:`polyrl.runtime.precision`);
 dropout is off in every pass; an optimizer step whose loss or gradient norm is NaN/inf is
-skipped, and too many in a row raise :class:`~polyrl.roles.health.NonFiniteStop`. A stop in the
+skipped, and too many in a row raise :class:`~polyrl.monitoring.health.NonFiniteStop`. A stop in the
 middle of an update skips the update's remaining optimizer steps (as verl skips a non-finite
 step) and says how many of its steps were applied (``applied_steps``): with none, the learner is
 as it was after the previous step; with some, the step counts as done with the rest skipped.
@@ -28,11 +28,11 @@ from polyrl.algos.rollout_correction import mismatch_from_sums, mismatch_sums
 from polyrl.modeling.lora import write_adapter
 from polyrl.modeling.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_padding
 from polyrl.modeling.shared_prompts import attention_cost_ratio, completion_widths, row_prompts, shared_prompt_micro_batches
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.health import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
-from polyrl.roles.learner_inspection import TokenCapture
-from polyrl.roles.policy_loss import PolicyLoss
-from polyrl.roles.schedule import apply_optimizer_settings, lr_factor
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.nonfinite import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
+from polyrl.learner.token_capture import TokenCapture
+from polyrl.learner.micro_batch_loss import PolicyLoss
+from polyrl.learner.lr_schedule import apply_optimizer_settings, lr_factor
 from polyrl.runtime.data_parallel import LocalGroup
 from polyrl.runtime.gradient_buffers import AutogradGradients, GradientBuffers, update_gradients
 from polyrl.runtime.precision import autocast

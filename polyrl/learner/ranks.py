@@ -23,9 +23,9 @@ layer, then the root; gradients reduce-scattered as sums); full state dicts are 
 collectives, so the learner evens its micro-batch counts over the ranks (zero-weight passes on a
 rank with fewer) and runs its forwards through the FSDP root (``through_root``). The sharded
 learner itself runs in the suite over gloo on the CPU with two processes and gives the
-single-process update (tests/roles/test_learner_fsdp.py); the CUDA path (NCCL, these Ray actors,
+single-process update (tests/training/test_learner_fsdp.py); the CUDA path (NCCL, these Ray actors,
 ``train.learner_workers`` on GPUs) stays EXPERIMENTAL until it is run on a GPU. The critic's
-micro-batch loop (roles/critic.py) is not evened yet, so a critic with sharded (CUDA) ranks is
+micro-batch loop (learner/critic.py) is not evened yet, so a critic with sharded (CUDA) ranks is
 refused (:func:`start_data_parallel_learner`). The CPU path of ``train.learner_workers`` is plain data parallelism (every rank a
 whole replica).
 """
@@ -47,10 +47,10 @@ from polyrl.engines.image_prompts import auto_model_class
 from polyrl.modeling.attention import attend_in_fp32_on_cpu
 from polyrl.modeling.gradient_checkpointing import checkpoint_layers
 from polyrl.modeling.packing import use_packed_rows_attention
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.critic import Critic, CriticSettings, build_value_model
-from polyrl.roles.health import NonFiniteStop
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.critic import Critic, CriticSettings, build_value_model
+from polyrl.learner.nonfinite import NonFiniteStop
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.runtime.cpu_matmul import route_linears_through_onednn
 from polyrl.runtime.data_parallel import TorchDistributedGroup
 from polyrl.runtime.fsdp import (
@@ -91,7 +91,7 @@ class RankRecipe:
 
 
 def build_rank_learner(recipe: RankRecipe, group: Any) -> PolicyLearner:
-    """The learner of one rank, built as :func:`polyrl.roles.arm.build_arm` builds the driver's
+    """The learner of one rank, built as :func:`polyrl.trainer.arm.build_arm` builds the driver's
     (fp32 master weights, the same attention, checkpointing and GEMM choices)."""
     set_torch_threads(recipe.threads)
     device = torch.device("cuda", torch.cuda.current_device()) if recipe.cuda else torch.device("cpu")
@@ -353,7 +353,7 @@ def start_data_parallel_learner(mirror: PolicyLearner, recipe: RankRecipe, world
     :meth:`DataParallelLearner.close`)."""
     if recipe.cuda and recipe.critic is not None:
         # FSDP2's forwards and backwards are collectives; the policy learner evens its micro-batch
-        # counts over the ranks, the critic's loop (roles/critic.py) does not yet, so a rank with
+        # counts over the ranks, the critic's loop (learner/critic.py) does not yet, so a rank with
         # fewer critic micro-batches would leave the others waiting until the group's time-out.
         raise LearnerRanksError(
             f"train.learner_workers: {world_size} on CUDA shards the critic (advantage.estimator: gae) with FSDP2, whose "

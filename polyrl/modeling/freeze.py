@@ -1,6 +1,6 @@
 """``model.freeze``: named parts of the policy that do not train (``requires_grad`` off).
 
-The learner's optimizer takes only parameters that require grad (polyrl/roles/learner.py), so a
+The learner's optimizer takes only parameters that require grad (polyrl/learner/policy_learner.py), so a
 frozen parameter has no AdamW state and never moves; weight syncs still send it (unchanged).
 Parts are found by what they are, not by one architecture's names:
 

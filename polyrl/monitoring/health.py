@@ -33,7 +33,7 @@ class HealthMonitor:
         held_out: bool = True,
     ):
         self.settings = settings
-        # The reward-hacking checks (roles/reward_health.py): per-sample signals and the held-out trend.
+        # The reward-hacking checks (monitoring/reward_hacking.py): per-sample signals and the held-out trend.
         self.reward_hacking = RewardHackingMonitor(settings, reward_weights=reward_weights, held_out=held_out)
         # Asynchronous training (rollout.max_staleness > 0): the buffer-utilisation and communication
         # figures (polyrl's own heuristics), as running means over the steps that report them.

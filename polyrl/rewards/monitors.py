@@ -11,7 +11,7 @@ Hacking", Skalse et al., arXiv 2209.13085.)
 
 Each function takes plain lists (``None`` marks an unscored sample, which is left out) and
 returns a figure, or ``None`` when the data cannot support one (fewer than three scored pairs,
-a constant series). The health monitor (:mod:`polyrl.roles.reward_health`) keeps the history
+a constant series). The health monitor (:mod:`polyrl.monitoring.reward_hacking`) keeps the history
 and decides when a figure is a warning; the comparison report reads the warnings back.
 """
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 # The largest |score| a reward module may return, and a total may reach: float32's largest
-# finite value, because the learner holds rewards as a float32 tensor (roles/pipeline.py).
+# finite value, because the learner holds rewards as a float32 tensor (trainer/pipeline.py).
 SCORE_LIMIT = float(np.finfo(np.float32).max)
 
 

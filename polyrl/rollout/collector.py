@@ -23,8 +23,8 @@ from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.envs.base import episode_accuracy_value
 from polyrl.rewards import RewardBatch, RewardResult
 from polyrl.rewards.summary import accuracy_share, length_by_correctness
-from polyrl.roles.batches import Rollout, Scores, length_metrics
-from polyrl.roles.episodes import episode_metrics
+from polyrl.rollout.batches import Rollout, Scores, length_metrics
+from polyrl.rollout.episodes import episode_metrics
 from polyrl.runtime.threads import torch_threads
 
 __all__ = ["CollectSettings", "Collected", "RolloutCollector", "informative_groups"]
@@ -77,7 +77,7 @@ class RolloutCollector:
         self.rewards = rewards
         self.prompts = prompts
         self.settings = settings
-        # An EpisodeRunner (polyrl/roles/episodes.py, config env:): each sample is a multi-turn
+        # An EpisodeRunner (polyrl/rollout/episodes.py, config env:): each sample is a multi-turn
         # episode scored by its return (the reward labelled "env"); None: one completion per sample.
         self.episodes = episodes
         self._adapter_dir: Path | None = None

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -45,7 +46,9 @@ from torch import Tensor
 from polyrl.core.errors import PolyrlError
 
 __all__ = [
+    "AUTO_OVERRIDE_VARIABLE",
     "CpuMatmulError",
+    "auto_override",
     "ProductTally",
     "cpu_vendor",
     "linear_library",
@@ -231,39 +234,99 @@ def onednn_linear_traceable(x: Tensor, weight: Tensor, bias: Tensor | None = Non
     return _linear_op(x, weight, bias)
 
 
+class _RoutedLinear(torch.nn.Linear):
+    """The forward of a routed layer: its own ``weight`` and ``bias`` through oneDNN.
+
+    Routing swaps a layer's class for a subclass of its own (:func:`_routed_class`) that puts this
+    ``forward`` first, so the routed computation belongs to the class and reads the instance it is
+    called on: a deep copy, a pickled layer (a Ray actor's argument, ``torch.save``) and a copy's
+    gradients are the copy's own. (A ``forward`` set on the instance as a closure over the layer
+    had been copied as it was, still computing with the source layer's weights.)
+    """
+
+    _unrouted: type[torch.nn.Linear]  # the layer's class before routing
+    _traceable: bool  # custom ops that torch.compile keeps whole, rather than the autograd function
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight, bias = self.weight, self.bias
+        # Anything the oneDNN fp32 kernel is not for (another dtype or device, or no rows: oneDNN
+        # has no primitive for an empty product) takes torch's path.
+        if (
+            x.dtype == torch.float32
+            and weight.dtype == torch.float32
+            and x.device.type == "cpu"
+            and not torch.is_autocast_enabled("cpu")
+            and x.numel() > 0
+        ):
+            return (onednn_linear_traceable if self._traceable else onednn_linear)(x, weight, bias)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        # pickle names a class by module and name, and the routed classes are made at run time:
+        # a routed layer pickles as its original class, the flag and its state instead.
+        return _routed_instance, (self._unrouted, self._traceable), self.__getstate__()
+
+
+@functools.cache  # one class per original class and flag: routed layers of one kind share a type
+def _routed_class(unrouted: type[torch.nn.Linear], traceable: bool) -> type[_RoutedLinear]:
+    name = f"OneDNN{unrouted.__name__}"
+    return type(name, (_RoutedLinear, unrouted), {"_unrouted": unrouted, "_traceable": traceable, "__module__": __name__})
+
+
+def _routed_instance(unrouted: type[torch.nn.Linear], traceable: bool) -> _RoutedLinear:
+    """An empty routed layer for pickle and ``copy.deepcopy`` to fill with the state they restore."""
+    routed = _routed_class(unrouted, traceable)
+    return routed.__new__(routed)
+
+
+def _routable(layer: torch.nn.Module) -> bool:
+    """An ``nn.Linear`` whose forward is ``nn.Linear``'s: a subclass with a forward of its own (or a
+    forward set on the instance, as accelerate's hooks do) computes something else and is left alone."""
+    if not isinstance(layer, torch.nn.Linear) or "forward" in vars(layer):
+        return False
+    unrouted = layer._unrouted if isinstance(layer, _RoutedLinear) else type(layer)
+    return unrouted.forward is torch.nn.Linear.forward
+
+
 def route_linears_through_onednn(module: torch.nn.Module, *, traceable: bool = False) -> int:
     """Every ``nn.Linear`` in ``module`` computes through :func:`onednn_linear` (with ``traceable``,
-    :func:`onednn_linear_traceable`, for a module that will be compiled); returns how many."""
-    linear = onednn_linear_traceable if traceable else onednn_linear
+    :func:`onednn_linear_traceable`, for a module that will be compiled); returns how many.
+
+    Each layer's class becomes a subclass of its own whose ``forward`` reads the layer it is called
+    on (:class:`_RoutedLinear`): parameters, buffers, hooks and ``isinstance`` are as before, and a
+    deep copy or a pickled copy stays routed and computes with its own weights."""
     routed = 0
     for layer in module.modules():
-        if isinstance(layer, torch.nn.Linear):
-            layer.forward = _routed_forward(layer, linear)
+        if _routable(layer):
+            unrouted = layer._unrouted if isinstance(layer, _RoutedLinear) else type(layer)
+            layer.__class__ = _routed_class(unrouted, traceable)
             routed += 1
     return routed
 
 
 def linear_library(module: torch.nn.Module) -> str:
     """``onednn`` when every ``nn.Linear`` of ``module`` is routed, ``torch`` when none is, else ``mixed``."""
-    routed = [layer.forward.__name__ == "onednn_forward" for layer in module.modules() if isinstance(layer, torch.nn.Linear)]
+    routed = [isinstance(layer, _RoutedLinear) for layer in module.modules() if isinstance(layer, torch.nn.Linear)]
     return "onednn" if routed and all(routed) else ("mixed" if any(routed) else "torch")
 
 
-def _routed_forward(layer: torch.nn.Linear, linear: Any):
-    def onednn_forward(x: Tensor) -> Tensor:
-        # Anything the oneDNN fp32 kernel is not for (another dtype or device, or no rows: oneDNN
-        # has no primitive for an empty product) takes torch's path.
-        if (
-            x.dtype == torch.float32
-            and layer.weight.dtype == torch.float32
-            and x.device.type == "cpu"
-            and not torch.is_autocast_enabled("cpu")
-            and x.numel() > 0
-        ):
-            return linear(x, layer.weight, layer.bias)
-        return torch.nn.functional.linear(x, layer.weight, layer.bias)
+AUTO_OVERRIDE_VARIABLE = "POLYRL_CPU_MATMUL"
 
-    return onednn_forward
+
+def auto_override() -> str | None:
+    """What ``POLYRL_CPU_MATMUL`` makes of ``auto``: ``onednn`` or ``torch`` in place of the vendor
+    rule, ``None`` where it is unset or empty. For tests and CI: the routing ``auto`` picks on
+    every CPU that is not Intel's runs on an Intel machine too (``make test-onednn``), and the
+    Intel choice on another. An explicit ``onednn`` or ``torch`` is never overridden."""
+    value = os.environ.get(AUTO_OVERRIDE_VARIABLE, "").strip().lower()
+    if not value:
+        return None
+    if value not in ("onednn", "torch"):
+        raise CpuMatmulError(
+            f"{AUTO_OVERRIDE_VARIABLE}={value!r} (what train.cpu_matmul: auto resolves to): expected 'onednn', "
+            "'torch', or unset for the vendor rule."
+        )
+    return value
 
 
 def resolve_cpu_matmul(
@@ -286,8 +349,11 @@ def resolve_cpu_matmul(
         if reasons:
             raise CpuMatmulError("train.cpu_matmul: onednn cannot apply: " + "; ".join(reasons) + ". Use auto or torch.")
         return "onednn"
+    forced = auto_override()
     if reasons:
         return "torch"
+    if forced is not None:
+        return forced
     vendor = cpu_vendor() if vendor is None else vendor
     blas = torch_blas() if blas is None else blas
     # Only MKL on a CPU known not to be Intel's: the vendor dispatch that makes MKL slow there.

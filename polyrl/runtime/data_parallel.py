@@ -1,7 +1,7 @@
 """The collective operations a data-parallel learner needs, behind one small interface.
 
 The policy learner and the critic call these at the few places where a rank's work must be
-combined with the others' (:mod:`polyrl.roles.learner`, :mod:`polyrl.roles.critic`):
+combined with the others' (:mod:`polyrl.learner.policy_learner`, :mod:`polyrl.learner.critic`):
 
 - :meth:`shard`: this rank's rows of a mini-batch (every rank holds the whole learner batch and
   cuts the same mini-batches from the same seeded shuffle, so they agree on which rows exist);
@@ -24,7 +24,7 @@ root's hooks (gather its own parameters, register the backward's reduction) run 
 over the default process group. With FSDP2 (``fully_shard``) the gradients are already
 reduce-scattered by the backward, so :meth:`reduce_gradients` leaves them alone, and the norm of
 sharded (DTensor) gradients is computed over the whole model by ``clip_grad_norm_``. That path
-runs in the suite over gloo on the CPU with two processes (tests/roles/test_learner_fsdp.py: the
+runs in the suite over gloo on the CPU with two processes (tests/training/test_learner_fsdp.py: the
 same update as one process); on CUDA (NCCL) it is experimental, not yet run on a GPU.
 """
 

@@ -1,6 +1,6 @@
 """FSDP2 on a policy, and its full state taken from and put back into its ranks.
 
-A learner rank (:mod:`polyrl.roles.learner_ranks`) shards its model here and hands the driver
+A learner rank (:mod:`polyrl.learner.ranks`) shards its model here and hands the driver
 full, unsharded state in the single-process layout the driver's mirror and the checkpoints use;
 without sharding the same functions are plain ``state_dict`` copies.
 """
@@ -18,7 +18,7 @@ def shard_model(model: torch.nn.Module) -> None:
     reduce-scattered as SUMS (divide factor 1, plain sum reductions: gloo has no pre-multiplied
     sum), since the loss normaliser is already global. The learner runs its forwards through the
     root (runtime/data_parallel.through_root) and evens its micro-batch counts over the ranks.
-    Run over gloo on the CPU in the suite (tests/roles/test_learner_fsdp.py); on CUDA experimental."""
+    Run over gloo on the CPU in the suite (tests/training/test_learner_fsdp.py); on CUDA experimental."""
     from torch.distributed.fsdp import fully_shard
 
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)

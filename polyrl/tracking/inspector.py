@@ -7,7 +7,7 @@ so it opens from an MLflow artifact or a local file alike. The view (quantity, f
 group) is kept in the address's fragment, so a link opens the page on the same view. Per-token quantities are whatever the
 rows carry, by name (:data:`TOKEN_QUANTITIES`): the sampler's log-prob always comes with a
 rollout; the learner's log-prob, entropy, ratio and the clip/correction masks when the step
-recorded them (polyrl/roles/learner_inspection.py). The figures at the top (samples, mean
+recorded them (polyrl/learner/token_capture.py). The figures at the top (samples, mean
 reward, mean length, truncated share; with the learner's values also the mean ratio, the clipped
 share, the mean advantage and the mean |learner − sampler| log-prob) are computed by the script
 from the embedded rows, so a test can compare what a browser shows with the run's logged metrics.

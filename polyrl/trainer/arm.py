@@ -1,5 +1,5 @@
-"""Assembling one arm from its config: the data, the models (:mod:`polyrl.roles.build_models`),
-the rewards, the rollout side (:mod:`polyrl.roles.build_rollout`), the batch pipeline, health
+"""Assembling one arm from its config: the data, the models (:mod:`polyrl.trainer.build_models`),
+the rewards, the rollout side (:mod:`polyrl.trainer.build_rollout`), the batch pipeline, health
 checks and checkpointer; the latest checkpoint restored on resume. :meth:`Arm.loop` assembles
 the loop with its hooks. Every decision that reads the config lives in these set-up modules,
 so the roles themselves only see their own settings.
@@ -24,18 +24,18 @@ from polyrl.data.sampler import PromptSampler
 from polyrl.engines.base import RolloutEngine
 from polyrl.engines.image_prompts import model_takes_images
 from polyrl.policies.paths import resolve_policy_path
-from polyrl.roles.async_loop import AsyncTrainingLoop
-from polyrl.roles.build_data import build_rewards, build_sampler, training_rows
-from polyrl.roles.build_models import Models, build_models
-from polyrl.roles.build_rollout import RolloutSide, adapter_sync, build_collector, build_rollout
-from polyrl.roles.collector import RolloutCollector
-from polyrl.roles.critic import Critic
-from polyrl.roles.health import HealthMonitor
-from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
-from polyrl.roles.inspector_hook import InspectorHook
-from polyrl.roles.loop import TrainingLoop, sync_policy
-from polyrl.roles.pipeline import BatchPipeline, PipelineContext
-from polyrl.roles.protocols import ChecksOverlap, Closes, Evaluator, Learner, Tracker
+from polyrl.trainer.async_loop import AsyncTrainingLoop
+from polyrl.trainer.build_data import build_rewards, build_sampler, training_rows
+from polyrl.trainer.build_models import Models, build_models
+from polyrl.trainer.build_rollout import RolloutSide, adapter_sync, build_collector, build_rollout
+from polyrl.rollout.collector import RolloutCollector
+from polyrl.learner.critic import Critic
+from polyrl.monitoring.health import HealthMonitor
+from polyrl.trainer.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
+from polyrl.trainer.inspector_hook import InspectorHook
+from polyrl.trainer.loop import TrainingLoop, sync_policy
+from polyrl.trainer.pipeline import BatchPipeline, PipelineContext
+from polyrl.trainer.protocols import ChecksOverlap, Closes, Evaluator, Learner, Tracker
 from polyrl.runtime.compiled import check_sampler_compile
 from polyrl.runtime.cpu_matmul import cpu_vendor, torch_blas
 from polyrl.runtime.devices import learner_device
@@ -265,7 +265,7 @@ def _build_arm(
     pipeline = BatchPipeline(_pipeline_context(cfg, models, pad_token_id))
     r = cfg.rollout
     # Asynchronous training too: the gap is measured on the rows sampled at the learner's weights
-    # (staleness 0), so it stays a sync check (polyrl/roles/learner.py, _rows_to_diagnose).
+    # (staleness 0), so it stays a sync check (polyrl/learner/policy_learner.py, _rows_to_diagnose).
     health = HealthMonitor(
         cfg.health,
         check_logprob_gap=r.top_p == 1.0,

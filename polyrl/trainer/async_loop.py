@@ -13,11 +13,11 @@ generates and scores the batches of steps s+1 … s+k while the learner updates 
 - The buffer holds finished batches in partitions of the rollout workers (``rollout.workers``;
   one partition with the in-process engine): min(N, k + 1) partitions, each a group of workers
   with a producer thread of its own collecting whole steps into it, step t in partition
-  (t − 1) mod P; the learner draws step t from that partition (:mod:`polyrl.roles.async_partitions`).
+  (t − 1) mod P; the learner draws step t from that partition (:mod:`polyrl.trainer.async_partitions`).
   The producers draw their prompts in step order, so every step gets the prompts and seeds it
   gets with one engine.
 - The ratio's π_old is the behaviour policy: the pipeline reads the sampler's log-probs
-  (:func:`polyrl.roles.pipeline.behaviour_logprobs`), so clipping and BAPO's bounds see the real
+  (:func:`polyrl.trainer.pipeline.behaviour_logprobs`), so clipping and BAPO's bounds see the real
   staleness; with truncated importance sampling the TIS weight carries it instead (decoupled PPO).
 - Episodes (``env:``): the producers play them (each turn one call on their partition's engine).
   A sync may land between two turns, so later turns can come from newer weights: an episode
@@ -29,7 +29,7 @@ generates and scores the batches of steps s+1 … s+k while the learner updates 
 
 With k = 0 the producer waits for each sync before generating, which is the synchronous loop
 step for step (``test_async_loop`` checks bit-equal parameters); the arm runs the plain
-:class:`~polyrl.roles.loop.TrainingLoop` for k = 0 all the same. Runs with k ≥ 1 are not
+:class:`~polyrl.trainer.loop.TrainingLoop` for k = 0 all the same. Runs with k ≥ 1 are not
 bit-reproducible: which version sampled a batch depends on timing (the versions are logged).
 """
 
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
-from polyrl.roles.async_partitions import DrawsClosed, LockedRewards, OrderedDraws, partition_of, worker_groups
-from polyrl.roles.collector import Collected, RolloutCollector
-from polyrl.roles.loop import PhaseTimer, TrainingLoop, sync_policy
-from polyrl.roles.protocols import Engine, WorkerPool
+from polyrl.trainer.async_partitions import DrawsClosed, LockedRewards, OrderedDraws, partition_of, worker_groups
+from polyrl.rollout.collector import Collected, RolloutCollector
+from polyrl.trainer.loop import PhaseTimer, TrainingLoop, sync_policy
+from polyrl.trainer.protocols import Engine, WorkerPool
 
 __all__ = ["AsyncTrainingLoop", "BufferedBatch", "RolloutBuffer", "VersionedEngine", "staleness_metrics"]
 
@@ -68,7 +68,7 @@ class VersionedEngine:
         self.partitions: list[VersionedEngine] = [self]
 
     def split(self, max_staleness: int) -> None:
-        """One partition per group of workers (:func:`~polyrl.roles.async_partitions.worker_groups`);
+        """One partition per group of workers (:func:`~polyrl.trainer.async_partitions.worker_groups`);
         an engine that is not a pool of several workers stays one partition."""
         pool = self.engine if isinstance(self.engine, WorkerPool) else None
         groups = worker_groups(pool.worker_count if pool is not None else 1, max_staleness)
@@ -130,7 +130,7 @@ class BufferedBatch:
 
 class RolloutBuffer:
     """Finished batches by step, in ``partitions`` (one per group of rollout workers; step t in
-    partition :func:`~polyrl.roles.async_partitions.partition_of`), and the newest synced policy
+    partition :func:`~polyrl.trainer.async_partitions.partition_of`), and the newest synced policy
     version the producers throttle on; a producer error reaches the learner's next :meth:`take`."""
 
     def __init__(self, max_staleness: int, version: int, partitions: int = 1):

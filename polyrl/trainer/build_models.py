@@ -3,7 +3,7 @@ checkpointing, compiled layers, the padding-free decision), the KL reference, th
 CPU matmul route, and the learner that trains them (in this process, or data-parallel ranks).
 
 Every decision here reads the config, so the learner and critic only see their own settings.
-:mod:`polyrl.roles.learner_ranks` builds each rank's copy the same way from a :class:`RankRecipe`.
+:mod:`polyrl.learner.ranks` builds each rank's copy the same way from a :class:`RankRecipe`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from polyrl.modeling.gradient_checkpointing import GradientCheckpointingError, c
 from polyrl.modeling.lora import LoraPolicy, add_lora
 from polyrl.modeling.packing import resolve_padding_free, use_packed_rows_attention
 from polyrl.modeling.shared_prompts import SharePromptsError, sharing_refusal
-from polyrl.roles.critic import Critic, CriticSettings, build_value_model
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
-from polyrl.roles.learner_ranks import DataParallelLearner, RankRecipe, start_data_parallel_learner
+from polyrl.learner.critic import Critic, CriticSettings, build_value_model
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
+from polyrl.learner.ranks import DataParallelLearner, RankRecipe, start_data_parallel_learner
 from polyrl.runtime.compiled import compile_decoder_layers
 from polyrl.runtime.cpu_matmul import resolve_cpu_matmul, route_linears_through_onednn
 from polyrl.runtime.devices import learner_device
@@ -175,7 +175,7 @@ def build_models(cfg: ExperimentConfig, policy_path: Path) -> Models:
     learner: PolicyLearner | DataParallelLearner = PolicyLearner(
         policy, objective, learner_settings(cfg, objective, padding_free), critic=critic, lora=lora
     )
-    if cfg.train.learner_workers > 1:  # this learner becomes the driver's mirror of rank 0 (roles/learner_ranks.py)
+    if cfg.train.learner_workers > 1:  # this learner becomes the driver's mirror of rank 0 (learner/ranks.py)
         learner = start_data_parallel_learner(
             learner,
             RankRecipe(

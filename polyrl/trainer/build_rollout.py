@@ -17,9 +17,9 @@ from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.engines.kv_cache import kv_cache_request, prompt_lengths
 from polyrl.envs import build_env, load_env_class
 from polyrl.rewards import CompositeReward
-from polyrl.roles.async_loop import VersionedEngine
-from polyrl.roles.collector import CollectSettings, RolloutCollector
-from polyrl.roles.episodes import EpisodeRunner, EpisodeSettings
+from polyrl.trainer.async_loop import VersionedEngine
+from polyrl.rollout.collector import CollectSettings, RolloutCollector
+from polyrl.rollout.episodes import EpisodeRunner, EpisodeSettings
 from polyrl.runtime.devices import learner_device
 from polyrl.runtime.threads import default_torch_threads, set_torch_threads
 
@@ -122,7 +122,7 @@ def build_rollout(
             "set rollout.workers: 1 or pass no engine"
         )
     if cfg.rollout.max_staleness:
-        engine = VersionedEngine(engine)  # one lock for the producer, the syncs and periodic evaluation (roles/async_loop.py)
+        engine = VersionedEngine(engine)  # one lock for the producer, the syncs and periodic evaluation (trainer/async_loop.py)
     startup_s = time.perf_counter() - started
     # vLLM drops torch to one thread "for serving"; the learner shares this process and
     # wants every core back for its forward/backward passes (or train.threads).

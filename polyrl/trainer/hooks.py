@@ -3,7 +3,7 @@ metric logging, checkpointing and user callbacks.
 
 Each hook gets a :class:`StepReport` (plain data: the step, its metrics, the rollout's sample
 rows) and whatever it needs in its constructor (the tracker, the evaluator and the engine as
-:mod:`polyrl.roles.protocols` describes them); none reaches into the loop. ``observe`` runs
+:mod:`polyrl.trainer.protocols` describes them); none reaches into the loop. ``observe`` runs
 inside the step's "log" phase and may add metrics; ``publish`` runs once the metrics are final
 (timings included), in list order: log, then checkpoint, then callbacks (a kill in between
 then repeats the step on resume, and the logger skips what it already has, instead of losing it).
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from polyrl.core.types import PromptSample
-from polyrl.roles.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
-from polyrl.roles.health import HealthMonitor
-from polyrl.roles.protocols import Engine, Evaluator, Tracker
+from polyrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from polyrl.monitoring.health import HealthMonitor
+from polyrl.trainer.protocols import Engine, Evaluator, Tracker
 from polyrl.tracking.sample_html import has_images, samples_html
 
 __all__ = ["Callback", "Checkpointer", "HealthHook", "Hook", "MetricLogger", "PeriodicEvalHook", "SampleTableHook", "StepReport"]
@@ -37,7 +37,7 @@ class StepReport:
     # rollout inspector (polyrl/tracking/inspector.py): "sampler_logprob" always; on the steps the
     # inspector asked for (InspectorHook.wants_learner_tokens) the learner's "learner_logprob",
     # "entropy", "advantage", "ratio", "clipped" (objectives with a clip) and "masked" (with a
-    # rejecting rollout correction), None where a token has none (polyrl/roles/learner_inspection.py).
+    # rejecting rollout correction), None where a token has none (polyrl/learner/token_capture.py).
     tokens: list[dict[str, list[Any]]] = field(default_factory=list)
 
 

@@ -4,7 +4,7 @@ checkpoints as ``<checkpoint.dir>/<name>/<arm>/inspector/step_<n>.html``. It sho
 of the step (not only the table's first rows), so its mean reward is the step's reward/mean.
 
 On those steps it asks the loop for the learner's per-token values too (:meth:`wants_learner_tokens`;
-polyrl/roles/learner_inspection.py): the learner's log-prob, entropy, advantage, ratio, clip
+polyrl/learner/token_capture.py): the learner's log-prob, entropy, advantage, ratio, clip
 and rollout-correction masks join the sampler's log-prob as shading choices."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from polyrl.roles.hooks import Hook, StepReport, _replayed
-from polyrl.roles.protocols import Tracker
+from polyrl.trainer.hooks import Hook, StepReport, _replayed
+from polyrl.trainer.protocols import Tracker
 from polyrl.tracking.inspector import inspector_html, inspector_rows
 
 

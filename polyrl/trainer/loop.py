@@ -1,8 +1,8 @@
 """The training loop of one arm: collect → pipeline → learn → sync → hooks, each phase timed.
 
-The roles it drives take and return plain data (:mod:`polyrl.roles.batches`), and it gets them
-all in its constructor (:func:`polyrl.roles.arm.build_arm` builds them from a config); what it
-uses of each is its protocol in :mod:`polyrl.roles.protocols`.
+The roles it drives take and return plain data (:mod:`polyrl.rollout.batches`), and it gets them
+all in its constructor (:func:`polyrl.trainer.arm.build_arm` builds them from a config); what it
+uses of each is its protocol in :mod:`polyrl.trainer.protocols`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from polyrl.engines.modality_marks import modality_string
-from polyrl.roles.batches import Rollout, Scores, length_metrics
-from polyrl.roles.collector import Collected
-from polyrl.roles.health import NONFINITE_REASONS, NonFiniteStop, NonFiniteTrainingError
-from polyrl.roles.hooks import Checkpointer, Hook, StepReport
-from polyrl.roles.protocols import Collector, Learner, Pipeline, PromptSource
+from polyrl.rollout.batches import Rollout, Scores, length_metrics
+from polyrl.rollout.collector import Collected
+from polyrl.learner.nonfinite import NONFINITE_REASONS, NonFiniteStop, NonFiniteTrainingError
+from polyrl.trainer.hooks import Checkpointer, Hook, StepReport
+from polyrl.trainer.protocols import Collector, Learner, Pipeline, PromptSource
 from polyrl.runtime.host_memory import release_freed_host_memory
 
 __all__ = ["PHASES", "PhaseTimer", "TrainingLoop", "length_metrics", "rollout_metrics", "sample_rows"]

@@ -5,7 +5,7 @@ Adding a step is adding a function to :data:`STAGES` (or to the list a caller pa
 :func:`run_pipeline`), not editing a method. A stage returns a new :class:`PipelineBatch`
 (``dataclasses.replace``) with the fields it fills and its metrics added; the context holds
 the settings and the models the stages read. The pipeline's input (rollout, scores) and
-output (:class:`~polyrl.roles.batches.LearnerBatch`) are plain data.
+output (:class:`~polyrl.rollout.batches.LearnerBatch`) are plain data.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from polyrl.algos.rollout_correction import apply_correction, mismatch_diagnosti
 from polyrl.config.objective import ModalitiesConfig, OverlongConfig, RolloutCorrectionConfig
 from polyrl.modeling.batches import PackedBatch, pack_completions
 from polyrl.modeling.logprobs import token_logprobs
-from polyrl.roles.batches import LearnerBatch, Rollout, Scores
+from polyrl.rollout.batches import LearnerBatch, Rollout, Scores
 from polyrl.runtime.precision import autocast
 
 __all__ = ["BatchPipeline", "behaviour_logprobs", "PipelineBatch", "PipelineContext", "STAGES", "run_pipeline", "token_discounts"]

@@ -1,18 +1,18 @@
 """The seams of the training loop, one :class:`typing.Protocol` each: what the loop
-(:mod:`polyrl.roles.loop`, :mod:`polyrl.roles.async_loop`), its hooks (:mod:`polyrl.roles.hooks`)
-and the arm (:mod:`polyrl.roles.arm`) use of each collaborator, and nothing more.
+(:mod:`polyrl.trainer.loop`, :mod:`polyrl.trainer.async_loop`), its hooks (:mod:`polyrl.trainer.hooks`)
+and the arm (:mod:`polyrl.trainer.arm`) use of each collaborator, and nothing more.
 
-The built roles satisfy them (:class:`~polyrl.roles.collector.RolloutCollector`,
-:class:`~polyrl.roles.pipeline.BatchPipeline`, :class:`~polyrl.roles.learner.PolicyLearner` and
-:class:`~polyrl.roles.learner_ranks.DataParallelLearner`,
+The built roles satisfy them (:class:`~polyrl.rollout.collector.RolloutCollector`,
+:class:`~polyrl.trainer.pipeline.BatchPipeline`, :class:`~polyrl.learner.policy_learner.PolicyLearner` and
+:class:`~polyrl.learner.ranks.DataParallelLearner`,
 :class:`~polyrl.data.sampler.PromptSampler`, :class:`~polyrl.tracking.run_logger.RunLogger`,
 :class:`~polyrl.evals.periodic.PeriodicEvaluator`); tests drive the loop with small stand-ins
-that satisfy them too. The hooks' own contract is the :class:`~polyrl.roles.hooks.Hook` base
+that satisfy them too. The hooks' own contract is the :class:`~polyrl.trainer.hooks.Hook` base
 class (three no-op methods a hook overrides).
 
 The few capabilities only some implementations have are protocols of their own
 (:class:`ReleasesWeights`, :class:`WorkerPool`, :class:`Closes`, :class:`ChecksOverlap`). Where the object may be a
-:class:`~polyrl.roles.async_loop.VersionedEngine`, which forwards the engine's attributes by
+:class:`~polyrl.trainer.async_loop.VersionedEngine`, which forwards the engine's attributes by
 ``__getattr__``, they are probed with ``getattr``: ``isinstance`` against a runtime-checkable
 protocol looks attributes up statically from Python 3.12 and would not see them.
 """
@@ -28,9 +28,9 @@ from torch import Tensor
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 
 if TYPE_CHECKING:  # annotations only: the roles import this module
-    from polyrl.roles.batches import Rollout, Scores
-    from polyrl.roles.collector import Collected, CollectSettings
-    from polyrl.roles.learner import LearnerSettings
+    from polyrl.rollout.batches import Rollout, Scores
+    from polyrl.rollout.collector import Collected, CollectSettings
+    from polyrl.learner.policy_learner import LearnerSettings
 
 __all__ = [
     "BatchSource",
@@ -68,7 +68,7 @@ BatchSource = Callable[[int], list[PromptSample]]
 class Engine(Protocol):
     """The rollout engine as the loop and periodic evaluation see it (through the collector);
     :class:`~polyrl.engines.base.RolloutEngine` is the full contract, and the asynchronous loop
-    wraps one in a :class:`~polyrl.roles.async_loop.VersionedEngine`."""
+    wraps one in a :class:`~polyrl.trainer.async_loop.VersionedEngine`."""
 
     def generate(self, prompts: list[PromptSample], settings: SamplingSettings) -> list[list[Completion]]: ...
 
@@ -114,7 +114,7 @@ class Rewards(Protocol):
 
 
 class Collector(Protocol):
-    """Generates and scores one step's rollout (:class:`~polyrl.roles.collector.RolloutCollector`)
+    """Generates and scores one step's rollout (:class:`~polyrl.rollout.collector.RolloutCollector`)
     and carries the learner's policy into its engine."""
 
     engine: Any  # an Engine; the asynchronous loop replaces it with its VersionedEngine
@@ -132,14 +132,14 @@ class Collector(Protocol):
 
 class Pipeline(Protocol):
     """Rollout and scores → the learner's batch: advantages, old and reference log-probs,
-    masks (:class:`~polyrl.roles.pipeline.BatchPipeline`). The batch carries ``metrics``."""
+    masks (:class:`~polyrl.trainer.pipeline.BatchPipeline`). The batch carries ``metrics``."""
 
     def run(self, rollout: Rollout, scores: Scores) -> Any: ...
 
 
 class Learner(Protocol):
-    """Updates the policy on a batch (:class:`~polyrl.roles.learner.PolicyLearner`, or
-    :class:`~polyrl.roles.learner_ranks.DataParallelLearner` with ``train.learner_workers``)."""
+    """Updates the policy on a batch (:class:`~polyrl.learner.policy_learner.PolicyLearner`, or
+    :class:`~polyrl.learner.ranks.DataParallelLearner` with ``train.learner_workers``)."""
 
     @property
     def settings(self) -> LearnerSettings: ...
@@ -148,7 +148,7 @@ class Learner(Protocol):
     def optimizer(self) -> torch.optim.Optimizer: ...
 
     def update(self, batch: Any, step_index: int = 0) -> dict[str, float]:
-        """One step's optimizer steps; raises :class:`~polyrl.roles.health.NonFiniteStop` after
+        """One step's optimizer steps; raises :class:`~polyrl.monitoring.health.NonFiniteStop` after
         too many non-finite ones in a row, having put itself back as it was before the step."""
         ...
 

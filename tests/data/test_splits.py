@@ -16,8 +16,8 @@ from polyrl.data.prompts import DataConfigError, check_prompt_source, load_promp
 from polyrl.data.splits import declared_split, overlap_count
 from polyrl.evals.harness import SuiteRunner
 from polyrl.evals.periodic import PeriodicEvaluator
-from polyrl.roles.health import HealthMonitor
-from polyrl.roles.hooks import HealthHook
+from polyrl.monitoring.health import HealthMonitor
+from polyrl.trainer.hooks import HealthHook
 
 ROWS = [{"prompt": f"Q: {i}+1=? A:", "answer": str(i + 1)} for i in range(40)]
 

@@ -89,8 +89,8 @@ def test_sample_tables_show_each_tokens_modality():
     import torch
 
     from polyrl.core.types import Completion, PromptSample
-    from polyrl.roles.batches import Rollout, Scores
-    from polyrl.roles.loop import sample_rows
+    from polyrl.rollout.batches import Rollout, Scores
+    from polyrl.trainer.loop import sample_rows
 
     drawn = Completion(
         prompt_ids=[1],

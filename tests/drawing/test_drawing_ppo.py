@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from polyrl.config.schema import resolve_arms
-from polyrl.roles.arm import build_arm
-from polyrl.roles.pipeline import BatchPipeline
+from polyrl.trainer.arm import build_arm
+from polyrl.trainer.pipeline import BatchPipeline
 from polyrl.tasks import drawing
 
 

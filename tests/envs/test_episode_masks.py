@@ -10,8 +10,8 @@ from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.envs.builtins.guess_number import GuessNumberEnv
 from polyrl.modeling.logprobs import logprob_gap, pack_completions, token_logprobs
 from polyrl.modeling.microbatches import trim_padding
-from polyrl.roles.batches import Rollout, Scores, length_metrics
-from polyrl.roles.episodes import EpisodeRunner, EpisodeSettings, episode_metrics
+from polyrl.rollout.batches import Rollout, Scores, length_metrics
+from polyrl.rollout.episodes import EpisodeRunner, EpisodeSettings, episode_metrics
 
 
 class Recording:
@@ -130,7 +130,7 @@ def test_packed_layouts_score_episodes_as_the_plain_forward(played, layout):
 def test_kl_in_reward_puts_the_episode_reward_on_its_last_policy_token():
     # mask 1,1,0,0,1,0 (an episode ending on an observation): the mask sums to 3, but the last
     # policy token is at index 4; the old rule (sum - 1 = 2) put the reward on an observation token.
-    from polyrl.roles.pipeline import PipelineBatch, PipelineContext, fold_kl_into_rewards
+    from polyrl.trainer.pipeline import PipelineBatch, PipelineContext, fold_kl_into_rewards
 
     c = Completion([7], [1, 2, 3, 4, 5, 6], "x", [-0.1] * 6, "length", completion_mask=(1, 1, 0, 0, 1, 0))
     packed = pack_completions([c], pad_token_id=0)

@@ -7,8 +7,8 @@ import json
 import torch
 
 from polyrl.core.types import Completion, PromptSample
-from polyrl.roles.batches import Rollout, Scores
-from polyrl.roles.loop import sample_rows
+from polyrl.rollout.batches import Rollout, Scores
+from polyrl.trainer.loop import sample_rows
 from polyrl.tracking.sample_html import samples_html
 
 EPISODE = {

@@ -9,7 +9,7 @@ import pytest
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines.stop_tokens import completion_text
 from polyrl.envs.builtins.calculator import CalculatorEnv
-from polyrl.roles.episodes import EpisodeRunner, EpisodeSettings
+from polyrl.rollout.episodes import EpisodeRunner, EpisodeSettings
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>'
 
@@ -68,7 +68,7 @@ def test_a_shaped_return_is_not_a_solve(tiny_arch_dir):
     from transformers import AutoTokenizer
 
     from polyrl.envs.base import episode_accuracy_value
-    from polyrl.roles.collector import CollectSettings, RolloutCollector
+    from polyrl.rollout.collector import CollectSettings, RolloutCollector
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_arch_dir("qwen2"))
     call = CALL + "<|im_end|>"

@@ -113,7 +113,7 @@ def test_eval_run_ref_uses_latest_or_named_checkpoint(app, tmp_path, small_suite
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from polyrl.roles.checkpoint import save_checkpoint
+    from polyrl.trainer.checkpoint import save_checkpoint
 
     arm_dir = tmp_path / "runs" / "exp" / "grpo"
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
@@ -251,7 +251,7 @@ def test_eval_of_a_lora_run_loads_base_plus_adapter(app, tmp_path, small_suite, 
     from transformers import AutoModelForCausalLM
 
     from polyrl.modeling.lora import add_lora
-    from polyrl.roles.checkpoint import save_checkpoint
+    from polyrl.trainer.checkpoint import save_checkpoint
 
     lora = add_lora(AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval(), r=4, alpha=8, target_modules="all-linear")
     with torch.no_grad():
@@ -301,7 +301,7 @@ def test_eval_of_a_run_formats_prompts_as_the_run_was_trained(app, tmp_path, sma
     from mlflow.tracking import MlflowClient
     from transformers import AutoModelForCausalLM
 
-    from polyrl.roles.checkpoint import save_checkpoint
+    from polyrl.trainer.checkpoint import save_checkpoint
 
     model = AutoModelForCausalLM.from_pretrained(str(chat_model_dir))
     arm_dir = tmp_path / "runs" / "exp" / "chat"

@@ -9,7 +9,7 @@ import pytest
 
 from polyrl.config.schema import resolve_arms
 from polyrl.data.prompts import DataConfigError
-from polyrl.roles.arm import build_arm
+from polyrl.trainer.arm import build_arm
 from polyrl.tasks import scenes
 
 

@@ -12,10 +12,10 @@ from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion
 from polyrl.engines.image_prompts import encode_image_prompt
 from polyrl.modeling.logprobs import pack_completions
-from polyrl.roles.arm import build_arm
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from polyrl.roles.critic import Critic, CriticSettings, ImageTextValueModel, ValueModel, build_value_model
+from polyrl.trainer.arm import build_arm
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from polyrl.learner.critic import Critic, CriticSettings, ImageTextValueModel, ValueModel, build_value_model
 from polyrl.tasks import scenes
 
 TEXT_PROMPT = "Q: 2+2?\nA:"

@@ -21,7 +21,7 @@ from polyrl.config.schema import load_experiment
 from polyrl.data.errors import DataConfigError
 from polyrl.data.prompt_lengths import model_positions
 from polyrl.policies.text import build_char_tokenizer
-from polyrl.roles.build_data import build_sampler, training_rows
+from polyrl.trainer.build_data import build_sampler, training_rows
 
 LONG = "1+1=? " * 2000  # the char tokenizer: one token per character, so 12,000 tokens
 
@@ -51,7 +51,7 @@ def invoke(args: list, cwd: Path, monkeypatch) -> tuple[int, str]:
 
 
 def sampler_refusal(path: Path, tmp_path: Path, monkeypatch) -> str:
-    """The message the run's sampler gives for the same config (roles/build_data.py)."""
+    """The message the run's sampler gives for the same config (trainer/build_data.py)."""
     monkeypatch.chdir(tmp_path)
     config = next(iter(load_experiment(path).values()))
     policy = Path(config.model.path)

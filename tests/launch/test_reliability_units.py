@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from run_control import free_port
 
 from polyrl.core.errors import PolyrlError
-from polyrl.roles import checkpoint as ckpt
+from polyrl.trainer import checkpoint as ckpt
 from polyrl.tracking.mlflow_runs import STEP_MARKER, ExperimentTracker
 
 

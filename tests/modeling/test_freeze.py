@@ -14,8 +14,8 @@ from polyrl.modeling.freeze import FreezeError, freeze_parameters
 from polyrl.modeling.logprobs import pack_completions
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.policies.vlm import build_tiny_vlm, build_vlm_tokenizer
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 
 def _update(policy) -> dict[str, torch.Tensor]:
@@ -123,7 +123,7 @@ def test_validate_refuses_a_vision_part_on_a_builtin_text_policy():
 
 @pytest.mark.slow
 def test_a_run_with_model_freeze_keeps_the_frozen_layers(tmp_path, tiny_experiment):
-    from polyrl.roles.arm import build_arm
+    from polyrl.trainer.arm import build_arm
 
     raw = tiny_experiment(
         model={"freeze": {"parts": ["embeddings"], "first_layers": 1}}, train={"steps": 1, "learning_rate": 1e-2}

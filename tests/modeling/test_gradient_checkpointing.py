@@ -59,7 +59,7 @@ def test_checkpointed_policy_recomputes_layers_and_gets_the_same_gradients():
 
 
 def test_checkpointed_critic_gets_the_same_gradients(random_policy_dir):
-    from polyrl.roles.critic import ValueModel
+    from polyrl.learner.critic import ValueModel
 
     def value_grads(model):
         model.zero_grad(set_to_none=True)
@@ -109,7 +109,7 @@ def test_gradient_checkpointing_with_lora_trains_the_adapter():
 
 def test_the_setting_reaches_policy_and_critic_and_refuses_compile(tmp_path, tiny_experiment):
     from polyrl.config.schema import resolve_arms
-    from polyrl.roles.arm import build_arm
+    from polyrl.trainer.arm import build_arm
 
     def build(**train):
         config = tiny_experiment(objective={"name": "ppo"}, train={"gradient_checkpointing": True, **train})

@@ -26,8 +26,8 @@ from polyrl.modeling.packing import (
 )
 from polyrl.modeling.probes import shortcut_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 VOCAB = 64
 TINY = dict(

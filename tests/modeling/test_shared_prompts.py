@@ -16,8 +16,8 @@ from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.modeling.probes import shortcut_refusal
 from polyrl.modeling.shared_prompts import row_prompts, share_prompts, shared_prompt_micro_batches, sharing_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 
 def _completions(rows: list[tuple[list[int], list[int]]]) -> list[Completion]:

@@ -37,7 +37,7 @@ from rich.console import Console  # noqa: E402
 from polyrl.evals.evaluate import EngineOptions, evaluate_models  # noqa: E402
 from polyrl.launch.interrupts import RunInterrupted  # noqa: E402
 from polyrl.launch.runner import run_experiment  # noqa: E402
-from polyrl.roles import loop  # noqa: E402
+from polyrl.trainer import loop  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

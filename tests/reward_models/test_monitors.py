@@ -11,8 +11,8 @@ import pytest
 from polyrl.config.base import ConfigError
 from polyrl.config.schema import ExperimentConfig
 from polyrl.rewards.monitors import change_over, component_shares, distinct_per_prompt, held_out_divergence, pearson
-from polyrl.roles.health import HealthMonitor
-from polyrl.roles.hooks import HealthHook, StepReport
+from polyrl.monitoring.health import HealthMonitor
+from polyrl.trainer.hooks import HealthHook, StepReport
 
 
 def _settings(**health):

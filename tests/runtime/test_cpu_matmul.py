@@ -25,7 +25,7 @@ from polyrl.runtime.cpu_matmul import (
     route_linears_through_onednn,
     torch_blas,
 )
-from tests.roles.learner_helpers import built, changed_fraction, snapshot
+from tests.training.learner_helpers import built, changed_fraction, snapshot
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(), reason="this torch build has no oneDNN")
 

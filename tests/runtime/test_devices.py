@@ -16,9 +16,9 @@ from torch import Tensor
 
 from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import PackedBatch, pack_completions
-from polyrl.roles.batches import LearnerBatch
+from polyrl.rollout.batches import LearnerBatch
 from polyrl.runtime.devices import LearnerDeviceError, learner_device
-from tests.roles.learner_helpers import built, changed_fraction, snapshot
+from tests.training.learner_helpers import built, changed_fraction, snapshot
 
 without_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from polyrl.config.schema import ExperimentConfig
-from polyrl.roles.build_rollout import build_rollout
+from polyrl.trainer.build_rollout import build_rollout
 from polyrl.runtime.threads import default_torch_threads, set_torch_threads
 
 

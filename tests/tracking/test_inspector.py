@@ -148,8 +148,8 @@ def test_hook_writes_the_page_locally_and_drops_a_misaligned_quantity(tmp_path, 
 
     from transformers import AutoTokenizer
 
-    from polyrl.roles.hooks import StepReport
-    from polyrl.roles.inspector_hook import InspectorHook
+    from polyrl.trainer.hooks import StepReport
+    from polyrl.trainer.inspector_hook import InspectorHook
 
     tokenizer = AutoTokenizer.from_pretrained(random_policy_dir)
     ids = tokenizer.encode("ab", add_special_tokens=False)

@@ -1,4 +1,4 @@
-"""The rollout inspector's learner side (polyrl/roles/learner_inspection.py): a finished tiny run's
+"""The rollout inspector's learner side (polyrl/learner/token_capture.py): a finished tiny run's
 page carries the learner's per-token values, and their means are the run's logged metrics."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_the_pages_learner_values_match_the_logged_metrics(tmp_path, tiny_experi
 def test_capture_keeps_the_first_pass_and_leaves_observation_tokens_unshaded():
     import torch
 
-    from polyrl.roles.learner_inspection import TokenCapture
+    from polyrl.learner.token_capture import TokenCapture
 
     # Row 0: an episode of 5 tokens whose tokens 2 and 3 are an observation (off the response mask);
     # row 1: 2 tokens, the second rejected by a (decoupled) rollout correction, so out of the loss.

@@ -1,4 +1,4 @@
-"""The batch and learner settings tests/roles/test_learner_fsdp.py and its worker ranks share."""
+"""The batch and learner settings tests/training/test_learner_fsdp.py and its worker ranks share."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
 from polyrl.engines.image_prompts import auto_model_class
 from polyrl.modeling.logprobs import pack_completions
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 # Rows of different lengths (prompt ids, completion ids); one has no completion tokens.
 ROWS = [

@@ -1,4 +1,4 @@
-"""One rank of tests/roles/test_learner_fsdp.py: joins a gloo group, shards the policy with FSDP2
+"""One rank of tests/training/test_learner_fsdp.py: joins a gloo group, shards the policy with FSDP2
 (runtime/fsdp.shard_model), updates on the shared batch and (rank 0) writes the full weights
 after the update. Run as a script: ``fsdp_worker.py RANK WORLD PORT POLICY_DIR OUT_DIR``."""
 

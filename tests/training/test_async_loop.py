@@ -1,4 +1,4 @@
-"""Asynchronous, off-policy training (rollout.max_staleness, polyrl/roles/async_loop.py): the
+"""Asynchronous, off-policy training (rollout.max_staleness, polyrl/trainer/async_loop.py): the
 staleness bound and its histogram, lock-step equality with the synchronous loop, learning at
 k = 1, the behaviour policy in the ratio, and a resume that loses and repeats no prompt."""
 
@@ -16,10 +16,10 @@ import torch
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.config.tracking import HealthConfig
 from polyrl.modeling.logprobs import token_logprobs
-from polyrl.roles.arm import build_arm
-from polyrl.roles.async_loop import RolloutBuffer, staleness_metrics
-from polyrl.roles.health import HealthMonitor
-from polyrl.roles.hooks import Callback
+from polyrl.trainer.arm import build_arm
+from polyrl.trainer.async_loop import RolloutBuffer, staleness_metrics
+from polyrl.monitoring.health import HealthMonitor
+from polyrl.trainer.hooks import Callback
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.vllm]
@@ -57,7 +57,7 @@ def test_staleness_histogram_counts_each_value_and_refuses_beyond_the_bound():
 
 
 def test_buffer_reports_utilisation_and_hands_a_producer_error_to_the_learner():
-    from polyrl.roles.async_loop import BufferedBatch
+    from polyrl.trainer.async_loop import BufferedBatch
 
     buffer = RolloutBuffer(max_staleness=2, version=0)
     for step in (1, 2):
@@ -73,8 +73,8 @@ def test_buffer_reports_utilisation_and_hands_a_producer_error_to_the_learner():
 
 
 def test_each_worker_partition_holds_its_own_steps_and_the_learner_draws_them_round_robin():
-    from polyrl.roles.async_loop import BufferedBatch
-    from polyrl.roles.async_partitions import partition_of, worker_groups
+    from polyrl.trainer.async_loop import BufferedBatch
+    from polyrl.trainer.async_partitions import partition_of, worker_groups
 
     # Two partitions: steps 1, 3 to partition 0 and steps 2, 4 to partition 1 ((t - 1) mod 2).
     assert [partition_of(step, 2) for step in (1, 2, 3, 4)] == [0, 1, 0, 1]
@@ -100,7 +100,7 @@ def test_partition_producers_draw_their_prompts_in_step_order():
 
     from polyrl.core.types import PromptSample
     from polyrl.data.sampler import PromptSampler
-    from polyrl.roles.async_partitions import DrawsClosed, OrderedDraws
+    from polyrl.trainer.async_partitions import DrawsClosed, OrderedDraws
 
     sampler = PromptSampler([PromptSample(prompt=str(i)) for i in range(10)], seed=0)
     expected = PromptSampler([PromptSample(prompt=str(i)) for i in range(10)], seed=0)

@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from polyrl.config.schema import resolve_arms
-from polyrl.roles.arm import build_arm
+from polyrl.trainer.arm import build_arm
 from polyrl.tracking.mlflow_runs import ExperimentTracker
 
 STEPS = 2

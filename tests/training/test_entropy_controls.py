@@ -14,8 +14,8 @@ from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 
 def _policy():
@@ -81,7 +81,7 @@ def test_only_the_high_entropy_tokens_train():
 
 
 def test_the_config_reaches_the_learner_settings():
-    from polyrl.roles.build_models import learner_settings
+    from polyrl.trainer.build_models import learner_settings
 
     cfg = resolve_arms(
         {"name": "t", "objective": {"adaptive_entropy": {"target": 1.0, "step_size": 0.05}, "high_entropy_tokens": {}}}
@@ -93,7 +93,7 @@ def test_the_config_reaches_the_learner_settings():
 
 @pytest.mark.slow
 def test_a_resumed_run_continues_from_the_adapted_coefficient(tmp_path, tiny_experiment):
-    from polyrl.roles.arm import build_arm
+    from polyrl.trainer.arm import build_arm
 
     raw = tiny_experiment(
         objective={"adaptive_entropy": {"target": 10.0, "step_size": 0.01}},

@@ -67,9 +67,9 @@ def test_fsdp2_over_gloo_gives_the_single_process_update(two_ranks, random_polic
 def test_a_sharded_critic_is_refused_before_any_rank_starts():
     """The critic's micro-batch loop is not evened across ranks yet: on CUDA (FSDP2) a critic with
     several learner ranks is refused by name instead of hanging in a collective."""
-    from polyrl.roles.critic import CriticSettings
-    from polyrl.roles.learner import LearnerSettings
-    from polyrl.roles.learner_ranks import LearnerRanksError, RankRecipe, start_data_parallel_learner
+    from polyrl.learner.critic import CriticSettings
+    from polyrl.learner.policy_learner import LearnerSettings
+    from polyrl.learner.ranks import LearnerRanksError, RankRecipe, start_data_parallel_learner
 
     recipe = RankRecipe(
         policy_path="unused",

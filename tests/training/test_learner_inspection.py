@@ -1,5 +1,5 @@
 """The learner captures per-token values for the rollout inspector only in the update it is asked
-for (polyrl/roles/learner_inspection.py): the other updates call the objective as before and
+for (polyrl/learner/token_capture.py): the other updates call the objective as before and
 capture nothing; the captured update's loss and metrics are those of an uncaptured one."""
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from polyrl.modeling.attention import FP32_CPU_SDPA
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.modeling.packing import base_attention
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm, save_model_dir
-from polyrl.roles.health import NonFiniteTrainingError
-from polyrl.roles.schedule import lr_factor
+from polyrl.learner.nonfinite import NonFiniteTrainingError
+from polyrl.learner.lr_schedule import lr_factor
 
 # --- mixed precision -------------------------------------------------------------------------
 

@@ -10,10 +10,10 @@ from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
 from polyrl.engines.image_prompts import auto_model_class
 from polyrl.modeling.logprobs import pack_completions
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.critic import Critic, CriticSettings, ValueModel
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
-from polyrl.roles.learner_ranks import DataParallelLearner, LearnerRanks, RankRecipe
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.critic import Critic, CriticSettings, ValueModel
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
+from polyrl.learner.ranks import DataParallelLearner, LearnerRanks, RankRecipe
 
 # Rows of different lengths (prompt ids, completion ids); one row has no completion tokens.
 ROWS = [
@@ -147,7 +147,7 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_and_leaves_the_weights(r
     over the ranks, so both skip together (no rank steps alone, no collective left waiting)."""
     import dataclasses
 
-    from polyrl.roles.health import NonFiniteStop
+    from polyrl.learner.nonfinite import NonFiniteStop
 
     parallel = _data_parallel(ranks, random_policy_dir, "grpo", {"max_consecutive_nonfinite": 1})
     batch = _batch(random_policy_dir)
@@ -172,7 +172,7 @@ def test_a_stop_after_an_applied_step_leaves_the_mirror_on_the_ranks_whole_step(
     checkpoints, then holds rank 0's weights and counter after that one applied step."""
     import dataclasses
 
-    from polyrl.roles.health import NonFiniteStop
+    from polyrl.learner.nonfinite import NonFiniteStop
 
     parallel = _data_parallel(ranks, random_policy_dir, "grpo", {"max_consecutive_nonfinite": 1, "mini_batches": 2})
     batch = _batch(random_policy_dir)

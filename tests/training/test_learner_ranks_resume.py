@@ -11,13 +11,13 @@ import torch
 from learner_helpers import built, snapshot
 
 from polyrl.config.schema import ConfigError, resolve_arms
-from polyrl.roles.checkpoint import read_checkpoint_info
-from polyrl.roles.learner_ranks import DataParallelLearner
+from polyrl.trainer.checkpoint import read_checkpoint_info
+from polyrl.learner.ranks import DataParallelLearner
 
 
 def _config(tiny_experiment, workers: int) -> dict:
     # PPO: a critic whose weights and AdamW state must cross the checkpoint too; lr 1e-4 keeps
-    # AdamW's float-noise amplification below the tolerance (tests/roles/test_learner_ranks.py).
+    # AdamW's float-noise amplification below the tolerance (tests/training/test_learner_ranks.py).
     return tiny_experiment(
         objective={"name": "ppo"},
         train={

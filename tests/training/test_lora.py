@@ -16,8 +16,8 @@ from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.modeling.lora import LoraError, add_lora
-from polyrl.roles.arm import build_arm
-from polyrl.roles.checkpoint import latest_checkpoint
+from polyrl.trainer.arm import build_arm
+from polyrl.trainer.checkpoint import latest_checkpoint
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.vllm]
@@ -74,7 +74,7 @@ def test_merged_weights_are_base_plus_adapter_and_leave_the_learner_unmerged(ran
 def test_reference_is_the_base_model_with_the_adapter_off(random_policy_dir):
     """The pipeline's reference stage runs the policy itself under PEFT's disable_adapter: the base
     model's log-probs exactly, and the adapter is on again afterwards."""
-    from polyrl.roles.pipeline import PipelineBatch, PipelineContext, ref_logprobs
+    from polyrl.trainer.pipeline import PipelineBatch, PipelineContext, ref_logprobs
 
     lora = _lora(random_policy_dir)
     packed = _batch()

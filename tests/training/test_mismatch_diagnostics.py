@@ -16,10 +16,10 @@ from polyrl.core.errors import PolyrlError
 from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
-from polyrl.roles.batches import LearnerBatch, Scores
-from polyrl.roles.health import HealthMonitor
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
-from polyrl.roles.pipeline import PipelineBatch, PipelineContext, rollout_correction
+from polyrl.rollout.batches import LearnerBatch, Scores
+from polyrl.monitoring.health import HealthMonitor
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
+from polyrl.trainer.pipeline import PipelineBatch, PipelineContext, rollout_correction
 
 ROWS = [([5, 6], [7, 8, 9]), ([5, 6], [10, 11]), ([12], [7]), ([12], [8, 9, 10])]
 
@@ -113,7 +113,7 @@ def _pipeline_batch(old: torch.Tensor, sampled: torch.Tensor, advantages: torch.
         for s in sampled
     ]
     packed = pack_completions(completions, pad_token_id=0)
-    from polyrl.roles.batches import Rollout
+    from polyrl.rollout.batches import Rollout
 
     rollout = Rollout([None] * len(completions), completions, torch.zeros(len(completions), dtype=torch.long))
     return PipelineBatch(
@@ -209,7 +209,7 @@ def test_token_tis_twice_is_refused():
     ids=["none", "decoupled", "bypass"],
 )
 def test_every_run_logs_the_mismatch_and_corrected_runs_train(tmp_path, tiny_experiment, correction):
-    from polyrl.roles.arm import build_arm
+    from polyrl.trainer.arm import build_arm
 
     raw = tiny_experiment(train={"steps": 2, "learning_rate": 1e-2, "micro_batch_size": 8, "mini_batches": 2})
     if correction is not None:
@@ -236,7 +236,7 @@ def test_every_run_logs_the_mismatch_and_corrected_runs_train(tmp_path, tiny_exp
 @pytest.mark.slow
 def test_an_asynchronous_run_keeps_its_sync_check(tmp_path, tiny_experiment):
     """Issue 38: with max_staleness 1 the gap was neither computed nor checked."""
-    from polyrl.roles.arm import build_arm
+    from polyrl.trainer.arm import build_arm
 
     raw = tiny_experiment(rollout={"max_staleness": 1}, train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 8})
     arm = build_arm(resolve_arms(raw)["main"], arm="main", arm_dir=tmp_path / "runs" / "main")

@@ -1,4 +1,4 @@
-"""The loop's seams (polyrl/roles/protocols.py) against the roles that fill them: every member a
+"""The loop's seams (polyrl/trainer/protocols.py) against the roles that fill them: every member a
 protocol names exists on each implementation, and its methods take the protocol's parameters,
 so a rename on either side fails here rather than deep inside a training run."""
 
@@ -15,12 +15,12 @@ from polyrl.engines.base import RolloutEngine
 from polyrl.engines.worker_pool import RolloutWorkerPool
 from polyrl.evals.periodic import PeriodicEvaluator, PeriodicResult
 from polyrl.rewards import CompositeReward
-from polyrl.roles import protocols
-from polyrl.roles.async_loop import VersionedEngine
-from polyrl.roles.collector import CollectSettings, RolloutCollector
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
-from polyrl.roles.learner_ranks import DataParallelLearner
-from polyrl.roles.pipeline import BatchPipeline
+from polyrl.trainer import protocols
+from polyrl.trainer.async_loop import VersionedEngine
+from polyrl.rollout.collector import CollectSettings, RolloutCollector
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
+from polyrl.learner.ranks import DataParallelLearner
+from polyrl.trainer.pipeline import BatchPipeline
 from polyrl.tracking.run_logger import RunLogger
 
 _TYPING = {"_is_protocol", "_is_runtime_protocol", "__protocol_attrs__", "__non_callable_proto_members__"}

@@ -9,7 +9,7 @@ from learner_helpers import ScriptedEngine, built, make_config
 from transformers import AutoTokenizer
 
 from polyrl.policies.paths import resolve_policy_path
-from polyrl.roles.batches import Scores
+from polyrl.rollout.batches import Scores
 
 
 class RecordingEngine(ScriptedEngine):

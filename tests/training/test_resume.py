@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # SIGKILL and resume: whole r
 
 KILL_AFTER_STEP_5 = """
 import os, signal, sys
-from polyrl.roles import loop
+from polyrl.trainer import loop
 from polyrl.cli.main import app
 
 original_step = loop.TrainingLoop.step

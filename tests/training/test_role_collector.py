@@ -12,7 +12,7 @@ from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine
 from polyrl.policies.text import build_char_tokenizer
 from polyrl.rewards import CompositeReward
-from polyrl.roles.collector import Collected, CollectSettings, RolloutCollector
+from polyrl.rollout.collector import Collected, CollectSettings, RolloutCollector
 
 
 class ScriptedEngine(RolloutEngine):

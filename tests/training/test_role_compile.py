@@ -15,7 +15,7 @@ from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.modeling.probes import shortcut_refusal
 from polyrl.runtime.compiled import CompileError, compile_decoder_layers
 from polyrl.runtime.cpu_matmul import linear_library, onednn_available, resolve_cpu_matmul, route_linears_through_onednn
-from tests.roles.learner_helpers import built, changed_fraction, snapshot
+from tests.training.learner_helpers import built, changed_fraction, snapshot
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs g++")
 

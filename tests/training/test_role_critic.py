@@ -8,8 +8,8 @@ import torch
 
 from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import pack_completions
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.critic import Critic, CriticSettings, ValueModel
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.critic import Critic, CriticSettings, ValueModel
 
 
 def _packed():

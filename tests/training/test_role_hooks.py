@@ -11,9 +11,9 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.config.schema import HealthConfig
 from polyrl.evals.periodic import PeriodicResult
-from polyrl.roles.checkpoint import checkpoint_dirs
-from polyrl.roles.health import HealthMonitor
-from polyrl.roles.hooks import Callback, Checkpointer, HealthHook, MetricLogger, PeriodicEvalHook, SampleTableHook, StepReport
+from polyrl.trainer.checkpoint import checkpoint_dirs
+from polyrl.monitoring.health import HealthMonitor
+from polyrl.trainer.hooks import Callback, Checkpointer, HealthHook, MetricLogger, PeriodicEvalHook, SampleTableHook, StepReport
 from polyrl.tracking.mlflow_runs import ExperimentTracker
 
 

@@ -14,9 +14,9 @@ from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import pack_completions
 from polyrl.modeling.probes import shortcut_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
-from polyrl.roles.batches import LearnerBatch
-from polyrl.roles.health import NonFiniteStop
-from polyrl.roles.learner import LearnerSettings, PolicyLearner
+from polyrl.rollout.batches import LearnerBatch
+from polyrl.learner.nonfinite import NonFiniteStop
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 
 def _batch() -> LearnerBatch:
@@ -90,8 +90,8 @@ def test_the_update_hands_no_heap_pages_back_between_micro_batches(monkeypatch):
     """The update itself never trims the heap: a trim after each mini-batch's first backward cost
     SmolLM2-135M's fp32 update 37.3 s against 26.3 s without it, for the same peak RSS (5905 vs
     5892 MiB; bench/compare_trl.py --polyrl-arms, README "LoRA, export and memory"); the loop's
-    trims before the update and before the sync stay (roles/loop.py)."""
-    import polyrl.roles.learner as learner_module
+    trims before the update and before the sync stay (trainer/loop.py)."""
+    import polyrl.learner.policy_learner as learner_module
     import polyrl.runtime.host_memory as host_memory
 
     calls = []

@@ -1,5 +1,5 @@
 """The loop alone, over recording stand-ins for the roles (a unit test of the order of phases and
-of what the hooks receive; the real roles train together in tests/roles/test_trainer.py)."""
+of what the hooks receive; the real roles train together in tests/training/test_trainer.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from polyrl.core.types import Completion, PromptSample
-from polyrl.roles.batches import Rollout, Scores
-from polyrl.roles.collector import Collected
-from polyrl.roles.health import NonFiniteStop, NonFiniteTrainingError
-from polyrl.roles.hooks import Checkpointer, Hook
-from polyrl.roles.learner import LearnerSettings
-from polyrl.roles.loop import TrainingLoop
+from polyrl.rollout.batches import Rollout, Scores
+from polyrl.rollout.collector import Collected
+from polyrl.learner.nonfinite import NonFiniteStop, NonFiniteTrainingError
+from polyrl.trainer.hooks import Checkpointer, Hook
+from polyrl.learner.policy_learner import LearnerSettings
+from polyrl.trainer.loop import TrainingLoop
 
 
 class Roles:

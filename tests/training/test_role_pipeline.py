@@ -12,8 +12,8 @@ import torch
 from polyrl.algos.advantages import get_advantage
 from polyrl.config.schema import ExperimentConfig
 from polyrl.core.types import Completion, PromptSample
-from polyrl.roles.batches import LearnerBatch, Rollout, Scores
-from polyrl.roles.pipeline import (
+from polyrl.rollout.batches import LearnerBatch, Rollout, Scores
+from polyrl.trainer.pipeline import (
     STAGES,
     BatchPipeline,
     PipelineBatch,

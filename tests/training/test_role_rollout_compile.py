@@ -11,7 +11,7 @@ import pytest
 
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.runtime.compiled import CompileError, check_sampler_compile
-from tests.roles.learner_helpers import built, changed_fraction, snapshot
+from tests.training.learner_helpers import built, changed_fraction, snapshot
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.vllm]

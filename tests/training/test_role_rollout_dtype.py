@@ -10,7 +10,7 @@ import torch
 
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.modeling.packing import base_attention
-from tests.roles.learner_helpers import built, changed_fraction, snapshot
+from tests.training.learner_helpers import built, changed_fraction, snapshot
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.vllm]
@@ -67,7 +67,7 @@ def test_vllm_samples_in_bf16_under_an_fp32_learner_and_stays_in_sync(tmp_path, 
 
 def test_gap_warning_names_bf16_rounding_only_for_a_bf16_sampler():
     from polyrl.config.schema import HealthConfig
-    from polyrl.roles.health import HealthMonitor
+    from polyrl.monitoring.health import HealthMonitor
 
     metrics = {"rollout/logprob_gap": 0.05}
     fp32 = HealthMonitor(HealthConfig()).check(1, dict(metrics))

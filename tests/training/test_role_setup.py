@@ -9,7 +9,7 @@ import pytest
 from polyrl.config.schema import ConfigError, ExperimentConfig
 from polyrl.launch.preflight import reward_problems
 from polyrl.rewards import RewardSpec
-from polyrl.roles.build_data import accuracy_label, reward_specs
+from polyrl.trainer.build_data import accuracy_label, reward_specs
 
 REWARD_FILE = '''
 class TakesModelPath:

@@ -8,7 +8,7 @@ import math
 import torch
 
 from polyrl.modeling.logprobs import token_logprobs
-from tests.roles.learner_helpers import built, changed_fraction, first_batch, snapshot
+from tests.training.learner_helpers import built, changed_fraction, first_batch, snapshot
 
 
 def test_arm_with_shared_prompts_keeps_parity_and_trains(tmp_path, tiny_experiment):

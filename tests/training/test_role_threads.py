@@ -42,7 +42,7 @@ def test_threads_are_set_after_a_real_vllm_engine_starts(random_policy_dir, rest
 
 
 def test_rollout_threads_default_to_the_learners_and_config_wins():
-    from polyrl.roles.build_rollout import rollout_threads
+    from polyrl.trainer.build_rollout import rollout_threads
 
     assert rollout_threads(None, learner_threads=2) == 2
     assert rollout_threads(1, learner_threads=2) == 1  # rollout.threads is taken as given
@@ -51,7 +51,7 @@ def test_rollout_threads_default_to_the_learners_and_config_wins():
 def test_generation_runs_at_rollout_threads_and_the_learner_gets_its_own_back(tmp_path, tiny_experiment, restore_threads):
     """A real arm (HF engine, tiny policy): the engine sees rollout.threads while it generates;
     afterwards the learner's count is back, and both are logged as the run's params."""
-    from tests.roles.learner_helpers import built
+    from tests.training.learner_helpers import built
 
     config = tiny_experiment(train={"steps": 1, "threads": 2}, rollout={"threads": 1})
     with built(tmp_path, config) as arm:

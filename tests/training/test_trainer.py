@@ -13,7 +13,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from polyrl.config.schema import resolve_arms
-from polyrl.roles.arm import build_arm
+from polyrl.trainer.arm import build_arm
 from polyrl.tracking.mlflow_runs import ARM_TAG, ExperimentTracker
 
 # What these tests start (pyproject.toml markers).

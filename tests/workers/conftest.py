@@ -1,7 +1,7 @@
 """A local Ray cluster shared by the rollout-worker and remote-reward tests of a module.
 
 Module scope, not package scope: these folders have no ``__init__.py``, so a "package" cluster
-lived to the end of the session and other folders' tests met it (see tests/roles/conftest.py).
+lived to the end of the session and other folders' tests met it (see tests/training/conftest.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 
 from polyrl.config.schema import ExperimentConfig
 from polyrl.rewards import CompositeReward, RewardBatch
-from polyrl.roles.arm import build_arm
+from polyrl.trainer.arm import build_arm
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.vllm, pytest.mark.ray]
@@ -78,7 +78,7 @@ def test_async_workers_collect_whole_steps_into_their_own_buffer_partitions(ray_
     """rollout.workers 2 with max_staleness 2: worker (t - 1) mod 2 collects step t whole, into its
     partition; the steps get the prompts of the synchronous in-process run, in order, and step 1
     (always sampled by version 0) its very samples."""
-    from polyrl.roles.hooks import Callback
+    from polyrl.trainer.hooks import Callback
 
     def run(config, folder):
         arm = build_arm(ExperimentConfig.model_validate(config), arm="main", arm_dir=tmp_path / folder)

@@ -76,7 +76,7 @@ class Cider(RewardModule):
         tokenize: normalise and tokenise as described above (default True).
     """
 
-    # Training passes its prompts' references here when the YAML gives none (roles/build_data.py).
+    # Training passes its prompts' references here when the YAML gives none (trainer/build_data.py).
     training_references_param = "corpus_references"
 
     def __init__(
