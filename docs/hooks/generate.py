@@ -4,15 +4,18 @@
   Markdown that ``polyrl.cli.docs_reference.generated_section(NAME)`` writes from the live code
   (the schema, the objective and estimator registries, the reward modules, the import layers).
   An unknown NAME fails the build.
-- Pages directly under ``docs/`` that ``nav:`` in mkdocs.yml does not list are appended under
-  "More", titled by their first heading, so a helper's new page is on the site without anyone
-  editing mkdocs.yml (move it into a section of ``nav:`` when it has a place).
+- Every page directly under ``docs/`` has its place in ``nav:`` of mkdocs.yml: a page that nav
+  does not list fails the build, naming it. (Pages under a sub-folder, such as the reports in
+  ``docs/reproductions/``, are documents that a listed page links to.) Before, such a page was
+  appended under an automatic "More" section, where five guides sat unnoticed at the end.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from mkdocs.exceptions import PluginError
 
 from polyrl.cli.docs_reference import generated_section
 
@@ -29,14 +32,21 @@ def _listed(nav: object) -> set[str]:
     return set()
 
 
+def pages_missing_from_nav(nav: object, docs_dir: Path) -> list[str]:
+    """The pages directly under ``docs_dir`` that ``nav`` does not list, sorted."""
+    listed = _listed(nav)
+    return sorted(page.name for page in docs_dir.glob("*.md") if page.name not in listed)
+
+
 def on_config(config, **kwargs):
     nav = config.get("nav")
     if not nav:
         return config
-    listed = _listed(nav)
-    extra = sorted(page.name for page in Path(config["docs_dir"]).glob("*.md") if page.name not in listed)
-    if extra:
-        nav.append({"More": extra})
+    missing = pages_missing_from_nav(nav, Path(config["docs_dir"]))
+    if missing:
+        raise PluginError(
+            f"docs pages with no place in mkdocs.yml's nav: {', '.join(missing)}; list each under a section of nav:"
+        )
     return config
 
 
