@@ -29,6 +29,10 @@ FROZEN_ON_RESUME: dict[str, str] = {
     "model.builtin": "the checkpoint holds the weights of the model it was trained from",
     "model.dtype": "the weights and optimizer state were trained in that dtype",
     "model.lora": "the checkpoint holds either a LoRA adapter of those settings or full weights",
+    # The optimizer holds moments for the parameters that trained, in order: another set of frozen
+    # parts gives it other parameter groups, and loading the saved state would fail (or misalign).
+    "model.freeze": "the saved optimizer state holds moments for exactly the parameters that trained "
+    "(set frozen parts when a run starts)",
     # The saved data position is an index into this exact dataset and its shuffled order.
     "data.source": "the saved data position indexes into that dataset",
     "data.train_split": "the saved data position indexes into that dataset",
