@@ -34,10 +34,10 @@ import torch  # noqa: E402
 
 from polyrl.algos.objectives import get_objective  # noqa: E402
 from polyrl.core.types import Completion  # noqa: E402
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner  # noqa: E402
 from polyrl.modeling.logprobs import pack_completions  # noqa: E402
 from polyrl.policies.text import MODEL_SIZES  # noqa: E402
 from polyrl.rollout.batches import LearnerBatch  # noqa: E402
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner  # noqa: E402
 from polyrl.runtime.host_memory import keep_freed_host_memory  # noqa: E402
 
 SMOLLM2_135M = dict(

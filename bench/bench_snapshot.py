@@ -70,9 +70,9 @@ def worker(arm: str, directory: str, updates: int, mini_batches: int, rows: int,
     from polyrl.algos.objectives import get_objective
     from polyrl.core.types import Completion
     from polyrl.engines.image_prompts import auto_model_class
+    from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
     from polyrl.modeling.logprobs import pack_completions
     from polyrl.rollout.batches import LearnerBatch
-    from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
     from polyrl.runtime.threads import set_torch_threads
 
     set_torch_threads(os.cpu_count() or 1)

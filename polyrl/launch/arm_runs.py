@@ -21,8 +21,8 @@ from polyrl.core.errors import PolyrlError
 from polyrl.launch.experiment_folder import write_state
 from polyrl.launch.interrupts import StopNow, StopSignals
 from polyrl.launch.resume_config import ConfigChange
-from polyrl.trainer.checkpoint import checkpoint_step, latest_checkpoint
 from polyrl.tracking.mlflow_runs import RunLogger
+from polyrl.trainer.checkpoint import checkpoint_step, latest_checkpoint
 
 
 @dataclass

@@ -11,8 +11,8 @@ from typing import Any, Callable
 from polyrl.config.schema import ExperimentConfig, flatten, to_yaml
 from polyrl.core.errors import PolyrlError
 from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes
-from polyrl.trainer.checkpoint import remove_partial_checkpoints
 from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger
+from polyrl.trainer.checkpoint import remove_partial_checkpoints
 
 
 def start_experiment_run(

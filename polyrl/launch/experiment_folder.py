@@ -15,8 +15,8 @@ from polyrl.config.schema import ConfigError, ExperimentConfig
 from polyrl.launch.logs import LOG_FILE
 from polyrl.launch.resume_config import ConfigChange, check_resume_changes, config_snapshot, resume_changes
 from polyrl.launch.run_lock import LOCK_FILE
-from polyrl.trainer.checkpoint import checkpoint_step, latest_checkpoint, read_checkpoint_info
 from polyrl.tracking.mlflow_runs import ExperimentTracker
+from polyrl.trainer.checkpoint import checkpoint_step, latest_checkpoint, read_checkpoint_info
 
 STATE_FILE = "experiment.json"
 

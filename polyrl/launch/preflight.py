@@ -47,8 +47,8 @@ from polyrl.policies.tokenizer_only import policy_tokenizer
 from polyrl.rewards import RewardConfigError, RewardSpec
 from polyrl.rewards.base import module_label
 from polyrl.rewards.registry import bind_params, build_reward
-from polyrl.trainer.build_data import chat_format, training_rows
 from polyrl.runtime.devices import LearnerDeviceError, learner_device
+from polyrl.trainer.build_data import chat_format, training_rows
 
 # Built-in policies that read images (config.schema.BuiltinModelConfig.task).
 IMAGE_TASKS = ("vqa", "caption")

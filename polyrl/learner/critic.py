@@ -19,11 +19,11 @@ from transformers import AutoModelForImageTextToText, AutoModelForTokenClassific
 from polyrl.algos.aggregation import loss_normalizer_count
 from polyrl.algos.losses import clipped_value_loss
 from polyrl.engines.image_prompts import model_takes_images
+from polyrl.learner.lr_schedule import apply_optimizer_settings
+from polyrl.learner.nonfinite import NonFiniteGuard, guarded_step
 from polyrl.modeling.batches import PackedBatch
 from polyrl.modeling.logprobs import image_forward_inputs
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.nonfinite import NonFiniteGuard, guarded_step
-from polyrl.learner.lr_schedule import apply_optimizer_settings
 from polyrl.runtime.data_parallel import LocalGroup
 from polyrl.runtime.precision import autocast
 

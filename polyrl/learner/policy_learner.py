@@ -25,14 +25,14 @@ from polyrl.algos.aggregation import loss_normalizer_count
 from polyrl.algos.entropy_control import EntropyController
 from polyrl.algos.metric_parts import MetricAccumulator
 from polyrl.algos.rollout_correction import mismatch_from_sums, mismatch_sums
+from polyrl.learner.lr_schedule import apply_optimizer_settings, lr_factor
+from polyrl.learner.micro_batch_loss import PolicyLoss
+from polyrl.learner.nonfinite import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
+from polyrl.learner.token_capture import TokenCapture
 from polyrl.modeling.lora import write_adapter
 from polyrl.modeling.microbatches import length_sorted_micro_batches, token_budget_micro_batches, trim_padding
 from polyrl.modeling.shared_prompts import attention_cost_ratio, completion_widths, row_prompts, shared_prompt_micro_batches
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.nonfinite import NONFINITE_REASONS, NonFiniteGuard, NonFiniteStop, guarded_step
-from polyrl.learner.token_capture import TokenCapture
-from polyrl.learner.micro_batch_loss import PolicyLoss
-from polyrl.learner.lr_schedule import apply_optimizer_settings, lr_factor
 from polyrl.runtime.data_parallel import LocalGroup
 from polyrl.runtime.gradient_buffers import AutogradGradients, GradientBuffers, update_gradients
 from polyrl.runtime.precision import autocast

@@ -44,13 +44,13 @@ from torch import Tensor
 from polyrl.algos.objectives import get_objective
 from polyrl.core.errors import PolyrlError
 from polyrl.engines.image_prompts import auto_model_class
+from polyrl.learner.critic import Critic, CriticSettings, build_value_model
+from polyrl.learner.nonfinite import NonFiniteStop
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.modeling.attention import attend_in_fp32_on_cpu
 from polyrl.modeling.gradient_checkpointing import checkpoint_layers
 from polyrl.modeling.packing import use_packed_rows_attention
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.critic import Critic, CriticSettings, build_value_model
-from polyrl.learner.nonfinite import NonFiniteStop
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.runtime.cpu_matmul import route_linears_through_onednn
 from polyrl.runtime.data_parallel import TorchDistributedGroup
 from polyrl.runtime.fsdp import (

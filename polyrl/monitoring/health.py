@@ -14,7 +14,6 @@ from typing import Any
 from polyrl.learner.nonfinite import NONFINITE_REASONS
 from polyrl.monitoring.reward_hacking import RewardHackingMonitor
 
-
 # Below this mismatch KL per token the sampler and learner differ by float rounding only (fp32:
 # ~1e-12; a bf16 sampler: ~1e-5 at 30M parameters): growth under it is no signal.
 MISMATCH_KL_FLOOR = 1e-5

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
-from polyrl.trainer.async_partitions import DrawsClosed, LockedRewards, OrderedDraws, partition_of, worker_groups
 from polyrl.rollout.collector import Collected, RolloutCollector
+from polyrl.trainer.async_partitions import DrawsClosed, LockedRewards, OrderedDraws, partition_of, worker_groups
 from polyrl.trainer.loop import PhaseTimer, TrainingLoop, sync_policy
 from polyrl.trainer.protocols import Engine, WorkerPool
 

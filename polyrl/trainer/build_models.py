@@ -19,15 +19,15 @@ from polyrl.algos.entropy_control import AdaptiveEntropySettings
 from polyrl.algos.objectives import get_objective
 from polyrl.config.schema import ExperimentConfig
 from polyrl.engines.image_prompts import auto_model_class, model_takes_images
+from polyrl.learner.critic import Critic, CriticSettings, build_value_model
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
+from polyrl.learner.ranks import DataParallelLearner, RankRecipe, start_data_parallel_learner
 from polyrl.modeling.attention import attend_in_fp32_on_cpu
 from polyrl.modeling.freeze import freeze_parameters
 from polyrl.modeling.gradient_checkpointing import GradientCheckpointingError, checkpoint_layers
 from polyrl.modeling.lora import LoraPolicy, add_lora
 from polyrl.modeling.packing import resolve_padding_free, use_packed_rows_attention
 from polyrl.modeling.shared_prompts import SharePromptsError, sharing_refusal
-from polyrl.learner.critic import Critic, CriticSettings, build_value_model
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
-from polyrl.learner.ranks import DataParallelLearner, RankRecipe, start_data_parallel_learner
 from polyrl.runtime.compiled import compile_decoder_layers
 from polyrl.runtime.cpu_matmul import resolve_cpu_matmul, route_linears_through_onednn
 from polyrl.runtime.devices import learner_device

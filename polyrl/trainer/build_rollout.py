@@ -17,11 +17,11 @@ from polyrl.engines.base import RolloutEngine, build_rollout_engine
 from polyrl.engines.kv_cache import kv_cache_request, prompt_lengths
 from polyrl.envs import build_env, load_env_class
 from polyrl.rewards import CompositeReward
-from polyrl.trainer.async_loop import VersionedEngine
 from polyrl.rollout.collector import CollectSettings, RolloutCollector
 from polyrl.rollout.episodes import EpisodeRunner, EpisodeSettings
 from polyrl.runtime.devices import learner_device
 from polyrl.runtime.threads import default_torch_threads, set_torch_threads
+from polyrl.trainer.async_loop import VersionedEngine
 
 __all__ = ["RolloutSide", "adapter_sync", "build_collector", "build_engine", "build_rollout", "rollout_threads"]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from polyrl.core.types import PromptSample
-from polyrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from polyrl.monitoring.health import HealthMonitor
-from polyrl.trainer.protocols import Engine, Evaluator, Tracker
 from polyrl.tracking.sample_html import has_images, samples_html
+from polyrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from polyrl.trainer.protocols import Engine, Evaluator, Tracker
 
 __all__ = ["Callback", "Checkpointer", "HealthHook", "Hook", "MetricLogger", "PeriodicEvalHook", "SampleTableHook", "StepReport"]
 

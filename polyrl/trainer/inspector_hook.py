@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from polyrl.tracking.inspector import inspector_html, inspector_rows
 from polyrl.trainer.hooks import Hook, StepReport, _replayed
 from polyrl.trainer.protocols import Tracker
-from polyrl.tracking.inspector import inspector_html, inspector_rows
 
 
 class InspectorHook(Hook):

@@ -16,12 +16,12 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from polyrl.engines.modality_marks import modality_string
+from polyrl.learner.nonfinite import NONFINITE_REASONS, NonFiniteStop, NonFiniteTrainingError
 from polyrl.rollout.batches import Rollout, Scores, length_metrics
 from polyrl.rollout.collector import Collected
-from polyrl.learner.nonfinite import NONFINITE_REASONS, NonFiniteStop, NonFiniteTrainingError
+from polyrl.runtime.host_memory import release_freed_host_memory
 from polyrl.trainer.hooks import Checkpointer, Hook, StepReport
 from polyrl.trainer.protocols import Collector, Learner, Pipeline, PromptSource
-from polyrl.runtime.host_memory import release_freed_host_memory
 
 __all__ = ["PHASES", "PhaseTimer", "TrainingLoop", "length_metrics", "rollout_metrics", "sample_rows"]
 

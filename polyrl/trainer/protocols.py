@@ -28,9 +28,9 @@ from torch import Tensor
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 
 if TYPE_CHECKING:  # annotations only: the roles import this module
+    from polyrl.learner.policy_learner import LearnerSettings
     from polyrl.rollout.batches import Rollout, Scores
     from polyrl.rollout.collector import Collected, CollectSettings
-    from polyrl.learner.policy_learner import LearnerSettings
 
 __all__ = [
     "BatchSource",

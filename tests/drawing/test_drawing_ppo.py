@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from polyrl.config.schema import resolve_arms
+from polyrl.tasks import drawing
 from polyrl.trainer.arm import build_arm
 from polyrl.trainer.pipeline import BatchPipeline
-from polyrl.tasks import drawing
 
 
 def drawing_ppo_config(tmp_path, policy_dir, **modalities) -> dict:

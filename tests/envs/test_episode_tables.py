@@ -8,8 +8,8 @@ import torch
 
 from polyrl.core.types import Completion, PromptSample
 from polyrl.rollout.batches import Rollout, Scores
-from polyrl.trainer.loop import sample_rows
 from polyrl.tracking.sample_html import samples_html
+from polyrl.trainer.loop import sample_rows
 
 EPISODE = {
     "turns": [

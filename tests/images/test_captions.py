@@ -17,8 +17,8 @@ from polyrl.data.prompt_samples import rows_to_prompt_samples
 from polyrl.data.prompts import load_prompt_dataset
 from polyrl.policies import vlm
 from polyrl.policies.cache import INFO_FILE
-from polyrl.trainer.build_data import reward_specs
 from polyrl.tasks import scenes
+from polyrl.trainer.build_data import reward_specs
 
 
 @pytest.mark.parametrize("split", scenes.SPLITS)

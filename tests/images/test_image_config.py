@@ -9,8 +9,8 @@ import pytest
 
 from polyrl.config.schema import resolve_arms
 from polyrl.data.prompts import DataConfigError
-from polyrl.trainer.arm import build_arm
 from polyrl.tasks import scenes
+from polyrl.trainer.arm import build_arm
 
 
 def _config(tmp_path, vlm_dir, data: dict) -> dict:

@@ -11,12 +11,12 @@ from transformers import AutoProcessor
 from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion
 from polyrl.engines.image_prompts import encode_image_prompt
-from polyrl.modeling.logprobs import pack_completions
-from polyrl.trainer.arm import build_arm
-from polyrl.rollout.batches import LearnerBatch
-from polyrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from polyrl.learner.critic import Critic, CriticSettings, ImageTextValueModel, ValueModel, build_value_model
+from polyrl.modeling.logprobs import pack_completions
+from polyrl.rollout.batches import LearnerBatch
 from polyrl.tasks import scenes
+from polyrl.trainer.arm import build_arm
+from polyrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 TEXT_PROMPT = "Q: 2+2?\nA:"
 

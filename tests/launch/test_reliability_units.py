@@ -15,8 +15,8 @@ from mlflow.tracking import MlflowClient
 from run_control import free_port
 
 from polyrl.core.errors import PolyrlError
-from polyrl.trainer import checkpoint as ckpt
 from polyrl.tracking.mlflow_runs import STEP_MARKER, ExperimentTracker
+from polyrl.trainer import checkpoint as ckpt
 
 
 def _tiny_state():

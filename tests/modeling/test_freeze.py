@@ -10,12 +10,12 @@ from polyrl.algos.objectives import get_objective
 from polyrl.config.schema import resolve_arms
 from polyrl.core.errors import PolyrlError
 from polyrl.core.types import Completion
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.modeling.freeze import FreezeError, freeze_parameters
 from polyrl.modeling.logprobs import pack_completions
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.policies.vlm import build_tiny_vlm, build_vlm_tokenizer
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 
 def _update(policy) -> dict[str, torch.Tensor]:

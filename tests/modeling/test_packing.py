@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from polyrl.algos.objectives import get_objective
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.core.types import Completion
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.modeling.gradient_checkpointing import checkpoint_layers
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.modeling.microbatches import token_budget_micro_batches
@@ -27,7 +28,6 @@ from polyrl.modeling.packing import (
 from polyrl.modeling.probes import shortcut_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 VOCAB = 64
 TINY = dict(

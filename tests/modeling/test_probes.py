@@ -186,8 +186,8 @@ def test_hybrids_train_with_packing_off(model_type, tiny_arch_dir):
     finite, the gradient is not zero and every update moves the weights; the learner's log-probs
     are the model's own."""
     from polyrl.algos.objectives import get_objective
-    from polyrl.rollout.batches import LearnerBatch
     from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
+    from polyrl.rollout.batches import LearnerBatch
 
     model = _load(tiny_arch_dir(model_type))
     choice = _resolve("auto", model)

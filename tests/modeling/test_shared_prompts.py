@@ -12,12 +12,12 @@ import torch
 from polyrl.algos.objectives import get_objective
 from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.core.types import Completion
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.modeling.probes import shortcut_refusal
 from polyrl.modeling.shared_prompts import row_prompts, share_prompts, shared_prompt_micro_batches, sharing_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 
 def _completions(rows: list[tuple[list[int], list[int]]]) -> list[Completion]:

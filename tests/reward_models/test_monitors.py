@@ -10,8 +10,8 @@ import pytest
 
 from polyrl.config.base import ConfigError
 from polyrl.config.schema import ExperimentConfig
-from polyrl.rewards.monitors import change_over, component_shares, distinct_per_prompt, held_out_divergence, pearson
 from polyrl.monitoring.health import HealthMonitor
+from polyrl.rewards.monitors import change_over, component_shares, distinct_per_prompt, held_out_divergence, pearson
 from polyrl.trainer.hooks import HealthHook, StepReport
 
 

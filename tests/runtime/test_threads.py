@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from polyrl.config.schema import ExperimentConfig
-from polyrl.trainer.build_rollout import build_rollout
 from polyrl.runtime.threads import default_torch_threads, set_torch_threads
+from polyrl.trainer.build_rollout import build_rollout
 
 
 @pytest.fixture

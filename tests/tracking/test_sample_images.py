@@ -15,10 +15,10 @@ from PIL import Image
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.evals.harness import SuiteRunner
 from polyrl.evals.periodic import PeriodicEvaluator
-from polyrl.trainer.hooks import PeriodicEvalHook, SampleTableHook, StepReport
 from polyrl.tasks import scenes
 from polyrl.tracking.run_logger import RunLogger
 from polyrl.tracking.sample_html import MAX_EMBEDDED_SIDE, samples_html
+from polyrl.trainer.hooks import PeriodicEvalHook, SampleTableHook, StepReport
 
 EVIL = "<script>alert('x')</script> & \"quotes\""
 

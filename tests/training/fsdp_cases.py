@@ -9,9 +9,9 @@ import torch
 from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
 from polyrl.engines.image_prompts import auto_model_class
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.modeling.logprobs import pack_completions
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 # Rows of different lengths (prompt ids, completion ids); one has no completion tokens.
 ROWS = [

@@ -12,8 +12,8 @@ import torch
 from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine
-from polyrl.trainer.arm import Arm, build_arm
 from polyrl.rollout.batches import Rollout
+from polyrl.trainer.arm import Arm, build_arm
 
 
 def make_config(config_dict: dict, *, arm: str = "main"):

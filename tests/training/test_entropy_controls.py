@@ -12,10 +12,10 @@ from polyrl.algos.entropy_control import AdaptiveEntropySettings
 from polyrl.algos.objectives import get_objective
 from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 
 def _policy():

@@ -22,8 +22,8 @@ from polyrl.policies.paths import resolve_policy_path
 from polyrl.policies.text import build_char_tokenizer
 from polyrl.rewards.summary import accuracy_share
 from polyrl.rollout.batches import LearnerBatch, Rollout, Scores
-from polyrl.trainer.pipeline import PipelineBatch, PipelineContext, token_discounts
 from polyrl.tracking.mlflow_runs import ExperimentTracker
+from polyrl.trainer.pipeline import PipelineBatch, PipelineContext, token_discounts
 
 # --- dynamic sampling ---------------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ import torch
 from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
 from polyrl.engines.image_prompts import auto_model_class
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.modeling.logprobs import pack_completions
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 ROWS = [([5, 6], [7, 8, 9, 10]), ([12], [7]), ([12], [8, 9, 10, 11, 12, 13]), ([14, 15, 16], [17, 18, 19]), ([9], [21, 22])]
 COMBINED = (

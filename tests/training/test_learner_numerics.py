@@ -16,12 +16,12 @@ from polyrl.algos.aggregation import global_loss_normalizer
 from polyrl.algos.objectives import list_objectives
 from polyrl.core.errors import PolyrlError
 from polyrl.core.types import Completion
+from polyrl.learner.lr_schedule import lr_factor
+from polyrl.learner.nonfinite import NonFiniteTrainingError
 from polyrl.modeling.attention import FP32_CPU_SDPA
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.modeling.packing import base_attention
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm, save_model_dir
-from polyrl.learner.nonfinite import NonFiniteTrainingError
-from polyrl.learner.lr_schedule import lr_factor
 
 # --- mixed precision -------------------------------------------------------------------------
 

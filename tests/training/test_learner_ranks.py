@@ -9,11 +9,11 @@ import torch
 from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
 from polyrl.engines.image_prompts import auto_model_class
-from polyrl.modeling.logprobs import pack_completions
-from polyrl.rollout.batches import LearnerBatch
 from polyrl.learner.critic import Critic, CriticSettings, ValueModel
 from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.learner.ranks import DataParallelLearner, LearnerRanks, RankRecipe
+from polyrl.modeling.logprobs import pack_completions
+from polyrl.rollout.batches import LearnerBatch
 
 # Rows of different lengths (prompt ids, completion ids); one row has no completion tokens.
 ROWS = [

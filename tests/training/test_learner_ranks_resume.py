@@ -11,8 +11,8 @@ import torch
 from learner_helpers import built, snapshot
 
 from polyrl.config.schema import ConfigError, resolve_arms
-from polyrl.trainer.checkpoint import read_checkpoint_info
 from polyrl.learner.ranks import DataParallelLearner
+from polyrl.trainer.checkpoint import read_checkpoint_info
 
 
 def _config(tiny_experiment, workers: int) -> dict:

@@ -14,11 +14,11 @@ from polyrl.algos.rollout_correction import CorrectionSettings, mismatch_diagnos
 from polyrl.config.schema import ExperimentConfig, resolve_arms
 from polyrl.core.errors import PolyrlError
 from polyrl.core.types import Completion
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
+from polyrl.monitoring.health import HealthMonitor
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.rollout.batches import LearnerBatch, Scores
-from polyrl.monitoring.health import HealthMonitor
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.trainer.pipeline import PipelineBatch, PipelineContext, rollout_correction
 
 ROWS = [([5, 6], [7, 8, 9]), ([5, 6], [10, 11]), ([12], [7]), ([12], [8, 9, 10])]

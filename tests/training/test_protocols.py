@@ -14,14 +14,14 @@ from polyrl.data.sampler import PromptSampler
 from polyrl.engines.base import RolloutEngine
 from polyrl.engines.worker_pool import RolloutWorkerPool
 from polyrl.evals.periodic import PeriodicEvaluator, PeriodicResult
-from polyrl.rewards import CompositeReward
-from polyrl.trainer import protocols
-from polyrl.trainer.async_loop import VersionedEngine
-from polyrl.rollout.collector import CollectSettings, RolloutCollector
 from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.learner.ranks import DataParallelLearner
-from polyrl.trainer.pipeline import BatchPipeline
+from polyrl.rewards import CompositeReward
+from polyrl.rollout.collector import CollectSettings, RolloutCollector
 from polyrl.tracking.run_logger import RunLogger
+from polyrl.trainer import protocols
+from polyrl.trainer.async_loop import VersionedEngine
+from polyrl.trainer.pipeline import BatchPipeline
 
 _TYPING = {"_is_protocol", "_is_runtime_protocol", "__protocol_attrs__", "__non_callable_proto_members__"}
 

@@ -7,9 +7,9 @@ import math
 import torch
 
 from polyrl.core.types import Completion
+from polyrl.learner.critic import Critic, CriticSettings, ValueModel
 from polyrl.modeling.logprobs import pack_completions
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.critic import Critic, CriticSettings, ValueModel
 
 
 def _packed():

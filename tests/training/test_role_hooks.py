@@ -11,10 +11,10 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.config.schema import HealthConfig
 from polyrl.evals.periodic import PeriodicResult
-from polyrl.trainer.checkpoint import checkpoint_dirs
 from polyrl.monitoring.health import HealthMonitor
-from polyrl.trainer.hooks import Callback, Checkpointer, HealthHook, MetricLogger, PeriodicEvalHook, SampleTableHook, StepReport
 from polyrl.tracking.mlflow_runs import ExperimentTracker
+from polyrl.trainer.checkpoint import checkpoint_dirs
+from polyrl.trainer.hooks import Callback, Checkpointer, HealthHook, MetricLogger, PeriodicEvalHook, SampleTableHook, StepReport
 
 
 def _logger(uri):

@@ -11,12 +11,12 @@ import torch
 
 from polyrl.algos.objectives import get_objective
 from polyrl.core.types import Completion
+from polyrl.learner.nonfinite import NonFiniteStop
+from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.modeling.logprobs import pack_completions
 from polyrl.modeling.probes import shortcut_refusal
 from polyrl.policies.text import build_char_tokenizer, build_tiny_causal_lm
 from polyrl.rollout.batches import LearnerBatch
-from polyrl.learner.nonfinite import NonFiniteStop
-from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 
 
 def _batch() -> LearnerBatch:

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from polyrl.core.types import Completion, PromptSample
+from polyrl.learner.nonfinite import NonFiniteStop, NonFiniteTrainingError
+from polyrl.learner.policy_learner import LearnerSettings
 from polyrl.rollout.batches import Rollout, Scores
 from polyrl.rollout.collector import Collected
-from polyrl.learner.nonfinite import NonFiniteStop, NonFiniteTrainingError
 from polyrl.trainer.hooks import Checkpointer, Hook
-from polyrl.learner.policy_learner import LearnerSettings
 from polyrl.trainer.loop import TrainingLoop
 
 

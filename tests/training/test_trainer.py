@@ -13,8 +13,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from polyrl.config.schema import resolve_arms
-from polyrl.trainer.arm import build_arm
 from polyrl.tracking.mlflow_runs import ARM_TAG, ExperimentTracker
+from polyrl.trainer.arm import build_arm
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.vllm]

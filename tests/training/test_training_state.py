@@ -11,8 +11,8 @@ from learner_helpers import built, snapshot
 from safetensors.torch import load_file
 
 from polyrl.engines.base import RolloutEngine
-from polyrl.trainer.checkpoint import latest_checkpoint, read_checkpoint_info
 from polyrl.learner.nonfinite import NonFiniteTrainingError
+from polyrl.trainer.checkpoint import latest_checkpoint, read_checkpoint_info
 
 
 def _nan_on_call(learner, call: int):
