@@ -28,6 +28,7 @@ from rich.console import Console
 
 from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment, read_yaml
 from polyrl.config.seeds import experiment_seeds
+from polyrl.config.until_resolved import UntilResolvedConfig, until_resolved_plan
 from polyrl.core.errors import PolyrlError
 from polyrl.launch.arm_runs import (  # noqa: F401 - ArmFailedError and plain_printer: importable from here too
     ArmFailedError,
@@ -53,8 +54,8 @@ from polyrl.launch.experiment_folder import (
 )
 from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
 from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes, schedule_note, steps_change
+from polyrl.launch.rounds import TrainingClock, decide_round, order_in_rounds, record_round
 from polyrl.launch.run_lock import acquire_lock
-from polyrl.trainer.checkpoint import latest_checkpoint
 from polyrl.tracking.mlflow_runs import (
     ExperimentTracker,
     RunLogger,
@@ -62,6 +63,7 @@ from polyrl.tracking.mlflow_runs import (
     probe_tracking,
     resolve_tracking_uri,
 )
+from polyrl.trainer.checkpoint import latest_checkpoint
 
 # --- polyrl run ---------------------------------------------------------------------------------
 
@@ -102,10 +104,19 @@ def run_experiment(
 
     console = console or Console()
     configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
+    rounds = until_resolved_plan(read_yaml(path), list(configs), source=str(path))
+    if rounds is not None:
+        if seeds_option is not None:
+            raise ConfigError(f"--seeds {seeds_option}: {path} has until_resolved, whose rounds decide the seeds; drop --seeds")
+        seeds = rounds.seeds()
     if only_arms:
         unknown = sorted(set(only_arms) - set(configs))
         if unknown:
             raise ConfigError(f"--arm {unknown}: no such arm; allowed: {', '.join(configs)}")
+        if rounds is not None:
+            compared = sorted({arm for c in rounds.comparisons for arm in c.arms} - set(only_arms))
+            if compared:
+                raise ConfigError(f"--arm: until_resolved compares {', '.join(compared)} too; a round needs every compared arm")
         configs = {name: cfg for name, cfg in configs.items() if name in only_arms}
     if allow_config_change and not resume:
         raise ConfigError("--allow-config-change only applies with --resume")
@@ -132,6 +143,7 @@ def run_experiment(
                 stop=stop,
                 where=where,
                 fail_fast=fail_fast,
+                rounds=rounds,
             )
     except KeyboardInterrupt as error:
         raise _interrupted(error, folder, where, hint) from None
@@ -172,6 +184,7 @@ def _run_locked(
     stop: StopSignals,
     where: dict[str, Any],
     fail_fast: bool = False,
+    rounds: UntilResolvedConfig | None = None,
 ) -> ExperimentResult:
     from polyrl.launch.run_units import expand_units, start_seeded_arm_run
 
@@ -186,6 +199,10 @@ def _run_locked(
     archived, old_state = None, state
     if resume:
         check_seeds_on_resume(state, seeds, first.name)
+        if rounds is not None:
+            # A sequence stopped by its hours (or a failed seed) goes on: its arm runs reopen and
+            # close again over every seed run so far when the sequence next stops.
+            state["arms_finished"] = []
         changes, resume_steps = resume_plan(unit_configs, folder, state, allow=allow_config_change, echo=console.print)
         reopen_extended_arms(state, changes, resume_steps, unit_configs, console)
     else:
@@ -225,62 +242,76 @@ def _run_locked(
         + f" · MLflow: {tracking_uri}"
     )
     arm_loggers: dict[str, RunLogger] = {}  # with seeds: the arm runs open in this process
+    schedule = [units] if rounds is None else order_in_rounds(units, rounds)
+    clock = TrainingClock(state) if rounds is not None else None
+    if rounds is not None:
+        console.print(
+            f"until resolved: {len(rounds.comparisons)} comparison(s), rounds of {rounds.seeds_per_round} seed(s) up to "
+            f"{rounds.max_seeds}, α = {rounds.alpha} ({rounds.spending} spending)"
+            + (f", at most {rounds.max_hours} h of training" if rounds.max_hours else ""),
+            highlight=False,
+        )
     try:
-        for unit in units:
-            key, arm = unit.key, unit.arm
-            run_parent = parent.run_id
-            if seeds is not None:
-                if arm in state["arms_finished"]:
-                    result.arm_run_ids[arm] = state["arms"][arm]
+        for round_index, round_units in enumerate(schedule):
+            for unit in round_units:
+                key, arm = unit.key, unit.arm
+                run_parent = parent.run_id
+                if seeds is not None:
+                    if arm in state["arms_finished"]:
+                        result.arm_run_ids[arm] = state["arms"][arm]
+                        _record_run_id(result, state, unit)
+                        continue
+                    if arm not in arm_loggers:
+                        arm_loggers[arm] = start_seeded_arm_run(
+                            tracker, parent.run_id, arm, configs[arm], seeds, folder, state["arms"].get(arm), console.print
+                        )
+                        state["arms"][arm] = arm_loggers[arm].run_id
+                        write_state(state_path, state)
+                    run_parent = arm_loggers[arm].run_id
+                    result.arm_run_ids[arm] = run_parent
+                if key in state["finished"]:
+                    console.print(f"[cyan]{key}[/] already finished; skipping")
                     _record_run_id(result, state, unit)
-                    continue
-                if arm not in arm_loggers:
-                    arm_loggers[arm] = start_seeded_arm_run(
-                        tracker, parent.run_id, arm, configs[arm], seeds, folder, state["arms"].get(arm), console.print
-                    )
-                    state["arms"][arm] = arm_loggers[arm].run_id
-                    write_state(state_path, state)
-                run_parent = arm_loggers[arm].run_id
-                result.arm_run_ids[arm] = run_parent
-            if key in state["finished"]:
-                console.print(f"[cyan]{key}[/] already finished; skipping")
-                _record_run_id(result, state, unit)
-            else:
-                if stop.requested is not None:
-                    raise StopNow(stop.requested)
-                where["arm"] = key
-                try:
-                    _train_unit(
-                        unit,
-                        tracker,
-                        parent.run_id,
-                        run_parent,
-                        folder,
-                        state,
-                        state_path,
-                        result,
-                        changes,
-                        resume_steps,
-                        tracking_uri=tracking_uri,
-                        resume=resume,
-                        console=console,
-                        show_progress=show_progress,
-                        stop=stop,
-                    )
-                except TrackingUnavailableError:
-                    raise  # the store is away for every arm alike
-                except Exception as error:  # noqa: BLE001 - arms are independent: record it, run the next one
-                    if fail_fast or len(units) == 1:
-                        raise  # nothing else to run: the arm's own error, as it was
-                    result.failed[key] = arm_error_text(error)
-                    _record_run_id(result, state, unit)
-                    logging.getLogger("polyrl.run").info(
-                        "arm %r failed", key, exc_info=error
-                    )  # the traceback: to the log file only
-                    console.print(f"[red]{key}: FAILED[/] ({result.failed[key]}); the other arms continue", highlight=False)
-                where["arm"] = None
-            if seeds is not None and unit.seed == seeds[-1]:
-                close_arm_run(arm, arm_loggers.pop(arm), state, state_path, failed=result.failed)
+                else:
+                    if stop.requested is not None:
+                        raise StopNow(stop.requested)
+                    where["arm"] = key
+                    try:
+                        _train_unit(
+                            unit,
+                            tracker,
+                            parent.run_id,
+                            run_parent,
+                            folder,
+                            state,
+                            state_path,
+                            result,
+                            changes,
+                            resume_steps,
+                            tracking_uri=tracking_uri,
+                            resume=resume,
+                            console=console,
+                            show_progress=show_progress,
+                            stop=stop,
+                        )
+                    except TrackingUnavailableError:
+                        raise  # the store is away for every arm alike
+                    except Exception as error:  # noqa: BLE001 - arms are independent: record it, run the next one
+                        if fail_fast or len(units) == 1:
+                            raise  # nothing else to run: the arm's own error, as it was
+                        result.failed[key] = arm_error_text(error)
+                        _record_run_id(result, state, unit)
+                        logging.getLogger("polyrl.run").info(
+                            "arm %r failed", key, exc_info=error
+                        )  # the traceback: to the log file only
+                        console.print(f"[red]{key}: FAILED[/] ({result.failed[key]}); the other arms continue", highlight=False)
+                    where["arm"] = None
+                if seeds is not None and unit.seed == seeds[-1]:
+                    close_arm_run(arm, arm_loggers.pop(arm), state, state_path, failed=result.failed)
+            if rounds is not None and _round_settles(
+                rounds, round_index, tracker, state, state_path, parent, clock, console, arm_loggers, result
+            ):
+                break
     except TrackingUnavailableError:
         raise  # the parent run cannot be reached to be closed; a resume closes it
     except BaseException as error:
@@ -294,6 +325,34 @@ def _run_locked(
         raise arms_failed(result, parent, len(units))
     parent.finish()
     return result
+
+
+def _round_settles(rounds, round_index, tracker, state, state_path, parent, clock, console, arm_loggers, result) -> bool:
+    """After round ``round_index``: every comparison's decision, recorded; True when no round
+    follows (every comparison decided, the hours spent, or the seed budget reached). Open arm
+    runs close then, over the seeds they ran."""
+    seeds_so_far = [seed for r in rounds.rounds()[: round_index + 1] for seed in r]
+    outcome = decide_round(tracker.client, state, rounds, seeds_so_far)
+    clock.save(state)
+    record_round(state, parent, outcome, clock.elapsed())
+    write_state(state_path, state)
+    for sentence in outcome.sentences:
+        console.print(f"[bold]round {round_index + 1}[/] ({len(seeds_so_far)} seeds): {sentence}", highlight=False)
+    over_time = rounds.max_hours is not None and clock.elapsed() >= rounds.max_hours * 3600
+    last = round_index + 1 == len(rounds.rounds())
+    if not (outcome.settled or over_time or last):
+        return False
+    why = (
+        "every comparison is decided"
+        if outcome.settled
+        else f"the budget of {rounds.max_hours} h is spent"
+        if over_time
+        else "the seed budget is spent"
+    )
+    console.print(f"until resolved: {why}; {len(seeds_so_far)} of {rounds.max_seeds} seeds run", highlight=False)
+    for arm in list(arm_loggers):
+        close_arm_run(arm, arm_loggers.pop(arm), state, state_path, failed=result.failed)
+    return True
 
 
 def _record_run_id(result: ExperimentResult, state: dict[str, Any], unit) -> None:
@@ -373,6 +432,7 @@ def validate_file(path: str | Path, set_options: list[str] | None = None) -> dic
 
     configs = load_experiment(path, set_options=set_options)
     experiment_seeds(read_yaml(path), source=str(path))  # a bad seeds key is refused here too
+    until_resolved_plan(read_yaml(path), list(configs), source=str(path))  # and a bad until_resolved block
     for arm, config in configs.items():
         for index, spec in enumerate(config.rewards):
             try:

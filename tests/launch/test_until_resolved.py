@@ -1,0 +1,115 @@
+"""until_resolved: seeds in rounds, a decision after each round, the sequence kept across a resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from polyrl.config.schema import ConfigError
+from polyrl.config.until_resolved import until_resolved_plan
+from polyrl.launch.rounds import order_in_rounds
+from polyrl.launch.run_units import RunUnit
+from polyrl.launch.runner import run_experiment, validate_file
+
+ARMS = ["grpo", "dr_grpo"]
+
+
+def _block(**overrides):
+    block = {"comparisons": [{"arms": ["grpo", "dr_grpo"], "metric": "reward/mean", "sesoi": 0.1}], "max_seeds": 4}
+    block.update(overrides)
+    return block
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"seeds": 3, "until_resolved": _block()}, "until_resolved: set together with seeds"),
+        ({"until_resolved": _block(comparisons=[{"arms": ["grpo", "ppo"], "metric": "m", "sesoi": 1}])}, "no arm 'ppo'"),
+        ({"until_resolved": _block(comparisons=[{"arms": ["grpo", "grpo"], "metric": "m", "sesoi": 1}])}, "compared with itself"),
+        ({"until_resolved": _block(max_seeds=4, seeds_per_round=5)}, "seeds_per_round \\(5\\) is larger than max_seeds"),
+        ({"until_resolved": _block(alpha=0.7)}, "until_resolved.alpha"),
+        ({"until_resolved": _block(comparisons=[{"arms": ["grpo", "dr_grpo"], "metric": "m", "sesoi": 0}])}, "sesoi"),
+        ({"until_resolved": _block(spending="haybittle")}, "until_resolved.spending"),
+        ({"until_resolved": [1]}, "expected a mapping"),
+    ],
+)
+def test_bad_until_resolved_blocks_are_refused_with_the_field(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        until_resolved_plan(raw, ARMS, source="exp.yaml")
+
+
+def test_rounds_are_seed_major_and_cover_the_budget():
+    plan = until_resolved_plan({"until_resolved": _block(max_seeds=5, seeds_per_round=2, first_seed=10)}, ARMS)
+    assert plan.rounds() == [[10, 11], [12, 13], [14]]  # the last round is shorter, ending at max_seeds
+    units = [RunUnit(arm, seed, None) for arm in ARMS for seed in plan.seeds()]  # arm-major, as expand_units gives
+    rounds = order_in_rounds(units, plan)
+    assert [[u.key for u in r] for r in rounds][0] == ["grpo/seed_10", "dr_grpo/seed_10", "grpo/seed_11", "dr_grpo/seed_11"]
+    assert sum(len(r) for r in rounds) == 10
+
+
+def _experiment(tiny_experiment, block):
+    config = tiny_experiment(name="sequential", train={"steps": 2})
+    config.pop("seed")
+    config["arms"] = {"grpo": {"objective": {"name": "grpo"}}, "dr_grpo": {"objective": {"name": "dr_grpo"}}}
+    config["until_resolved"] = block
+    return config
+
+
+@pytest.mark.slow
+def test_a_settled_comparison_stops_the_rounds_and_a_resume_keeps_the_sequence(
+    tmp_path, tiny_experiment, write_experiment, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    # reward/mean of a 2-step run lies in [0, 1] (the length reward): a SESOI of 100 is met by
+    # any interval the first look can give, so the comparison is "equivalent" at 2 seeds and
+    # seeds 2 and 3 of the budget of 4 never run.
+    block = _block(comparisons=[{"arms": ["grpo", "dr_grpo"], "metric": "reward/mean", "sesoi": 100.0}], max_seeds=4)
+    config = _experiment(tiny_experiment, block)
+    path = write_experiment(tmp_path, config)
+    assert set(validate_file(path)) == {"grpo", "dr_grpo"}
+    result = run_experiment(path, show_progress=False)
+    assert sorted(result.seed_run_ids) == ["dr_grpo/seed_0", "dr_grpo/seed_1", "grpo/seed_0", "grpo/seed_1"]
+    state = json.loads((tmp_path / "runs" / "sequential" / "experiment.json").read_text())
+    assert [r["seeds"] for r in state["sequential"]] == [1, 2]  # a decision after each round
+    first, second = state["sequential"]
+    assert first["decisions"]["grpo-vs-dr_grpo:reward/mean"]["verdict"] == "undecided"  # one seed: no look
+    decision = second["decisions"]["grpo-vs-dr_grpo:reward/mean"]
+    assert decision["verdict"] == "equivalent" and decision["n"] == 2
+    client = MlflowClient(config["tracking"]["uri"])
+    finals = {key: client.get_metric_history(run_id, "reward/mean")[-1].value for key, run_id in result.seed_run_ids.items()}
+    # The decision's differences are the paired per-seed finals, grpo − dr_grpo, in seed order.
+    assert decision["differences"] == pytest.approx([finals[f"grpo/seed_{s}"] - finals[f"dr_grpo/seed_{s}"] for s in (0, 1)])
+    parent = client.get_run(result.parent_run_id)
+    assert "equivalent within ±100" in parent.data.tags["polyrl.sequential.seeds_002"]
+    assert parent.info.status == "FINISHED"
+    for arm_run_id in result.arm_run_ids.values():
+        assert client.get_run(arm_run_id).info.status == "FINISHED"
+
+    # A resume trains nothing and keeps the same sequence: no round counted twice.
+    again = run_experiment(path, resume=True, show_progress=False)
+    state_again = json.loads((tmp_path / "runs" / "sequential" / "experiment.json").read_text())
+    assert state_again["sequential"][-1]["decisions"] == state["sequential"][-1]["decisions"]
+    assert [r["seeds"] for r in state_again["sequential"]] == [1, 2]
+    assert sorted(again.seed_run_ids) == sorted(result.seed_run_ids)
+    assert sorted(state_again["finished"]) == sorted(state["finished"])
+
+
+@pytest.mark.slow
+def test_hours_spent_stop_the_rounds_and_a_resume_continues_them(tmp_path, tiny_experiment, write_experiment, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    block = _block(comparisons=[{"arms": ["grpo", "dr_grpo"], "metric": "reward/mean", "sesoi": 100.0}], max_seeds=3)
+    config = _experiment(tiny_experiment, block | {"max_hours": 1e-6})
+    path = write_experiment(tmp_path, config)
+    first = run_experiment(path, show_progress=False)
+    assert sorted(first.seed_run_ids) == ["dr_grpo/seed_0", "grpo/seed_0"]  # one round, then the hours were spent
+    # More hours on resume: the sequence goes on from seed 1 (seed 0 is not trained again).
+    config["until_resolved"].pop("max_hours")
+    write_experiment(tmp_path, config)
+    second = run_experiment(path, resume=True, show_progress=False)
+    assert sorted(second.seed_run_ids) == ["dr_grpo/seed_0", "dr_grpo/seed_1", "grpo/seed_0", "grpo/seed_1"]
+    assert second.seed_run_ids["grpo/seed_0"] == first.seed_run_ids["grpo/seed_0"]
+    state = json.loads((tmp_path / "runs" / "sequential" / "experiment.json").read_text())
+    assert [r["seeds"] for r in state["sequential"]] == [1, 2]
+    assert state["sequential"][-1]["decisions"]["grpo-vs-dr_grpo:reward/mean"]["verdict"] == "equivalent"
