@@ -13,8 +13,10 @@ What changes: each ``nn.Linear`` of the routed module computes ``x Wᵀ + b`` an
 (``torch.ops.mkldnn._linear_pointwise``, the op torch's own Inductor emits for CPU linears).
 Same maths in fp32 (IEEE, no reduced-precision mode); only the summation order differs, so
 results match torch's to fp32 rounding (tests: values and all three gradients to 1e-5
-relative). Parameters, state dict, optimizer and weight sync are untouched: only the
-instances' ``forward`` is replaced.
+relative). Parameters, state dict, optimizer and weight sync are untouched: each layer's class
+becomes a subclass of its own whose ``forward`` reads the layer it is called on, so a deep copy or
+a pickled copy of a routed model (a teacher built by copying, a Ray actor's argument) stays routed
+and computes with its own weights.
 
 When: ``auto`` (the default) routes where torch's BLAS is MKL on a CPU that is not Intel's
 (``vendor_id`` in ``/proc/cpuinfo``), the learner computes in fp32 and oneDNN is in this torch
@@ -29,6 +31,11 @@ keeps the default BLAS; ``onednn`` insists and is refused where it cannot apply.
 ``train.compile`` the same products run as registered custom ops, which Inductor calls as
 opaque kernels while it fuses the element-wise work between them; without them a compiled
 decoder would fall back to torch's BLAS and lose this module's gain.
+
+Testing: the environment variable ``POLYRL_CPU_MATMUL`` (``onednn`` or ``torch``) replaces the
+vendor rule of ``auto`` (only ``auto``; where oneDNN cannot apply, ``auto`` still keeps torch), so
+the routing that ``auto`` gives every CPU that is not Intel's runs in a CI on an Intel machine
+(``make test-onednn``, docs/testing.md), and the Intel choice can be run on any other.
 """
 
 from __future__ import annotations
@@ -333,7 +340,8 @@ def resolve_cpu_matmul(
     setting: str, *, device: torch.device, compute_dtype: torch.dtype, vendor: str | None = None, blas: str | None = None
 ) -> str:
     """``onednn`` or ``torch``: the library the learner's Linear layers will use (see the module doc).
-    ``vendor`` and ``blas`` default to this machine's :func:`cpu_vendor` and :func:`torch_blas`."""
+    ``vendor`` and ``blas`` default to this machine's :func:`cpu_vendor` and :func:`torch_blas`;
+    :func:`auto_override` (``POLYRL_CPU_MATMUL``) replaces their rule for ``auto``."""
     reasons = []
     if device.type != "cpu":
         reasons.append(f"the policy is on {device.type}, not the CPU")

@@ -148,6 +148,7 @@ def test_routed_policy_gives_torch_logprobs_and_gradients(random_policy_dir):
 
 
 def test_the_choice_follows_its_rule(monkeypatch):
+    monkeypatch.delenv("POLYRL_CPU_MATMUL", raising=False)  # the rule itself, not make test-onednn's override
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
     fp32 = {"device": cpu, "compute_dtype": torch.float32}
@@ -174,8 +175,28 @@ def test_the_choice_follows_its_rule(monkeypatch):
         resolve_cpu_matmul("onednn", **fp32)
 
 
+def test_polyrl_cpu_matmul_replaces_autos_vendor_rule_and_nothing_else(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
+    fp32 = {"device": torch.device("cpu"), "compute_dtype": torch.float32}
+    monkeypatch.setenv("POLYRL_CPU_MATMUL", "onednn")  # make test-onednn: the non-Intel default on any CPU
+    assert resolve_cpu_matmul("auto", **fp32, vendor="GenuineIntel", blas="mkl") == "onednn"
+    assert resolve_cpu_matmul("auto", **fp32, vendor="AuthenticAMD", blas="open") == "onednn"
+    assert resolve_cpu_matmul("torch", **fp32, vendor="AuthenticAMD", blas="mkl") == "torch"  # explicit: kept
+    # Where oneDNN cannot apply, auto still keeps torch (never an error).
+    assert resolve_cpu_matmul("auto", device=torch.device("cpu"), compute_dtype=torch.bfloat16) == "torch"
+    monkeypatch.setenv("POLYRL_CPU_MATMUL", " Torch ")  # the Intel choice on a CPU that is not Intel's
+    assert resolve_cpu_matmul("auto", **fp32, vendor="AuthenticAMD", blas="mkl") == "torch"
+    assert resolve_cpu_matmul("onednn", **fp32, vendor="AuthenticAMD", blas="mkl") == "onednn"
+    monkeypatch.setenv("POLYRL_CPU_MATMUL", "")  # empty: the rule
+    assert resolve_cpu_matmul("auto", **fp32, vendor="AuthenticAMD", blas="mkl") == "onednn"
+    monkeypatch.setenv("POLYRL_CPU_MATMUL", "mkl")
+    with pytest.raises(CpuMatmulError, match="POLYRL_CPU_MATMUL='mkl'.*'onednn', 'torch', or unset"):
+        resolve_cpu_matmul("auto", **fp32)
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64" or not Path("/proc/cpuinfo").exists(), reason="reads an x86 Linux CPU")
-def test_this_machine_is_read_for_the_rule():
+def test_this_machine_is_read_for_the_rule(monkeypatch):
+    monkeypatch.delenv("POLYRL_CPU_MATMUL", raising=False)
     vendors = {
         line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id")
     }
