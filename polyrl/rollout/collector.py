@@ -252,7 +252,10 @@ class RolloutCollector:
             "rollout/dynamic_sampling_surplus_groups": float(surplus_groups),
             "rollout/dynamic_sampling_missing_groups": float(wanted - kept_groups),
         })  # fmt: skip
-        collected = Collected(merged, Scores([t for _, sc in kept for t in sc.totals], metrics), seconds)
+        # Each kept row keeps its per-component rewards, in the merged rows' order: the component,
+        # judge-drift and inspector checks read them as they do without dynamic sampling.
+        kept_parts = {label: [v for _, sc in kept for v in sc.per_module[label]] for label in generated[0].per_module}
+        collected = Collected(merged, Scores([t for _, sc in kept for t in sc.totals], metrics, kept_parts), seconds)
         return self.with_greedy_baselines(step, collected)
 
     def with_greedy_baselines(self, step: int, collected: Collected) -> Collected:

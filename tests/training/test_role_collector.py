@@ -110,3 +110,14 @@ def test_sync_weights_reaches_the_engine():
     collector, engine = _collector([])
     collector.sync_weights(iter([("w", torch.zeros(1)), ("b", torch.zeros(1))]))
     assert engine.synced == ["w", "b"]
+
+
+def test_dynamic_sampling_keeps_each_kept_rows_reward_components():
+    """The kept rows' per-component rewards (Scores.per_module), in the merged rows' order: dropped
+    before, so the component, judge-drift and inspector checks never ran under dynamic sampling."""
+    informative, flat = ["ab", "abcd"], ["abc", "xyz"]
+    collector, _ = _collector([[informative, flat], [flat, ["a", "abcde"]]], dynamic=True, max_rounds=3)
+    scores = collector.collect(step=1).scores
+    # Kept: round 1's group 0 ("ab", "abcd") and round 2's group 3 ("a", "abcde"); len/100 each.
+    assert scores.per_module == {"len": pytest.approx([0.02, 0.04, 0.01, 0.05])}
+    assert scores.totals == pytest.approx([0.02, 0.04, 0.01, 0.05])
