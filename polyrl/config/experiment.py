@@ -202,6 +202,19 @@ class ExperimentConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _reward_aggregation_applies(self) -> "ExperimentConfig":
+        """advantage.reward_aggregation against the rewards and the estimator (polyrl.config.objective.check_reward_aggregation)."""
+        from polyrl.config.objective import check_reward_aggregation
+
+        errors = [
+            InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
+            for loc, message, value in check_reward_aggregation(self)
+        ]
+        if errors:
+            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        return self
+
+    @model_validator(mode="after")
     def _every_setting_acts(self, info: ValidationInfo) -> "ExperimentConfig":
         """A field written in the YAML that would do nothing here (polyrl.config.inert_settings); the
         context's ``inert_exempt``: fields a later layer (arm, --set) switched off."""

@@ -226,6 +226,13 @@ class AdvantageConfig(StrictModel):
     )
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     overlong: OverlongConfig = OverlongConfig()
+    reward_aggregation: Literal["sum", "gdpo"] = Field(
+        "sum",
+        description="How several rewards[] enter the advantage. 'sum': the estimator sees their weighted total. 'gdpo': "
+        "each reward is normalised within its group apart from the others, then weighted and summed, then normalised "
+        "over the batch (GDPO, arXiv 2601.05242), so that reward combinations the total would tie stay apart; needs two "
+        "or more rewards and the group_norm estimator with its group std (polyrl/algos/advantages/gdpo.py).",
+    )
 
     @field_validator("estimator")
     @classmethod
@@ -260,6 +267,47 @@ class ModalitiesConfig(StrictModel):
 
     text: ModalityGAEConfig = ModalityGAEConfig(gamma=0.95, lam=0.9)
     image: ModalityGAEConfig = ModalityGAEConfig(gamma=0.85, lam=0.8)
+
+
+def check_reward_aggregation(cfg: Any) -> list[tuple[tuple[str, ...], str, Any]]:
+    """``advantage.reward_aggregation: gdpo`` against the rest of the config: ``(field path, message,
+    value)`` for each refusal (:class:`polyrl.config.experiment.ExperimentConfig` raises them). GDPO
+    decouples the rewards only where the advantage divides each group by its std (see
+    :mod:`polyrl.algos.advantages.gdpo`), and it reads each reward's raw scores, so anything that
+    changes the total alone (the overlong penalty, the KL in the reward, the dynamic-sampling filter)
+    would be silently left out."""
+    from polyrl.algos.advantages.gdpo import GDPO_ESTIMATORS
+    from polyrl.algos.objectives import get_objective
+
+    if cfg.advantage.reward_aggregation != "gdpo":
+        return []
+    path, allowed = ("advantage", "reward_aggregation"), "allowed here: reward_aggregation: sum (the default)"
+    estimator = cfg.advantage.estimator or get_objective(cfg.objective.name).default_advantage
+    params = cfg.advantage.params
+    reasons = []
+    if cfg.env is not None:
+        reasons.append("env: episodes are scored by one reward, the environment's return")
+    elif len(cfg.rewards) < 2:
+        reasons.append(f"the run has {len(cfg.rewards)} reward, so there is nothing to normalise apart (two or more rewards[])")
+    if estimator not in GDPO_ESTIMATORS:
+        reasons.append(
+            f"the advantage estimator is {estimator!r}, whose advantage does not depend on how rewards are combined "
+            "(centring alone is linear; a critic learns the total's value); allowed: advantage.estimator: group_norm"
+        )
+    elif params.get("use_std") is False or params.get("std_scale") == "batch":
+        reasons.append(
+            "advantage.params turn off the group std (use_std: false or std_scale: batch), so each reward's group "
+            "normalisation would be a centring, equal to centring the sum; allowed: use_std: true, std_scale: group"
+        )
+    if cfg.advantage.overlong.mode == "soft_punishment":
+        reasons.append("advantage.overlong.mode 'soft_punishment' adds to the total only (no reward of its own here)")
+    if cfg.train.kl_in_reward:
+        reasons.append("train.kl_in_reward puts the KL into the total's token rewards only")
+    if cfg.advantage.dynamic_sampling.enabled:
+        reasons.append("advantage.dynamic_sampling keeps the groups whose totals differ, and drops groups that GDPO separates")
+    if not reasons:
+        return []
+    return [(path, "'gdpo' cannot apply here: " + "; ".join(reasons) + "; " + allowed, "gdpo")]
 
 
 def check_rollout_correction(cfg: Any) -> list[tuple[tuple[str, ...], str, Any]]:

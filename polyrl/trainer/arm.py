@@ -23,25 +23,25 @@ from polyrl.config.schema import ExperimentConfig
 from polyrl.data.sampler import PromptSampler
 from polyrl.engines.base import RolloutEngine
 from polyrl.engines.image_prompts import model_takes_images
-from polyrl.policies.paths import resolve_policy_path
-from polyrl.trainer.async_loop import AsyncTrainingLoop
-from polyrl.trainer.build_data import build_rewards, build_sampler, training_rows
-from polyrl.trainer.build_models import Models, build_models
-from polyrl.trainer.build_rollout import RolloutSide, adapter_sync, build_collector, build_rollout
-from polyrl.rollout.collector import RolloutCollector
 from polyrl.learner.critic import Critic
 from polyrl.monitoring.health import HealthMonitor
-from polyrl.trainer.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
-from polyrl.trainer.inspector_hook import InspectorHook
-from polyrl.trainer.loop import TrainingLoop, sync_policy
-from polyrl.trainer.pipeline import BatchPipeline, PipelineContext
-from polyrl.trainer.protocols import ChecksOverlap, Closes, Evaluator, Learner, Tracker
+from polyrl.policies.paths import resolve_policy_path
+from polyrl.rollout.collector import RolloutCollector
 from polyrl.runtime.compiled import check_sampler_compile
 from polyrl.runtime.cpu_matmul import cpu_vendor, torch_blas
 from polyrl.runtime.devices import learner_device
 from polyrl.runtime.precision import compute_dtype
 from polyrl.runtime.ray_cluster import RayDemand, acquire_ray, release_ray
 from polyrl.runtime.threads import set_torch_threads
+from polyrl.trainer.async_loop import AsyncTrainingLoop
+from polyrl.trainer.build_data import build_rewards, build_sampler, training_rows
+from polyrl.trainer.build_models import Models, build_models
+from polyrl.trainer.build_rollout import RolloutSide, adapter_sync, build_collector, build_rollout
+from polyrl.trainer.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
+from polyrl.trainer.inspector_hook import InspectorHook
+from polyrl.trainer.loop import TrainingLoop, sync_policy
+from polyrl.trainer.pipeline import BatchPipeline, PipelineContext
+from polyrl.trainer.protocols import ChecksOverlap, Closes, Evaluator, Learner, Tracker
 
 __all__ = ["Arm", "build_arm", "ray_demand", "reuses_old_logprobs", "seed_everything"]
 
@@ -262,7 +262,7 @@ def _build_arm(
     if logger is not None:
         _log_runtime(logger, models, rollout, build_started)
     collector = build_collector(cfg, rollout.engine, rewards, sampler.next_batch, accuracy_label=label)
-    pipeline = BatchPipeline(_pipeline_context(cfg, models, pad_token_id))
+    pipeline = BatchPipeline(_pipeline_context(cfg, models, pad_token_id, reward_weights=dict(rewards.weights)))
     r = cfg.rollout
     # Asynchronous training too: the gap is measured on the rows sampled at the learner's weights
     # (staleness 0), so it stays a sync check (polyrl/learner/policy_learner.py, _rows_to_diagnose).
@@ -332,7 +332,9 @@ def _log_runtime(logger: Tracker, models: Models, rollout: RolloutSide, build_st
     )
 
 
-def _pipeline_context(cfg: ExperimentConfig, models: Models, pad_token_id: int) -> PipelineContext:
+def _pipeline_context(
+    cfg: ExperimentConfig, models: Models, pad_token_id: int, *, reward_weights: dict[str, float]
+) -> PipelineContext:
     r, critic, lora, estimator = cfg.rollout, models.critic, models.lora, models.estimator
     return PipelineContext(
         estimator=estimator,
@@ -357,6 +359,7 @@ def _pipeline_context(cfg: ExperimentConfig, models: Models, pad_token_id: int) 
         padding_free=models.padding_free,
         behaviour_logprobs=r.max_staleness > 0,
         rollout_correction=cfg.objective.rollout_correction,
+        decoupled_reward_weights=reward_weights if cfg.advantage.reward_aggregation == "gdpo" else None,
     )
 
 

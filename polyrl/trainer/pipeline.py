@@ -20,6 +20,7 @@ from torch import Tensor
 
 from polyrl.algos.advantages import AdvantageInputs, AdvantageSpec
 from polyrl.algos.advantages.common import last_response_index
+from polyrl.algos.advantages.gdpo import gdpo_advantages
 from polyrl.algos.dapo_data import dapo_overlong_penalty
 from polyrl.algos.losses import kl_in_reward, kl_penalty, masked_mean, masked_mean_std
 from polyrl.algos.rollout_correction import apply_correction, mismatch_diagnostics
@@ -63,6 +64,9 @@ class PipelineContext:
     # than the learner's, so π_old is the behaviour policy, the sampler's log-probs (old_logprobs).
     behaviour_logprobs: bool = False
     rollout_correction: RolloutCorrectionConfig | None = None  # objective.rollout_correction; None: no correction
+    # advantage.reward_aggregation 'gdpo': each reward's weight by label; the advantage comes from each
+    # reward's raw scores (Scores.per_module, polyrl/algos/advantages/gdpo.py). None ('sum'): from the total.
+    decoupled_reward_weights: dict[str, float] | None = None
 
 
 @dataclass
@@ -245,7 +249,13 @@ def advantages(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
         lambdas=b.lambdas,
         baselines=None if b.scores.baselines is None else _as_rewards(b.scores.baselines),
     )
-    adv, adv_metrics = estimator.fn(inputs, **ctx.estimator_params)
+    if ctx.decoupled_reward_weights is not None:
+        eps = ctx.estimator_params.get("eps", 1e-6)
+        adv, adv_metrics = gdpo_advantages(
+            b.scores.per_module, ctx.decoupled_reward_weights, b.rollout.group_ids, inputs.mask, eps=eps
+        )
+    else:
+        adv, adv_metrics = estimator.fn(inputs, **ctx.estimator_params)
     returns = None
     if estimator.value_targets is not None:
         returns, _ = estimator.value_targets(inputs, **{k: v for k, v in ctx.estimator_params.items() if k == "whiten"})

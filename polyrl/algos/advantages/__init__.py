@@ -27,7 +27,8 @@ before any whitening).
 
 Layout: :mod:`.registry` (specs, :class:`AdvantageInputs`), :mod:`.common` (reward shapes,
 metrics), one module per family (:mod:`.group`: GRPO, Dr.GRPO, RLOO; :mod:`.gae`; :mod:`.reinforce`:
-REINFORCE++, REINFORCE++-baseline, ReMax, GPG).
+REINFORCE++, REINFORCE++-baseline, ReMax, GPG). :mod:`.gdpo` is no estimator but how several rewards
+reach ``group_norm`` (``advantage.reward_aggregation: gdpo``): each normalised within its group apart.
 """
 
 from polyrl.algos.advantages.common import (  # noqa: I001 - registration order, below
