@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from polyrl.config.base import StrictModel
 
@@ -39,9 +39,35 @@ class EnvConfig(StrictModel):
         "closing of the turn is appended as observation tokens."
     )  # fmt: skip
     tool_format: Literal["auto", "template", "text"] = Field(
-        "auto", description="How tools are offered: the chat template's tools= where it has one (auto, template), "
-        "else (auto, text) the plain-text <tool_call> protocol in a system message."
+        "auto", description="How tools are offered: the chat template's tools= where it renders them in a call "
+        "format polyrl parses (auto, template), else (auto, text) the plain-text protocol in a system message."
     )  # fmt: skip
+    tool_parser: Literal["auto", "hermes", "llama3_json"] = Field(
+        "auto", description="How the policy's tool calls are read: hermes (<tool_call>{...}</tool_call>), llama3_json "
+        "(the turn is a bare JSON call {\"name\": ..., \"parameters\": ...}), or auto: the format the rendered prompt "
+        "asks for (the chat template's text; hermes for the plain-text protocol). The run says which in its first lines."
+    )  # fmt: skip
+    step_timeout_s: float = Field(
+        60.0, gt=0, description="Time budget of one call of the environment's start(row) or step(text); past it the "
+        "run stops with an error naming the environment (a Python call cannot be interrupted)."
+    )  # fmt: skip
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_not_empty(cls, stops: list[str]) -> list[str]:
+        if any(stop == "" for stop in stops):
+            raise ValueError("an empty stop string would end every turn after its first token; remove it")
+        return stops
+
+    @model_validator(mode="after")
+    def _step_budget_holds_a_tool_call(self) -> "EnvConfig":
+        if self.step_timeout_s < self.tool_timeout_s:
+            raise ValueError(
+                f"env.step_timeout_s ({self.step_timeout_s:g}) is below env.tool_timeout_s ({self.tool_timeout_s:g}): a step "
+                "whose tool call runs out of time would stop the run instead of telling the policy; allowed: "
+                "step_timeout_s >= tool_timeout_s"
+            )
+        return self
 
     @model_validator(mode="after")
     def _loads(self) -> "EnvConfig":
@@ -67,6 +93,26 @@ def env_refusals(cfg: Any) -> list[tuple[tuple[str, ...], Any, str]]:
             "with env: set, the reward is the episode's return (the environment's per-turn rewards); "
             "rewards: is not used; remove it (score inside the environment instead)",
         ))  # fmt: skip
+    if cfg.env.max_episode_tokens < cfg.rollout.max_tokens:
+        # Every turn may be cut by the episode's budget before its own: a 1-token budget trains 1-token episodes.
+        refusals.append((
+            ("env", "max_episode_tokens"), cfg.env.max_episode_tokens,
+            f"env.max_episode_tokens ({cfg.env.max_episode_tokens}) is below rollout.max_tokens ({cfg.rollout.max_tokens}), "
+            "one assistant turn's budget: the episode budget would cut even its first turn; allowed: at least "
+            "rollout.max_tokens (an episode holds one whole turn and the turns after it)",
+        ))  # fmt: skip
+    estimator = _advantage_estimator(cfg)
+    if estimator is not None and "baselines" in estimator.requires:
+        # ReMax's baseline is the reward of one greedy completion of the prompt; an episode's
+        # return needs a whole greedy episode, which the collector does not play.
+        field = ("advantage", "estimator") if cfg.advantage.estimator else ("objective", "name")
+        whose = "" if cfg.advantage.estimator else f" (objective {cfg.objective.name!r}'s default)"
+        refusals.append((
+            field, cfg.advantage.estimator or cfg.objective.name,
+            f"the {estimator.name!r} advantage estimator{whose} takes a greedy completion's reward as its baseline, "
+            "which env: episodes do not have (an episode's return would need a whole greedy episode); with env: "
+            "use another estimator (advantage.estimator: grpo, rloo, reinforce_pp, ...) or objective",
+        ))  # fmt: skip
     if cfg.advantage.overlong.mode == "soft_punishment":
         # Its length budget is one completion's (rollout.max_tokens); an episode's policy tokens
         # span several turns, so every long episode would be punished as overlong.
@@ -76,3 +122,15 @@ def env_refusals(cfg: Any) -> list[tuple[tuple[str, ...], Any, str]]:
             "budget; allowed with env: off, mask_truncated (truncated episodes leave the loss)",
         ))  # fmt: skip
     return refusals
+
+
+def _advantage_estimator(cfg: Any) -> Any:
+    """The arm's advantage estimator (the objective's default when unset), or None if unknown
+    (reported by the objective check)."""
+    from polyrl.algos.advantages import get_advantage
+    from polyrl.algos.objectives import get_objective
+
+    try:
+        return get_advantage(cfg.advantage.estimator or get_objective(cfg.objective.name).default_advantage)
+    except Exception:  # noqa: BLE001 - an unknown name is refused, with its allowed values, elsewhere
+        return None

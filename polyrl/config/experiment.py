@@ -268,6 +268,7 @@ def resolve_arms(
     """
     raw = copy.deepcopy(raw)
     raw.pop("seeds", None)  # the experiment's seed axis, not a run setting: config.seeds reads it
+    raw.pop("until_resolved", None)  # the experiment's rounds of seeds: config.until_resolved reads it
     arms_raw = raw.pop("arms", None) or {}
     if not isinstance(arms_raw, dict):
         raise ConfigError(
@@ -281,7 +282,6 @@ def resolve_arms(
             try:
                 check_safe_name(
                     arm_name if isinstance(arm_name, str) else repr(arm_name), "it names a checkpoint folder and an MLflow run"
-    raw.pop("until_resolved", None)  # the experiment's rounds of seeds: config.until_resolved reads it
                 )
             except ValueError as error:
                 raise ConfigError(

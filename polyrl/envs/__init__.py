@@ -7,13 +7,24 @@ messages = env.start(row); step = env.step("<tool_call>...</tool_call>")
 See docs/episodes.md. The episode rollout itself (token in, token out) is polyrl/rollout/episodes.py.
 """
 
-from polyrl.envs.base import EnvConfigError, Environment, EpisodeRow, Step, ToolEnvironment, checked_messages
+from polyrl.envs.base import EnvConfigError, EnvFailedError, Environment, EpisodeRow, Step, ToolEnvironment, checked_messages
 from polyrl.envs.registry import ENTRY_POINT_GROUP, build_env, env_entry_points, load_env_class, register_env, registered_envs
-from polyrl.envs.tools import Tool, ToolCall, ToolResult, parse_tool_calls, run_tool_call, tool, tool_protocol_text
+from polyrl.envs.tools import (
+    TOOL_PARSERS,
+    Tool,
+    ToolCall,
+    ToolResult,
+    parse_tool_calls,
+    run_tool_call,
+    tool,
+    tool_protocol_text,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "TOOL_PARSERS",
     "EnvConfigError",
+    "EnvFailedError",
     "Environment",
     "EpisodeRow",
     "Step",

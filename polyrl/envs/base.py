@@ -24,24 +24,41 @@ call then ends unsolved rather than counted by its format reward.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+import numpy as np
+
 from polyrl.core.errors import PolyrlError
+
+# The float32 range rewards are trained in, as polyrl.rewards.summary.SCORE_LIMIT (not imported
+# from there: polyrl.rewards loads every built-in reward module, seconds of imports).
+SCORE_LIMIT = float(np.finfo(np.float32).max)
 
 __all__ = [
     "EnvConfigError",
+    "EnvFailedError",
     "Environment",
     "EpisodeRow",
     "Step",
     "ToolEnvironment",
     "checked_messages",
+    "checked_reward",
     "episode_accuracy_value",
 ]
 
 
 class EnvConfigError(PolyrlError, ValueError):
     """An environment is configured wrongly: unknown reference, bad parameter, bad messages."""
+
+
+class EnvFailedError(PolyrlError, RuntimeError):
+    """An environment's own code failed while playing: ``start`` or ``step`` raised, called
+    ``sys.exit``, ran past its time budget (``env.step_timeout_s``) or returned a reward that
+    cannot be trained on. The message names the environment, the method, the row and the turn,
+    as a reward module's failure names the module and the sample."""
 
 
 @dataclass
@@ -100,6 +117,28 @@ class Environment(Protocol):
     def step(self, text: str) -> Step: ...
 
 
+def checked_reward(value: Any, *, where: str) -> float | None:
+    """``Step.reward`` as a float (or None), held to the rule reward modules' scores are held to
+    (:func:`polyrl.rewards.composite.validate_scores`): a real number (a numpy scalar or a 0-d
+    numpy array or torch tensor included; ``bool`` and strings refused), finite and within the
+    float32 range rewards are trained in; else :class:`EnvFailedError` naming ``where``."""
+    if value is None:
+        return None
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a 0-d numpy array or torch tensor
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise EnvFailedError(f"{where} returned reward {value!r:.80} ({type(value).__name__}); expected a float or None")
+    number = float(value)
+    if not math.isfinite(number):
+        raise EnvFailedError(f"{where} returned reward {number}; rewards must be finite numbers or None")
+    if abs(number) > SCORE_LIMIT:
+        raise EnvFailedError(
+            f"{where} returned reward {number:g}: beyond the float32 range (|reward| <= {SCORE_LIMIT:.4g}) rewards "
+            "are trained in; rescale it"
+        )
+    return number
+
+
 def checked_messages(messages: Any, *, where: str, last_user: bool = False) -> list[dict[str, Any]]:
     """``messages`` as a list of ``{role: str, content: str, ...}`` dicts, or :class:`EnvConfigError`
     naming ``where`` (the environment method that returned them)."""
@@ -127,9 +166,11 @@ class ToolEnvironment:
     :meth:`answer`. Subclasses set ``tools`` and implement :meth:`start` and :meth:`answer`."""
 
     tools: ClassVar[list[Any]] = []
-    # Filled by the episode rollout from env.tool_timeout_s / env.tool_output_chars.
+    # Filled by the episode rollout from env.tool_timeout_s / env.tool_output_chars, and with the
+    # call format the policy was asked for (env.tool_parser, resolved: hermes or llama3_json).
     tool_timeout_s: float = 5.0
     tool_output_chars: int = 2000
+    tool_parser: str = "hermes"
 
     def start(self, row: EpisodeRow) -> list[dict[str, Any]]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -140,7 +181,7 @@ class ToolEnvironment:
     def step(self, text: str) -> Step:
         from polyrl.envs.tools import parse_tool_calls, run_tool_call
 
-        calls = parse_tool_calls(text)
+        calls = parse_tool_calls(text, self.tool_parser)
         if not calls:
             return Step(reward=float(self.answer(text)), done=True)
         results = [run_tool_call(call, self.tools, timeout_s=self.tool_timeout_s, output_chars=self.tool_output_chars)

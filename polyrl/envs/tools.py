@@ -1,12 +1,21 @@
 """Tools: Python functions with a JSON schema, the calls a policy writes, and running them safely.
 
-The plain-text protocol (used where the chat template has no tool format, and always to parse
-the policy's calls): a call is a JSON object between tags,
+Calls are read back from the policy's text by a named parser (``env.tool_parser``; the names
+are vLLM's ``--tool-call-parser`` names for the same formats):
+
+- ``hermes``: a JSON object between tags, the format Hermes-style and Qwen2.5 chat templates ask
+  for; a turn may hold several::
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>
 
-and a turn may hold several. This is the format Hermes-style and Qwen2.5 chat templates ask
-models to write, so a template that renders ``tools=`` and the plain protocol agree on the calls.
+- ``llama3_json``: the turn is the call, a bare JSON object with ``parameters`` (or
+  ``arguments``), the format Llama 3.1/3.2 templates ask for; optionally after ``<|python_tag|>``,
+  several separated by ``;``::
+
+    {"name": "calculator", "parameters": {"expression": "123 * 45"}}
+
+The plain-text protocol (used where the chat template has no tool format of its own) tells the
+policy, in a system message, to write calls in the parser's format (:func:`tool_protocol_text`).
 
 Every call runs under a time limit and an output cap. A call that raises, runs out of time, is
 not valid JSON, names no tool or an unknown one, or passes arguments the function does not take,
@@ -26,6 +35,7 @@ from typing import Any, Callable
 
 __all__ = [
     "TOOL_CALL_PATTERN",
+    "TOOL_PARSERS",
     "Tool",
     "ToolCall",
     "ToolResult",
@@ -36,6 +46,9 @@ __all__ = [
 ]
 
 TOOL_CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+# The named call formats (env.tool_parser, besides auto); see the module docstring.
+TOOL_PARSERS = ("hermes", "llama3_json")
+LLAMA3_CALL_TAG = "<|python_tag|>"
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
@@ -81,14 +94,21 @@ def eval_annotation(text: str) -> type | None:
     return {t.__name__: t for t in _JSON_TYPES}.get(text)
 
 
-def tool_protocol_text(tools: list[Tool]) -> str:
+def tool_protocol_text(tools: list[Tool], parser: str = "hermes") -> str:
     """The plain-text protocol, told to the policy in the system message where the chat template
-    takes no ``tools=``."""
-    lines = [
-        "You can call tools. To call one, write a JSON object between <tool_call> and </tool_call>, e.g.",
-        '<tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>',
-        "and stop; the result comes back in the next message. Available tools:",
-    ]
+    takes no ``tools=``: calls written in ``parser``'s format."""
+    if parser == "llama3_json":
+        lines = [
+            "You can call tools. To call one, answer with nothing but a JSON object, e.g.",
+            '{"name": "<tool name>", "parameters": {<arguments>}}',
+            "and stop; the result comes back in the next message. Any other answer is your final answer. Available tools:",
+        ]
+    else:
+        lines = [
+            "You can call tools. To call one, write a JSON object between <tool_call> and </tool_call>, e.g.",
+            '<tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>',
+            "and stop; the result comes back in the next message. Available tools:",
+        ]
     lines += [json.dumps(t.schema()["function"], sort_keys=True) for t in tools]
     return "\n".join(lines)
 
@@ -108,28 +128,65 @@ class ToolResult:
     error_kind: str | None = None  # "exception", "timeout", "malformed", "unknown_tool", "bad_arguments"
 
 
-def parse_tool_calls(text: str) -> list[ToolCall]:
-    """The calls in an assistant turn (plain-text protocol); a malformed one is kept, with its error."""
-    calls = []
-    for body in TOOL_CALL_PATTERN.findall(text):
+def parse_tool_calls(text: str, parser: str = "hermes") -> list[ToolCall]:
+    """The calls in an assistant turn, read by ``parser`` (:data:`TOOL_PARSERS`); a malformed one
+    is kept, with its error. No call: the turn is the final answer."""
+    if parser == "hermes":
+        return [_hermes_call(body) for body in TOOL_CALL_PATTERN.findall(text)]
+    if parser == "llama3_json":
+        return _llama3_json_calls(text)
+    raise ValueError(f"unknown tool parser {parser!r}; allowed: {', '.join(TOOL_PARSERS)}")
+
+
+def _hermes_call(body: str) -> ToolCall:
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError as error:
+        return ToolCall(None, {}, f"the tool call is not valid JSON ({error.msg} at character {error.pos})")
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return ToolCall(None, {}, 'a tool call must be a JSON object with a "name" string')
+    return _with_arguments(value["name"], value.get("arguments", {}), "arguments")
+
+
+def _with_arguments(name: str, arguments: Any, key: str) -> ToolCall:
+    if isinstance(arguments, str):  # some templates write the arguments as a JSON string
         try:
-            value = json.loads(body)
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            arguments = None
+    if not isinstance(arguments, dict):
+        return ToolCall(name, {}, f'"{key}" must be a JSON object')
+    return ToolCall(name, arguments)
+
+
+def _llama3_json_calls(text: str) -> list[ToolCall]:
+    """A turn that is a call (or several, ``;``-separated): it starts, once blanks and
+    ``<|python_tag|>`` are set aside, with a JSON object naming a tool. A turn that starts with
+    ``{`` and mentions ``"name"`` but is not valid JSON is a malformed call (the policy is told);
+    any other turn, a JSON object without ``"name"`` included, is the final answer."""
+    rest = text.strip()
+    if rest.startswith(LLAMA3_CALL_TAG):
+        rest = rest[len(LLAMA3_CALL_TAG) :].lstrip()
+    if not rest.startswith("{"):
+        return []
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while at < len(rest) and rest[at] == "{":
+        try:
+            value, end = decoder.raw_decode(rest, at)
         except json.JSONDecodeError as error:
-            calls.append(ToolCall(None, {}, f"the tool call is not valid JSON ({error.msg} at character {error.pos})"))
-            continue
-        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            if calls or '"name"' in rest[at:]:
+                calls.append(ToolCall(None, {}, f"the tool call is not valid JSON ({error.msg} at character {error.pos})"))
+            break
+        if not isinstance(value, dict) or "name" not in value:
+            break  # JSON, but not a call: an answer written as JSON
+        if not isinstance(value["name"], str):
             calls.append(ToolCall(None, {}, 'a tool call must be a JSON object with a "name" string'))
-            continue
-        arguments = value.get("arguments", {})
-        if isinstance(arguments, str):  # some templates write the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                arguments = None
-        if not isinstance(arguments, dict):
-            calls.append(ToolCall(value["name"], {}, '"arguments" must be a JSON object'))
-            continue
-        calls.append(ToolCall(value["name"], arguments))
+        else:
+            key = "parameters" if "parameters" in value else "arguments"
+            calls.append(_with_arguments(value["name"], value.get(key, {}), key))
+        at = end
+        while at < len(rest) and rest[at] in " \t\r\n;":
+            at += 1
     return calls
 
 

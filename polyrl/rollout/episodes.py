@@ -9,7 +9,8 @@ sampling log-probs; nothing the policy generated is ever re-tokenised from text.
 (tool result, user message, feedback) is rendered through the chat template as the DIFFERENCE
 between the templated conversation with and without it, and only that difference is encoded
 and appended. The template's own closing of the assistant turn that the policy did not sample
-(e.g. the ``\\n`` after ``<|im_end|>`` in ChatML) is part of that difference. Every appended
+(e.g. the ``\\n`` after ``<|im_end|>`` in ChatML, or the end-of-turn token itself after an
+``env.stop`` string) is part of that difference (:mod:`polyrl.rollout.chat_render`). Every appended
 token is an observation token: mask 0, log-prob 0, no gradient, no length
 (:attr:`polyrl.core.types.Completion.completion_mask`). The learner therefore scores the very ids
 the sampler produced: ``prompt_ids + completion_ids`` of the returned completion.
@@ -28,6 +29,10 @@ Budgets and the truncation rule. An episode ends
   the budget; an observation that would not fit is not appended); ``max_turns`` assistant turns
   passed without ``done``; the context would outgrow the engine's ``max_model_len``.
 The return is the sum of the rewards the environment gave (``None`` counts 0), truncated or not.
+
+The environment's own code (``start``, ``step``) runs on a time budget (``env.step_timeout_s``);
+an exception, ``sys.exit``, time-out or a reward that is not a finite number stops the run with
+one message naming the environment, the method, the row and the turn (:mod:`polyrl.envs.calls`).
 """
 
 from __future__ import annotations
@@ -38,7 +43,10 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
-from polyrl.envs import EnvConfigError, EpisodeRow, Step, checked_messages, tool_protocol_text
+from polyrl.envs import EnvConfigError, EpisodeRow, Step, checked_messages
+from polyrl.envs.base import EnvFailedError, checked_reward
+from polyrl.envs.calls import DEFAULT_STEP_TIMEOUT_S, call_env, env_source, row_words, snippet
+from polyrl.rollout.chat_render import ChatRenderer
 
 __all__ = ["ChatRenderer", "EpisodeRunner", "EpisodeSettings", "episode_metrics"]
 
@@ -54,106 +62,17 @@ class EpisodeSettings:
     env_name: str = "env"  # for error messages
     # Stop strings that also end an assistant turn (e.g. "</tool_call>"), besides end of turn/EOS.
     stop: tuple[str, ...] = ()
-
-
-def template_takes_tools(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template renders a ``tools=`` list (it reads ``tools``)."""
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
-        template = template.get("tool_use") or template.get("default")
-    return isinstance(template, str) and "tools" in template
-
-
-class ChatRenderer:
-    """The chat template's text of a conversation, with the tools offered its way (``tools=``) or
-    in the plain-text protocol of :mod:`polyrl.envs.tools` (a system message)."""
-
-    def __init__(self, tokenizer: Any, tools: Sequence[Any], tool_format: str = "auto", system_prompt: str | None = None):
-        if not getattr(tokenizer, "chat_template", None):
-            raise EnvConfigError("env: episodes are rendered through a chat template, but the policy's tokenizer has none")
-        self.tokenizer = tokenizer
-        self.tools = list(tools)
-        takes_tools = template_takes_tools(tokenizer)
-        if tool_format == "template" and self.tools and not takes_tools:
-            raise EnvConfigError(
-                "env.tool_format: template, but the policy's chat template does not render tools=; allowed: auto, text"
-            )
-        self.template_tools = bool(self.tools) and takes_tools and tool_format != "text"
-        system = [system_prompt] if system_prompt else []
-        if self.tools and not self.template_tools:
-            system.append(tool_protocol_text(self.tools))
-        self.system_text = "\n\n".join(system) or None
-        self.tool_role = "tool"
-
-    def first_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if self.system_text is None:
-            return messages
-        if messages[0]["role"] == "system":
-            return [{**messages[0], "content": messages[0]["content"] + "\n\n" + self.system_text}, *messages[1:]]
-        return [{"role": "system", "content": self.system_text}, *messages]
-
-    def render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
-        kwargs = {"tools": [t.schema() for t in self.tools]} if self.template_tools else {}
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
-
-    def encode(self, text: str) -> list[int]:
-        # The template is the one authority on special tokens (as polyrl/data/chat.py).
-        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
-
-    def observation_messages(self, observation: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Tool results as the template takes them: role ``tool``, or a user message for a template
-        that refuses that role (decided once, at the first tool result)."""
-        if self.tool_role == "tool":
-            return observation
-        return [
-            {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"} if m["role"] == "tool" else m
-            for m in observation
-        ]
-
-    def observation_ids(
-        self, history: list[dict[str, Any]], assistant_text: str, sampled_ids: list[int], observation: list[dict[str, Any]]
-    ) -> tuple[list[int], list[dict[str, Any]]]:
-        """The ids to append after the policy's sampled turn: the template's closing of that turn
-        (what it writes after the policy's last token) and the observation messages, rendered as
-        the difference of the templated conversation with and without them. Returns the ids and
-        the history with the assistant turn and the observation."""
-        before = self.render(history, generation_prompt=True)
-        with_turn = [*history, {"role": "assistant", "content": assistant_text}]
-        closed = self.render(with_turn, generation_prompt=False)
-        turn = closed[len(before) :] if closed.startswith(before) else closed
-        sampled = self.tokenizer.decode(sampled_ids, skip_special_tokens=False)
-        if turn.startswith(sampled):
-            tail = turn[len(sampled) :]
-        else:
-            # The template rewrote the turn (stripped spaces, say): its closing after the content,
-            # less the stop token the policy already sampled.
-            at = turn.rfind(assistant_text)
-            tail = turn[at + len(assistant_text) :] if at >= 0 else ""
-            extra = sampled[len(assistant_text) :] if sampled.startswith(assistant_text) else ""
-            if extra and tail.startswith(extra):
-                tail = tail[len(extra) :]
-        messages = self.observation_messages(observation)
-        try:
-            after = self.render([*with_turn, *messages], generation_prompt=True)
-        except Exception:  # noqa: BLE001 - a template without a tool role raises its own error type
-            if self.tool_role != "tool" or not any(m["role"] == "tool" for m in observation):
-                raise
-            self.tool_role = "user"
-            messages = self.observation_messages(observation)
-            after = self.render([*with_turn, *messages], generation_prompt=True)
-        if not after.startswith(closed):
-            raise EnvConfigError(
-                "env: the chat template renders the conversation differently once a message is added "
-                f"(not a prefix: {closed[-80:]!r} vs {after[len(closed) - 80 : len(closed)]!r}); "
-                "the observation tokens cannot be appended without re-tokenising the policy's turn"
-            )
-        return self.encode(tail + after[len(closed) :]), [*with_turn, *messages]
+    # How calls are parsed: auto (what the prompt asks for), hermes or llama3_json (polyrl.envs.tools).
+    tool_parser: str = "auto"
+    # The time budget of one start(row) or step(text) call (None: none); past it the run stops.
+    step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S
 
 
 @dataclass
 class _Episode:
     env: Any
     group: int
+    row: str  # the data row in words, for error messages
     history: list[dict[str, Any]]
     prompt_text: str
     prompt_ids: list[int]
@@ -198,18 +117,26 @@ class EpisodeRunner:
         self.settings = settings
         self.max_model_len = max_model_len
         probe = make_env()
-        self.renderer = ChatRenderer(tokenizer, getattr(probe, "tools", []) or [], settings.tool_format, settings.system_prompt)
+        self.renderer = ChatRenderer(tokenizer, getattr(probe, "tools", []) or [], settings.tool_format,
+                                     settings.system_prompt, tool_parser=settings.tool_parser)  # fmt: skip
+        # How tools are offered and calls parsed, in one sentence (None without tools): the run says it first.
+        self.tool_note = self.renderer.tool_note
 
     def _new_episode(self, prompt: PromptSample, group: int) -> _Episode:
         s = self.settings
         env = self.make_env()
         if hasattr(env, "tool_timeout_s"):
             env.tool_timeout_s, env.tool_output_chars = s.tool_timeout_s, s.tool_output_chars
+        if hasattr(env, "tool_parser"):
+            env.tool_parser = self.renderer.tool_parser
         row = EpisodeRow(prompt.prompt, list(prompt.references), dict(prompt.fields))
-        messages = checked_messages(env.start(row), where=f"{s.env_name}.start(row)", last_user=True)
+        words = row_words(prompt.prompt, prompt.fields, group)
+        started = call_env(env.start, row, env_name=s.env_name, method="start(row)", where=words,
+                           timeout_s=s.step_timeout_s, source=env_source(env))  # fmt: skip
+        messages = checked_messages(started, where=f"{s.env_name}.start(row) on {words}", last_user=True)
         messages = self.renderer.first_messages(messages)
         text = self.renderer.render(messages, generation_prompt=True)
-        episode = _Episode(env, group, messages, text, self.renderer.encode(text))
+        episode = _Episode(env, group, words, messages, text, self.renderer.encode(text))
         episode.turns = [{"role": m["role"], "content": m["content"], "trained": False, "tokens": 0} for m in messages]
         episode.turns[-1]["tokens"] = len(episode.prompt_ids)  # the whole first prompt, for the record
         return episode
@@ -263,9 +190,9 @@ class EpisodeRunner:
         if cut or sample.truncated:
             ep.close("length", "max_episode_tokens" if cut else "max_tokens")
             return
-        step = self._step(ep, text)
-        record.update(reward=step.reward, tool_calls=step.tool_calls, tool_errors=step.tool_errors)
-        ep.rewards.append(step.reward)
+        step, reward = self._step(ep, text)
+        record.update(reward=reward, tool_calls=step.tool_calls, tool_errors=step.tool_errors)
+        ep.rewards.append(reward)
         if step.solved is not None:
             ep.solved = bool(step.solved)
         ep.tool_calls += step.tool_calls
@@ -276,9 +203,10 @@ class EpisodeRunner:
         if ep.assistant_turns >= s.max_turns:
             ep.close("length", "max_turns")
             return
-        observation = checked_messages(step.observation, where=f"{s.env_name}.step(text).observation")
+        where = f"{s.env_name}.step(text) on turn {ep.assistant_turns} of {ep.row}"
+        observation = checked_messages(step.observation, where=f"{where}: observation")
         if not observation:
-            raise EnvConfigError(f"{s.env_name}.step(text): the episode goes on (done=False) but the observation is empty")
+            raise EnvConfigError(f"{where}: the episode goes on (done=False) but the observation is empty")
         ids, ep.history = self.renderer.observation_ids(ep.history, text, list(sample.completion_ids), observation)
         if len(ep.tokens) + len(ids) >= s.max_episode_tokens:
             ep.close("length", "max_episode_tokens")
@@ -301,11 +229,17 @@ class EpisodeRunner:
                 return sample.text + stop
         return sample.text
 
-    def _step(self, ep: _Episode, text: str) -> Step:
-        step = ep.env.step(text)
+    def _step(self, ep: _Episode, text: str) -> tuple[Step, float | None]:
+        """``env.step(text)`` on its time budget, and its reward held to the reward modules' rule."""
+        s = self.settings
+        where = f"turn {ep.assistant_turns} of {ep.row}, after the assistant wrote {snippet(text)}"
+        step = call_env(ep.env.step, text, env_name=s.env_name, method="step(text)", where=where,
+                        timeout_s=s.step_timeout_s, source=env_source(ep.env))  # fmt: skip
         if not isinstance(step, Step):
-            raise EnvConfigError(f"{self.settings.env_name}.step(text) must return a polyrl.envs.Step, got {type(step).__name__}")
-        return step
+            raise EnvFailedError(
+                f"environment {s.env_name!r}: step(text) on {where} must return a polyrl.envs.Step, got {type(step).__name__}"
+            )
+        return step, checked_reward(step.reward, where=f"environment {s.env_name!r}: step(text) on {where}")
 
     def _completion(self, ep: _Episode) -> Completion:
         total = float(sum(r for r in ep.rewards if r is not None))
