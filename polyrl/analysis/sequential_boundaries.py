@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy import optimize
 from scipy.special import ndtr, ndtri
+from scipy.stats import t as scipy_t
 
 SPENDING_FUNCTIONS = ("obrien_fleming", "pocock")
 
@@ -118,7 +119,7 @@ def spending_boundaries(fractions: tuple[float, ...], alpha: float, spending: st
     mass = weights * np.exp(-0.5 * nodes**2 / t[0]) / math.sqrt(2 * math.pi * t[0])
     for j in range(1, len(t)):
 
-        def excess(bound: float, j: int = j) -> float:
+        def excess(bound: float, j: int = j, mass: np.ndarray = mass, nodes: np.ndarray = nodes) -> float:
             return _exit_probability(mass, nodes, bound, sds[j]) - increments[j]
 
         # The exit probability falls from P(continued) at bound 0 to 0; the root is between.
@@ -131,3 +132,62 @@ def spending_boundaries(fractions: tuple[float, ...], alpha: float, spending: st
         mass = new_weights * _next_density(mass, nodes, new_nodes, sds[j])
         nodes = new_nodes
     return tuple(z)
+
+
+# Simulated t boundaries (see t_spending_boundaries): paths, the random seed, and the fewest
+# paths a look's spent share must stand for before its quantile is read off the simulation.
+T_PATHS = 200_000
+T_SEED = 20_231_989  # any fixed number: the boundaries must not change between runs
+_FEWEST_PATHS = 200
+
+
+def nominal_t_boundaries(looks: Sequence[int], max_seeds: int, alpha: float, spending: str) -> tuple[float, ...]:
+    """The significance-level conversion: each look's normal boundary ``z_j`` becomes the
+    Student-t quantile with ``n_j − 1`` degrees of freedom at the same two-sided tail level."""
+    z = spending_boundaries(tuple(n / max_seeds for n in looks), alpha, spending)
+    return tuple(float(scipy_t.isf(ndtr(-zj), n - 1)) for zj, n in zip(z, looks))
+
+
+@lru_cache(maxsize=64)
+def t_spending_boundaries(
+    looks: tuple[int, ...], max_seeds: int, alpha: float, spending: str, paths: int = T_PATHS
+) -> tuple[float, ...]:
+    """Spending boundaries for the t statistics themselves: ``c_j`` with
+    ``P(|T_1| < c_1, …, |T_{j−1}| < c_{j−1}, |T_j| ≥ c_j) = α(t_j) − α(t_{j−1})`` for
+    ``T_j = mean_j / (s_j / √n_j)`` of iid normal per-seed values with mean 0.
+
+    That law does not depend on the unknown standard deviation (T is scale-free), so one
+    simulation serves every experiment: ``paths`` simulated seed sequences with a fixed random
+    seed (deterministic, cached). The first look is exact (``T_1`` is Student t with
+    ``n_1 − 1`` degrees of freedom); a later look whose spent share is too small for the
+    simulation to resolve (fewer than 200 paths) takes the significance-level conversion
+    (:func:`nominal_t_boundaries`), which errs by a fraction of that tiny share."""
+    if len(looks) == 0 or looks[0] < 2 or looks[-1] > max_seeds or any(b <= a for a, b in zip(looks, looks[1:])):
+        raise ValueError(f"looks must increase from at least 2 seeds to at most max_seeds = {max_seeds}; got {looks}")
+    spend = spending_function(spending, alpha)
+    increments = np.diff(np.concatenate([[0.0], [spend(n / max_seeds) for n in looks]]))
+    fallback = nominal_t_boundaries(looks, max_seeds, alpha, spending)
+    rng = np.random.default_rng(T_SEED)
+    total = np.zeros(paths)
+    squares = np.zeros(paths)
+    alive = np.ones(paths, dtype=bool)
+    seen = 0
+    out: list[float] = []
+    for j, n in enumerate(looks):
+        new = rng.standard_normal((paths, n - seen), dtype=np.float64)
+        total += new.sum(axis=1)
+        squares += (new * new).sum(axis=1)
+        seen = n
+        if j == 0:
+            out.append(float(scipy_t.isf(increments[0] / 2, n - 1)))
+        elif increments[j] * paths < _FEWEST_PATHS:
+            out.append(fallback[j])
+        else:
+            variance = np.maximum(squares[alive] - total[alive] ** 2 / n, 0.0) / (n - 1)
+            statistic = np.abs(total[alive] / n) / np.sqrt(variance / n)
+            crossing = int(round(increments[j] * paths))  # paths that must cross here
+            above = np.partition(statistic, len(statistic) - crossing - 1)[len(statistic) - crossing - 1 :]
+            out.append(float((above[0] + above[1:].min()) / 2))  # between the last one kept and the first one crossing
+        variance = np.maximum(squares - total**2 / n, 0.0) / (n - 1)
+        alive &= np.abs(total / n) / np.sqrt(variance / n) < out[-1]
+    return tuple(out)

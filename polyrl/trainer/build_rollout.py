@@ -191,6 +191,8 @@ def build_episodes(cfg: ExperimentConfig, tokenizer: Any) -> EpisodeRunner:
         tool_timeout_s=e.tool_timeout_s,
         tool_output_chars=e.tool_output_chars,
         tool_format=e.tool_format,
+        tool_parser=e.tool_parser,
+        step_timeout_s=e.step_timeout_s,
         system_prompt=cfg.data.system_prompt,
         env_name=e.module,
         stop=tuple(e.stop),
