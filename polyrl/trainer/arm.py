@@ -304,6 +304,9 @@ def _build_arm(
     built.data_warnings = list(evaluator.overlap_warnings(sampler.samples)) if isinstance(evaluator, ChecksOverlap) else []
     if models.padding_free_reason is not None:  # said when the loop starts, and tagged
         built.data_warnings.append(f"train.padding_free: auto is off: {models.padding_free_reason}")
+    tool_note = getattr(getattr(collector, "episodes", None), "tool_note", None)
+    if tool_note:  # how the episodes offer tools and parse calls (env.tool_format, env.tool_parser), said first
+        built.data_warnings.append(tool_note)
     if resume:
         _restore(built)
     learner.apply_optimizer_settings()
