@@ -17,6 +17,44 @@ from pydantic import Field, field_validator, model_validator
 from polyrl.config.base import StrictModel
 
 
+class ToolSandboxConfig(StrictModel):
+    """Where tool calls run and their limits besides ``env.tool_timeout_s`` (wall time) and
+    ``env.tool_output_chars`` (output), which hold in both modes (docs/episodes.md, "Tools in a sandbox")."""
+
+    mode: Literal["process", "thread"] = Field(
+        "process", description="process: each call in a child of a warm worker process, under the CPU, memory, "
+        "wall-time and output limits, with no process creation and no inherited environment variables; the "
+        "tool's function must be importable (module:function). thread: a daemon thread of the trainer, under "
+        "the wall-time limit only (a timed-out call runs on; a crash or os._exit ends the run)."
+    )  # fmt: skip
+    cpu_seconds: int | None = Field(
+        None, ge=1, description="CPU seconds a call may use (RLIMIT_CPU, whole seconds); unset: env.tool_timeout_s "
+        "rounded up. Process mode only."
+    )  # fmt: skip
+    memory_mb: int = Field(
+        1024, ge=16, description="Megabytes of address space a call may add to the worker's own (RLIMIT_AS); past "
+        "it an allocation fails with MemoryError. Process mode only."
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _limits_need_a_process(self) -> "ToolSandboxConfig":
+        """A thread cannot be held to a CPU or memory limit: setting one with mode: thread is refused."""
+        if self.mode == "thread":
+            set_limits = sorted({"cpu_seconds", "memory_mb"} & self.model_fields_set)
+            if set_limits:
+                raise ValueError(
+                    f"{', '.join(set_limits)} cannot be enforced with mode: thread (a thread of the trainer has no "
+                    "limits but the wall time); allowed: mode: process, or remove them"
+                )
+        return self
+
+    def settings(self) -> Any:
+        """The :class:`polyrl.envs.sandbox.SandboxSettings` the episode runner hands the environment."""
+        from polyrl.envs.sandbox import SandboxSettings
+
+        return SandboxSettings(self.mode, self.cpu_seconds, self.memory_mb)
+
+
 class EnvConfig(StrictModel):
     """The environment of multi-turn episodes: which one, its constructor's params, the episode's budgets and
     how tools are offered (docs/episodes.md)."""
@@ -33,6 +71,10 @@ class EnvConfig(StrictModel):
     )  # fmt: skip
     tool_timeout_s: float = Field(5.0, gt=0, description="Time limit of one tool call; past it the call's result is an error.")
     tool_output_chars: int = Field(2000, ge=1, description="A tool result longer than this is cut, with a note saying so.")
+    tool_sandbox: ToolSandboxConfig = Field(
+        default_factory=ToolSandboxConfig, description="Where tool calls run (process or thread) and their CPU "
+        "and memory limits (docs/episodes.md, 'Tools in a sandbox')."
+    )  # fmt: skip
     stop: list[str] = Field(
         default_factory=list, description="Strings that also end an assistant turn (e.g. '</tool_call>'), besides the "
         "end-of-turn token; the turn keeps its tokens up to the one completing the string, and the template's "
@@ -74,9 +116,12 @@ class EnvConfig(StrictModel):
         """The reference resolves and the params fit its constructor (relative files: the current folder)."""
         from polyrl.envs import EnvConfigError
         from polyrl.envs.registry import bind_env_params, load_env_class
+        from polyrl.envs.sandbox import check_tools_for_sandbox
 
         try:
-            bind_env_params(load_env_class(self.module), self.params, ref=self.module)
+            cls = load_env_class(self.module)
+            bind_env_params(cls, self.params, ref=self.module)
+            check_tools_for_sandbox(getattr(cls, "tools", None), self.tool_sandbox.settings())
         except EnvConfigError as error:
             raise ValueError(str(error)) from None
         return self

@@ -14,6 +14,8 @@ and are drawn by :class:`polyrl.data.sampler.PromptSampler`.
   (``polyrl/tasks/word_problems.py``), for chat models;
 * ``"calculator"`` / ``"guess_number"`` — the shipped episode tasks for the environments of the
   same names (``polyrl/tasks/calculator.py``, ``polyrl/tasks/guess_number.py``; config ``env:``);
+* ``"python_calculator"`` — the word problems asked with a Python tool, for the environment of the
+  same name (``polyrl/tasks/python_calculator.py``);
 * ``"drawing"`` — the shipped drawing task (``polyrl/tasks/data/drawing``);
 * ``"scenes"`` / ``"scenes_captions"`` — the shipped image tasks, VQA and captioning
   (``polyrl/tasks/scenes.py``);
@@ -39,7 +41,7 @@ from polyrl.data import image_rows
 from polyrl.data import splits as split_rules
 from polyrl.data.errors import DataConfigError  # re-exported: callers import it from here
 from polyrl.data.source_files import first_row, load_file, resolve_local, split_file
-from polyrl.tasks import arithmetic, calculator, drawing, guess_number, scenes, word_problems
+from polyrl.tasks import arithmetic, calculator, drawing, guess_number, python_calculator, scenes, word_problems
 
 BUILTIN_SOURCES = (
     "arithmetic",
@@ -51,6 +53,7 @@ BUILTIN_SOURCES = (
     "scenes_captions",
     "calculator",
     "guess_number",
+    "python_calculator",
 )
 # The module of each built-in source: its SPLITS and shipped_path(split) (and map_row(row) for a
 # source in chat form: the shipped rows, mapped).
@@ -64,6 +67,7 @@ _BUILTIN_MODULES = {
     "scenes_captions": scenes.CAPTIONS,
     "calculator": calculator,  # episodes with env: calculator (polyrl/envs)
     "guess_number": guess_number,  # episodes with env: guess_number
+    "python_calculator": python_calculator,  # episodes with env: python_calculator (word_problems' rows, mapped)
 }
 
 

@@ -170,6 +170,9 @@ class ToolEnvironment:
     # call format the policy was asked for (env.tool_parser, resolved: hermes or llama3_json).
     tool_timeout_s: float = 5.0
     tool_output_chars: int = 2000
+    # Where calls run (env.tool_sandbox; polyrl.envs.sandbox.SandboxSettings). None: the default,
+    # a worker process with the default limits.
+    tool_sandbox: Any = None
     tool_parser: str = "hermes"
 
     def start(self, row: EpisodeRow) -> list[dict[str, Any]]:  # pragma: no cover - abstract
@@ -184,8 +187,8 @@ class ToolEnvironment:
         calls = parse_tool_calls(text, self.tool_parser)
         if not calls:
             return Step(reward=float(self.answer(text)), done=True)
-        results = [run_tool_call(call, self.tools, timeout_s=self.tool_timeout_s, output_chars=self.tool_output_chars)
-                   for call in calls]  # fmt: skip
+        results = [run_tool_call(call, self.tools, timeout_s=self.tool_timeout_s, output_chars=self.tool_output_chars,
+                                 sandbox=self.tool_sandbox) for call in calls]  # fmt: skip
         return Step(
             observation=[{"role": "tool", "name": r.name, "content": r.content} for r in results],
             tool_calls=len(results),

@@ -20,8 +20,10 @@ policy, in a system message, to write calls in the parser's format (:func:`tool_
 Every call runs under a time limit and an output cap. A call that raises, runs out of time, is
 not valid JSON, names no tool or an unknown one, or passes arguments the function does not take,
 becomes a result with ``ok=False`` whose text tells the policy what went wrong: an observation,
-never a crashed run. A timed-out call runs on in its own daemon thread (Python cannot stop a
-thread); its result is thrown away.
+never a crashed run. Calls run in a worker process under CPU, memory, wall-time and output
+limits (:mod:`polyrl.envs.sandbox`, ``env.tool_sandbox``); with ``mode: thread`` in a daemon
+thread of the trainer instead, where a timed-out call runs on (Python cannot stop a thread) and
+its result is thrown away.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from polyrl.envs.base import EnvConfigError
+from polyrl.envs.sandbox import SandboxSettings, is_sandbox_only, run_in_sandbox, thread_refusal
 
 __all__ = [
     "TOOL_CALL_PATTERN",
@@ -125,7 +130,9 @@ class ToolResult:
     name: str
     content: str
     ok: bool
-    error_kind: str | None = None  # "exception", "timeout", "malformed", "unknown_tool", "bad_arguments"
+    # "exception", "timeout", "malformed", "unknown_tool", "bad_arguments"; in a sandbox process also
+    # "cpu_limit", "memory_limit", "output_limit" (printed too much) and "crash" (a signal, os._exit)
+    error_kind: str | None = None
 
 
 def parse_tool_calls(text: str, parser: str = "hermes") -> list[ToolCall]:
@@ -196,8 +203,15 @@ def _capped(text: str, limit: int) -> str:
     return text[:limit] + f"\n[output truncated: {len(text)} characters, {limit} shown]"
 
 
-def run_tool_call(call: ToolCall, tools: list[Tool], *, timeout_s: float, output_chars: int) -> ToolResult:
-    """Run ``call`` against ``tools`` (see the module docstring); never raises for the tool's sake."""
+def run_tool_call(
+    call: ToolCall, tools: list[Tool], *, timeout_s: float, output_chars: int, sandbox: SandboxSettings | None = None
+) -> ToolResult:
+    """Run ``call`` against ``tools`` (see the module docstring); never raises for the tool's sake.
+    ``sandbox`` (default: a worker process with the default limits, :mod:`polyrl.envs.sandbox`)
+    says where the call runs; a tool the sandbox cannot run (its function not importable by
+    reference, its module failing to import, a sandbox-only tool in thread mode) raises
+    :class:`~polyrl.envs.base.EnvConfigError`: that is the environment's configuration, not the call."""
+    sandbox = sandbox if sandbox is not None else SandboxSettings()
     name = call.name or "?"
     if call.error is not None:
         return ToolResult(name, f"Error: {call.error}", False, "malformed")
@@ -212,6 +226,12 @@ def run_tool_call(call: ToolCall, tools: list[Tool], *, timeout_s: float, output
         return ToolResult(name, f"Error: bad arguments for {call.name}: {error}", False, "bad_arguments")
     except ValueError:  # no signature to check (a builtin): let the call say
         pass
+    if sandbox.mode == "process":
+        outcome = run_in_sandbox(call.name, function, call.arguments, timeout_s=timeout_s, output_chars=output_chars,
+                                 settings=sandbox)  # fmt: skip
+        return ToolResult(name, outcome.content, outcome.ok, outcome.error_kind)
+    if is_sandbox_only(function):
+        raise EnvConfigError(thread_refusal(call.name))
     box: dict[str, Any] = {}
 
     def target() -> None:

@@ -57,6 +57,9 @@ class EpisodeSettings:
     max_episode_tokens: int = 512
     tool_timeout_s: float = 5.0
     tool_output_chars: int = 2000
+    # Where tool calls run (env.tool_sandbox; polyrl.envs.sandbox.SandboxSettings). None: a worker
+    # process with the default limits.
+    tool_sandbox: Any = None
     tool_format: Literal["auto", "template", "text"] = "auto"
     system_prompt: str | None = None
     env_name: str = "env"  # for error messages
@@ -127,6 +130,8 @@ class EpisodeRunner:
         env = self.make_env()
         if hasattr(env, "tool_timeout_s"):
             env.tool_timeout_s, env.tool_output_chars = s.tool_timeout_s, s.tool_output_chars
+        if hasattr(env, "tool_sandbox"):
+            env.tool_sandbox = s.tool_sandbox
         if hasattr(env, "tool_parser"):
             env.tool_parser = self.renderer.tool_parser
         row = EpisodeRow(prompt.prompt, list(prompt.references), dict(prompt.fields))

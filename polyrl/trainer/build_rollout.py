@@ -190,6 +190,7 @@ def build_episodes(cfg: ExperimentConfig, tokenizer: Any) -> EpisodeRunner:
         max_episode_tokens=e.max_episode_tokens,
         tool_timeout_s=e.tool_timeout_s,
         tool_output_chars=e.tool_output_chars,
+        tool_sandbox=e.tool_sandbox.settings(),
         tool_format=e.tool_format,
         tool_parser=e.tool_parser,
         step_timeout_s=e.step_timeout_s,
