@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from polyrl.envs import build_env, load_env_class
 from polyrl.envs.base import episode_accuracy_value
+from polyrl.evals.example_outcomes import example_id
 from polyrl.evals.harness import EvalResult, SuiteRunner
 from polyrl.evals.passk import mean_pass_at_k
 from polyrl.rewards.summary import accuracy_share, is_correct
@@ -104,12 +105,14 @@ class EpisodeSuiteRunner:
                     out[f"pass_at_{k}"] = mean_pass_at_k(problems, k)
             out.update(episode_metrics(completions))
             metrics.update({f"{data.spec.label}/{key}": value for key, value in out.items()})
+            ids = [example_id(sample) for sample in data.samples]
             for index, completion in enumerate(completions):
                 sample = data.samples[index // n]
                 rows.append({
                     "dataset": data.spec.label, "prompt_index": index // n, "sample_index": index % n,
-                    "id": str(sample.fields.get("id", index // n)), "prompt": sample.prompt, "completion": completion.text,
-                    "reward": returns[index], "length": completion.policy_length, "finish_reason": completion.finish_reason,
+                    "id": str(sample.fields.get("id", index // n)), "example_id": ids[index // n], "prompt": sample.prompt,
+                    "completion": completion.text, "reward": returns[index], "correct": solved[index],
+                    "length": completion.policy_length, "finish_reason": completion.finish_reason,
                     "episode": json.dumps(completion.episode),
                 })  # fmt: skip
             counts[data.spec.label] = {"prompts": len(data.samples), "samples": len(completions)}

@@ -3,7 +3,8 @@
 For each model: an MLflow eval run (experiment ``polyrl-eval`` by default) tagged with what it
 evaluates, the suite run through a fresh rollout engine, metrics + per-sample table + report
 logged to the run, and ``report.json`` / ``report.md`` / ``samples.jsonl`` written atomically
-to the model's report folder. Several models also get one side-by-side comparison.
+to the model's report folder. The per-example outcomes (``eval_examples/<suite>/step_<n>.jsonl``)
+go to the eval run and, for a training run's checkpoint, to that run too. Several models also get one side-by-side comparison.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Callable
 
 import yaml
 
+from polyrl.evals.example_outcomes import POLYRL_EVAL_SUFFIX, example_files
 from polyrl.evals.harness import EvalResult, SuiteRunner
 from polyrl.evals.models import ResolvedModel, resolve_model
 from polyrl.evals.report import report_files, write_atomic_dir, write_comparison
@@ -178,6 +180,7 @@ def _evaluate_one(
         files = report_files(report, result.rows)
         logger.log_metrics(model.step or 0, result.metrics)
         logger.log_table(result.rows, "samples.json")
+        _log_example_outcomes(client, logger, model, result, run.info.run_id)
         for name, text in files.items():
             logger.log_text(text, f"report/{name}")
         episodes = any("episode" in row for row in result.rows)  # shown turn by turn
@@ -193,6 +196,24 @@ def _evaluate_one(
         raise
     logger.finish()
     return report, result
+
+
+def _log_example_outcomes(client, logger, model: ResolvedModel, result: EvalResult, eval_run_id: str) -> None:
+    """The per-example outcomes (:mod:`polyrl.evals.example_outcomes`) in the eval run; for a
+    training run's checkpoint also in that run (``step_<n>.polyrl-eval.jsonl``, its rows
+    pointing at this eval run's sample table), where ``polyrl compare`` finds them."""
+    from polyrl.tracking.mlflow_runs import ARM_TAG, SEED_TAG
+
+    tags = client.get_run(model.run_id).data.tags if model.run_id else {}
+    arm, seed = tags.get(ARM_TAG), tags.get(SEED_TAG)
+    step = model.step or 0
+    who = {"arm": arm, "seed": None if seed is None else int(seed), "step": step}
+    for name, text in example_files(result, **who, samples_file="samples.json").items():
+        logger.log_text(text, name)
+    if model.run_id:
+        samples_file = f"runs:/{eval_run_id}/samples.json"
+        for name, text in example_files(result, **who, samples_file=samples_file, suffix=POLYRL_EVAL_SUFFIX).items():
+            client.log_text(model.run_id, text, name)
 
 
 def _report(

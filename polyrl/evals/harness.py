@@ -30,6 +30,7 @@ from polyrl.data.chat import ChatFormat, chat_in_effect, format_prompts
 from polyrl.data.prompt_samples import rows_to_prompt_samples
 from polyrl.data.prompts import load_prompt_dataset
 from polyrl.evals.coco import coco_caption_metrics
+from polyrl.evals.example_outcomes import example_id
 from polyrl.evals.passk import mean_pass_at_k
 from polyrl.evals.suite import DatasetSpec, EvalError, EvalSuite, load_suite, resolve_source
 from polyrl.rewards import CompositeReward, RewardBatch, RewardSpec, run_module
@@ -265,6 +266,7 @@ class SuiteRunner:
 
 def _base_rows(data: _Dataset, samples: list[PromptSample], completions: list[Completion], n: int) -> list[dict[str, Any]]:
     rows = []
+    ids = [example_id(sample) for sample in samples]  # once per prompt, not per completion
     for index, completion in enumerate(completions):
         sample = samples[index // n]
         rows.append(
@@ -273,6 +275,7 @@ def _base_rows(data: _Dataset, samples: list[PromptSample], completions: list[Co
                 "prompt_index": index // n,
                 "sample_index": index % n,
                 "id": str(sample.fields.get("id", index // n)),
+                "example_id": ids[index // n],  # stable across runs (evals/example_outcomes.py)
                 "prompt": sample.shown_prompt,  # as the model saw it: chat template tokens included
                 "completion": completion.text,
                 "answer": None

@@ -112,7 +112,7 @@ def train_arm(
             arm=arm,
             arm_dir=Path(arm_dir),
             logger=logger,
-            evaluator=periodic_evaluator(config),
+            evaluator=periodic_evaluator(config, arm=arm),
             checkpoint_extra=extra,
             resume=resume,
         )
@@ -135,13 +135,14 @@ def train_arm(
     return built.history
 
 
-def periodic_evaluator(config: ExperimentConfig):
-    """Evaluation every ``eval.every`` steps inside training (the eval harness, if configured)."""
+def periodic_evaluator(config: ExperimentConfig, *, arm: str | None = None):
+    """Evaluation every ``eval.every`` steps inside training (the eval harness, if configured);
+    ``arm`` names the arm in its per-example rows."""
     if not config.eval.every or not config.eval.suite:
         return None
     from polyrl.evals.periodic import make_periodic_evaluator
 
-    return make_periodic_evaluator(config)
+    return make_periodic_evaluator(config, arm=arm)
 
 
 def yaml_text(path: str | Path) -> str:

@@ -39,11 +39,17 @@ class StepReport:
     # "entropy", "advantage", "ratio", "clipped" (objectives with a clip) and "masked" (with a
     # rejecting rollout correction), None where a token has none (polyrl/learner/token_capture.py).
     tokens: list[dict[str, list[Any]]] = field(default_factory=list)
+    # Per row of ``samples``: its prompt's group id (the G samples of one prompt share it; the replay store).
+    group_ids: list[int] = field(default_factory=list)
 
 
 class Hook:
     def start(self, step: int) -> None:
         """The loop starts after ``step`` completed steps (0: a fresh run)."""
+
+    def started(self, step: int, metrics: dict[str, float]) -> None:
+        """After every hook's :meth:`start`: what they measured there (the ``start_metrics`` of
+        each, e.g. the step-0 evaluation), for hooks that follow a series from its start."""
 
     def observe(self, report: StepReport) -> None:
         """In the step's log phase; may add metrics."""
@@ -72,13 +78,19 @@ class HealthHook(Hook):
         notes: list[str] | None = None,
     ):
         self.monitor, self.arm, self.printer, self.logger = monitor, arm, printer, logger
-        self.notes = list(notes or [])
+        self.notes = list(notes or []) + list(getattr(monitor, "notes", []))  # the monitor's own set-up warnings too
 
     def start(self, step: int) -> None:
         for note in self.notes:
             self.printer(f"[{self.arm}] warning: {note}")
             if self.logger is not None:
                 self.logger.set_tags({f"health.{note.split(':', 1)[0]}": note.split(":", 1)[-1].strip()})
+
+    def started(self, step: int, metrics: dict[str, float]) -> None:
+        # The step-0 evaluation is the held-out series' first point (without it, a run evaluated
+        # at steps 0 and N had one point and the held-out check could not fire).
+        if metrics:
+            self._say(step, self.monitor.check_held_out(step, dict(metrics)))
 
     def observe(self, report: StepReport) -> None:
         warnings = self.monitor.check(report.step, report.metrics)
@@ -134,7 +146,8 @@ class SampleTableHook(Hook):
 class PeriodicEvalHook(Hook):
     """``evaluator(engine, step)`` every ``every`` steps and at the start of a fresh run (step 0,
     so every eval curve begins at the model the arm started from). The evaluator returns an
-    object with ``metrics`` and ``rows`` (:class:`polyrl.evals.periodic.PeriodicResult`)."""
+    object with ``metrics`` and ``rows`` (:class:`polyrl.evals.periodic.PeriodicResult`), and
+    may give ``artifacts`` (file -> text: the per-example outcomes), logged as they are."""
 
     def __init__(self, evaluator: Evaluator, engine: Engine, *, every: int, logger: Tracker | None = None):
         self.evaluator, self.engine, self.every, self.logger = evaluator, engine, every, logger
@@ -143,9 +156,11 @@ class PeriodicEvalHook(Hook):
     def start(self, step: int) -> None:
         if step != 0 or not self.every:
             return
-        self.start_metrics = {f"eval/{k}": v for k, v in self.evaluator(self.engine, 0).metrics.items()}
+        result = self.evaluator(self.engine, 0)
+        self.start_metrics = {f"eval/{k}": v for k, v in result.metrics.items()}
         if self.logger is not None:
             self.logger.log_metrics(0, self.start_metrics)
+            _log_evaluation(self.logger, 0, result)
 
     def observe(self, report: StepReport) -> None:
         step = report.step
@@ -153,15 +168,23 @@ class PeriodicEvalHook(Hook):
             return
         result = self.evaluator(self.engine, step)
         report.metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
-        if self.logger is not None and result.rows:
-            rows = [{"step": step, **row} for row in result.rows]
-            self.logger.log_table(rows, f"eval_samples/step_{step:05d}.json")
-            # The suite's full result, where the evaluator gives one (PeriodicResult.result), has the rows' images.
-            images = getattr(getattr(result, "result", None), "row_images", None) or []
-            if len(images) == len(rows) and has_images(images):
-                self.logger.log_text(
-                    samples_html(rows, images, title=f"eval samples at step {step}"), f"eval_samples/step_{step:05d}.html"
-                )
+        if self.logger is not None:
+            _log_evaluation(self.logger, step, result)
+
+
+def _log_evaluation(logger: Tracker, step: int, result: Any) -> None:
+    """An evaluation's artifacts (the per-example outcomes) and sample table (with images, a page too)."""
+    for artifact_file, text in getattr(result, "artifacts", {}).items():  # a plain EvalOutcome has none
+        logger.log_text(text, artifact_file)
+    if result.rows:
+        rows = [{"step": step, **row} for row in result.rows]
+        logger.log_table(rows, f"eval_samples/step_{step:05d}.json")
+        # The suite's full result, where the evaluator gives one (PeriodicResult.result), has the rows' images.
+        images = getattr(getattr(result, "result", None), "row_images", None) or []
+        if len(images) == len(rows) and has_images(images):
+            logger.log_text(
+                samples_html(rows, images, title=f"eval samples at step {step}"), f"eval_samples/step_{step:05d}.html"
+            )
 
 
 class MetricLogger(Hook):

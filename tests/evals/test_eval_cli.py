@@ -128,7 +128,8 @@ def test_eval_run_ref_uses_latest_or_named_checkpoint(app, tmp_path, small_suite
             state={"policy_path": str(tiny_model)},
         )
     client = MlflowClient(eval_tracking)
-    train_run = client.create_run(client.create_experiment("train"), tags={"polyrl.checkpoint_dir": str(arm_dir)}).info.run_id
+    tags = {"polyrl.checkpoint_dir": str(arm_dir), "polyrl.arm": "grpo", "polyrl.seed": "1"}
+    train_run = client.create_run(client.create_experiment("train"), tags=tags).info.run_id
     cache = tmp_path / "exports"
     for ref, step in ((f"run:{train_run}", 4), (f"run:{train_run}@2", 2)):
         out = tmp_path / f"out-{step}"
@@ -145,6 +146,17 @@ def test_eval_run_ref_uses_latest_or_named_checkpoint(app, tmp_path, small_suite
         assert run.data.tags["polyrl.evaluates_run"] == train_run
         assert run.data.tags["polyrl.checkpoint_step"] == str(step)
         assert client.get_metric_history(run.info.run_id, "q/accuracy")[0].step == step
+        # The per-example outcomes: in the eval run, and in the training run it evaluated.
+        for run_id, name, table in (
+            (run.info.run_id, f"step_{step:05d}.jsonl", "samples.json"),
+            (train_run, f"step_{step:05d}.polyrl-eval.jsonl", f"runs:/{run.info.run_id}/samples.json"),
+        ):
+            path = client.download_artifacts(run_id, f"eval_examples/small/{name}", str(tmp_path / f"dl-{step}"))
+            rows = [json.loads(line) for line in open(path)]
+            assert [(r["example_id"], r["arm"], r["seed"], r["step"]) for r in rows] == [
+                (f"r{i}", "grpo", 1, step) for i in range(3)
+            ]
+            assert rows[2]["sample_ref"] == f"{table}#2"
     code, output = _invoke(
         app, ["--model", f"run:{train_run}@3", "--suite", str(small_suite), "--engine", "hf", "--cache-dir", str(cache)]
     )

@@ -77,3 +77,29 @@ def test_eval_periodic_metrics_reach_the_training_run(tmp_path, periodic_suite, 
     assert sorted(m.step for m in history) == [0, 1, 2]
     lengths = client.get_metric_history(result.arm_run_ids["main"], "eval/p/length/mean")
     assert all(0 <= m.value <= 4 for m in lengths)
+    _check_example_artifacts(client, result.arm_run_ids["main"], tmp_path / "artifacts", lengths)
+
+
+def _check_example_artifacts(client, run_id, folder, lengths):
+    """Each evaluation (steps 0, 1, 2) left eval_examples/<suite>/step_<n>.jsonl in the arm's run:
+    one row per held-out example (limit 2, one completion each), its sample_ref a row of the
+    sample table logged beside it, its lengths those the eval/p/length/mean metric averaged."""
+    import json
+
+    from polyrl.core.types import PromptSample
+    from polyrl.evals.example_outcomes import example_id
+
+    files = sorted(a.path for a in client.list_artifacts(run_id, "eval_examples/periodic"))
+    assert files == [f"eval_examples/periodic/step_{step:05d}.jsonl" for step in (0, 1, 2)]
+    mean_length = {m.step: m.value for m in lengths}
+    for step in (0, 1, 2):
+        path = client.download_artifacts(run_id, f"eval_examples/periodic/step_{step:05d}.jsonl", str(folder))
+        rows = [json.loads(line) for line in open(path)]
+        assert [row["example_id"] for row in rows] == [example_id(PromptSample(r["prompt"])) for r in ROWS[:2]]
+        assert {(row["arm"], row["seed"], row["step"], row["dataset"]) for row in rows} == {("main", 0, step, "p")}
+        assert all(isinstance(row["correct"], bool) and row["score"] == float(row["correct"]) for row in rows)
+        assert sum(row["length"] for row in rows) / 2 == pytest.approx(mean_length[step])
+        table_file, _, index = rows[1]["sample_ref"].partition("#")
+        table = json.load(open(client.download_artifacts(run_id, table_file, str(folder))))
+        sample = dict(zip(table["columns"], table["data"][int(index)]))
+        assert sample["example_id"] == rows[1]["example_id"] and sample["length"] == rows[1]["length"]
