@@ -38,6 +38,7 @@ from polyrl.cli.evaluate import eval_command
 from polyrl.cli.export import export_command
 from polyrl.cli.objectives import app as objectives_app
 from polyrl.cli.plan import plan_command
+from polyrl.cli.replay import replay_command
 from polyrl.cli.rewards import app as rewards_app
 from polyrl.cli.scale import scale_model_command
 from polyrl.cli.submit import MANY_RUNS_HELP, jobs_app, submit_command
@@ -89,6 +90,9 @@ app.command(
 )(export_command)
 app.command("plan", help="Seeds needed to settle a comparison (fixed and sequential) and the wall time, from an sd or a pilot.")(
     plan_command
+)
+app.command("replay", help="Re-score a run's stored groups under other rewards, weights or aggregation; no policy loaded.")(
+    replay_command
 )
 app.command("eval", help="Evaluate one or more models (folders or MLflow runs) on an eval suite.")(
     with_verbose(eval_command, lambda a: eval_log_path(a["suite"], a.get("out")))

@@ -33,6 +33,12 @@ class TrackingConfig(StrictModel):
         None,
         description="Label of the reward whose score defines train/accuracy; default: the reward labelled 'accuracy', if any.",
     )
+    replay_store: bool = Field(
+        True,
+        description="Keep every step's groups (prompt, completions as text and token ids, each reward's raw score) in "
+        "<checkpoint.dir>/<name>/<arm>/inspector/replay.jsonl.gz, so `polyrl replay run:<id> --rewards other.yaml` can "
+        "re-score them under other rewards, weights or aggregation without the policy (docs/rewards.md, Reward replay).",
+    )
 
 
 class CheckpointConfig(StrictModel):

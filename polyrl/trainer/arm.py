@@ -16,10 +16,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+import yaml
 from transformers import AutoTokenizer
 
 from polyrl.config.rollout import WorkerResourcesConfig
-from polyrl.config.schema import ExperimentConfig
+from polyrl.config.schema import ExperimentConfig, to_yaml
 from polyrl.data.sampler import PromptSampler
 from polyrl.engines.base import RolloutEngine
 from polyrl.engines.image_prompts import model_takes_images
@@ -33,12 +34,13 @@ from polyrl.runtime.devices import learner_device
 from polyrl.runtime.precision import compute_dtype
 from polyrl.runtime.ray_cluster import RayDemand, acquire_ray, release_ray
 from polyrl.runtime.threads import set_torch_threads
+from polyrl.tracking.replay_store import store_path
 from polyrl.trainer.async_loop import AsyncTrainingLoop
 from polyrl.trainer.build_data import build_rewards, build_sampler, training_rows
 from polyrl.trainer.build_models import Models, build_models
 from polyrl.trainer.build_rollout import RolloutSide, adapter_sync, build_collector, build_rollout
 from polyrl.trainer.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
-from polyrl.trainer.inspector_hook import InspectorHook
+from polyrl.trainer.inspector_hook import InspectorHook, ReplayStoreHook
 from polyrl.trainer.loop import TrainingLoop, sync_policy
 from polyrl.trainer.pipeline import BatchPipeline, PipelineContext
 from polyrl.trainer.protocols import ChecksOverlap, Closes, Evaluator, Learner, Tracker
@@ -116,8 +118,17 @@ class Arm:
             hooks.append(PeriodicEvalHook(self.evaluator, self.collector.engine, every=cfg.eval.every, logger=logger))
         if logger is not None:
             hooks.append(MetricLogger(logger))
+        if cfg.tracking.replay_store:
+            hooks.append(ReplayStoreHook(store_path(self.checkpointer.arm_dir), self.replay_header()))
         hooks.append(self.checkpointer)
         return hooks + [Callback(fn) for fn in callbacks]
+
+    def replay_header(self) -> dict[str, Any]:
+        """The reward-replay store's header: the run, its resolved config and each reward's weight by label."""
+        cfg = self.config
+        weights = {"env": 1.0} if cfg.env is not None else dict(self.collector.rewards.weights)
+        return {"run_id": getattr(self.logger, "run_id", None), "arm": self.name, "weights": weights,
+                "config": yaml.safe_load(to_yaml(cfg))}  # fmt: skip
 
     def loop(
         self,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.tracking.inspector import inspector_html, inspector_rows
+from polyrl.tracking.replay_store import ReplayStore, step_record
 from polyrl.trainer.hooks import Hook, StepReport, _replayed
 from polyrl.trainer.protocols import Tracker
 
@@ -60,3 +61,30 @@ class InspectorHook(Hook):
         if self.local_dir is not None:
             self.local_dir.mkdir(parents=True, exist_ok=True)
             (self.local_dir / name).write_text(page)
+
+
+class ReplayStoreHook(Hook):
+    """Every step's groups into the arm's reward-replay store (:mod:`polyrl.tracking.replay_store`,
+    ``tracking.replay_store``): prompts, completions (text and token ids) and every reward's raw
+    score, for ``polyrl replay`` (polyrl/analysis/replay.py). ``header``: the run's id and resolved
+    config, written once at the start (a resumed run of the same id appends to its file)."""
+
+    def __init__(self, path: str | Path, header: dict[str, Any]):
+        self.store, self.header = ReplayStore(path), header
+
+    def start(self, step: int) -> None:
+        self.store.start(self.header)
+
+    def observe(self, report: StepReport) -> None:
+        if not report.samples:  # dynamic sampling found no informative group: nothing was trained
+            return
+        self.store.append(
+            step_record(
+                report.step,
+                samples=report.samples,
+                prompts=report.prompts,
+                reward_parts=report.reward_parts,
+                tokens=report.tokens,
+                group_ids=report.group_ids,
+            )
+        )

@@ -163,6 +163,7 @@ class TrainingLoop:
                 }
                 for i, c in enumerate(rollout.completions)
             ],
+            group_ids=rollout.group_ids.tolist(),
         )
         # The weight sync's share of the step so far: polyrl's own measure of the cost of communication
         # between learner and sampler (checked in asynchronous training).

@@ -1,0 +1,213 @@
+"""Counterfactual reward replay (polyrl/analysis/replay.py, polyrl/tracking/replay_store.py,
+``polyrl replay``): stored groups re-scored under other rewards, advantages compared by hand; a
+tiny run's own store replayed with a changed weight."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from polyrl.analysis.replay import ReplayError, parse_steps, replay, select_steps
+from polyrl.cli.main import app
+from polyrl.config.schema import ConfigError, resolve_arms, to_yaml
+from polyrl.tracking.replay_store import ReplayStore, read_store, store_path
+
+TWO_REWARDS = [
+    {"module": "length", "params": {"unit": "chars"}},
+    {"module": "format", "params": {"pattern": "a", "match": "search"}},
+]
+
+
+def _header(rewards=TWO_REWARDS, **advantage) -> dict:
+    raw = {"name": "stored", "model": {"path": "/models/m"}, "rewards": rewards, "advantage": advantage}
+    cfg = resolve_arms(raw)["main"]
+    labels = ["length", "format"][: len(rewards)]
+    return {"run_id": "r1", "arm": "main", "weights": {label: spec.weight for label, spec in zip(labels, cfg.rewards)},
+            "config": yaml.safe_load(to_yaml(cfg))}  # fmt: skip
+
+
+def _group(g: int, rows: list[tuple[str, float, float]]) -> dict:
+    """A stored group: (text, length score, format score) per sample."""
+    return {"g": g, "prompt": f"prompt {g}", "refs": [], "fields": {}, "images": 0,
+            "samples": [{"text": t, "ids": [1] * 3, "scores": {"length": a, "format": b}, "finish": "stop", "n": 3}
+                        for t, a, b in rows]}  # fmt: skip
+
+
+# Stored under length + format (weights 1, 1); the candidate pays format nothing (weight 0).
+RECORDS = {
+    1: {"step": 1, "groups": [
+        # Old totals (1.1, 0.2, 0.3): mean 0.5333 -> (+1.149, -0.676, -0.473).
+        # New totals (0.1, 0.2, 0.3): mean 0.2 -> (-1, 0, +1). Samples 0 and 2 flip sign; sample 1 goes to 0
+        # (not a flip). Spearman of old (1.149, -0.676, -0.473) and new (-1, 0, 1): ranks (3, 1, 2) and
+        # (1, 2, 3), d = (2, -1, -1), 1 - 6 * 6 / (3 * 8) = -0.5.
+        _group(0, [("x0", 0.1, 1.0), ("x1", 0.2, 0.0), ("x2", 0.3, 0.0)]),
+        # Old (1.2, 0.2) -> (+0.707, -0.707); new (0.2, 0.2): all 0, the group becomes uniform.
+        _group(1, [("y0", 0.2, 1.0), ("y1", 0.2, 0.0)]),
+    ]},
+    2: {"step": 2, "groups": [
+        # Old (1.1, 1.3) and new (0.1, 0.3): (-0.707, +0.707) both; Spearman 1.
+        _group(2, [("z0", 0.1, 1.0), ("z1", 0.3, 1.0)]),
+        # Old (0.5, 0.5): uniform; new (0.1, 0.3) -> (-0.707, +0.707): stops being uniform.
+        _group(3, [("w0", 0.1, 0.4), ("w1", 0.3, 0.2)]),
+    ]},
+}  # fmt: skip
+FORMAT_UNPAID = {"rewards": [TWO_REWARDS[0], {**TWO_REWARDS[1], "weight": 0.0}]}
+
+
+def test_a_changed_weight_counted_by_hand_per_step_and_overall():
+    report = replay(_header(), RECORDS, FORMAT_UNPAID, top=3)
+    one, two, overall = report.steps[1], report.steps[2], report.overall
+    # Step 1: 5 samples, 2 flips; Spearman over group 0 only (group 1 becomes uniform): -0.5.
+    assert (one["samples"], one["groups"]) == (5, 2)
+    assert one["sign_change_share"] == pytest.approx(2 / 5)
+    assert (one["spearman_mean"], one["spearman_groups"]) == (pytest.approx(-0.5), 1)
+    assert (one["became_uniform"], one["stopped_uniform"]) == (1, 0)
+    # Step 2: no flip (0 -> ±0.707 is no sign change); Spearman 1 over group 2; group 3 stops being uniform.
+    assert two["sign_change_share"] == 0
+    assert (two["spearman_mean"], two["spearman_groups"]) == (pytest.approx(1.0), 1)
+    assert (two["became_uniform"], two["stopped_uniform"]) == (0, 1)
+    # Overall: 2 flips of 9; Spearman (-0.5 + 1) / 2 = 0.25 over 2 groups.
+    assert overall["sign_change_share"] == pytest.approx(2 / 9)
+    assert overall["spearman_mean"] == pytest.approx(0.25)
+    assert (overall["became_uniform"], overall["stopped_uniform"], overall["groups"]) == (1, 1, 4)
+    # Most moved: x0, +1.149 -> -1 (|d| 2.149); then x2, -0.473 -> +1 (1.473).
+    assert [m["text"] for m in report.top[:2]] == ["x0", "x2"]
+    assert report.top[0]["old_advantage"] == pytest.approx(1.1487, abs=1e-3)
+    assert report.top[0]["new_advantage"] == pytest.approx(-1.0, abs=1e-4)
+    assert report.top[0]["old_scores"] == {"length": 0.1, "format": 1.0}
+    # Same modules and params: the stored scores were reused, nothing re-run.
+    assert (report.reused, report.rescored, report.score_seconds) == (["format", "length"], [], 0.0)
+
+
+def test_the_same_rewards_change_nothing():
+    report = replay(_header(), RECORDS, {"rewards": TWO_REWARDS})
+    assert report.overall["sign_change_share"] == 0 and report.overall["spearman_mean"] == pytest.approx(1.0)
+    assert report.overall["became_uniform"] == report.overall["stopped_uniform"] == 0
+    assert all(m["old_advantage"] == pytest.approx(m["new_advantage"], abs=1e-6) for m in report.top)
+
+
+def test_a_new_reward_is_run_on_the_stored_texts():
+    # format with pattern "x" (search): x0, x1, x2 score 1, the others 0. Candidate: length + that.
+    records = {1: RECORDS[1]}
+    candidate = {
+        "rewards": [TWO_REWARDS[0], {"module": "format", "name": "has_x", "params": {"pattern": "x", "match": "search"}}]
+    }
+    report = replay(_header(), records, candidate, top=10)
+    assert report.reused == ["length"] and report.rescored == ["has_x"]
+    new_scores = {m["text"]: m["new_scores"]["has_x"] for m in report.top}
+    assert new_scores == {"x0": 1.0, "x1": 1.0, "x2": 1.0, "y0": 0.0, "y1": 0.0}
+    # Group 0 new totals (1.1, 1.2, 1.3): the same order as length alone: (-1, 0, +1); group 1: (0.2, 0.2) uniform.
+    assert report.steps[1]["became_uniform"] == 1
+    assert report.score_seconds > 0
+
+
+def test_gdpo_separates_the_papers_combinations_that_the_stored_sum_tied():
+    # Two binary rewards, two samples per prompt: (0,0),(0,1) and (0,0),(1,1). The run's sum gives both
+    # prompts (-0.707, +0.707); GDPO (-0.548, +0.548) and (-1.095, +1.095) (tests/algos/test_gdpo.py).
+    records = {1: {"step": 1, "groups": [_group(0, [("a", 0, 0), ("b", 0, 1)]), _group(1, [("c", 0, 0), ("d", 1, 1)])]}}
+    report = replay(_header(), records, {"rewards": TWO_REWARDS, "advantage": {"reward_aggregation": "gdpo"}}, top=4)
+    new = {m["text"]: m["new_advantage"] for m in report.top}
+    old = {m["text"]: m["old_advantage"] for m in report.top}
+    assert old == pytest.approx({"a": -0.70711, "b": 0.70711, "c": -0.70711, "d": 0.70711}, abs=1e-4)
+    assert new == pytest.approx({"a": -0.54772, "b": 0.54772, "c": -1.09545, "d": 1.09545}, abs=1e-4)
+    assert report.overall["sign_change_share"] == 0 and report.overall["spearman_mean"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "says"),
+    [
+        ({"reward": []}, "expected a mapping with a rewards: list"),
+        ({"rewards": TWO_REWARDS, "train": {"steps": 2}}, "train: not a replay setting"),
+        (
+            {"rewards": TWO_REWARDS, "advantage": {"estimator": "rloo"}},
+            "not a replay setting; allowed: advantage.reward_aggregation",
+        ),
+        ({"rewards": TWO_REWARDS[:1], "advantage": {"reward_aggregation": "gdpo"}}, "advantage.reward_aggregation"),
+        ({"rewards": [{"module": "no_such_reward"}]}, "no_such_reward"),
+    ],
+)
+def test_a_candidate_that_cannot_replay_is_refused_naming_why(candidate, says):
+    with pytest.raises((ReplayError, ConfigError, ValueError)) as error:
+        replay(_header(), RECORDS, candidate, source="other.yaml")
+    assert says in str(error.value)
+
+
+def test_a_run_with_a_critic_cannot_replay():
+    header = _header()
+    header["config"]["objective"] = {"name": "ppo"}
+    with pytest.raises(ReplayError, match="'gae' needs values"):
+        replay(header, RECORDS, {"rewards": TWO_REWARDS})
+
+
+def test_steps_option():
+    assert parse_steps("3:7") == (3, 7) and parse_steps("3:") == (3, None) and parse_steps(":2") == (None, 2)
+    assert parse_steps("4") == (4, 4) and parse_steps(None) == (None, None)
+    assert list(select_steps(RECORDS, 2, None)) == [2]
+    with pytest.raises(ReplayError, match="expected a:b"):
+        parse_steps("a-b")
+
+
+def test_the_store_reads_back_what_was_appended_and_survives_a_cut_last_write(tmp_path):
+    path = store_path(tmp_path / "arm")
+    store = ReplayStore(path)
+    store.start({"run_id": "r1", "weights": {"length": 1.0}, "config": {}})
+    store.append(RECORDS[1])
+    store.append(RECORDS[2])
+    store.append({**RECORDS[2], "groups": RECORDS[2]["groups"][:1]})  # a resumed run wrote step 2 again
+    header, steps = read_store(path)
+    assert header["run_id"] == "r1" and list(steps) == [1, 2]
+    assert len(steps[2]["groups"]) == 1  # the last copy wins
+    # A process killed mid-write leaves a cut gzip member: the steps before it still read.
+    with path.open("ab") as handle:
+        handle.write(gzip.compress(json.dumps({"step": 3, "groups": []}).encode())[:-6])
+    assert list(read_store(path)[1]) == [1, 2]
+    # The same run resuming keeps the file; another run in the same folder starts it again.
+    ReplayStore(path).start({"run_id": "r1"})
+    assert list(read_store(path)[1]) == [1, 2]
+    ReplayStore(path).start({"run_id": "r2"})
+    assert read_store(path)[0]["run_id"] == "r2" and read_store(path)[1] == {}
+
+
+# --- a tiny run's own store ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_tiny_run_keeps_its_groups_and_replays_with_a_changed_weight(tmp_path, tiny_experiment, write_experiment, monkeypatch):
+    from polyrl.launch.runner import run_experiment
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = tiny_experiment(rewards=TWO_REWARDS, train={"steps": 2, "learning_rate": 1e-2, "micro_batch_size": 8})
+    result = run_experiment(write_experiment(tmp_path, config), show_progress=False)
+    assert not result.failed
+    header, steps = read_store(store_path(tmp_path / "runs" / "tiny" / "main"))
+    assert header["run_id"] == result.arm_run_ids["main"] and header["weights"] == {"length": 1.0, "format": 1.0}
+    assert list(steps) == [1, 2]
+    for record in steps.values():
+        assert len(record["groups"]) == 4 and all(len(g["samples"]) == 4 for g in record["groups"])
+        for sample in (s for g in record["groups"] for s in g["samples"]):
+            # Each reward's raw score is the one its module gives the stored text.
+            assert sample["scores"]["length"] == pytest.approx(len(sample["text"]) / 100)
+            assert sample["scores"]["format"] == (1.0 if "a" in sample["text"] else 0.0)
+            assert sample["ids"] and sample["finish"] in ("stop", "length")
+
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"rewards": [TWO_REWARDS[0], {**TWO_REWARDS[1], "weight": 0.1}]}))
+    out = tmp_path / "replay.json"
+    run_ref = f"run:{result.arm_run_ids['main']}"
+    uri = config["tracking"]["uri"]
+    cli = CliRunner().invoke(
+        app, ["replay", run_ref, "--rewards", str(other), "--steps", "1:2", "--json", str(out), "--tracking-uri", uri]
+    )
+    assert cli.exit_code == 0, cli.output
+    assert "reward replay" in cli.output and "reused stored scores: format, length" in cli.output
+    report = json.loads(out.read_text())
+    assert set(report["steps"]) == {"1", "2"} and report["overall"]["samples"] == 32
+    assert 0 <= report["overall"]["sign_change_share"] <= 1
+    # A step the store does not hold is said, not an empty table.
+    cli = CliRunner().invoke(app, ["replay", run_ref, "--rewards", str(other), "--steps", "9:", "--tracking-uri", uri])
+    assert cli.exit_code == 2 and "none in '9:'" in cli.output
