@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.polyrl-installed
 
-.PHONY: setup test test-fast test-serial demo bench docs docs-serve clean-venv
+.PHONY: setup test test-onednn test-fast test-serial demo bench docs docs-serve clean-venv
 
 setup: $(STAMP)
 
@@ -20,6 +20,17 @@ PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
+	$(MAKE) test-onednn
+
+# Training tests that build the learner from a config (forward, backward, critic, resume, the
+# loop, async episodes) with train.cpu_matmul: auto's oneDNN routing forced (POLYRL_CPU_MATMUL,
+# polyrl/runtime/cpu_matmul.py): auto routes on every CPU that is not Intel's, and a CI on an
+# Intel machine would otherwise never run that path.
+ONEDNN_TESTS := tests/runtime/test_cpu_matmul.py tests/runtime/test_cpu_matmul_copies.py \
+	tests/training/test_learner_batches.py tests/training/test_learner_numerics.py tests/envs/test_episode_async.py
+
+test-onednn: $(STAMP)
+	POLYRL_CPU_MATMUL=onednn $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not vllm and not ray and not mlflow_server" $(ONEDNN_TESTS)
 
 # The quick tier: every package's unit tests, without what is slow or starts a real vLLM engine,
 # Ray cluster or MLflow server (those run in make test, which CI runs).
