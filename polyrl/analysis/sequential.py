@@ -39,9 +39,8 @@ critical values ``c_j`` instead of the normal ``z_j``; ``t_boundaries`` says how
   normal data with unknown variance): each look's nominal two-sided tail level
   ``p_j = 2(1 − Φ(z_j))`` becomes ``c_j = t_{n_j − 1}^{-1}(1 − p_j / 2)``. An approximation:
   the t statistics at successive looks share their variance estimates, so their joint law is
-  not the normal one the ``z_j`` were computed for. With 2–20 seeds it spends about 10–20% more
-  than planned at each look after the first (measured in docs/verdicts.md: 0.054–0.061 instead
-  of 0.05), so it is not the default.
+  not the normal one the ``z_j`` were computed for. With 2–20 seeds it spends more than planned
+  at each look after the first (docs/verdicts.md measures how much), so it is not the default.
 - ``simulated`` (default): the same Lan–DeMets spending applied to the t statistics directly,
   each ``c_j`` chosen so that look j spends exactly ``α(t_j) − α(t_{j−1})`` of the t process,
   read off 200,000 simulated seed sequences with a fixed random seed
@@ -220,8 +219,8 @@ def _verdict_codes(low: np.ndarray, high: np.ndarray, sesoi: float) -> np.ndarra
 def _repeated_interval(values: np.ndarray, critical: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(mean, low, high)`` over the last axis, ``mean ± critical · s/√n``; the bounds are NaN
     where the seeds' differences are all equal: a t interval needs spread, and a discrete metric
-    (accuracy on 200 prompts) makes two seeds tie often enough that zero-width intervals declared
-    "different" about 1% of the time at 2 seeds. Equal up to float rounding counts as equal
+    (accuracy on 200 prompts) makes two seeds tie often enough for zero-width intervals to call
+    a false "different" (docs/verdicts.md). Equal up to float rounding counts as equal
     (0.3 − 0.285 and 0.5 − 0.485 differ in the 17th digit)."""
     n = values.shape[-1]
     mean = values.mean(axis=-1)

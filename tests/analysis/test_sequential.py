@@ -82,7 +82,7 @@ def test_three_unequal_looks_against_scipys_trivariate_normal():
     [
         # Jennison & Turnbull (2000), Table 2.1: Pocock's C_P(K, 0.05), one boundary at every look.
         ({2: 2.178, 3: 2.289, 4: 2.361, 5: 2.413}, lambda c, K, k: c),
-        # Table 2.3: O'Brien & Fleming's C_B(K, 0.05), boundary C_B √(K / k) at look k.
+        # Ibid., ch. 2: O'Brien & Fleming's C_B(K, 0.05), boundary C_B √(K / k) at look k.
         ({2: 1.977, 3: 2.004, 4: 2.024, 5: 2.040}, lambda c, K, k: c * math.sqrt(K / k)),
     ],
     ids=["pocock", "obrien_fleming"],
