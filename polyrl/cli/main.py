@@ -31,6 +31,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # tracking server): `polyrl run` against a `mlflow server` died with KeyError
 # '_MLFLOW_TELEMETRY_SESSION_ID'. Off by default (machines are often offline); the user's setting wins.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# polyrl compare reads every seed run's per-example file; a progress bar per file buries its output.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 from polyrl.cli.envs import app as envs_app
 from polyrl.cli.errors import user_errors
@@ -106,6 +108,7 @@ def validate(
 ) -> None:
     """Check an experiment YAML without running it; print each arm's resolved key settings."""
     from polyrl.config.seeds import experiment_seeds
+    from polyrl.config.until_resolved import until_resolved_plan
     from polyrl.launch.preflight import preflight
     from polyrl.launch.run_units import MANY_RUNS, plan_line, run_count
     from polyrl.launch.runner import read_yaml, validate_file
@@ -114,7 +117,22 @@ def validate(
         arms = validate_file(config, set_)
         preflight(arms, source=str(config), echo=lambda line: console.print(line, highlight=False))
         seeds = experiment_seeds(read_yaml(config), source=str(config))
-    console.print(f"runs: {plan_line(arms, seeds)}", highlight=False)
+        rounds = until_resolved_plan(read_yaml(config), list(arms), source=str(config))
+    if rounds is None:
+        console.print(f"runs: {plan_line(arms, seeds)}", highlight=False)
+    else:
+        console.print(
+            f"runs: until resolved, rounds of {rounds.seeds_per_round} seed(s) per arm up to {rounds.max_seeds} "
+            f"(at most {plan_line(arms, rounds.seeds())})",
+            highlight=False,
+        )
+        for comparison in rounds.comparisons:
+            a, b = comparison.arms
+            console.print(
+                f"  compare {a} − {b} on {comparison.metric} ({'higher' if comparison.higher_is_better else 'lower'} is better, "
+                f"smallest effect of interest {comparison.sesoi:g})",
+                highlight=False,
+            )
     if run_count(arms, seeds) > MANY_RUNS:
         console.print(
             f"[yellow]more than {MANY_RUNS} runs[/]: seeds: N means N runs of every arm (did you mean seed: N?); "
@@ -247,7 +265,10 @@ def compare(
     for status in result.statuses or []:
         colour = "green" if status.finished else "red"
         console.print(f"[{colour}]{status.arm}[/]: {escape(status.describe())}", highlight=False, soft_wrap=True)
-    console.print(result.table_markdown)
+    from polyrl.analysis.console_summary import console_summary
+
+    for renderable in console_summary(result):  # verdicts and headline figures; the full table is in report.md
+        console.print(renderable, highlight=False)
     console.print(
         f"\nReport: {result.out_dir / 'report.md'} ({len(result.plot_paths)} plots), also logged to parent run "
         f"{result.parent_run_id} and shown as its description in the MLflow UI."

@@ -163,6 +163,12 @@ def train_with_progress(arm: Any, console: Console, show: bool, stop: StopSignal
         if not show:
             arm.loop(callbacks=[_stop_at_step_end(arm, stop)]).run()
             return
+        if not console.is_terminal:
+            # A log file, CI or nohup: a bar redraws nothing there, so a plain line every few steps.
+            every = max(1, -(-total // PLAIN_LINES_PER_RUN))
+            lines = plain_progress_line(arm.name, total, every, plain_printer(console))
+            arm.loop(printer=plain_printer(console), callbacks=[lines, _stop_at_step_end(arm, stop)]).run()
+            return
         with _progress(console) as progress:
             task = progress.add_task(
                 "train", total=total, completed=arm.start_step, arm=arm.name, reward="-", accuracy="-", length="-"
@@ -180,6 +186,25 @@ def train_with_progress(arm: Any, console: Console, show: bool, stop: StopSignal
             arm.loop(printer=plain_printer(progress.console), callbacks=[show_step, _stop_at_step_end(arm, stop)]).run()
     finally:
         stop.armed = False
+
+
+# Without a terminal, about this many progress lines per training run.
+PLAIN_LINES_PER_RUN = 8
+
+
+def plain_progress_line(name: str, total: int, every: int, echo):
+    """A step callback printing ``name step k/N · reward … · accuracy … · length … · s/step`` on
+    every ``every``-th step and the last one (metrics the arm does not log are left out)."""
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        if step % every and step != total:
+            return
+        shown = [f"{label} {metrics[key]:{spec}}" for label, key, spec in SUMMARY if key in metrics]
+        if "perf/step_s" in metrics:
+            shown.append(f"{metrics['perf/step_s']:.1f} s/step")
+        echo(" · ".join([f"{name} step {step}/{total}", *shown]))
+
+    return on_step
 
 
 # What the end of polyrl run / submit shows per arm: (label, metric key, format).

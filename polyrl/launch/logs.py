@@ -57,6 +57,7 @@ def quiet_library_environment() -> None:
     """
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # "Generating train split", "Map" bars
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

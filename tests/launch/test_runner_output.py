@@ -17,3 +17,30 @@ def test_health_lines_keep_their_arm_prefix():
     plain = Console(file=io.StringIO(), width=200, color_system=None)
     plain.print("[grpo] health warning")
     assert plain.file.getvalue().strip() == "health warning"
+
+
+def test_without_a_terminal_progress_is_a_plain_line_every_few_steps():
+    from polyrl.launch.arm_runs import plain_progress_line
+
+    lines: list[str] = []
+    on_step = plain_progress_line("grpo/seed_0", 16, 2, lines.append)
+    for step in range(1, 17):
+        on_step(step, {"reward/mean": 0.5, "train/accuracy": 0.25, "rollout/response_length/mean": 30.0, "perf/step_s": 7.25})
+    assert len(lines) == 8  # steps 2, 4, ..., 16
+    assert lines[0] == "grpo/seed_0 step 2/16 · reward 0.500 · accuracy 0.250 · length 30.0 · 7.2 s/step"
+    # The last step prints even off the stride; an arm without an accuracy reward shows none.
+    lines.clear()
+    on_step = plain_progress_line("a", 5, 2, lines.append)
+    for step in range(1, 6):
+        on_step(step, {"reward/mean": 1.0})
+    assert lines == ["a step 2/5 · reward 1.000", "a step 4/5 · reward 1.000", "a step 5/5 · reward 1.000"]
+
+
+def test_the_cli_environment_turns_datasets_progress_bars_off(monkeypatch):
+    import os
+
+    from polyrl.launch.logs import quiet_library_environment
+
+    monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS", raising=False)
+    quiet_library_environment()
+    assert os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"  # validate printed a "Generating train split" bar
