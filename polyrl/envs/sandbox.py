@@ -203,12 +203,13 @@ class _Worker:
         return json.loads(_read_by(fd, size, deadline))
 
     def close(self) -> None:
-        if self.owner == os.getpid():  # a forked trainer process must not kill its parent's worker
-            self.process.kill()
-            self.process.wait()
-            for stream in (self.process.stdin, self.process.stdout):
-                if stream is not None:
-                    stream.close()
+        if self.owner != os.getpid():  # a forked trainer process must not touch its parent's worker
+            return
+        self.process.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
         shutil.rmtree(self.home, ignore_errors=True)
 
 

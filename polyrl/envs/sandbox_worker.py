@@ -13,10 +13,11 @@ Each call runs in a child forked for it, which before running the tool:
   ``sys.stdout`` / ``sys.stderr`` in a sink that ends the call past ``output_chars``;
 - sets ``RLIMIT_CORE`` 0, ``RLIMIT_AS`` (this worker's address space + ``memory_mb``),
   ``RLIMIT_CPU`` (``cpu_seconds``: SIGXCPU, then SIGKILL one second later);
-- forbids new processes: a seccomp filter refuses ``fork``, ``vfork``, ``clone`` without
-  ``CLONE_THREAD`` (threads still work), ``clone3``, ``execve`` and ``execveat`` in the kernel,
-  for root too (x86-64 and aarch64; elsewhere ``RLIMIT_NPROC`` 1, which binds only a non-root
-  user and also refuses threads); Python's own entry points raise a clear ``PermissionError``.
+- installs a seccomp filter (:mod:`polyrl.envs.sandbox_seccomp`; for root too): no new process
+  (threads still work), no exec, no lifting of its limits, no signal, ``ptrace`` or memory access
+  to another process (x86-64 and aarch64; elsewhere ``RLIMIT_NPROC`` 1, which binds only a
+  non-root user and also refuses threads); Python's own fork/exec entry points raise a clear
+  ``PermissionError`` first.
 
 This process enforces the wall limit (kills the child's group), reads at most the bytes an
 honest answer can take, and turns a child that died (a signal, ``os._exit``) into an error.
@@ -37,10 +38,11 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 FRAME = struct.Struct("!I")
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 1, 38, 22, 2
+_PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -65,75 +67,30 @@ def read_exactly(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-# --- the kernel's refusal of new processes -------------------------------------------------------
-
-_LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, JMP|JSET|K, RET|K
-_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
-_EPERM, _EAGAIN, _ENOSYS = 1, 11, 38
-_CLONE_THREAD = 0x00010000
-# arch id (linux/audit.h), then syscall numbers: fork, vfork (None: not in this ABI), clone, clone3, execve, execveat
-_SYSCALLS = {
-    "x86_64": (0xC000003E, 57, 58, 56, 435, 59, 322),
-    "aarch64": (0xC00000B7, None, None, 220, 435, 221, 281),
-}
-
-
-def _instruction(code: int, jump_true: int, jump_false: int, k: int) -> bytes:
-    return struct.pack("HBBI", code, jump_true, jump_false, k)
-
-
-def seccomp_program() -> bytes | None:
-    """A seccomp BPF program refusing process creation and exec (see the module docstring), or
-    None on an architecture without a table here. ``struct seccomp_data``: nr at 0, arch at 4,
-    args[0] at 16 (its low 32 bits, little-endian, hold the clone flags)."""
-    table = _SYSCALLS.get(os.uname().machine)
-    if table is None:
-        return None
-    arch, fork, vfork, clone, clone3, execve, execveat = table
-    program = [
-        _instruction(_LD, 0, 0, 4),
-        _instruction(_JEQ, 1, 0, arch),
-        _instruction(_RET, 0, 0, _ERRNO | _ENOSYS),  # another ABI (x86's int 0x80): refused wholesale
-        _instruction(_LD, 0, 0, 0),
-        _instruction(_JGE, 0, 1, 0x40000000),
-        _instruction(_RET, 0, 0, _ERRNO | _ENOSYS),  # the x32 ABI's numbers
-    ]
-    # clone3's flags sit behind a pointer a filter cannot read: ENOSYS makes libc fall back to clone.
-    refusals = [(fork, _EAGAIN), (vfork, _EAGAIN), (clone3, _ENOSYS), (execve, _EPERM), (execveat, _EPERM)]
-    for number, errno in refusals:
-        if number is not None:
-            program += [_instruction(_JEQ, 0, 1, number), _instruction(_RET, 0, 0, _ERRNO | errno)]
-    program += [
-        _instruction(_JEQ, 0, 3, clone),
-        _instruction(_LD, 0, 0, 16),
-        _instruction(_JSET, 1, 0, _CLONE_THREAD),  # a thread: allowed
-        _instruction(_RET, 0, 0, _ERRNO | _EAGAIN),  # a process: refused
-        _instruction(_RET, 0, 0, _ALLOW),
-    ]
-    return b"".join(program)
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-def install_seccomp(program: bytes | None) -> bool:
-    if program is None:
-        return False
-    buffer = ctypes.create_string_buffer(program, len(program))
-    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
-    if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        return False
-    return _LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
+# --- no new processes ----------------------------------------------------------------------------
 
 
 def _refuse_processes(*_args: Any, **_kwargs: Any) -> Any:
     raise PermissionError("a tool may not start processes (the tool sandbox refuses fork and exec)")
 
 
-def block_process_creation(program: bytes | None) -> None:
-    """The kernel's refusal where seccomp works, else RLIMIT_NPROC; and a clear Python error."""
-    if not install_seccomp(program):
+def load_seccomp() -> Any:
+    """:mod:`polyrl.envs.sandbox_seccomp`, loaded by path: this worker imports no package of its own."""
+    spec = importlib.util.spec_from_file_location("polyrl_sandbox_seccomp", Path(__file__).with_name("sandbox_seccomp.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_SECCOMP = load_seccomp()
+
+
+def block_process_creation() -> None:
+    """The kernel's rules where seccomp works (:mod:`polyrl.envs.sandbox_seccomp`: no new process,
+    no lifting of the limits, no signal or ptrace to another process), else RLIMIT_NPROC; and a
+    clear Python error."""
+    if not _SECCOMP.install_seccomp(_SECCOMP.seccomp_program(os.getpid())):
         resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
     for name in ("fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "execv", "execve"):
         if hasattr(os, name):
@@ -201,7 +158,7 @@ def address_space_bytes() -> int:
         return int(statm.read().split()[0]) * resource.getpagesize()
 
 
-def call_in_child(function: Any, request: dict[str, Any], program: bytes | None) -> dict[str, Any]:
+def call_in_child(function: Any, request: dict[str, Any]) -> dict[str, Any]:
     """Limits on, then the call; the answer frame's fields. Runs in the forked child."""
     name, limit = request["name"], int(request["output_chars"])
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # no orphan if this worker dies
@@ -216,7 +173,7 @@ def call_in_child(function: Any, request: dict[str, Any], program: bytes | None)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    block_process_creation(program)
+    block_process_creation()
     value: Any = None
     failure: tuple[str, str] | None = None
     try:
@@ -257,7 +214,6 @@ class Worker:
     def __init__(self, request_fd: int, answer_fd: int):
         self.request_fd, self.answer_fd = request_fd, answer_fd
         self.functions: dict[tuple[str, str], Any] = {}
-        self.program = seccomp_program()
 
     def load(self, request: dict[str, Any]) -> dict[str, Any]:
         """Import the tool's module (by name, else from its file) and find the function."""
@@ -294,7 +250,7 @@ class Worker:
                 os.close(self.request_fd)
                 os.close(self.answer_fd)
                 os.setsid()
-                answer = call_in_child(function, request, self.program)
+                answer = call_in_child(function, request)
                 data = json.dumps(answer, ensure_ascii=False).encode()
                 while data:
                     data = data[os.write(write_fd, data) :]

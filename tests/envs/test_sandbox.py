@@ -18,7 +18,7 @@ from polyrl.envs import EnvConfigError, EpisodeRow, Step, Tool, ToolCall, ToolEn
 from polyrl.envs import sandbox as sandbox_module
 from polyrl.envs.builtins.python_tool import python
 from polyrl.envs.sandbox import SandboxSettings, shutdown_workers
-from polyrl.envs.sandbox_worker import seccomp_program
+from polyrl.envs.sandbox_seccomp import seccomp_program
 
 LIMITS = SandboxSettings(cpu_seconds=1, memory_mb=256)
 # The machine these run on is shared (2 cores, other jobs): CPU seconds take several wall seconds,
@@ -144,7 +144,7 @@ def test_a_bad_call_is_an_error_and_the_next_call_works(name, timeout_s, kind, s
     assert_next_call_works()
 
 
-@pytest.mark.skipif(seccomp_program() is None, reason="no seccomp table for this architecture")
+@pytest.mark.skipif(seccomp_program(1) is None, reason="no seccomp table for this architecture")
 def test_the_kernel_refuses_fork_past_pythons_guard():
     """libc's fork(2) skips os.fork's guard; the seccomp filter refuses it (EAGAIN), even for root."""
     result, _ = run("forks_in_c")
@@ -227,6 +227,12 @@ def test_python_tool_returns_what_the_snippet_printed():
 def test_python_tool_is_held_to_the_limits():
     refused = python_call("import subprocess\nsubprocess.run(['ls'])")
     assert not refused.ok and "may not start processes" in refused.content
+    # Root may raise a hard limit, and any process may signal its parent: the filter refuses both.
+    raised = python_call("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))")
+    assert raised.content == "Error: ValueError: not allowed to raise maximum limit", raised  # Python's words for EPERM
+    killed = python_call("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
+    assert killed.content == "Error: PermissionError: [Errno 1] Operation not permitted", killed
+    assert python_call("import resource\nresource.getrlimit(resource.RLIMIT_AS)[0] > 0").content == "True"
     start = time.perf_counter()
     looped = python_call("while True:\n    pass", timeout_s=60)
     assert looped.error_kind == "cpu_limit" and time.perf_counter() - start < 1 + MARGIN_S
