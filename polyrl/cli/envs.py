@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
@@ -14,6 +14,7 @@ from rich.table import Table
 from polyrl.cli import plugin_kit as kit
 from polyrl.cli.errors import user_errors
 from polyrl.envs import EnvConfigError, EpisodeRow, build_env, load_env_class, registered_envs
+from polyrl.envs.calls import DEFAULT_STEP_TIMEOUT_S
 from polyrl.envs.checks import FAIL, PASS, check_env
 
 app = typer.Typer(help="Write, list and check environments (multi-turn episodes).", no_args_is_help=True)
@@ -133,8 +134,14 @@ def check(
     ),
     turn: list[str] = typer.Option(..., "--turn", help="a scripted assistant turn (repeat for several turns)"),
     params: str = typer.Option("{}", "--params", help="environment parameters as a JSON object"),
-    limit: kit.Limit = None,
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="use only the first N rows"),
     show: bool = typer.Option(False, "--show", help="print each episode's transcript"),
+    timeout: float = typer.Option(
+        DEFAULT_STEP_TIMEOUT_S,
+        "--timeout",
+        min=0.001,
+        help="seconds one start or step call may take (a run's env.step_timeout_s)",
+    ),
 ) -> None:
     """Play the environment on real rows with scripted turns and check its contract; exit 1 on a failure."""
     console = kit.console()
@@ -152,7 +159,9 @@ def check(
         source = inspect.getsourcefile(cls)
     except TypeError:
         source = None
-    results, transcripts = check_env(lambda: build_env(cls, parsed, ref=ref), rows, turn, source=source)
+    results, transcripts = check_env(
+        lambda: build_env(cls, parsed, ref=ref), rows, turn, source=source, timeout_s=timeout, name=ref
+    )
     title = f"{ref} on {len(rows)} rows of {data}, {len(turn)} scripted turn(s)"
     console.print(kit.check_table(title, results, passed=PASS, failed=FAIL))
     if show:

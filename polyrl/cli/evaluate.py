@@ -55,11 +55,21 @@ def eval_command(
         None, "--env", help="Play the suite's prompts as episodes with this environment (name, file.py:Class, module:Class)."
     ),
     env_params: str = typer.Option("{}", "--env-params", help="The environment's parameters as a JSON object (with --env)."),
-    max_turns: int = typer.Option(4, "--max-turns", min=1, help="Assistant turns per episode (with --env)."),
-    max_episode_tokens: int = typer.Option(512, "--max-episode-tokens", min=1, help="Tokens per episode after its first prompt."),
+    max_turns: Optional[int] = typer.Option(
+        None, "--max-turns", min=1, help="Assistant turns per episode (with --env; default 4)."
+    ),
+    max_episode_tokens: Optional[int] = typer.Option(
+        None, "--max-episode-tokens", min=1, help="Tokens per episode after its first prompt (with --env; default 512)."
+    ),
     env_stop: list[str] = typer.Option([], "--env-stop", help="A string that also ends an assistant turn (repeatable)."),
 ) -> None:
     """Evaluate one or more models on an eval suite; log MLflow eval runs and write reports."""
+    if env is None:
+        # Each of these would be ignored (said before the slow imports below) without an environment to play.
+        given = [name for name, value in (("--env-params", env_params != "{}"), ("--env-stop", bool(env_stop)),
+                 ("--max-turns", max_turns is not None), ("--max-episode-tokens", max_episode_tokens is not None)) if value]  # fmt: skip
+        if given:
+            fail(f"{', '.join(given)}: apply only with --env (episodes); add --env NAME or remove them")
     from polyrl.engines.base import ROLLOUT_ENGINES
     from polyrl.evals.evaluate import EngineOptions, evaluate_models
 
@@ -83,9 +93,9 @@ def eval_command(
             fail(f"--env-params {env_params!r} is not valid JSON ({error})")
         if not isinstance(params, dict):
             fail(f"--env-params {env_params!r} must be a JSON object")
-        episodes = EpisodeOptions(env, params, max_turns, max_episode_tokens, stop=tuple(env_stop))
-    elif env_params != "{}" or env_stop:
-        fail("--env-params and --env-stop apply only with --env")
+        if "" in env_stop:
+            fail("--env-stop '': an empty stop string would end every turn after its first token; remove it")
+        episodes = EpisodeOptions(env, params, max_turns or 4, max_episode_tokens or 512, stop=tuple(env_stop))
     with user_errors(_describe):
         outcome = evaluate_models(
             list(model),

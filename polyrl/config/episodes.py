@@ -131,7 +131,7 @@ def env_refusals(cfg: Any) -> list[tuple[tuple[str, ...], Any, str]]:
     """``(field path, value, message)`` for each setting an experiment with ``env:`` cannot honour."""
     if cfg.env is None:
         return []
-    refusals = []
+    refusals: list[tuple[tuple[str, ...], Any, str]] = []
     if "rewards" in cfg.model_fields_set:
         refusals.append((
             ("rewards",), [r.module for r in cfg.rewards],
@@ -151,7 +151,7 @@ def env_refusals(cfg: Any) -> list[tuple[tuple[str, ...], Any, str]]:
         # ReMax's baseline is the reward of one greedy completion of the prompt; an episode's
         # return needs a whole greedy episode, which the collector does not play.
         field = ("advantage", "estimator") if cfg.advantage.estimator else ("objective", "name")
-        whose = "" if cfg.advantage.estimator else f" (objective {cfg.objective.name!r}'s default)"
+        whose = "" if cfg.advantage.estimator else f" (the default of objective {cfg.objective.name!r})"
         refusals.append((
             field, cfg.advantage.estimator or cfg.objective.name,
             f"the {estimator.name!r} advantage estimator{whose} takes a greedy completion's reward as its baseline, "

@@ -61,6 +61,18 @@ class EnvFailedError(PolyrlError, RuntimeError):
     as a reward module's failure names the module and the sample."""
 
 
+class MissingColumnError(KeyError):
+    """A column an environment reads is not in the row (a ``KeyError``, so ``row.get`` and
+    ``except KeyError`` work as with a dict); its message names the columns there are."""
+
+    def __init__(self, key: str, columns: list[str]):
+        super().__init__(key)
+        self.key, self.columns = key, columns
+
+    def __str__(self) -> str:
+        return f"the row has no {self.key!r} column; its columns: {', '.join(self.columns)}"
+
+
 @dataclass
 class EpisodeRow:
     """The data row an episode starts from: the prompt text, references and every other column."""
@@ -70,10 +82,14 @@ class EpisodeRow:
     fields: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, key: str) -> Any:
-        """``row["a"]``: a column (``prompt`` included), as a dict row reads."""
+        """``row["a"]``: a column (``prompt`` included), as a dict row reads; a missing one raises
+        :class:`MissingColumnError` (a ``KeyError``) naming the columns the row has."""
         if key == "prompt":
             return self.prompt
-        return self.fields[key]
+        try:
+            return self.fields[key]
+        except KeyError:
+            raise MissingColumnError(key, ["prompt", *self.fields]) from None
 
     def get(self, key: str, default: Any = None) -> Any:
         try:

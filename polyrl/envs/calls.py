@@ -18,7 +18,7 @@ from polyrl.core.errors import PolyrlError
 from polyrl.core.user_code import TimeBudgetError, call_with_time_budget, error_reason, where_it_failed
 from polyrl.envs.base import EnvFailedError
 
-__all__ = ["DEFAULT_STEP_TIMEOUT_S", "call_env", "env_source", "row_words", "snippet"]
+__all__ = ["DEFAULT_STEP_TIMEOUT_S", "EnvStuckError", "call_env", "env_source", "row_words", "snippet"]
 
 # An environment call's budget when none is set (env.step_timeout_s, polyrl envs check --timeout):
 # generous, for a step that runs several tools of env.tool_timeout_s each.
@@ -26,6 +26,10 @@ DEFAULT_STEP_TIMEOUT_S = 60.0
 SNIPPET_CHARS = 60
 
 T = TypeVar("T")
+
+
+class EnvStuckError(EnvFailedError):
+    """An environment call ran past its time budget: it may still be running, so nothing may go on beside it."""
 
 
 def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
@@ -65,7 +69,7 @@ def call_env(
     try:
         return call_with_time_budget(function, *args, timeout_s=timeout_s, what=f"environment {env_name!r}: {method}")
     except TimeBudgetError as error:
-        raise EnvFailedError(f"{error}; it was playing {where}. If it is slow rather than stuck, raise {budget_field}") from None
+        raise EnvStuckError(f"{error}; it was playing {where}. If it is slow rather than stuck, raise {budget_field}") from None
     except SystemExit as error:  # would end the run with its exit status (0 for sys.exit()) and no message
         raise EnvFailedError(
             f"environment {env_name!r} called sys.exit({error.code!r}) in {method} on {where} "

@@ -3,22 +3,25 @@
 Checks, each ``pass``/``warn``/``fail`` with a message:
 - ``start``: ``start(row)`` returns ``{role, content}`` messages ending with the turn the policy answers;
 - ``tools``: each tool's JSON schema serialises, and its name is unique;
-- ``step``: every ``step(text)`` returns a :class:`~polyrl.envs.Step`, a finite reward or None,
+- ``step``: every ``step(text)`` returns a :class:`~polyrl.envs.Step`, a reward a run accepts
+  (None, or a finite real number within the float32 range: :func:`~polyrl.envs.base.checked_reward`),
   and messages when the episode goes on;
 - ``episodes end``: some scripted episode ends with ``done`` within the turns given (warn if none);
 - ``fresh instances``: two instances started from the same row give the same first messages.
-An exception in the environment is a failure naming the file and line.
+Each ``start`` and ``step`` call runs on the run's time budget (``timeout_s``, a run's
+``env.step_timeout_s``; :mod:`polyrl.envs.calls`). An exception, a ``sys.exit`` or a time-out is
+a failure naming the row, the turn, the file and the line; after a time-out the check stops
+(the stuck call cannot be stopped, so playing on beside it would share its state).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from polyrl.core.user_code import error_reason, where_it_failed
-from polyrl.envs.base import EnvConfigError, EpisodeRow, Step, checked_messages
+from polyrl.envs.base import EnvConfigError, EnvFailedError, EpisodeRow, Step, checked_messages, checked_reward
+from polyrl.envs.calls import DEFAULT_STEP_TIMEOUT_S, EnvStuckError, call_env, row_words
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -32,12 +35,8 @@ class CheckResult:
     message: str
 
 
-def _failure(error: BaseException, source: str | None) -> str:
-    return f"{where_it_failed(error, source)}: {error_reason(error)}"
-
-
-def check_env(make_env: Callable[[], Any], rows: Sequence[EpisodeRow], turns: Sequence[str], *,
-              source: str | None = None) -> tuple[list[CheckResult], list[dict[str, Any]]]:  # fmt: skip
+def check_env(make_env: Callable[[], Any], rows: Sequence[EpisodeRow], turns: Sequence[str], *, source: str | None = None,
+              timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S, name: str = "env") -> tuple[list[CheckResult], list[dict[str, Any]]]:  # fmt: skip
     """The checks' results and a transcript per row (the scripted turns, the answers, the rewards)."""
     results: list[CheckResult] = []
     transcripts: list[dict[str, Any]] = []
@@ -55,17 +54,24 @@ def check_env(make_env: Callable[[], Any], rows: Sequence[EpisodeRow], turns: Se
             results.append(CheckResult("tools", PASS, f"{len(tools)} tool(s): {', '.join(names) or '(none)'}"))
     except (AttributeError, TypeError, ValueError) as error:
         results.append(CheckResult("tools", FAIL, f"tools must be polyrl.envs.Tool objects with JSON schemas: {error}"))
-    starts, steps, ended = [], [], 0
+
+    def call(function: Callable[..., Any], argument: Any, method: str, where: str) -> Any:
+        return call_env(function, argument, env_name=name, method=method, where=where, timeout_s=timeout_s, source=source,
+                        budget_field="--timeout (a run's env.step_timeout_s)")  # fmt: skip
+
+    starts, steps, ended, stuck = [], [], 0, False
     for index, row in enumerate(rows):
+        words = row_words(row.prompt, row.fields, index)
         env = make_env()
         try:
-            first = checked_messages(env.start(row), where=f"row {index}: start(row)", last_user=True)
-            again = checked_messages(make_env().start(row), where=f"row {index}: start(row)", last_user=True)
-        except EnvConfigError as error:
+            first = checked_messages(call(env.start, row, "start(row)", words), where=f"row {index}: start(row)", last_user=True)
+            again = checked_messages(call(make_env().start, row, "start(row)", words), where=f"row {index}: start(row)",
+                                     last_user=True)  # fmt: skip
+        except (EnvConfigError, EnvFailedError) as error:
             starts.append(str(error))
-            continue
-        except Exception as error:  # noqa: BLE001 - the author's bug, reported with its line
-            starts.append(f"row {index}: start(row) raised at {_failure(error, source)}")
+            stuck = isinstance(error, EnvStuckError)
+            if stuck:
+                break
             continue
         if first != again:
             results.append(CheckResult("fresh instances", WARN, f"row {index}: two instances start differently"))
@@ -73,36 +79,39 @@ def check_env(make_env: Callable[[], Any], rows: Sequence[EpisodeRow], turns: Se
         for turn_index, text in enumerate(turns):
             where = f"row {index}, turn {turn_index}"
             try:
-                step = env.step(text)
-            except Exception as error:  # noqa: BLE001
-                steps.append(f"{where}: step(text) raised at {_failure(error, source)}")
+                step = call(env.step, text, "step(text)", f"turn {turn_index} of {words}")
+            except EnvFailedError as error:
+                steps.append(str(error))
+                stuck = isinstance(error, EnvStuckError)
                 break
             if not isinstance(step, Step):
                 steps.append(f"{where}: step(text) must return polyrl.envs.Step, got {type(step).__name__}")
                 break
-            if step.reward is not None and (not isinstance(step.reward, (int, float)) or not math.isfinite(step.reward)):
-                steps.append(f"{where}: reward {step.reward!r} is not a finite number or None")
-                break
             try:
+                reward = checked_reward(step.reward, where=f"{where}: step(text)")
                 observation = checked_messages(step.observation, where=f"{where}: observation")
-            except EnvConfigError as error:
+            except (EnvConfigError, EnvFailedError) as error:
                 steps.append(str(error))
                 break
             if not step.done and not observation:
                 steps.append(f"{where}: the episode goes on (done=False) with no observation")
                 break
-            record["turns"].append({"assistant": text, "observation": observation, "reward": step.reward,
+            record["turns"].append({"assistant": text, "observation": observation, "reward": reward,
                                     "tool_calls": step.tool_calls, "tool_errors": step.tool_errors})  # fmt: skip
-            record["return"] += float(step.reward or 0.0)
+            record["return"] += reward or 0.0
             if step.done:
                 record["done"] = True
                 ended += 1
                 break
         transcripts.append(record)
+        if stuck:
+            break
     results.append(CheckResult("start", FAIL if starts else PASS, "; ".join(starts[:3]) or f"{len(rows)} row(s) started"))
     results.append(
         CheckResult("step", FAIL if steps else PASS, "; ".join(steps[:3]) or f"{len(turns)} scripted turn(s) answered")
     )
+    if stuck:
+        return results, transcripts  # the rest was not played
     results.append(
         CheckResult(
             "episodes end", PASS if ended else WARN, f"{ended} of {len(transcripts)} episode(s) done within {len(turns)} turn(s)"

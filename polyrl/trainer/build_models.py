@@ -58,6 +58,12 @@ class Models:
     padding_free_reason: str | None = None
 
 
+def response_budget(cfg: ExperimentConfig) -> int:
+    """The most policy tokens one sample holds (Dr.GRPO's constant normaliser): one completion's
+    ``rollout.max_tokens``, or with ``env:`` an episode's ``env.max_episode_tokens`` (its turns together)."""
+    return cfg.env.max_episode_tokens if cfg.env is not None else cfg.rollout.max_tokens
+
+
 def learner_settings(cfg: ExperimentConfig, objective: Any, padding_free: bool = False) -> LearnerSettings:
     t = cfg.train
     return LearnerSettings(
@@ -67,7 +73,7 @@ def learner_settings(cfg: ExperimentConfig, objective: Any, padding_free: bool =
         total_steps=t.steps, updates_per_batch=t.updates_per_batch, mini_batches=t.mini_batches, micro_batch_size=t.micro_batch_size,
         micro_batch_tokens=t.micro_batch_tokens, share_prompts=t.share_prompts, padding_free=padding_free,
         max_grad_norm=t.max_grad_norm, max_consecutive_nonfinite=t.max_consecutive_nonfinite, temperature=cfg.rollout.temperature,
-        max_tokens=cfg.rollout.max_tokens, kl_coef=0.0 if t.kl_in_reward else t.kl_coef, kl_estimator=t.kl_estimator,
+        max_tokens=response_budget(cfg), kl_coef=0.0 if t.kl_in_reward else t.kl_coef, kl_estimator=t.kl_estimator,
         entropy_coef=t.entropy_coef, seed=cfg.seed, compute_dtype=compute_dtype(cfg.model.dtype),
         entropy_control=_adaptive_entropy(cfg), high_entropy_top_ratio=(
             cfg.objective.high_entropy_tokens.top_ratio if cfg.objective.high_entropy_tokens is not None else None),

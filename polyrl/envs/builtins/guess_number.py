@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyrl.envs.base import EpisodeRow, Step
+from polyrl.envs.base import EnvConfigError, EpisodeRow, Step
 from polyrl.envs.builtins.calculator import last_integer
 from polyrl.envs.registry import register_env
 
@@ -28,6 +28,11 @@ class GuessNumberEnv:
         self.target = 0
 
     def start(self, row: EpisodeRow) -> list[dict[str, Any]]:
+        if row.get("target") is None:  # the data source guess_number gives it; other sources do not
+            raise EnvConfigError(
+                f"guess_number plays rows with a 'target' column (the hidden number), as data source guess_number "
+                f"gives them; this row has {', '.join(['prompt', *row.fields])}"
+            )
         self.target = int(row["target"])
         return [{"role": "user", "content": row.prompt}]
 
