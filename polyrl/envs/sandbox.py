@@ -169,7 +169,11 @@ def worker_environment(home: str) -> dict[str, str]:
 
 
 class WorkerLost(Exception):
-    """The worker did not answer in time or its pipe closed."""
+    """The worker did not answer in time (``kind`` timeout) or its pipe closed (crash)."""
+
+    def __init__(self, message: str, kind: str = "crash"):
+        super().__init__(message)
+        self.kind = kind
 
 
 class _Worker:
@@ -193,9 +197,8 @@ class _Worker:
         except OSError as error:
             raise WorkerLost(f"the tool worker's pipe closed ({error})") from None
         fd, deadline = self.process.stdout.fileno(), time.monotonic() + timeout_s
-        ready, _, _ = select.select([fd], [], [], timeout_s)
-        if not ready:
-            raise WorkerLost(f"the tool worker did not answer within {timeout_s:g} s")
+        if not _readable(fd, timeout_s):
+            raise WorkerLost(f"the tool worker did not answer within {timeout_s:g} s", "timeout")
         header = _read_by(fd, FRAME.size, deadline)
         size = FRAME.unpack(header)[0]
         if size > MAX_FRAME_BYTES:
@@ -213,11 +216,18 @@ class _Worker:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Whether ``fd`` has data (or EOF) within ``timeout_s``; poll, not select: a trainer holding
+    a thousand files (vLLM, Ray) has descriptors past select's limit of 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout_s * 1000))))
+
+
 def _read_by(fd: int, n: int, deadline: float) -> bytes:
     left = deadline - time.monotonic()
-    ready, _, _ = select.select([fd], [], [], max(0.0, left))
-    if not ready:
-        raise WorkerLost("the tool worker did not answer in time")
+    if not _readable(fd, left):
+        raise WorkerLost("the tool worker did not answer in time", "timeout")
     data = read_exactly(fd, n)  # the worker writes a frame at once: no wait past its first bytes
     if data is None:
         raise WorkerLost("the tool worker exited")
@@ -289,7 +299,7 @@ def run_in_sandbox(name: str, function: Callable[..., Any], arguments: dict[str,
         answer = worker.request(request, timeout_s + ANSWER_GRACE_S)
     except WorkerLost as error:
         worker.close()
-        return SandboxOutcome(False, f"Error: {name} could not run: {error}; the tool worker was replaced", "crash")
+        return SandboxOutcome(False, f"Error: {name} could not run: {error}; the tool worker was replaced", error.kind)
     except BaseException:
         worker.close()
         raise

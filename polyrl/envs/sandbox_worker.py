@@ -33,6 +33,7 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -364,6 +365,9 @@ def main() -> None:
     sys.path[:] = list(hello["sys_path"])
     write_frame(answer_fd, {"status": "ready", "pid": os.getpid()})
     Worker(request_fd, answer_fd).serve()
+    home = os.environ.get("HOME", "")
+    if os.path.basename(home).startswith("polyrl-tool-"):  # the trainer's pipe closed: no one else will
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -161,6 +161,21 @@ def test_a_dead_worker_is_replaced():
     assert sandbox_module._POOL.idle[0] is not worker
 
 
+def test_a_worker_that_stops_answering_is_killed_and_replaced(monkeypatch):
+    """The worker enforces the wall limit; past it and a grace period the trainer stops waiting."""
+    assert_next_call_works()
+    (worker,) = sandbox_module._POOL.idle
+    monkeypatch.setattr(sandbox_module, "ANSWER_GRACE_S", 0.5)
+    os.kill(worker.process.pid, signal.SIGSTOP)  # a worker that hangs
+    start = time.perf_counter()
+    result, _ = run("add", timeout_s=0.5, a=1, b=1)
+    assert time.perf_counter() - start < 1.0 + MARGIN_S
+    assert (result.ok, result.error_kind) == (False, "timeout")
+    assert result.content == "Error: add could not run: the tool worker did not answer within 1 s; the tool worker was replaced"
+    assert worker.process.poll() is not None  # killed
+    assert_next_call_works()
+
+
 def test_the_worker_inherits_no_secrets(monkeypatch):
     shutdown_workers()  # a fresh worker, started with these variables in the trainer's environment
     for key in ("HF_TOKEN", "MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY", "PYTHONPATH"):
