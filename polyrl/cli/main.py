@@ -34,6 +34,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # polyrl compare reads every seed run's per-example file; a progress bar per file buries its output.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
+from polyrl.cli.calibrate import calibrate_command
 from polyrl.cli.envs import app as envs_app
 from polyrl.cli.errors import user_errors
 from polyrl.cli.evaluate import eval_command
@@ -93,6 +94,9 @@ app.command(
 app.command("plan", help="Seeds needed to settle a comparison (fixed and sequential) and the wall time, from an sd or a pilot.")(
     plan_command
 )
+app.command(
+    "calibrate", help="A/A check: how often compare calls two halves of one arm's seed runs different (each such call is false)."
+)(calibrate_command)
 app.command("replay", help="Re-score a run's stored groups under other rewards, weights or aggregation; no policy loaded.")(
     replay_command
 )
