@@ -73,3 +73,8 @@ def test_plan_from_a_pilot_experiment(mlflow_uri):
     assert unknown.exit_code == 2 and "--arm-a 'ppo' is not an arm of experiment 'pilot'; its arms: " in unknown.output
     missing = _invoke("pilot", "--metric", "eval/none", "--effect", "0.05", "--tracking-uri", mlflow_uri)
     assert missing.exit_code == 2 and "'eval/none': 0 finished seed(s)" in missing.output and METRIC in missing.output
+
+
+def test_plan_is_a_command_with_help():
+    result = _invoke("--help")
+    assert result.exit_code == 0 and "--effect" in result.output and "--minutes-per-run" in result.output
