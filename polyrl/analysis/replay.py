@@ -7,11 +7,12 @@ optionally ``advantage.reward_aggregation``), computes each sample's advantage u
 setting and the candidate's with the run's estimator, and compares them step by step:
 
 - ``sign_change_share``: share of the samples scored under both whose advantage changes sign
-  (positive to negative or back; to or from 0 is not counted: those are the groups below);
+  (positive to negative or back), counted in the groups that neither setting leaves uniform (a
+  uniform group has no signal, whatever the sign of its rounding: those are the groups below);
 - ``spearman_mean``: Spearman's rank correlation of the old and new advantages within a group,
   averaged over the groups both settings separate (``spearman_groups`` of them);
-- ``became_uniform`` / ``stopped_uniform``: groups whose advantages become all 0 (no signal) or
-  stop being so;
+- ``became_uniform`` / ``stopped_uniform``: groups whose advantages become all equal (0 for a group
+  estimator: no signal) or stop being so;
 - the samples whose advantage moves most (:attr:`ReplayReport.top`).
 
 A candidate reward whose module, params, label and non-finite policy equal one of the run's is
@@ -163,26 +164,29 @@ def sample_advantages(
 
 
 def _uniform(values: torch.Tensor) -> bool:
-    scored = values[~torch.isnan(values)]
-    return bool(scored.numel()) and bool((scored.abs() <= TOLERANCE).all())
+    """All the group's advantages equal (no signal within it; 0 for a group estimator)."""
+    return bool(values.numel()) and float(values.max() - values.min()) <= TOLERANCE
 
 
 def compare_step(old: torch.Tensor, new: torch.Tensor, group_ids: torch.Tensor) -> dict[str, float]:
     """The comparison of one step's advantages (module docstring): counts, so steps can be pooled."""
     both = ~torch.isnan(old) & ~torch.isnan(new)
-    flips = both & (((old > TOLERANCE) & (new < -TOLERANCE)) | ((old < -TOLERANCE) & (new > TOLERANCE)))
-    out = {"samples": float(both.sum()), "sign_changes": float(flips.sum()), "groups": 0.0, "became_uniform": 0.0,
+    flips = ((old > TOLERANCE) & (new < -TOLERANCE)) | ((old < -TOLERANCE) & (new > TOLERANCE))
+    out = {"samples": float(both.sum()), "sign_changes": 0.0, "groups": 0.0, "became_uniform": 0.0,
            "stopped_uniform": 0.0, "spearman_groups": 0.0, "spearman_sum": 0.0}  # fmt: skip
     for group in torch.unique(group_ids):
         rows = (group_ids == group) & both
         if not rows.any():
             continue
         out["groups"] += 1
-        was, now = _uniform(old[rows]), _uniform(new[rows])
+        a, b = old[rows], new[rows]
+        was, now = _uniform(a), _uniform(b)
         out["became_uniform"] += float(now and not was)
         out["stopped_uniform"] += float(was and not now)
-        a, b = old[rows], new[rows]
-        if int(rows.sum()) > 1 and not was and not now and len(set(a.tolist())) > 1 and len(set(b.tolist())) > 1:
+        if was or now:  # a uniform group's advantages carry no sign (a group estimator's rounding at most)
+            continue
+        out["sign_changes"] += float(flips[rows].sum())
+        if int(rows.sum()) > 1:
             out["spearman_groups"] += 1
             out["spearman_sum"] += float(scipy_stats.spearmanr(a.numpy(), b.numpy()).statistic)  # average ranks on ties
     return out

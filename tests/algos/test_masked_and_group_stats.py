@@ -34,3 +34,21 @@ def test_group_index_numbers_groups_in_sorted_id_order():
     assert inverse.tolist() == [1, 0, 1, 2] and count == 3
     inverse, count = group_index(torch.tensor([], dtype=torch.long))
     assert inverse.numel() == 0 and count == 0
+
+
+def test_a_group_whose_rewards_agree_has_exactly_their_mean_std_zero_and_grpo_advantage_zero():
+    from polyrl.algos.advantages import AdvantageInputs, get_advantage
+    from polyrl.algos.groups import group_mean_std
+
+    # Eight rewards of 0.1 in float32: their sum over their count is 0.1 - 7.45e-9, and the unbiased std of
+    # the rounded deviations 7e-9. Before: each got (0.1 - mean) / (7e-9 + 1e-6) = -0.0074 as its GRPO
+    # advantage, and the group did not count as uniform (std != 0). Group 1, (0.1, 1.1) x 4, is untouched.
+    rewards = torch.tensor([0.1] * 8 + [0.1, 1.1] * 4, dtype=torch.float32)
+    group_ids = torch.tensor([0] * 8 + [1] * 8)
+    mean, std, size = group_mean_std(rewards, group_ids)
+    assert torch.equal(mean[:8], rewards[:8]) and torch.equal(std[:8], torch.zeros(8))
+    advantages, metrics = get_advantage("group_norm").fn(AdvantageInputs(rewards, torch.ones(16, 1), group_ids))
+    assert torch.equal(advantages[:8, 0], torch.zeros(8))
+    # Group 1: mean 0.6, unbiased std sqrt(8 * 0.25 / 7) = 0.5345 -> (-/+) 0.5 / 0.5345 = 0.9354.
+    assert torch.allclose(advantages[8:, 0].abs(), torch.full((8,), 0.9354143), atol=1e-5)
+    assert metrics["advantage/uniform_group_sample_frac"] == 0.5

@@ -211,3 +211,36 @@ def test_a_tiny_run_keeps_its_groups_and_replays_with_a_changed_weight(tmp_path,
     # A step the store does not hold is said, not an empty table.
     cli = CliRunner().invoke(app, ["replay", run_ref, "--rewards", str(other), "--steps", "9:", "--tracking-uri", uri])
     assert cli.exit_code == 2 and "none in '9:'" in cli.output
+
+
+def _episode(solved: bool, calls: int, end: str, returned: float) -> dict:
+    episode = {"turns": [], "return": returned, "solved": solved, "assistant_turns": 2, "tool_calls": calls,
+               "tool_errors": 0, "end": end}  # fmt: skip
+    return {"text": "...", "ids": [1, 2], "scores": {"env": returned}, "finish": "stop", "n": 2, "episode": episode}
+
+
+def test_the_calculator_studys_episodes_replayed_with_the_format_reward_paid_only_for_an_answer():
+    from pathlib import Path
+
+    from polyrl.config.schema import load_experiment
+
+    root = Path(__file__).resolve().parents[2] / "experiments"
+    cfg = load_experiment(root / "real" / "calculator_grpo.yaml")["main"]
+    header = {"run_id": "r1", "arm": "main", "weights": {"env": 1.0}, "config": yaml.safe_load(to_yaml(cfg))}
+    # Returns as the study paid them: 1 for a right answer + 0.1 once for a call that ran.
+    group_0 = [_episode(False, 1, "max_turns", 0.1), _episode(True, 1, "done", 1.1), _episode(False, 0, "done", 0.0)]
+    group_1 = [_episode(False, 2, "max_turns", 0.1), _episode(False, 1, "done", 0.1), _episode(False, 0, "done", 0.0)]
+    groups = [{"g": g, "prompt": "What is 397 * 98?", "refs": ["38906"], "fields": {}, "images": 0, "samples": s}
+              for g, s in enumerate([group_0, group_1])]  # fmt: skip
+    candidate = yaml.safe_load((root / "replay" / "calculator_answered_format.yaml").read_text())
+    report = replay(header, {1: {"step": 1, "groups": groups}}, candidate, base_dir=root / "replay", top=6)
+    assert report.rescored == ["solved", "answered_tool_call"]
+    # New rewards: group 0 (0, 1.1, 0), group 1 (0, 0.1, 0): a call without an answer earns nothing.
+    new = [(m["group"], m["new_scores"]["solved"], m["new_scores"]["answered_tool_call"]) for m in report.top]
+    assert sorted(new) == [(0, 0.0, 0.0), (0, 0.0, 0.0), (0, 1.0, 1.0), (1, 0.0, 0.0), (1, 0.0, 0.0), (1, 0.0, 1.0)]
+    # Group 0: old (0.1, 1.1, 0) and new (0, 1.1, 0): signs (-, +, -) both. Group 1: old (0.1, 0.1, 0) ->
+    # (+, +, -); new (0, 0.1, 0) -> (-, +, -): the call that never answered flips. 1 of 6.
+    assert report.overall["sign_change_share"] == pytest.approx(1 / 6)
+    # Spearman on average ranks: group 0 old (2, 3, 1), new (1.5, 3, 1.5) -> 1.5 / sqrt(2 * 1.5) = 0.866;
+    # group 1 old (2.5, 2.5, 1), new (1.5, 3, 1.5) -> 0.75 / 1.5 = 0.5. Mean 0.683.
+    assert report.overall["spearman_mean"] == pytest.approx((1.5 / 3**0.5 + 0.5) / 2, abs=1e-4)
