@@ -87,6 +87,15 @@ def test_a_settled_comparison_stops_the_rounds_and_a_resume_keeps_the_sequence(
     for arm_run_id in result.arm_run_ids.values():
         assert client.get_run(arm_run_id).info.status == "FINISHED"
 
+    # compare shows the sequence, round by round, beside its fixed-sample tables.
+    from polyrl.analysis.compare import compare_experiment
+
+    compare_experiment("sequential", tracking_uri=config["tracking"]["uri"], out_dir=tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Seeds added until resolved" in report
+    assert "| 1 | grpo-vs-dr_grpo:reward/mean | no look yet (a look needs 2 seeds) | undecided |" in report
+    assert "| 2 | grpo-vs-dr_grpo:reward/mean |" in report and "equivalent within ±100" in report
+
     # A resume trains nothing and keeps the same sequence: no round counted twice.
     again = run_experiment(path, resume=True, show_progress=False)
     state_again = json.loads((tmp_path / "runs" / "sequential" / "experiment.json").read_text())
@@ -113,3 +122,21 @@ def test_hours_spent_stop_the_rounds_and_a_resume_continues_them(tmp_path, tiny_
     state = json.loads((tmp_path / "runs" / "sequential" / "experiment.json").read_text())
     assert [r["seeds"] for r in state["sequential"]] == [1, 2]
     assert state["sequential"][-1]["decisions"]["grpo-vs-dr_grpo:reward/mean"]["verdict"] == "equivalent"
+
+
+def test_the_sequence_section_lists_every_round():
+    from polyrl.analysis.sequential_report import sequential_section
+
+    rounds = [
+        {"seeds": 1, "decisions": {"a-vs-b:m": {"verdict": "undecided", "n": 1, "look": None}}, "sentences": ["m: no look"]},
+        {
+            "seeds": 2,
+            "decisions": {"a-vs-b:m": {"verdict": "different", "mean": 0.25, "low": 0.125, "high": 0.375}},
+            "sentences": ["m: a is better than b"],
+            "missing": ["b seed 3 (run `x`): FAILED"],
+        },
+    ]
+    text = sequential_section(rounds)
+    assert "- m: a is better than b" in text
+    assert "| 2 | a-vs-b:m | 0.25 [0.125, 0.375] | different |" in text
+    assert "Seed runs left out: b seed 3" in text
