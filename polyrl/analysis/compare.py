@@ -23,7 +23,9 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from polyrl.analysis.arm_status import ArmStatus, arm_status, planned_arms, status_lines, unfinished_summary  # noqa: E402
 from polyrl.analysis.compare_views import annotate_arm_runs, headline_summary, log_headline_metrics, write_chart_view  # noqa: E402
+from polyrl.analysis.example_runs import runs_example_rows  # noqa: E402
 from polyrl.analysis.health_notes import health_warnings, with_health_section  # noqa: E402
+from polyrl.analysis.per_example_report import PairExamples, pair_examples, per_example_markdown, with_section  # noqa: E402
 from polyrl.analysis.report_metrics import (  # noqa: E402
     CURVES,
     TABLE_METRICS,
@@ -32,7 +34,8 @@ from polyrl.analysis.report_metrics import (  # noqa: E402
     metric_histories,
     save_curve_plot,
 )
-from polyrl.analysis.seed_report import finished_seed_runs, metric_name, seeded_report  # noqa: E402
+from polyrl.analysis.seed_report import compared_pairs, finished_seed_runs, metric_name, seeded_report  # noqa: E402
+from polyrl.analysis.sequential_report import read_sequence, sequential_section  # noqa: E402
 from polyrl.core.errors import PolyrlError  # noqa: E402
 from polyrl.tracking.mlflow_runs import (  # noqa: E402
     ARM_TAG,
@@ -69,6 +72,7 @@ class Comparison:
     differences: list | None = None  # seed_report.pairwise_rows: (metric, arm a, arm b, difference, Holm p, verdict)
     baseline: str | None = None  # each arm compared with this one (--baseline), else every pair
     metrics: list[str] | None = None  # the metrics compared (--metrics), else the default ones
+    per_example: list[PairExamples] | None = None  # flip tables and intervals from the eval_examples artifacts
 
 
 def _format(value: float | None) -> str:
@@ -288,6 +292,16 @@ def compare_experiment(
         )
         headline = single_seed_headline(histories)
         verdicts, rows = None, []
+    compared = (
+        finished_seed_runs(client, seed_runs)[0]
+        if seed_runs
+        else {status.arm: {None: arms[status.arm]} for status in statuses if status.finished}
+    )
+    per_example, section = _per_example(client, compared, baseline)
+    report = with_section(report, section)
+    sequence = read_sequence(client, parent.info.run_id)
+    if sequence:
+        report = with_section(report, sequential_section(sequence))
     unfinished = unfinished_summary(statuses)
     report = with_status_section(report, statuses, unfinished)
     report = with_health_section(
@@ -326,7 +340,16 @@ def compare_experiment(
         rows,
         baseline,
         list(metrics) if metrics else None,
+        per_example,
     )
+
+
+def _per_example(client: MlflowClient, runs: dict[str, dict], baseline: str | None) -> tuple[list[PairExamples], str]:
+    """The per-example comparison of the compared runs (arm -> seed -> run id), from their
+    ``eval_examples/`` artifacts, and its report section (empty without artifacts)."""
+    rows = runs_example_rows(client, runs)
+    pairs = pair_examples(rows, compared_pairs([arm for arm in runs if runs[arm]], baseline))
+    return pairs, per_example_markdown(pairs, rows)
 
 
 def single_seed_headline(histories: dict[str, dict[str, list[tuple[int, float]]]]) -> dict[str, float]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from mlflow.tracking import MlflowClient
 
+from polyrl.analysis.curve_summaries import add_summaries, base_key, summary_keys
 from polyrl.analysis.report_metrics import (
     CURVES,
     TABLE_METRICS,
@@ -306,19 +307,24 @@ def seeded_report(
     logged = logged_metric_keys(client, run_ids)
     eval_keys = eval_headline_keys(logged)
     curve_keys = [key for key, _ in CURVES] + eval_keys
+    # Curve summaries of the held-out scores (area, mean of the last evaluations): derived, not logged.
+    summaries = [summary for key in eval_keys if is_eval_score(key) for summary in summary_keys(key)]
+    derivable = [key for key in metrics or [] if base_key(key) and base_key(key)[0] in logged]
     # Metrics asked for beyond the default table (a study's own, e.g. rollout_corr/kl) get a column too.
-    asked = compared_metrics(metrics, logged) if metrics else []
+    asked = compared_metrics(metrics, logged + derivable) if metrics else []
     own = tuple(key for key in asked if key not in TABLE_METRICS and key not in eval_keys)
-    keys = sorted(set(curve_keys) | set(TABLE_METRICS) | set(own))
+    fetched = [base_key(key)[0] if base_key(key) else key for key in own]
+    keys = sorted(set(curve_keys) | set(TABLE_METRICS) | set(fetched))
     histories: SeedHistories = {}
     for arm, by_seed in seed_runs.items():
         per_seed = {seed: metric_histories(client, run_id, keys) for seed, run_id in sorted(by_seed.items())}
         histories[arm] = {key: {seed: h.get(key, []) for seed, h in per_seed.items()} for key in keys}
+    summaries = add_summaries(histories, list(dict.fromkeys(summaries + [key for key in own if base_key(key)])))
     titles = dict(CURVES) | {key: key for key in eval_keys}
     plot_paths = plot_bands(histories, curve_keys, titles, experiment=experiment, out=out)
     columns = [
         key
-        for key in TABLE_METRICS + tuple(eval_keys) + own
+        for key in dict.fromkeys(TABLE_METRICS + tuple(eval_keys) + tuple(summaries) + own)
         if any(any(h.values()) for h in (by_key.get(key, {}) for by_key in histories.values()))
     ]
     counts = {arm: len(by_seed) for arm, by_seed in seed_runs.items()}
@@ -332,6 +338,8 @@ def seeded_report(
     if metrics:
         pair_keys = asked
     rows = pairwise_rows(histories, pair_keys, baseline=baseline)
+    # Curve summaries are a Holm family of their own (asked for with --metrics, they join the others).
+    curve_rows = [] if metrics else pairwise_rows(histories, [k for k in summaries if k in columns], baseline=baseline)
     changes = change_rows(histories, [key for key in eval_keys if key in columns and (not metrics or key in metrics)])
     no_baseline = baseline is not None and not any(finals(histories, key).get(baseline) for key in pair_keys)
     seeds_line = " · ".join(
@@ -386,6 +394,20 @@ def seeded_report(
                     "",
                 ]
                 if changes
+                else []
+            ),
+            *(
+                [
+                    "## Curve summaries of the held-out scores (each seed's area under the curve divided by its step "
+                    "range, and mean of its last evaluations; paired by seed)",
+                    "",
+                    pairwise_table(curve_rows),
+                    "",
+                    f"Holm's correction runs over these {sum(row[4] == row[4] for row in curve_rows)} comparisons, a "
+                    "family apart from the final values'.",
+                    "",
+                ]
+                if curve_rows
                 else []
             ),
             "## Curves (mean over seeds, shaded 95% CI)",
