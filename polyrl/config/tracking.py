@@ -3,7 +3,7 @@ warns about while it trains."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from polyrl.config.base import StrictModel
 
@@ -185,3 +185,15 @@ class HealthConfig(StrictModel):
         "health.min_judge_rule_correlation.",
     )
     min_judge_rule_correlation: float = Field(0.3, ge=-1, lt=1, description="See health.judge_rule_pairs.")
+
+    @field_validator("judge_rule_pairs")
+    @classmethod
+    def _judge_and_rule_differ(cls, pairs: dict[str, str]) -> dict[str, str]:
+        # A reward correlates perfectly with itself: the check could never fire.
+        same = sorted(judge for judge, rule in pairs.items() if judge == rule)
+        if same:
+            raise ValueError(
+                f"{same} paired with itself: a reward always agrees with itself, so the check could never warn; "
+                "pair a model-scored reward's label with a different, rule-based reward's label"
+            )
+        return pairs

@@ -37,7 +37,7 @@ from polyrl.runtime.data_parallel import LocalGroup
 from polyrl.runtime.gradient_buffers import AutogradGradients, GradientBuffers, update_gradients
 from polyrl.runtime.precision import autocast
 
-__all__ = ["LearnerSettings", "PolicyLearner"]
+__all__ = ["LearnerSettings", "PolicyLearner", "rows_to_diagnose"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,10 @@ class PolicyLearner(PolicyLoss):
         self.guard = NonFiniteGuard(settings.max_consecutive_nonfinite)
         self.entropy = EntropyController(settings.entropy_coef, settings.entropy_control)  # the bonus' coefficient
         self.optimizer_step = 0  # applied policy optimizer steps: the schedule's and the critic cadence's clock
+        # The version of the weights it holds: updates that applied an optimizer step (0: as built).
+        # The synchronous loop's syncs give the engine this number, which every sample then carries
+        # (Completion.policy_version), so an update knows which rows its own weights sampled.
+        self.weight_version = 0
         # The rollout inspector's per-token capture (learner_inspection.py): asked for one update
         # at a time, so the other steps pay nothing.
         self._inspect_next = False
@@ -142,7 +146,11 @@ class PolicyLearner(PolicyLoss):
             self.critic.apply_optimizer_settings()
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"optimizer_step": self.optimizer_step, "nonfinite": self.guard.state_dict()}
+        state = {
+            "optimizer_step": self.optimizer_step,
+            "weight_version": self.weight_version,
+            "nonfinite": self.guard.state_dict(),
+        }
         if self.entropy.settings is not None:
             state["entropy"] = self.entropy.state_dict()
         if self.critic is not None:
@@ -151,6 +159,9 @@ class PolicyLearner(PolicyLoss):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer_step = int(state["optimizer_step"])
+        # A checkpoint from before the weight version was saved: one per training step's optimizer
+        # steps (any number serves, as long as the resume's sync gives the engine the same).
+        self.weight_version = int(state.get("weight_version", self.optimizer_step // max(self.optimizer_steps_per_step(), 1)))
         self.guard.load_state_dict(state.get("nonfinite", {}))
         self.entropy.load_state_dict(state.get("entropy", {}))
         if self.critic is not None:
@@ -194,12 +205,18 @@ class PolicyLearner(PolicyLoss):
 
     # --- the update ---------------------------------------------------------------------------------
 
-    def update(self, batch: LearnerBatch, step_index: int = 0) -> dict[str, float]:
+    def update(self, batch: LearnerBatch, step_index: int = 0, weight_version: int | None = None) -> dict[str, float]:
         """:meth:`_update`. A :class:`NonFiniteStop` part-way through ends the update there: its
         remaining optimizer steps are skipped, and the stop carries how many of its steps were
         applied (``applied_steps``), so that the loop saves the previous step (none applied: the
         learner is as it was then) or this one (some applied: done, the rest skipped). A copy of
-        the weights and AdamW state to undo the applied steps is not needed, and none is made."""
+        the weights and AdamW state to undo the applied steps is not needed, and none is made.
+
+        ``weight_version``: the policy version the rows' ``policy_versions`` give the weights the
+        learner holds now, where the loop numbers versions itself (the asynchronous loop: completed
+        steps); by default :attr:`weight_version`, the number its syncs gave the engine."""
+        if weight_version is None:
+            weight_version = self.weight_version
         # The gradients' memory before any activation's, reused by every mini-batch (runtime/gradient_buffers.py).
         gradients = update_gradients(self.policy.parameters(), sharded=self.group.shards_parameters)
         start = self.optimizer_step
@@ -208,7 +225,7 @@ class PolicyLearner(PolicyLoss):
             self._inspect_next = False
             self._capture = TokenCapture(batch.packed.response_mask, batch.loss_mask, batch.advantages, batch.correction_rejected)
         try:
-            metrics = self._update(batch, gradients, step_index)
+            metrics = self._update(batch, gradients, step_index, weight_version)
             metrics.update(self.entropy.observe(metrics.get("actor/entropy")))  # the next step's coefficient
             self._inspection = self._capture
             return metrics
@@ -216,13 +233,15 @@ class PolicyLearner(PolicyLoss):
             stop.applied_steps = self.optimizer_step - start
             raise
         finally:
+            if self.optimizer_step > start:  # the weights moved: a new version
+                self.weight_version += 1
             self._capture = None
             # Freed now, not at the next update's start: dead until then, they would share the host
             # with the weight sync and the next generation.
             gradients.close()
 
     def _update(
-        self, batch: LearnerBatch, gradients: GradientBuffers | AutogradGradients, step_index: int = 0
+        self, batch: LearnerBatch, gradients: GradientBuffers | AutogradGradients, step_index: int = 0, weight_version: int = 0
     ) -> dict[str, float]:
         """Several optimizer passes over the rollout batch, each split into mini-batches (one
         optimizer step each) whose gradients accumulate over micro-batches.
@@ -230,7 +249,8 @@ class PolicyLearner(PolicyLoss):
         The loss normaliser spans each mini-batch (all its micro-batches), not the whole rollout
         batch: a mini-batch's loss, hence its optimizer step, does not depend on how it is cut
         into micro-batches. An objective's ``prepare`` runs once per mini-batch for the same reason.
-        ``step_index`` (training steps done) seeds the shuffle.
+        ``step_index`` (training steps done) seeds the shuffle; ``weight_version`` (see :meth:`update`)
+        picks the rows whose sampler/learner mismatch the first forward measures.
         """
         s = self.settings
         size = len(batch.packed)
@@ -251,7 +271,7 @@ class PolicyLearner(PolicyLoss):
         # Micro-batch plans come from the host copy above (no device syncs); the tensors go to the
         # policy's device once here (a no-op on the CPU).
         batch = batch.to(next(self.policy.parameters()).device)
-        diagnose = self._rows_to_diagnose(batch, step_index)
+        diagnose, diagnosed_rows = rows_to_diagnose(batch, weight_version)
         if self._capture is not None:
             self._learner_pass(batch)
         for _ in range(s.updates_per_batch):
@@ -324,6 +344,8 @@ class PolicyLearner(PolicyLoss):
         unprefixed = ("bapo/", "quadrant/", "value/", "rollout_corr/")
         out = {f"actor/{k}" if not k.startswith(unprefixed) else k: value for k, value in combined.items()}
         out.update(mismatch_from_sums(mismatch))  # rollout/logprob_gap and rollout_corr/*
+        if diagnosed_rows:  # rows compared (all ranks), and why not the others: the health check says it once
+            out.update({"rollout_corr/rows_measured": mismatch.get("rows", 0.0), **diagnosed_rows})
         out["actor/loss"] = float(np.mean(losses)) if losses else 0.0
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
         out["actor/grad_norm_max"] = float(np.max(grad_norms)) if grad_norms else 0.0
@@ -336,15 +358,26 @@ class PolicyLearner(PolicyLoss):
             out["value/updates"] = float(critic_updates)
         return out
 
-    @staticmethod
-    def _rows_to_diagnose(batch: LearnerBatch, step_index: int) -> Tensor | None:
-        """The rows whose sampler/learner mismatch the update measures from its first forward (before
-        its first optimizer step): those sampled at the learner's weights (no version: the synchronous
-        loop; else version ``step_index``, staleness 0). None where the pipeline measured it already
-        (π_old recomputed before the update)."""
-        if "rollout/logprob_gap" in batch.metrics:
-            return None
-        versions = batch.policy_versions
-        if versions is None:
-            return torch.ones(len(batch.packed), dtype=torch.bool, device=batch.advantages.device)
-        return (versions < 0) | (versions == step_index)
+
+def rows_to_diagnose(batch: LearnerBatch, weight_version: int) -> tuple[Tensor | None, dict[str, float]]:
+    """The rows whose sampler/learner mismatch an update may measure in its first forward (those
+    of its first mini-batch, before its first optimizer step), and the rows it may not, by why
+    (``rollout_corr/rows_*``; the update adds ``rows_measured``, the rows it compared).
+
+    Measurable: the rows sampled by the weights the learner holds, version ``weight_version`` (or
+    with no version, ``-1``: an engine that stamps none, in the synchronous loop). Not: rows of an
+    older version (``rows_older_weights``: asynchronous training; the learner no longer holds those
+    weights) and of any other (``rows_other_version``: a numbering that disagrees with the
+    learner's, a sync it did not count). None and no counts where the pipeline measured the
+    mismatch already (π_old recomputed before the update, on every row)."""
+    if "rollout/logprob_gap" in batch.metrics:
+        return None, {}
+    versions = batch.policy_versions
+    if versions is None:
+        return torch.ones(len(batch.packed), dtype=torch.bool, device=batch.advantages.device), {}
+    measurable = (versions < 0) | (versions == weight_version)
+    older = (versions >= 0) & (versions < weight_version)
+    return measurable, {
+        "rollout_corr/rows_older_weights": float(older.sum()),
+        "rollout_corr/rows_other_version": float((~measurable & ~older).sum()),
+    }

@@ -168,9 +168,9 @@ class LearnerRank:
     def apply_optimizer_settings(self) -> None:
         self.learner.apply_optimizer_settings()
 
-    def update(self, batch: LearnerBatch, step_index: int) -> dict[str, Any]:
+    def update(self, batch: LearnerBatch, step_index: int, weight_version: int | None = None) -> dict[str, Any]:
         try:
-            return self.learner.update(batch, step_index)
+            return self.learner.update(batch, step_index, weight_version)
         except NonFiniteStop as stop:  # every rank stops together (the guard sees global values)
             return {NONFINITE_KEY: (stop.reason, stop.consecutive, stop.applied_steps)}
 
@@ -273,6 +273,7 @@ class DataParallelLearner:
     critic = property(lambda self: self.mirror.critic)
     lora = property(lambda self: self.mirror.lora)
     optimizer_step = property(lambda self: self.mirror.optimizer_step)
+    weight_version = property(lambda self: self.mirror.weight_version)  # the ranks', pulled after each update
     world_size = property(lambda self: self.ranks.world_size)
 
     def optimizer_steps_per_step(self) -> int:
@@ -300,10 +301,10 @@ class DataParallelLearner:
         self.mirror.load_state_dict(state)
         self.push()
 
-    def update(self, batch: LearnerBatch, step_index: int = 0) -> dict[str, float]:
+    def update(self, batch: LearnerBatch, step_index: int = 0, weight_version: int | None = None) -> dict[str, float]:
         import ray
 
-        results = self.ranks.call("update", ray.put(batch.to("cpu")), step_index)
+        results = self.ranks.call("update", ray.put(batch.to("cpu")), step_index, weight_version)
         if NONFINITE_KEY in results[0]:
             reason, consecutive, applied_steps = results[0][NONFINITE_KEY]
             if applied_steps:  # the ranks applied part of the update (the rest skipped): the mirror follows

@@ -8,7 +8,6 @@ non-finite optimizer steps (:mod:`polyrl.learner.nonfinite`), which are reported
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from polyrl.learner.nonfinite import NONFINITE_REASONS
@@ -30,10 +29,17 @@ class HealthMonitor:
         check_overlap: bool = False,
         reward_weights: dict[str, float] | None = None,
         held_out: bool = True,
+        eval_every: int = 0,
+        steps: int = 0,
     ):
         self.settings = settings
-        # The reward-hacking checks (monitoring/reward_hacking.py): per-sample signals and the held-out trend.
-        self.reward_hacking = RewardHackingMonitor(settings, reward_weights=reward_weights, held_out=held_out)
+        # The reward-hacking checks (monitoring/reward_hacking.py): per-sample signals and the held-out
+        # trend (evaluations every ``eval_every`` of the run's ``steps``: a window too short is said once).
+        self.reward_hacking = RewardHackingMonitor(
+            settings, reward_weights=reward_weights, held_out=held_out, eval_every=eval_every, steps=steps
+        )
+        # Set-up warnings ("name: what → what to try"), said when the loop starts and tagged.
+        self.notes: list[str] = list(self.reward_hacking.notes)
         # Asynchronous training (rollout.max_staleness > 0): the buffer-utilisation and communication
         # figures (polyrl's own heuristics), as running means over the steps that report them.
         self.check_overlap = check_overlap
@@ -79,6 +85,8 @@ class HealthMonitor:
             )
         if self.check_logprob_gap:
             self._check_mismatch(metrics, warnings)
+        self._check_unmeasured_mismatch(metrics, warnings)
+        self._check_nothing_trained(metrics, warnings)
         kept_groups = metrics.get("rollout/dynamic_sampling_kept_groups")
         if kept_groups is not None and kept_groups == 0:
             self._trip(
@@ -161,6 +169,55 @@ class HealthMonitor:
                 "mismatch_growth",
                 f"sampler/learner mismatch KL {kl:.3g} per token grew past {s.mismatch_growth:g}x its starting "
                 f"{baseline:.3g} {cure}",
+                warnings,
+            )
+
+    def _check_unmeasured_mismatch(self, metrics: dict[str, float], warnings: list[str]) -> None:
+        """A step whose update measured no sampler/learner mismatch (rollout_corr/rows_measured 0):
+        says why once, and the step's rollout_corr/rows_* say it every step. The learner compares only
+        rows sampled by the weights it holds (polyrl/learner/policy_learner.py, rows_to_diagnose)."""
+        if "rollout/logprob_gap" in metrics or metrics.get("rollout_corr/rows_measured", 1.0) > 0:
+            return
+        newer = metrics.get("rollout_corr/rows_other_version", 0.0)
+        older = metrics.get("rollout_corr/rows_older_weights", 0.0)
+        if newer:
+            self._trip(
+                "mismatch_unmeasured",
+                f"{int(newer)} rows carry a policy version the learner's weights do not (newer than its own), so the "
+                "sampler/learner mismatch (rollout/logprob_gap, rollout_corr/*) was not measured → the engine's weight "
+                "versions and the learner's disagree: check that every weight sync reaches the engine",
+                warnings,
+            )
+        elif older:
+            self._trip(
+                "mismatch_unmeasured",
+                f"no row the update could compare was sampled by the learner's own weights ({int(older)} came from older "
+                "weights, asynchronous training's staleness ≥ 1, which the learner no longer holds), so the sampler/learner "
+                "mismatch (rollout/logprob_gap, rollout_corr/*) is measured only on steps with staleness-0 rows "
+                "(rollout_corr/rows_measured > 0; each step logs its rows_older_weights); expected under "
+                "rollout.max_staleness ≥ 1 → for a sync check on every step, run a few steps with rollout.max_staleness 0",
+                warnings,
+            )
+
+    def _check_nothing_trained(self, metrics: dict[str, float], warnings: list[str]) -> None:
+        """Steps that had samples and trained on none of them: every sample unscored (a reward with
+        allow_unscored), or every token rejected by the rollout correction's bands."""
+        samples, unscored = metrics.get("rollout/samples", 0.0), metrics.get("reward/unscored")
+        if samples > 0 and unscored is not None and unscored >= samples:
+            self._trip(
+                "all_unscored",
+                f"every one of the step's {int(samples)} samples is unscored (a reward with allow_unscored: true returned "
+                "None for each), so the step trained on nothing → check that the data has what the reward reads "
+                "(references, an answer field), or that the reward scores this kind of completion",
+                warnings,
+            )
+        masked = metrics.get("rollout_corr/masked_token_fraction")
+        if masked is not None and masked >= 1.0 - 1e-6 and metrics.get("train/samples", 0.0) > 0:
+            self._trip(
+                "correction_masked_everything",
+                "the rollout correction's rejection masked every token of the step (rollout_corr/masked_token_fraction "
+                "1), so the step trained on nothing → widen the bands of objective.rollout_correction (mis, geometric, "
+                "icepop low/high; k3_threshold; opsm_threshold), or check the sampler (rollout/logprob_gap)",
                 warnings,
             )
 

@@ -4,7 +4,7 @@
 Two entry points, because their data arrive at different moments of a step: :meth:`check_samples`
 reads the step's samples and per-component scores (the health hook's observe), and
 :meth:`check_held_out` reads the held-out score the periodic evaluation adds after it (the hook's
-publish). Warnings use the health monitor's ``"name: what happened → what to try"`` form and
+publish; the step-0 evaluation once the loop has started). Warnings use the health monitor's ``"name: what happened → what to try"`` form and
 its fire-once bookkeeping (``trip``).
 """
 
@@ -30,10 +30,46 @@ def default_held_out(key: str) -> bool:
     return key.startswith("eval/") and key.count("/") >= 2 and (key.endswith("/accuracy") or key.endswith("/reward/mean"))
 
 
+def held_out_blind_note(settings: Any, *, eval_every: int, steps: int) -> str | None:
+    """Why the held-out divergence check can never fire with these settings, or None.
+
+    :func:`~polyrl.rewards.monitors.held_out_divergence` needs two held-out points within
+    ``health.reward_window`` steps of the last one; periodic evaluation gives one at step 0 and
+    every ``eval.every`` steps after, so a window shorter than ``eval.every`` (or a run shorter
+    than it: the step-0 evaluation alone) never holds two."""
+    window = settings.reward_window
+    if not eval_every:
+        return None
+    if steps < eval_every:
+        return (
+            f"held_out_blind: train.steps {steps} < eval.every {eval_every}, so periodic evaluation scores the policy once "
+            "(step 0) and the held-out divergence check (training reward up, held-out score flat) cannot compare two "
+            f"evaluations → set eval.every to at most {steps}"
+        )
+    if window < eval_every:
+        return (
+            f"held_out_blind: health.reward_window {window} < eval.every {eval_every}: the held-out divergence check "
+            "(training reward up, held-out score flat) needs two evaluations within its window and never gets them "
+            f"→ set health.reward_window to at least {eval_every}, or eval.every to at most {window}"
+        )
+    return None
+
+
 class RewardHackingMonitor:
-    def __init__(self, settings: Any, *, reward_weights: dict[str, float] | None = None, held_out: bool = True):
+    def __init__(
+        self,
+        settings: Any,
+        *,
+        reward_weights: dict[str, float] | None = None,
+        held_out: bool = True,
+        eval_every: int = 0,
+        steps: int = 0,
+    ):
         self.settings = settings
         self.weights = dict(reward_weights or {})
+        # Said once when the loop starts (the health hook's notes): a check these settings leave blind.
+        note = held_out_blind_note(settings, eval_every=eval_every, steps=steps) if held_out else None
+        self.notes: list[str] = [note] if note else []
         if settings.held_out_metric and not held_out:
             raise ConfigError(
                 f"health.held_out_metric: {settings.held_out_metric!r} is checked against periodic evaluation, "

@@ -82,11 +82,12 @@ class RolloutCollector:
         self.episodes = episodes
         self._adapter_dir: Path | None = None
 
-    def sync_weights(self, named_tensors: Any) -> None:
-        """The learner's new weights, for the next generation: the engine's next policy version."""
+    def sync_weights(self, named_tensors: Any, version: int | None = None) -> None:
+        """The learner's new weights, for the next generation, as policy ``version`` (default: the
+        engine's next), which the samples it generates then carry."""
         update = getattr(self.engine, "update_weights", None)  # RolloutEngine's; a duck-typed engine only syncs
         if update is not None:
-            update(named_tensors)
+            update(named_tensors, version)
         else:
             self.engine.sync_weights(named_tensors)
 
@@ -98,15 +99,16 @@ class RolloutCollector:
         worker_metrics = getattr(self.engine, "worker_metrics", None)
         return {**metrics, **(worker_metrics() if worker_metrics is not None else {})}
 
-    def sync_adapter(self, write: Callable[[Path], Any]) -> None:
+    def sync_adapter(self, write: Callable[[Path], Any], version: int | None = None) -> None:
         """The learner's new LoRA adapter (``model.lora.sync: adapter``): ``write(folder)`` writes
-        it as a PEFT folder, which the engine then loads; one private folder, reused every step."""
+        it as a PEFT folder, which the engine then loads as policy ``version`` (as :meth:`sync_weights`);
+        one private folder, reused every step."""
         if self._adapter_dir is None:
             self._adapter_dir = Path(tempfile.mkdtemp(prefix="polyrl-adapter-"))
         write(self._adapter_dir)
-        update = getattr(self.engine, "update_adapter", None)  # RolloutEngine's: the next policy version too
+        update = getattr(self.engine, "update_adapter", None)  # RolloutEngine's: the policy version too
         if update is not None:
-            update(str(self._adapter_dir))
+            update(str(self._adapter_dir), version)
         else:
             self.engine.sync_adapter(str(self._adapter_dir))
 

@@ -39,6 +39,7 @@ from polyrl.trainer.async_loop import AsyncTrainingLoop
 from polyrl.trainer.build_data import build_rewards, build_sampler, training_rows
 from polyrl.trainer.build_models import Models, build_models
 from polyrl.trainer.build_rollout import RolloutSide, adapter_sync, build_collector, build_rollout
+from polyrl.trainer.compute_counters import ComputeCounters
 from polyrl.trainer.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
 from polyrl.trainer.inspector_hook import InspectorHook, ReplayStoreHook
 from polyrl.trainer.loop import TrainingLoop, sync_policy
@@ -116,6 +117,15 @@ class Arm:
             )
         if self.evaluator is not None and cfg.eval.every:
             hooks.append(PeriodicEvalHook(self.evaluator, self.collector.engine, every=cfg.eval.every, logger=logger))
+        # Before the metric logger: the step's cumulative compute joins its metrics.
+        hooks.append(
+            ComputeCounters(
+                parameters=sum(p.numel() for p in self.checkpointer.models["policy"].parameters()),
+                passes_per_batch=cfg.train.updates_per_batch,
+                checkpointer=self.checkpointer,
+                start=self.start_state.get("compute"),
+            )
+        )
         if logger is not None:
             hooks.append(MetricLogger(logger))
         if cfg.tracking.replay_store:
@@ -276,7 +286,7 @@ def _build_arm(
     pipeline = BatchPipeline(_pipeline_context(cfg, models, pad_token_id, reward_weights=dict(rewards.weights)))
     r = cfg.rollout
     # Asynchronous training too: the gap is measured on the rows sampled at the learner's weights
-    # (staleness 0), so it stays a sync check (polyrl/learner/policy_learner.py, _rows_to_diagnose).
+    # (staleness 0), so it stays a sync check (polyrl/learner/policy_learner.py, rows_to_diagnose).
     health = HealthMonitor(
         cfg.health,
         check_logprob_gap=r.top_p == 1.0,
@@ -284,6 +294,8 @@ def _build_arm(
         check_overlap=r.max_staleness > 0,
         reward_weights=dict(rewards.weights),  # component shares weigh the raw scores as the total does
         held_out=bool(cfg.eval.every and cfg.eval.suite),
+        eval_every=cfg.eval.every if cfg.eval.suite else 0,  # a held-out window too short for it is said at the start
+        steps=cfg.train.steps,
     )
     saved: dict[str, Any] = {
         "policy": models.lora if models.lora is not None else models.policy,
@@ -388,6 +400,8 @@ def _restore(built: Arm) -> None:
     learner.load_state_dict(
         {
             "optimizer_step": state.get("optimizer_step", built.start_step * learner.optimizer_steps_per_step()),
+            # The version of the restored weights, which the sync below gives the engine (absent: derived).
+            **({"weight_version": state["weight_version"]} if "weight_version" in state else {}),
             "nonfinite": state.get("nonfinite", {}),
             "critic_nonfinite": state.get("critic_nonfinite", {}),
             "entropy": state.get("entropy", {}),  # the adapted entropy coefficient (objective.adaptive_entropy)

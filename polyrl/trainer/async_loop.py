@@ -251,8 +251,7 @@ class AsyncTrainingLoop(TrainingLoop):
         for producer in producers:
             producer.start()
         try:
-            for hook in self.hooks:
-                hook.start(self.step_index)
+            self.start_hooks()
             self._first_step = self.step_index + 1
             while self.step_index < self.steps:
                 self.step()
@@ -322,6 +321,11 @@ class AsyncTrainingLoop(TrainingLoop):
         # drawn further) and the steps in flight, which a resume regenerates.
         self.checkpointer.note(sampler=batch.sampler_after, async_in_flight=[s for s in self.buffer.pending_steps() if s > step])
         return self.train_on(step, collected, timer, batch.sampler_before, extra)
+
+    def learner_update(self, batch: Any) -> dict[str, float]:
+        # This loop numbers versions by completed steps (the module's docstring): the learner's
+        # weights are version step_index, whatever updates the steps before made.
+        return self.learner.update(batch, self.step_index, weight_version=self.step_index)
 
     def sync(self) -> None:
         """The new weights and their version (this step's) to the engine, under its lock; the

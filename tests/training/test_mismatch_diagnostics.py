@@ -73,14 +73,57 @@ def test_the_learner_logs_the_mismatch_of_its_first_forward():
 def test_async_batches_keep_a_sync_check_on_the_rows_sampled_at_the_learners_weights():
     """Issue 38: with π_old the sampler's (max_staleness ≥ 1) there was no sampler/learner check at all."""
     policy = _policy()
-    # Rows 0 and 2 sampled at version 3 (the learner's: step_index 3), rows 1 and 3 one version older.
+    # Rows 0 and 2 sampled at version 3 (the learner's, as the asynchronous loop numbers it), rows 1 and 3 one older.
     batch = _batch(policy, shift=0.1, versions=[3, 2, 3, 2], behaviour=True)
-    metrics = _learner(policy).update(batch, step_index=3)
+    metrics = _learner(policy).update(batch, step_index=3, weight_version=3)
     assert metrics["rollout_corr/compared_tokens"] == 4  # rows 0 and 2: 3 + 1 tokens
     assert metrics["rollout/logprob_gap"] == pytest.approx(0.1, abs=1e-5)
-    # No row at the learner's weights: nothing compared, no gap reported (rather than a wrong one).
+    assert (metrics["rollout_corr/rows_measured"], metrics["rollout_corr/rows_older_weights"]) == (2, 2)
+    # No row at the learner's weights: nothing compared, no gap reported (rather than a wrong one), and why.
     older = _batch(policy, shift=0.1, versions=[2, 2, 2, 2], behaviour=True)
-    assert "rollout/logprob_gap" not in _learner(_policy()).update(older, step_index=3)
+    metrics = _learner(_policy()).update(older, step_index=3, weight_version=3)
+    assert "rollout/logprob_gap" not in metrics
+    assert (metrics["rollout_corr/rows_measured"], metrics["rollout_corr/rows_older_weights"]) == (0, 4)
+
+
+def test_the_learner_measures_the_rows_of_its_own_weight_version_whatever_the_step():
+    """The learner's weight version counts the updates that moved its weights; the synchronous
+    loop's syncs give the engine that number. Compared with the step index instead, the check went
+    dark for good after a resume or a step without an update (the engine's count fell behind)."""
+    policy = _policy()
+    learner = _learner(policy)
+    assert learner.weight_version == 0
+    first = learner.update(_batch(policy, shift=0.1, versions=[0] * 4), step_index=0)
+    assert first["rollout/logprob_gap"] == pytest.approx(0.1, abs=1e-5) and learner.weight_version == 1
+    # Three steps later (steps without an update between): the rows of version 1 are the learner's.
+    later = learner.update(_batch(policy, shift=0.2, versions=[1] * 4), step_index=4)
+    assert later["rollout/logprob_gap"] == pytest.approx(0.2, abs=1e-5) and later["rollout_corr/rows_measured"] == 4
+    # Rows the engine stamped with an older version: not the learner's weights, counted, not compared.
+    stale = learner.update(_batch(policy, shift=0.1, versions=[1] * 4), step_index=5)
+    assert "rollout/logprob_gap" not in stale and stale["rollout_corr/rows_older_weights"] == 4
+    # ... and a version the learner never had (a sync it did not count): counted apart.
+    ahead = learner.update(_batch(policy, shift=0.1, versions=[9] * 4), step_index=6)
+    assert ahead["rollout_corr/rows_other_version"] == 4 and ahead["rollout_corr/rows_measured"] == 0
+
+
+def test_an_update_that_applies_no_optimizer_step_keeps_the_weight_version():
+    policy = _policy()
+    learner = _learner(policy)
+    batch = _batch(policy, shift=0.1, versions=[0] * 4)
+    # A NaN advantage: the loss is NaN, the guard skips the optimizer step (learner/nonfinite.py).
+    skipped = dataclasses.replace(batch, advantages=torch.full_like(batch.advantages, float("nan")))
+    metrics = learner.update(skipped)
+    assert metrics["health/nonfinite_steps"] == 1
+    assert learner.optimizer_step == 0 and learner.weight_version == 0
+    assert metrics["rollout/logprob_gap"] == pytest.approx(0.1, abs=1e-5)  # the same weights sampled it
+
+
+def test_the_weight_version_is_checkpointed_and_derived_for_older_checkpoints():
+    learner = _learner(_policy(), mini_batches=2)
+    learner.load_state_dict({**learner.state_dict(), "optimizer_step": 6, "weight_version": 2})
+    assert learner.state_dict()["weight_version"] == 2
+    learner.load_state_dict({"optimizer_step": 6})  # before weight versions: one per step's 2 optimizer steps
+    assert learner.weight_version == 3
 
 
 def test_bypass_masks_apply_in_the_update_with_the_current_policy():
@@ -163,6 +206,21 @@ def test_health_warns_on_a_large_or_growing_mismatch():
     quiet = _health()
     for kl in (1e-12, 1e-12, 1e-12, 1e-9):
         assert quiet.check(1, {"rollout_corr/k3_kl": kl}) == []
+
+
+def test_health_says_once_why_a_step_measured_no_mismatch():
+    stale = {"rollout_corr/rows_measured": 0.0, "rollout_corr/rows_older_weights": 16.0, "rollout_corr/rows_other_version": 0.0}
+    monitor = _health()
+    warnings = monitor.check(2, dict(stale))
+    assert len(warnings) == 1 and warnings[0].startswith("mismatch_unmeasured:") and "older weights" in warnings[0]
+    assert monitor.check(3, dict(stale)) == []  # said once, counted after
+    assert monitor.fired["mismatch_unmeasured"] == 2
+    ahead = {**stale, "rollout_corr/rows_older_weights": 0.0, "rollout_corr/rows_other_version": 16.0}
+    warnings = _health().check(2, ahead)
+    assert len(warnings) == 1 and "weight sync" in warnings[0]
+    # Measured (or measured by the pipeline, which logs no rows_*): nothing to say.
+    assert _health().check(2, {**stale, "rollout_corr/rows_measured": 4.0, "rollout/logprob_gap": 1e-7}) == []
+    assert _health().check(2, {"rollout/logprob_gap": 1e-7}) == []
 
 
 def test_a_bf16_sampler_under_staleness_without_a_correction_is_refused():

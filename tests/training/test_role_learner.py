@@ -55,7 +55,8 @@ def test_an_update_steps_once_per_mini_batch_on_the_schedule_and_moves_the_polic
     assert "rollout/logprob_gap" in metrics  # π_old read off the update's own forward pass
     assert any(not torch.equal(before[n], p) for n, p in learner.policy.named_parameters())
     assert {p.dtype for p in learner.policy.parameters()} == {torch.float32} and not learner.policy.training
-    assert learner.state_dict() == {"optimizer_step": 2, "nonfinite": {"consecutive": 0}}
+    # One update that moved the weights: weight version 1 (the synchronous loop's next sync sends it).
+    assert learner.state_dict() == {"optimizer_step": 2, "weight_version": 1, "nonfinite": {"consecutive": 0}}
 
 
 def test_non_finite_steps_are_skipped_counted_and_stop_after_too_many_in_a_row():
