@@ -41,6 +41,17 @@ def _round(value: Any) -> Any:
     return None if not math.isfinite(value) else float(f"{value:.{DIGITS}g}")
 
 
+def sampled_token_values(completion: Any) -> dict[str, list[Any]]:
+    """A completion's token ids and the sampler's log-prob of each, as :func:`inspector_rows` takes
+    them. An episode's observation tokens (``completion_mask`` 0: not sampled, their log-prob held
+    as 0.0) get None, so the page leaves them unshaded instead of showing a log-prob of 0."""
+    mask = completion.completion_mask or (1,) * len(completion.completion_ids)
+    return {
+        "ids": list(completion.completion_ids),
+        "sampler_logprob": [float(lp) if m else None for lp, m in zip(completion.sampling_logprobs, mask)],
+    }
+
+
 def inspector_rows(
     samples: Sequence[dict[str, Any]],
     *,

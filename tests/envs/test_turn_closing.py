@@ -52,3 +52,23 @@ def test_gemma_keeps_the_newline_between_turns():
     assert observation_text(tokenizer, episode, first) == "\n<start_of_turn>user\nHigher.<end_of_turn>\n<start_of_turn>model\n"
     # The second turn was asked with exactly the first prompt, the sampled ids and the observation.
     assert engine.prompts[1] == episode.prompt_ids + episode.completion_ids[: len(engine.prompts[1]) - len(episode.prompt_ids)]
+
+
+def test_the_inspector_leaves_observation_tokens_unshaded(tiny_arch_dir):
+    """An episode's observation tokens were not sampled: their stored log-prob 0.0 is no sampler
+    log-prob, but the page shaded them as one (before: as log-prob 0.0, the most likely end of the scale)."""
+    from polyrl.tracking.inspector import inspector_rows, sampled_token_values
+    from tests.envs.scripted import chatml_tokenizer
+
+    tokenizer = chatml_tokenizer(tiny_arch_dir)
+    engine = ScriptedEngine(tokenizer, ["3<|im_end|>", "7<|im_end|>"], "<|im_end|>")
+    runner = EpisodeRunner(GuessNumberEnv, tokenizer, EpisodeSettings(max_turns=3, max_episode_tokens=400))
+    ((episode,),) = runner.run(engine, [PromptSample("Guess 1 to 10.", fields={"target": 7})], SamplingSettings(n=1))
+    values = sampled_token_values(episode)
+    assert values["ids"] == episode.completion_ids
+    mask = episode.completion_mask
+    assert 0 in mask and 1 in mask
+    assert [x is None for x in values["sampler_logprob"]] == [m == 0 for m in mask]
+    assert all(x == -0.5 for x, m in zip(values["sampler_logprob"], mask) if m)  # the engine's log-probs
+    (row,) = inspector_rows([{"completion": episode.text}], token_values=[{"sampler_logprob": values["sampler_logprob"]}])
+    assert [x is None for x in row["v"]["sampler_logprob"]] == [m == 0 for m in mask]
