@@ -4,13 +4,27 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.polyrl-installed
 
-.PHONY: setup test test-onednn test-fast test-serial demo bench docs docs-serve clean-venv
+.PHONY: setup lint typecheck test test-onednn test-fast test-serial demo bench docs docs-serve clean-venv
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh
 	@touch $(STAMP)
+
+# Style, import layers and types; CI (.ci/run) runs `make lint typecheck` before `make test`.
+# ruff is the linter and the formatter ([tool.ruff] in pyproject.toml: style is the tool's job, not
+# a reviewer's); lint-imports checks the layers of .importlinter (tests/test_layers.py does too);
+# mypy checks what [tool.mypy] lists, strictly. `ruff format <files>` fixes what format --check finds.
+LINT_PATHS := polyrl tests bench scripts experiments docs/hooks
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/lint-imports
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 # Three workers on the 2-core CI machine (a third fills the time the others wait on subprocesses,
 # servers and start-up); tests of one file stay on one worker so

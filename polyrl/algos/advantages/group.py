@@ -55,7 +55,7 @@ def _group_result(sequence_advantage: Tensor, rewards: Tensor, inputs: Advantage
     """Broadcast to tokens; metrics over the scored rows plus the group metrics."""
     advantages = broadcast_to_tokens(sequence_advantage, inputs.mask)
     scored = scored_mask(inputs.mask, torch.isnan(rewards))
-    return advantages, {**advantage_metrics(advantages, scored), **_group_metrics(rewards, inputs.group_ids)}
+    return advantages, {**advantage_metrics(advantages, scored), **_group_metrics(rewards, inputs.require("group_ids"))}
 
 
 class GroupNormParams(Params):

@@ -29,7 +29,7 @@ class AdvantageInputs:
 
     def require(self, name: str) -> Tensor:
         """The tensor ``name``; a ``ValueError`` naming it when the learner passed none."""
-        tensor = getattr(self, name)
+        tensor: Tensor | None = getattr(self, name)
         if tensor is None:
             raise ValueError(f"this advantage estimator needs the {name!r} tensor")
         return tensor

@@ -93,7 +93,7 @@ def reinforce_pp_baseline_advantages(inputs: AdvantageInputs) -> tuple[Tensor, d
     centred = torch.where(scored_rows, rewards - mean, torch.zeros_like(rewards))
     scored = scored_mask(inputs.mask, ~scored_rows)
     advantages = global_whiten(broadcast_to_tokens(centred, inputs.mask), scored)
-    return advantages, {**advantage_metrics(advantages, scored), **_group_metrics(rewards, inputs.group_ids)}
+    return advantages, {**advantage_metrics(advantages, scored), **_group_metrics(rewards, inputs.require("group_ids"))}
 
 
 @register_advantage(

@@ -110,6 +110,15 @@ def clip_removed_mask(ratio: Tensor, advantages: Tensor, mask: Tensor, *, low_bo
     return mask & (((advantages < 0) & (ratio < low_bound)) | ((advantages > 0) & (ratio > high_bound)))
 
 
+def add_removed_tokens(metrics: dict[str, Any], removed: Tensor) -> None:
+    """Under ``inspect_tokens``, add ``removed`` (tokens whose gradient the objective removes
+    besides the clip's) to the ``tokens/clipped`` mask of ``metrics``; nothing otherwise. The metrics
+    dict is typed for its floats, and this per-token tensor rides in it (:data:`TOKEN_DETAIL`)."""
+    key = f"{TOKEN_DETAIL}clipped"
+    if key in metrics:
+        metrics[key] = metrics[key] | removed
+
+
 @torch.no_grad()
 def policy_metrics(
     *,

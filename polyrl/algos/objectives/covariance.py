@@ -26,6 +26,7 @@ from torch import Tensor
 from polyrl.algos.losses import masked_mean, zero_masked
 from polyrl.algos.objectives.common import (
     ObjectiveInputs,
+    add_removed_tokens,
     clamped_log_ratio,
     clipped_surrogate_per_token,
     token_ratio,
@@ -140,8 +141,8 @@ def clip_cov_loss(
     all response tokens) loses its loss and gradient. ``cov_means``/``cov_select_prob`` come from
     :func:`clip_cov_prepare` over the mini-batch (not user params)."""
     if cov_means is None or cov_select_prob is None:
-        own = {"clip_low": clip_low, "clip_high": clip_high, "clip_cov_ratio": clip_cov_ratio,
-               "clip_cov_lb": clip_cov_lb, "clip_cov_ub": clip_cov_ub}  # fmt: skip
+        own: dict[str, Any] = {"clip_low": clip_low, "clip_high": clip_high, "clip_cov_ratio": clip_cov_ratio,
+                               "clip_cov_lb": clip_cov_lb, "clip_cov_ub": clip_cov_ub}  # fmt: skip
         state = clip_cov_prepare(logprobs, old_logprobs, advantages, mask, **own)
         cov_means, cov_select_prob = state["cov_means"], state["cov_select_prob"]
     x = ObjectiveInputs.zero_masked(logprobs, old_logprobs, advantages, mask, entropy=entropy,
@@ -161,8 +162,7 @@ def clip_cov_loss(
     dtype = ratio.dtype
     metrics["cov/selected_frac"] = float(masked_mean(picked.to(dtype), x.mask))
     metrics["cov/candidate_frac"] = float(masked_mean(candidates.to(dtype), x.mask))
-    if "tokens/clipped" in metrics:  # a picked token's loss and gradient are zeroed: removed as a clipped one's
-        metrics["tokens/clipped"] = metrics["tokens/clipped"] | picked
+    add_removed_tokens(metrics, picked)  # a picked token's loss and gradient are zeroed: removed as a clipped one's
     return loss, metrics
 
 

@@ -10,6 +10,7 @@ from torch import Tensor
 from polyrl.algos.losses import masked_mean
 from polyrl.algos.objectives.common import (
     ObjectiveInputs,
+    add_removed_tokens,
     clipped_surrogate_per_token,
     token_ratio,
 )
@@ -88,8 +89,8 @@ def ppo_loss(
             # For A<0 the cap -c*A binds exactly when r > c.
             dual_clipped = (x.advantages < 0) & (ratio.detach() > dual_clip)
             metrics["dual_clip_frac"] = float(masked_mean(dual_clipped.to(ratio.dtype), x.mask))
-            if "tokens/clipped" in metrics:  # the cap -c*A is constant in θ too: its tokens lose their gradient
-                metrics["tokens/clipped"] = metrics["tokens/clipped"] | (dual_clipped & x.mask)
+            # The cap -c*A is constant in θ too: its tokens lose their gradient.
+            add_removed_tokens(metrics, dual_clipped & x.mask)
     return loss, metrics
 
 

@@ -72,7 +72,7 @@ class ObjectiveSpec:
 _OBJECTIVES: dict[str, ObjectiveSpec] = {}
 
 
-def _accepted_keywords(fn: Callable) -> tuple[set[str], bool]:
+def _accepted_keywords(fn: Callable[..., Any]) -> tuple[set[str], bool]:
     parameters = inspect.signature(fn).parameters.values()
     names = {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY} - _COMMON_ARGUMENTS
     return names, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
