@@ -140,7 +140,7 @@ def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[s
         problems += image_problems(config)
     except DataConfigError as error:
         problems.append(f"data.source: {error}")
-    return problems + chat_problems(config) + padding_free_problems(config)
+    return problems + chat_problems(config) + padding_free_problems(config) + env_problems(config)
 
 
 def chat_problems(config: ExperimentConfig) -> list[str]:
@@ -181,6 +181,40 @@ def chat_problems(config: ExperimentConfig) -> list[str]:
             "model's processor, not a chat template, here; allowed for image data: chat_template: false"
         )
     return problems
+
+
+def env_problems(config: ExperimentConfig) -> list[str]:
+    """What the episode runner would refuse when it starts (polyrl/rollout/chat_render.py), seen
+    from the policy's tokenizer files without its weights: ``env:`` with a policy whose tokenizer
+    has no chat template, and tool settings the template disagrees with (``env.tool_format:
+    template`` where it renders no tools, an ``env.tool_parser`` other than the format it asks
+    for). The tokenizer is loaded only for the latter, where the settings are not ``auto``."""
+    env = config.env
+    if env is None:
+        return []
+    policy, has_template = policy_chat_template(config)
+    if has_template is False:
+        return [
+            f"env: episodes are rendered through the policy's chat template, but the tokenizer of {policy} has none; "
+            "use a model whose tokenizer has one"
+        ]
+    if env.tool_format != "template" and env.tool_parser == "auto":
+        return []  # auto falls back to the plain-text protocol: nothing to refuse
+    from polyrl.envs import EnvConfigError, build_env, load_env_class
+    from polyrl.rollout.chat_render import ChatRenderer
+
+    try:
+        tools = list(getattr(build_env(load_env_class(env.module), dict(env.params), ref=env.module), "tools", []) or [])
+        loaded = policy_tokenizer(config.model)
+    except Exception:  # noqa: BLE001 - a broken environment or tokenizer is reported by its own check, or by the run
+        return []
+    if loaded is None or not tools:
+        return []
+    try:
+        ChatRenderer(loaded.tokenizer, tools, env.tool_format, config.data.system_prompt, tool_parser=env.tool_parser)
+    except EnvConfigError as error:
+        return [f"{error} (the chat template of {loaded.name})"]
+    return []
 
 
 def rows_carry_messages(config: ExperimentConfig) -> bool | None:
