@@ -22,6 +22,7 @@ from typing import Any
 from polyrl.analysis.report_metrics import metric_histories
 from polyrl.analysis.seed_report import finished_seed_runs
 from polyrl.analysis.sequential import SequentialDecision, SequentialPlan, history
+from polyrl.config.base import ConfigError
 from polyrl.config.until_resolved import UntilResolvedConfig
 from polyrl.core.errors import PolyrlError
 from polyrl.launch.run_units import RunUnit
@@ -148,6 +149,30 @@ def record_round(state: dict[str, Any], parent_logger, outcome: RoundOutcome, el
     if metrics:
         parent_logger.log_step(outcome.seeds, metrics)
     parent_logger.log_text(json.dumps(state["sequential"], indent=1), "sequential/decisions.json")
+
+
+# What the guarantee needs fixed before the first seed; max_hours may change on a resume (it
+# only decides whether another round starts, never a verdict).
+FIXED_FIELDS = ("comparisons", "max_seeds", "seeds_per_round", "first_seed", "alpha", "spending")
+
+
+def fixed_plan(config: UntilResolvedConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json", include=set(FIXED_FIELDS))
+
+
+def check_fixed_plan(recorded: dict[str, Any] | None, config: UntilResolvedConfig, source: str) -> None:
+    """A resume must keep the plan its first round ran under: a changed SESOI, budget, α or
+    comparison after looking at the data voids the error rate the rule promises."""
+    if recorded is None:
+        return
+    now = fixed_plan(config)
+    changed = [name for name in FIXED_FIELDS if recorded.get(name) != now.get(name)]
+    if changed:
+        shown = "; ".join(f"until_resolved.{name}: was {recorded.get(name)!r}, now {now.get(name)!r}" for name in changed)
+        raise ConfigError(
+            f"{source}: --resume with a changed plan ({shown}). The stopping rule's error rate holds only for a plan "
+            "fixed before the first seed: restore these values, or start a new experiment (another name) with the new plan"
+        )
 
 
 class TrainingClock:

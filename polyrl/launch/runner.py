@@ -54,7 +54,7 @@ from polyrl.launch.experiment_folder import (
 )
 from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
 from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes, schedule_note, steps_change
-from polyrl.launch.rounds import TrainingClock, decide_round, order_in_rounds, record_round
+from polyrl.launch.rounds import TrainingClock, check_fixed_plan, decide_round, fixed_plan, order_in_rounds, record_round
 from polyrl.launch.run_lock import acquire_lock
 from polyrl.tracking.mlflow_runs import (
     ExperimentTracker,
@@ -200,6 +200,7 @@ def _run_locked(
     if resume:
         check_seeds_on_resume(state, seeds, first.name)
         if rounds is not None:
+            check_fixed_plan(state.get("until_resolved"), rounds, str(path))
             # A sequence stopped by its hours (or a failed seed) goes on: its arm runs reopen and
             # close again over every seed run so far when the sequence next stops.
             state["arms_finished"] = []
@@ -232,6 +233,8 @@ def _run_locked(
     state.update(
         tracking_uri=tracking_uri, parent_run_id=parent.run_id, experiment=first.name, config_path=str(path), seeds=seeds
     )
+    if rounds is not None:
+        state.setdefault("until_resolved", fixed_plan(rounds))
     write_state(state_path, state)
     where["started"] = True
     show_progress = first.tracking.progress if show_progress is None else show_progress

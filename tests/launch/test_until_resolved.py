@@ -122,6 +122,11 @@ def test_hours_spent_stop_the_rounds_and_a_resume_continues_them(tmp_path, tiny_
     state = json.loads((tmp_path / "runs" / "sequential" / "experiment.json").read_text())
     assert [r["seeds"] for r in state["sequential"]] == [1, 2]
     assert state["sequential"][-1]["decisions"]["grpo-vs-dr_grpo:reward/mean"]["verdict"] == "equivalent"
+    # A SESOI changed after the data were seen is refused on resume (max_hours was allowed to change).
+    config["until_resolved"]["comparisons"][0]["sesoi"] = 0.01
+    write_experiment(tmp_path, config)
+    with pytest.raises(ConfigError, match="until_resolved.comparisons: was .*'sesoi': 100.0.*now .*'sesoi': 0.01"):
+        run_experiment(path, resume=True, show_progress=False)
 
 
 def test_the_sequence_section_lists_every_round():
