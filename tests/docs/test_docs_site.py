@@ -38,7 +38,7 @@ def built_site(tmp_path_factory) -> Path:
 
 
 def test_site_builds_strict_with_every_page(built_site):
-    for page in ("getting_started", "config_reference", "objectives", "architecture", "benchmarks", "results"):
+    for page in ("getting_started", "config_reference", "objectives", "architecture", "benchmarks", "results", "api"):
         assert (built_site / page / "index.html").is_file(), page
     assert (built_site / "index.html").is_file()
 
@@ -73,6 +73,18 @@ def _copy_project(tmp_path: Path) -> Path:
         target = project / "docs" / image.relative_to(ROOT / "docs")
         target.write_bytes(b"")
     return project
+
+
+def test_the_api_reference_is_read_from_the_extension_points(built_site):
+    """docs/api.md is mkdocstrings' rendering of the interfaces a plug-in implements."""
+    api = _page_text(built_site, "api")
+    for name in (
+        "polyrl.rewards.base.RewardModule.score",
+        "polyrl.envs.base.Environment.step",
+        "polyrl.algos.objectives.registry.register_objective",
+        "polyrl.engines.base.RolloutEngine.generate",
+    ):
+        assert f'id="{name}"' in api, name
 
 
 def test_every_page_has_a_place_in_the_nav():
