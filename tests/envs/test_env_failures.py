@@ -63,7 +63,7 @@ def test_start_reading_a_missing_column_names_the_environment_and_the_row(tiny_a
         runner.run(ScriptedEngine(tokenizer, [], "<|im_end|>"), [arithmetic_row], SamplingSettings(n=1))
     message = str(caught.value)
     assert message.startswith("environment 'guess_number' failed in start(row) on row 0 of the batch (prompt 'What is 2 + 3?')")
-    assert "plays rows with a 'target' column" in message and "this row has prompt, answer" in message
+    assert "plays rows with a 'target' column" in message and "this row's columns: prompt, answer" in message
 
 
 def test_a_missing_column_is_a_key_error_naming_the_columns():

@@ -31,7 +31,7 @@ class GuessNumberEnv:
         if row.get("target") is None:  # the data source guess_number gives it; other sources do not
             raise EnvConfigError(
                 f"guess_number plays rows with a 'target' column (the hidden number), as data source guess_number "
-                f"gives them; this row has {', '.join(['prompt', *row.fields])}"
+                f"gives them; this row's columns: {', '.join(['prompt', *row.fields])}"
             )
         self.target = int(row["target"])
         return [{"role": "user", "content": row.prompt}]
