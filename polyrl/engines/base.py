@@ -28,6 +28,10 @@ over several engines (:mod:`polyrl.engines.worker_pool`) samples exactly what on
 
 Policy versions: an engine starts at version 0 and :meth:`RolloutEngine.update_weights` sets the
 version of the weights it loads; every completion carries the version that sampled it.
+
+Weight sync: :meth:`RolloutEngine.update_weights` is the one entry; the engine's
+:class:`~polyrl.engines.weight_transport.WeightTransport`, chosen by name, carries the weights
+(in this process: the engine's own :meth:`RolloutEngine.sync_weights`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import torch
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines import image_prompts
 from polyrl.engines.modality_marks import ImageSpanRule, token_modalities
+from polyrl.engines.weight_transport import WeightTransport, build_weight_transport
 
 
 def request_seed(seed: int | None, prompt_index: int, n: int) -> int | None:
@@ -80,20 +85,58 @@ class RolloutEngine(ABC):
         (``model.lora.sync: adapter``); engines without LoRA support refuse."""
         raise NotImplementedError(f"the {self.name} engine takes no LoRA adapter; model.lora.sync: merged sends merged weights")
 
+    # -- weight sync: every one goes through the engine's transport (engines/weight_transport.py) --
+
+    # A pool of Ray rollout workers (worker_pool.py) takes the worker transports, any other engine
+    # the in-process ones.
+    has_workers: bool = False
+    # The registered WeightTransport this engine's syncs go through (use_weight_transport).
+    weight_transport_name: str = "in_process"
+    _transport: WeightTransport | None = None
+
+    @property
+    def transport(self) -> WeightTransport:
+        """The engine's :class:`~polyrl.engines.weight_transport.WeightTransport`, built on first
+        use from :attr:`weight_transport_name` (and built again after that name changed)."""
+        name = self.weight_transport_name
+        if self._transport is None or self._transport.name != name:
+            if self._transport is not None:
+                self._transport.close()
+            self._transport = build_weight_transport(name, self)
+        return self._transport
+
+    def use_weight_transport(self, name: str) -> None:
+        """Send later syncs through the transport registered as ``name`` (refused, with the names
+        that fit, when unknown or of the other kind)."""
+        build_weight_transport(name, self).close()  # checked before anything changes
+        self.weight_transport_name = name
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> int:
-        """:meth:`sync_weights`, then record the weights' policy version (default: one more than
-        now), which every later completion carries. Returns the version."""
-        self.sync_weights(named_tensors)
+        """The learner's weights to the sampler through :attr:`transport`, as policy ``version``
+        (default: one more than now), which every later completion carries. Returns the version."""
+        version = self._next_version(version)
+        self.transport.push(named_tensors, version)
         return self._record_version(version)
 
     def update_adapter(self, folder: str, version: int | None = None) -> int:
-        """:meth:`sync_adapter`, then record the policy version as :meth:`update_weights` does."""
-        self.sync_adapter(folder)
+        """The PEFT adapter folder ``folder`` to the sampler through :attr:`transport`, as
+        :meth:`update_weights` sends weights."""
+        version = self._next_version(version)
+        self.transport.push_adapter(folder, version)
         return self._record_version(version)
 
-    def _record_version(self, version: int | None) -> int:
-        self.policy_version = self.policy_version + 1 if version is None else int(version)
+    def _next_version(self, version: int | None) -> int:
+        return self.policy_version + 1 if version is None else int(version)
+
+    def _record_version(self, version: int) -> int:
+        self.policy_version = version
         return self.policy_version
+
+    def close_transport(self) -> None:
+        """Close the weight transport (engines call it from :meth:`close`)."""
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            transport.close()
 
     def close(self) -> None:  # noqa: B027 - engines without resources keep this default  # pragma: no cover
         pass

@@ -34,6 +34,7 @@ from polyrl.engines import image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids, request_seed
 from polyrl.engines.modality_marks import load_modality_rule
 from polyrl.engines.stop_tokens import completion_text, stop_token_ids
+from polyrl.runtime.devices import auto_device_name
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -63,7 +64,7 @@ class HFRolloutEngine(RolloutEngine):
         self.seed = seed
         self.max_model_len = max_model_len
         self.batch_size = batch_size
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device or auto_device_name())
         torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_path)
         self.tokenizer.padding_side = "left"

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-import torch
+from polyrl.runtime.devices import has_cuda
 
 __all__ = ["KvCacheNeed", "default_block_size", "kv_bytes_per_token", "kv_cache_bytes", "kv_cache_request", "prompt_lengths"]
 
@@ -42,7 +42,7 @@ class KvCacheNeed:
 
 def default_block_size() -> int:
     """vLLM's default KV block size here: 128 on the CPU backend, 16 on CUDA."""
-    return 16 if torch.cuda.is_available() else 128
+    return 16 if has_cuda() else 128
 
 
 def kv_bytes_per_token(text_config: Any, dtype: str) -> int:

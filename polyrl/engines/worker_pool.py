@@ -9,14 +9,11 @@ worker is an :class:`EngineWorker` actor holding a ``vllm`` or ``hf`` engine, wi
   one); worker k gets slice k with ``first_prompt_index`` set to the slice's start. Engines seed
   each request from its position in the whole batch (engines/base.py, seeding contract), so the
   samples are those one engine would draw, whatever N is.
-* **Weight sync** (``rollout.weight_sync``): :meth:`RolloutWorkerPool.update_weights` puts the
-  learner's tensors into Ray's object store once (``ray.put``) and every worker loads them from
-  there, with the new policy version. The pool keeps that object until the next sync, to bring
-  a restarted worker up to date. Or, as verl and OpenRLHF do on CUDA clusters, the driver
-  broadcasts them to the workers through a torch.distributed group of its own
-  (:mod:`polyrl.engines.weight_broadcast`; NCCL on CUDA, gloo on CPU): no host copy, so a worker
-  restarted mid-step cannot be brought up to date before the next sync, and the step fails
-  with that said; the group is formed again (restarted workers included) at the next sync.
+* **Weight sync** (``rollout.weight_sync``): :meth:`RolloutWorkerPool.update_weights` hands the
+  learner's tensors to the worker transport of that name (:mod:`polyrl.engines.worker_transports`:
+  ``object_store``, one copy in Ray's object store, kept to bring a restarted worker up to date;
+  ``broadcast``, a torch.distributed group from the driver, NCCL on CUDA, gloo on CPU, no copy
+  kept), which has every worker load them with the new policy version.
 * **Versions**: a worker generates only when its weights are the pool's version; otherwise it
   answers with its version, the pool sends it the current weights and asks again. Every
   completion carries its version and the pool refuses (:class:`StaleSamplesError`) a result
@@ -40,7 +37,8 @@ import torch
 from polyrl.core.errors import PolyrlError
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine, build_rollout_engine
-from polyrl.engines.weight_broadcast import BroadcastGroup, Rendezvous, TensorMeta, tensor_metas
+from polyrl.engines.weight_broadcast import BroadcastGroup, Rendezvous, TensorMeta
+from polyrl.engines.weight_transport import build_weight_transport
 from polyrl.runtime.ray_cluster import acquire_ray, release_ray
 
 
@@ -65,7 +63,7 @@ class WorkerSpec:
     placement_strategy: str = "PACK"  # Ray's: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
     max_restarts: int = 3  # per worker, for the whole run (Ray's actor max_restarts)
     ready_timeout_s: float = 120.0  # how long the placement group may wait for resources (and a broadcast for a worker)
-    weight_sync: str = "object_store"  # or "broadcast" (engines/weight_broadcast.py)
+    weight_sync: str = "object_store"  # a worker transport by name (engines/worker_transports.py): or "broadcast"
     broadcast_backend: str = "gloo"  # "nccl" on CUDA
 
     def bundle(self) -> dict[str, float]:
@@ -142,9 +140,6 @@ class RolloutWorkerPool(RolloutEngine):
         self.ray = acquire_ray()
         self.workers: list[Any] = []
         self.placement: Any = None
-        self._weights: Any = None  # the object-store copy of the current version's weights
-        self._group: BroadcastGroup | None = None  # rollout.weight_sync: broadcast
-        self._group_pids: list[int] = []  # the worker processes in it
         self.restarts = self.resyncs = self.missed_syncs = self.broadcasts = 0
         try:
             if tokenizer is None:
@@ -185,83 +180,51 @@ class RolloutWorkerPool(RolloutEngine):
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> int:
-        """Put the weights into the object store once; every worker loads them as ``version``.
+    # Syncs go through a worker transport (engines/worker_transports.py) named by rollout.weight_sync.
+    has_workers = True
 
-        A worker that dies meanwhile misses the sync: it is brought up to date (from the kept
-        object) before it generates again.
-        """
-        ray = self.ray
-        version = self.policy_version + 1 if version is None else int(version)
-        if self.spec.weight_sync == "broadcast":
-            return self._broadcast_weights(list(named_tensors), version)
-        weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in named_tensors]
-        self._weights = ray.put(weights)
-        self.policy_version = version
-        loads = [worker.load_weights.remote(self._weights, version) for worker in self.workers]
-        for load in loads:
-            try:
-                ray.get(load)
-            except ray.exceptions.RayActorError:
-                self.missed_syncs += 1
-        return version
+    @property
+    def weight_transport_name(self) -> str:  # type: ignore[override]
+        return self.spec.weight_sync
+
+    def use_weight_transport(self, name: str) -> None:
+        build_weight_transport(name, self).close()  # checked before anything changes
+        self.spec = dataclasses.replace(self.spec, weight_sync=name)
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.update_weights(named_tensors)
 
-    def _broadcast_weights(self, weights: list[tuple[str, torch.Tensor]], version: int) -> int:
-        """Every worker receives ``weights`` by one broadcast per tensor from this process (rank 0)."""
-        ray = self.ray
-        self._weights = None  # no host copy is kept (see the module's docstring)
-        self.policy_version = version
-        try:
-            self._form_group()
-            loads = [worker.receive_weights.remote(tensor_metas(weights), version) for worker in self.workers]
-            self._group.send(tensor for _, tensor in weights)
-            ray.get(loads)
-        except Exception as error:  # noqa: BLE001 - a worker that died mid-broadcast, or a group that timed out
-            self._close_group()
-            self.missed_syncs += 1
-            raise WorkerPoolError(
-                f"rollout.weight_sync: broadcast of policy version {version} to the rollout workers failed "
-                f"({type(error).__name__}: {error}); the group is formed again at the next sync"
-            ) from error
-        self.broadcasts += 1
-        return version
+    @property
+    def _weights(self) -> Any:
+        """The transport's kept copy of the current version's weights (object store), or None."""
+        return self._transport.kept if self._transport is not None else None
 
-    def _form_group(self) -> None:
-        """The broadcast group of this process and the workers' current processes (again after a restart)."""
-        if self._group is not None and self._group_pids == self.pids:
-            return
-        self._close_group()
-        ray, spec, size = self.ray, self.spec, len(self.workers) + 1
-        rendezvous, store = Rendezvous.host(ray.util.get_node_ip_address(), size, spec.ready_timeout_s)
-        joins = [worker.join_broadcast.remote(rendezvous, k + 1, spec.broadcast_backend) for k, worker in enumerate(self.workers)]
-        try:
-            self._group = BroadcastGroup(store, 0, rendezvous, spec.broadcast_backend)  # returns once all joined
-            ray.get(joins)
-        except BaseException:
-            rendezvous.remove()
-            raise
-        self._group_pids = list(self.pids)
+    @property
+    def _group(self) -> BroadcastGroup | None:
+        """The broadcast transport's group (rollout.weight_sync: broadcast), once formed."""
+        return getattr(self._transport, "group", None)
 
     def _close_group(self) -> None:
         if self._group is not None:
-            self._group.close()
-            self._group = None
+            self._transport.close()
 
     def _bring_up_to_date(self, k: int) -> None:
         """Worker ``k`` (restarted, or one that missed a sync) gets the pool's current weights."""
         worker = self.workers[k]
         if self.ray.get(worker.policy_version.remote()) == self.policy_version:
             return
-        if self._weights is None:
-            kept = " (rollout.weight_sync: broadcast keeps no copy)" if self.spec.weight_sync == "broadcast" else ""
+        kept = self._weights
+        if kept is None:
+            why = (
+                f" (rollout.weight_sync: {self.spec.weight_sync} keeps no copy)"
+                if self.spec.weight_sync != "object_store"
+                else ""
+            )
             raise WorkerPoolError(
                 f"rollout worker {k} samples with policy version {self.ray.get(worker.policy_version.remote())} "
-                f"but the pool holds no weights of version {self.policy_version} to send it{kept}"
+                f"but the pool holds no weights of version {self.policy_version} to send it{why}"
             )
-        self.ray.get(worker.load_weights.remote(self._weights, self.policy_version))
+        self.ray.get(worker.load_weights.remote(kept, self.policy_version))
         self.resyncs += 1
 
     # -- generation ------------------------------------------------------------------------------
@@ -383,13 +346,12 @@ class RolloutWorkerPool(RolloutEngine):
                 pass
             ray.kill(worker, no_restart=True)
         self.workers = []
-        self._close_group()
+        self.close_transport()
         if self.placement is not None:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self.placement)
             self.placement = None
-        self._weights = None
         self.ray = None
         release_ray()
 

@@ -22,6 +22,7 @@ from polyrl.data.splits import overlap_warning
 from polyrl.evals.example_outcomes import PERIODIC_SAMPLES_FILE, example_files
 from polyrl.evals.harness import EvalResult, SuiteRunner
 from polyrl.evals.suite import EvalError
+from polyrl.runtime.devices import device_count
 
 
 @dataclass
@@ -47,7 +48,7 @@ class PeriodicEvaluator:
     def __call__(self, engine: Any, step: int) -> PeriodicResult:
         # The HF engine seeds torch's global generator for each generate call; forking keeps
         # an eval from moving the training run's random stream (resume equals uninterrupted).
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        devices = list(range(device_count()))
         with torch.random.fork_rng(devices=devices):
             result = self.runner.run(engine)
         # NaN (e.g. accuracy with no gold answers) is logged as NaN, so the curve shows the

@@ -53,6 +53,7 @@ from polyrl.modeling.packing import use_packed_rows_attention
 from polyrl.rollout.batches import LearnerBatch
 from polyrl.runtime.cpu_matmul import route_linears_through_onednn
 from polyrl.runtime.data_parallel import TorchDistributedGroup
+from polyrl.runtime.devices import current_cuda_device, use_cuda_device
 from polyrl.runtime.fsdp import (
     full_model_state,
     full_optimizer_state,
@@ -94,7 +95,7 @@ def build_rank_learner(recipe: RankRecipe, group: Any) -> PolicyLearner:
     """The learner of one rank, built as :func:`polyrl.trainer.arm.build_arm` builds the driver's
     (fp32 master weights, the same attention, checkpointing and GEMM choices)."""
     set_torch_threads(recipe.threads)
-    device = torch.device("cuda", torch.cuda.current_device()) if recipe.cuda else torch.device("cpu")
+    device = current_cuda_device() if recipe.cuda else torch.device("cpu")
     dtype = recipe.settings.compute_dtype
     policy = auto_model_class(recipe.policy_path).from_pretrained(recipe.policy_path, dtype=torch.float32).to(device)
     critic_model = build_value_model(recipe.policy_path, torch.float32).to(device) if recipe.critic is not None else None
@@ -147,7 +148,7 @@ class LearnerRank:
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         if backend == "nccl":
-            torch.cuda.set_device(0)  # Ray shows each rank actor its own GPU as device 0
+            use_cuda_device(0)  # Ray shows each rank actor its own GPU as device 0
         return os.getpid()
 
     def build(self, recipe: RankRecipe) -> None:

@@ -33,6 +33,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from polyrl.rewards.base import RewardConfigError
+from polyrl.runtime.devices import cuda_rng_states, has_cuda, set_cuda_rng_states
 
 JUDGE_ENGINES = ("hf", "vllm")
 
@@ -45,7 +46,7 @@ def start_judge_engine(
     if engine == "hf":
         from polyrl.engines.hf_engine import HFRolloutEngine
 
-        device = None if torch.cuda.is_available() else "cpu"
+        device = None if has_cuda() else "cpu"
         return HFRolloutEngine(str(folder), dtype=dtype, max_model_len=max_model_len, device=device)
     if engine != "vllm":
         raise RewardConfigError(f"judge {field}: {engine!r}; allowed: {', '.join(JUDGE_ENGINES)}")
@@ -81,15 +82,14 @@ def random_states_kept() -> Iterator[None]:
     import numpy as np
 
     python, numpy, cpu = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    cuda = cuda_rng_states()
     try:
         yield
     finally:
         random.setstate(python)
         np.random.set_state(numpy)
         torch.random.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+        set_cuda_rng_states(cuda)
 
 
 def model_positions(folder: Path) -> int | None:

@@ -16,6 +16,7 @@ import torch
 
 from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModule
 from polyrl.rewards.registry import register_reward
+from polyrl.runtime.devices import resolve_device_name
 
 
 def pair_text(tokenizer: Any, prompt: str, completion: str, *, chat_template: bool = True, separator: str = "\n") -> str:
@@ -111,7 +112,7 @@ class LearnedScorer(RewardModule):
         folder = Path(self.model_path).expanduser()
         if not (folder / "config.json").is_file():
             raise RewardConfigError(f"learned_scorer params.model: {str(folder)!r} is not a model folder (no config.json)")
-        device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device_name == "auto" else self.device_name
+        device = resolve_device_name(self.device_name)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = (
             AutoModelForSequenceClassification.from_pretrained(folder, dtype=getattr(torch, self.dtype)).to(device).eval()

@@ -85,11 +85,7 @@ class RolloutCollector:
     def sync_weights(self, named_tensors: Any, version: int | None = None) -> None:
         """The learner's new weights, for the next generation, as policy ``version`` (default: the
         engine's next), which the samples it generates then carry."""
-        update = getattr(self.engine, "update_weights", None)  # RolloutEngine's; a duck-typed engine only syncs
-        if update is not None:
-            update(named_tensors, version)
-        else:
-            self.engine.sync_weights(named_tensors)
+        self.engine.update_weights(named_tensors, version)  # through the engine's weight transport
 
     def version_metrics(self, completions: list[Any]) -> dict[str, float]:
         """``rollout/policy_version``: the oldest policy version among ``completions`` (all equal in a
@@ -106,11 +102,7 @@ class RolloutCollector:
         if self._adapter_dir is None:
             self._adapter_dir = Path(tempfile.mkdtemp(prefix="polyrl-adapter-"))
         write(self._adapter_dir)
-        update = getattr(self.engine, "update_adapter", None)  # RolloutEngine's: the policy version too
-        if update is not None:
-            update(str(self._adapter_dir), version)
-        else:
-            self.engine.sync_adapter(str(self._adapter_dir))
+        self.engine.update_adapter(str(self._adapter_dir), version)
 
     def close(self) -> None:
         try:

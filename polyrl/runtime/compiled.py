@@ -34,6 +34,7 @@ import shutil
 import torch
 
 from polyrl.core.errors import PolyrlError
+from polyrl.runtime.devices import has_cuda
 
 __all__ = ["CompileError", "compile_decoder_layers"]
 
@@ -77,7 +78,7 @@ def check_sampler_compile(*, takes_images: bool) -> None:
     """
     if takes_images:
         raise CompileError("rollout.compile: supported for text policies only; this policy is an image-text model")
-    if not torch.cuda.is_available() and not has_cpp_compiler():
+    if not has_cuda() and not has_cpp_compiler():
         raise CompileError(
             "rollout.compile: vLLM's compiled sampler on CPU needs a C++ compiler (g++) on PATH; install one or leave rollout.compile off"
         )

@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import Tensor
 
+from polyrl.runtime.devices import current_cuda_device
+
 __all__ = ["LocalGroup", "TorchDistributedGroup", "balanced_shard", "through_root"]
 
 
@@ -123,7 +125,7 @@ class TorchDistributedGroup(LocalGroup):
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.shards_parameters = shards_parameters
-        self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.device = current_cuda_device() if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def shard(self, rows: Tensor, lengths: Tensor) -> Tensor:
         return balanced_shard(rows, lengths, self.rank, self.world_size)

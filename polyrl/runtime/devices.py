@@ -1,4 +1,11 @@
-"""Where the learner's models live (``train.device``).
+"""The one module that asks torch about CUDA, and where the learner's models live (``train.device``).
+
+Every other module asks here (:func:`has_cuda`, :func:`device_count`, :func:`current_cuda_device`,
+:func:`auto_device_name`, ...), never ``torch.cuda`` itself, as verl's ``utils/device.py`` is its
+code's one door to the accelerator: the CUDA paths are then found in one file, a test can see
+what a GPU would change, and another accelerator is one module's change. The GPU-only tests of
+these paths are ``tests/gpu`` (``make test-gpu``, the ``gpu`` marker).
+
 
 ``auto`` puts the policy, its reference and its critic on the first CUDA device when torch sees
 one, else on the CPU, as TRL (through accelerate) and verl do. An explicit ``cuda`` on a machine
@@ -18,26 +25,87 @@ import torch
 
 from polyrl.core.errors import PolyrlError
 
-__all__ = ["LearnerDeviceError", "learner_device"]
+__all__ = [
+    "LearnerDeviceError",
+    "auto_device_name",
+    "cuda_rng_states",
+    "current_cuda_device",
+    "device_count",
+    "has_cuda",
+    "learner_device",
+    "resolve_device_name",
+    "set_cuda_rng_states",
+    "synchronize",
+    "use_cuda_device",
+]
 
 
 class LearnerDeviceError(PolyrlError):
     """``train.device`` names a device this machine's torch cannot use."""
 
 
+def has_cuda() -> bool:
+    """Whether this process's torch sees a CUDA device."""
+    return torch.cuda.is_available()
+
+
+def device_count() -> int:
+    """How many CUDA devices this process sees (0 without CUDA)."""
+    return torch.cuda.device_count() if has_cuda() else 0
+
+
+def current_cuda_device() -> torch.device:
+    """This process's current CUDA device (``cuda:N``); only where :func:`has_cuda`."""
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def use_cuda_device(index: int) -> None:
+    """Make CUDA device ``index`` this process's current one."""
+    torch.cuda.set_device(index)
+
+
+def auto_device_name() -> str:
+    """``"cuda"`` when torch sees a CUDA device, else ``"cpu"``: where a model without a device
+    setting goes (the HF engine, reward models)."""
+    return "cuda" if has_cuda() else "cpu"
+
+
+def resolve_device_name(setting: str) -> str:
+    """A module's ``device`` setting: ``"auto"`` is :func:`auto_device_name`, anything else as given."""
+    return auto_device_name() if setting == "auto" else setting
+
+
+def cuda_rng_states() -> list[torch.Tensor]:
+    """Every CUDA device's random generator state, in device order ([] without CUDA)."""
+    return list(torch.cuda.get_rng_state_all()) if has_cuda() else []
+
+
+def set_cuda_rng_states(states: list[torch.Tensor]) -> None:
+    """Put back :func:`cuda_rng_states` (nothing without CUDA or without states)."""
+    if states and has_cuda():
+        torch.cuda.set_rng_state_all(states)
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for ``device``'s queued work (a CUDA device's kernels; nothing on the CPU): timings
+    of CUDA code read the clock after it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def learner_device(setting: str) -> torch.device:
     """The torch device for ``train.device`` (``auto``, ``cpu``, ``cuda`` or ``cuda:N``)."""
     if setting == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return current_cuda_device() if has_cuda() else torch.device("cpu")
     device = torch.device(setting)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
+        if not has_cuda():
             raise LearnerDeviceError(
                 f"train.device: {setting!r}, but this torch sees no CUDA device "
                 f"(torch {torch.__version__}); allowed here: 'auto', 'cpu'"
             )
-        count = torch.cuda.device_count()
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        count = device_count()
+        index = device.index if device.index is not None else current_cuda_device().index
         if index >= count:
             raise LearnerDeviceError(
                 f"train.device: {setting!r}, but this machine has {count} CUDA device(s); "

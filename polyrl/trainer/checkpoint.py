@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from polyrl.core.errors import PolyrlError
 from polyrl.modeling.lora import LoraError, LoraPolicy, load_adapter, merged_model, write_adapter
+from polyrl.runtime.devices import cuda_rng_states, has_cuda, set_cuda_rng_states
 
 COMPLETE_MARKER = "checkpoint.json"
 ADAPTER_SUFFIX = "_adapter"  # a model.lora run's policy: policy_adapter/ (a PEFT adapter folder) instead of policy.safetensors
@@ -90,9 +91,8 @@ def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
         "numpy": [numpy_state[0], numpy_state[1].tolist(), int(numpy_state[2]), int(numpy_state[3]), float(numpy_state[4])],
     }
-    if torch.cuda.is_available():
-        for index, cuda_state in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"torch_cuda_{index}"] = cuda_state
+    for index, cuda_state in enumerate(cuda_rng_states()):
+        tensors[f"torch_cuda_{index}"] = cuda_state
     return tensors, scalars
 
 
@@ -102,10 +102,8 @@ def restore_rng_state(tensors: dict[str, torch.Tensor], scalars: dict[str, Any])
     random.setstate((version, tuple(internal), gauss))
     name, keys, position, has_gauss, cached = scalars["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
-    if torch.cuda.is_available():
-        states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("torch_cuda_"))]
-        if states:
-            torch.cuda.set_rng_state_all(states)
+    if has_cuda():
+        set_cuda_rng_states([tensors[k] for k in sorted(k for k in tensors if k.startswith("torch_cuda_"))])
 
 
 def save_checkpoint(

@@ -7,6 +7,7 @@ from typing import Any
 
 from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModule
 from polyrl.rewards.registry import register_reward
+from polyrl.runtime.devices import resolve_device_name
 
 
 @register_reward("ppl_fluency")
@@ -78,9 +79,7 @@ class PerplexityFluency(RewardModule):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        device = self.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device_name(self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         import transformers
 

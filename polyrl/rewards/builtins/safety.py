@@ -9,6 +9,7 @@ from typing import Any
 from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModule
 from polyrl.rewards.builtins.text import is_cjk
 from polyrl.rewards.registry import register_reward
+from polyrl.runtime.devices import resolve_device_name
 
 # Deliberately small and mild: a starting point to be replaced by a project's own lexicons.
 DEFAULT_CATEGORIES: dict[str, dict[str, list[str]]] = {
@@ -142,12 +143,9 @@ class Safety(RewardModule):
     def setup(self) -> None:
         if not self.classifier_path or self._classifier is not None:
             return
-        import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        device = (
-            "cuda" if self.device == "auto" and torch.cuda.is_available() else ("cpu" if self.device == "auto" else self.device)
-        )
+        device = resolve_device_name(self.device)
         self._classifier_tokenizer = AutoTokenizer.from_pretrained(self.classifier_path)
         model = AutoModelForSequenceClassification.from_pretrained(self.classifier_path)
         model.eval().requires_grad_(False)
