@@ -16,6 +16,11 @@ restricted to the batch's highest-entropy tokens.
   share of response tokens by entropy (ρ = 0.2 in the paper) keep their policy gradient. Deviation:
   the threshold is taken over each micro-batch the learner computes, not over the whole batch
   (equal when a micro-batch holds the mini-batch); the loss normaliser still counts every token.
+  ``actor/entropy`` (the adaptive coefficient's ``H``, and the entropy-collapse check's) stays the
+  mean over every token that trains before the selection; ``actor/entropy_selected`` is the mean
+  over the tokens kept (:func:`selection_entropy_parts`). Read off the selected tokens alone, the
+  mean is that of the top ρ by construction (well above the policy's), so a controller steering
+  on it would never turn its bonus on.
 """
 
 from __future__ import annotations
@@ -26,7 +31,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["AdaptiveEntropySettings", "EntropyController", "adaptive_entropy_coef", "high_entropy_token_mask"]
+from polyrl.algos.metric_parts import ratio_parts
+
+__all__ = [
+    "AdaptiveEntropySettings",
+    "EntropyController",
+    "adaptive_entropy_coef",
+    "high_entropy_token_mask",
+    "selection_entropy_parts",
+]
 
 
 def adaptive_entropy_coef(
@@ -51,6 +64,19 @@ def high_entropy_token_mask(entropy: Tensor, mask: Tensor, *, top_ratio: float) 
     return keep, {
         "high_entropy_kept_fraction": float(keep.sum()) / float(mask.sum()),
         "high_entropy_threshold": float(threshold),
+    }
+
+
+def selection_entropy_parts(entropy: Tensor, trained: Tensor, selected: Tensor) -> dict[str, float]:
+    """The sums behind ``entropy`` (the mean over ``trained``, the tokens that train before the
+    high-entropy selection) and ``entropy_selected`` (over ``selected``, those it keeps), as
+    :func:`~polyrl.algos.metric_parts.ratio_parts`, so that micro-batches and ranks combine them
+    into exact means over all their tokens."""
+    values = entropy.detach().float()
+    trained, selected = trained.bool(), selected.bool()
+    return {
+        **ratio_parts("entropy", float(values[trained].sum()), float(trained.sum())),
+        **ratio_parts("entropy_selected", float(values[selected].sum()), float(selected.sum())),
     }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from polyrl.algos.entropy_control import high_entropy_token_mask
+from polyrl.algos.entropy_control import high_entropy_token_mask, selection_entropy_parts
 from polyrl.algos.objectives.common import TOKEN_DETAIL
 from polyrl.algos.rollout_correction import apply_correction
 from polyrl.modeling.logprobs import token_logprobs
@@ -131,8 +131,11 @@ class PolicyLoss:
             rejected = before & ~loss_mask
         if s.high_entropy_top_ratio is not None:
             # Forking tokens (polyrl/algos/entropy_control.py): the rest of the tokens leave the loss.
+            trained = loss_mask
             loss_mask, selected = high_entropy_token_mask(entropy, loss_mask, top_ratio=s.high_entropy_top_ratio)
-            corrected = {**corrected, **selected}
+            # actor/entropy stays the mean over every trained token (the adaptive coefficient steers on
+            # it); the kept tokens' mean is actor/entropy_selected.
+            corrected = {**corrected, **selected, **selection_entropy_parts(entropy, trained, loss_mask)}
         loss, metrics = self.objective.fn(
             logprobs,
             old_logprobs,

@@ -80,6 +80,27 @@ def test_only_the_high_entropy_tokens_train():
         torch.testing.assert_close(p, q, msg=name)
 
 
+def test_with_high_entropy_tokens_the_controller_steers_on_every_trained_tokens_entropy():
+    """actor/entropy was the mean over the selected (top) tokens only, well above the policy's, so
+    the adaptive coefficient saw the target reached and never turned its bonus on."""
+    policy = _policy()
+    batch = _batch()
+    with torch.no_grad():
+        _, entropy = token_logprobs(policy, batch.packed, compute_entropy=True)
+    mask = batch.packed.response_mask.bool()
+    every, top = float(entropy[mask].mean()), float(entropy[mask].topk(5).values.mean())  # 5 of 9 kept
+    assert top > every
+    settings = AdaptiveEntropySettings(target=(every + top) / 2, step_size=0.1, max_coef=1.0)  # between the two
+    metrics = _learner(policy, high_entropy_top_ratio=0.5, entropy_control=settings).update(batch)
+    assert metrics["actor/entropy"] == pytest.approx(every, rel=1e-5)
+    assert metrics["actor/entropy_selected"] == pytest.approx(top, rel=1e-5)
+    # Below the target: the bonus turns on, 0.1 × (target − H) = 0.05 × (top − every).
+    assert metrics["actor/entropy_coef"] == pytest.approx(0.05 * (top - every), abs=1e-7) and metrics["actor/entropy_coef"] > 0
+    # Micro-batches of 2 rows (each selects its own top half): the trained tokens' mean is the same.
+    cut = _learner(_policy(), high_entropy_top_ratio=0.5, micro_batch_size=2).update(batch)
+    assert cut["actor/entropy"] == pytest.approx(every, rel=1e-5)
+
+
 def test_the_config_reaches_the_learner_settings():
     from polyrl.trainer.build_models import learner_settings
 
