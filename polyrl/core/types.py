@@ -65,9 +65,16 @@ class Completion:
     # Episodes: the episode turn by turn for sample tables (roles, contents, tool calls, per-turn
     # rewards, which tokens trained) and its return; None for a plain completion.
     episode: dict[str, Any] | None = None
+    # On-policy distillation (config distill:): the teacher's log-prob of each completion token given the
+    # prompt and the tokens before it (0 on an episode's observation tokens); empty: no teacher scored it.
+    teacher_logprobs: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         self.completion_mask = tuple(int(m) for m in self.completion_mask)
+        if self.teacher_logprobs and len(self.teacher_logprobs) != len(self.completion_ids):
+            raise ValueError(
+                f"teacher_logprobs has {len(self.teacher_logprobs)} entries for {len(self.completion_ids)} completion tokens"
+            )
         if self.completion_mask and len(self.completion_mask) != len(self.completion_ids):
             raise ValueError(
                 f"completion_mask has {len(self.completion_mask)} entries for {len(self.completion_ids)} completion tokens"

@@ -115,6 +115,7 @@ def train_arm(
             evaluator=periodic_evaluator(config, arm=arm),
             checkpoint_extra=extra,
             resume=resume,
+            teacher_path=resolve_teacher_run(config, tracking_uri=tracking_uri),
         )
         if built.start_state and on_resumed is not None:
             on_resumed(built.start_step)
@@ -133,6 +134,24 @@ def train_arm(
             built.close()
     logger.finish()
     return built.history
+
+
+def resolve_teacher_run(config: ExperimentConfig, *, tracking_uri: str | None) -> Path | None:
+    """``distill.teacher.run``'s checkpoint exported to a model folder, found as ``polyrl eval --model
+    run:<id>[@<step>]`` finds it (polyrl/evals/models.py) in ``tracking_uri``'s store; None without one."""
+    teacher = config.distill.teacher if config.distill is not None else None
+    if teacher is None or teacher.run is None:
+        return None
+    from polyrl.config.base import ConfigError
+    from polyrl.evals.models import RUN_PREFIX, resolve_model
+    from polyrl.evals.suite import EvalError
+
+    ref = teacher.run if teacher.run.startswith(RUN_PREFIX) else RUN_PREFIX + teacher.run
+    exports = Path(config.model.cache_dir) / "eval-exports" if config.model.cache_dir else None  # else eval's default
+    try:
+        return resolve_model(ref, tracking_uri=tracking_uri, cache_dir=exports).path
+    except EvalError as error:
+        raise ConfigError(f"distill.teacher.run: {error}") from None
 
 
 def periodic_evaluator(config: ExperimentConfig, *, arm: str | None = None):

@@ -72,7 +72,7 @@ class RolloutCollector:
     (a :class:`~polyrl.rewards.CompositeReward`, set up by the caller)."""
 
     def __init__(self, engine: Any, rewards: Any, prompts: Callable[[int], list[PromptSample]], settings: CollectSettings,
-                 episodes: Any = None):  # fmt: skip
+                 episodes: Any = None, teacher: Any = None):  # fmt: skip
         self.engine = engine
         self.rewards = rewards
         self.prompts = prompts
@@ -80,6 +80,9 @@ class RolloutCollector:
         # An EpisodeRunner (polyrl/rollout/episodes.py, config env:): each sample is a multi-turn
         # episode scored by its return (the reward labelled "env"); None: one completion per sample.
         self.episodes = episodes
+        # A Teacher (polyrl/rollout/teacher.py, config distill:) scores the kept rows' tokens after
+        # each collection, so the rows carry its log-probs; None: no distillation.
+        self.teacher = teacher
         self._adapter_dir: Path | None = None
 
     def sync_weights(self, named_tensors: Any, version: int | None = None) -> None:
@@ -213,7 +216,7 @@ class RolloutCollector:
             scores.metrics.update(length_metrics(rollout.completions, "rollout"))
             scores.metrics.update(self.length_by_correctness(rollout.completions, scores.per_module))
             scores.metrics.update(self.version_metrics(rollout.completions))
-            return self.with_greedy_baselines(step, Collected(rollout, scores, seconds))
+            return self.with_teacher(self.with_greedy_baselines(step, Collected(rollout, scores, seconds)))
         wanted = s.prompts_per_step
         kept: list[tuple[Rollout, Scores]] = []
         generated: list[Scores] = []
@@ -250,7 +253,21 @@ class RolloutCollector:
         # judge-drift and inspector checks read them as they do without dynamic sampling.
         kept_parts = {label: [v for _, sc in kept for v in sc.per_module[label]] for label in generated[0].per_module}
         collected = Collected(merged, Scores([t for _, sc in kept for t in sc.totals], metrics, kept_parts), seconds)
-        return self.with_greedy_baselines(step, collected)
+        return self.with_teacher(self.with_greedy_baselines(step, collected))
+
+    def with_teacher(self, collected: Collected) -> Collected:
+        """With a ``teacher``: the rows of ``collected`` scored by it (``Completion.teacher_logprobs``), its
+        wall time as ``seconds["teacher"]`` and ``perf/teacher_s``; unchanged otherwise. Only the kept
+        rows are scored (after dynamic sampling), with the learner's torch threads."""
+        if self.teacher is None or not len(collected.rollout):
+            return collected
+        start = time.perf_counter()
+        rollout = collected.rollout
+        scored = Rollout(rollout.prompts, self.teacher.score(rollout.completions), rollout.group_ids)
+        collected.seconds["teacher"] = collected.seconds.get("teacher", 0.0) + time.perf_counter() - start
+        # Also a metric: an asynchronous loop reports the collector's times itself (they overlap the update).
+        collected.scores.metrics["perf/teacher_s"] = collected.seconds["teacher"]
+        return replace(collected, rollout=scored)
 
     def with_greedy_baselines(self, step: int, collected: Collected) -> Collected:
         """With ``greedy_baseline``: ReMax's baselines for ``collected`` (each row gets the reward of

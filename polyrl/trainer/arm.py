@@ -39,11 +39,12 @@ from polyrl.trainer.async_loop import AsyncTrainingLoop
 from polyrl.trainer.build_data import build_rewards, build_sampler, training_rows
 from polyrl.trainer.build_models import Models, build_models
 from polyrl.trainer.build_rollout import RolloutSide, adapter_sync, build_collector, build_rollout
+from polyrl.trainer.build_teacher import build_teacher, teacher_source
 from polyrl.trainer.compute_counters import ComputeCounters
 from polyrl.trainer.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
 from polyrl.trainer.inspector_hook import InspectorHook, ReplayStoreHook
 from polyrl.trainer.loop import TrainingLoop, sync_policy
-from polyrl.trainer.pipeline import BatchPipeline, PipelineContext
+from polyrl.trainer.pipeline import BatchPipeline, PipelineContext, pipeline_stages
 from polyrl.trainer.protocols import ChecksOverlap, Closes, Evaluator, Learner, Tracker
 
 __all__ = ["Arm", "build_arm", "ray_demand", "reuses_old_logprobs", "seed_everything"]
@@ -214,10 +215,12 @@ def build_arm(
     checkpoint_extra: dict[str, Any] | None = None,
     resume: bool = False,
     engine: RolloutEngine | None = None,
+    teacher_path: str | Path | None = None,
 ) -> Arm:
     """Build models, engine, data and rewards into roles; restore the latest checkpoint if ``resume``.
 
     ``engine`` replaces the configured rollout engine (its caller closes nothing: :meth:`Arm.close` does).
+    ``teacher_path``: the model folder of ``distill.teacher.run`` (the launcher finds and exports the run).
     A run with Ray actors first acquires Ray for all of them (:func:`ray_demand`): a local cluster
     sized for them, or a refusal naming them when the cluster is too small in all.
     """
@@ -232,6 +235,7 @@ def build_arm(
             checkpoint_extra=checkpoint_extra,
             resume=resume,
             engine=engine,
+            teacher_path=teacher_path,
         )
     acquire_ray(demand)
     try:
@@ -244,6 +248,7 @@ def build_arm(
             checkpoint_extra=checkpoint_extra,
             resume=resume,
             engine=engine,
+            teacher_path=teacher_path,
         )
     except BaseException:
         release_ray()
@@ -262,6 +267,7 @@ def _build_arm(
     checkpoint_extra: dict[str, Any] | None,
     resume: bool,
     engine: RolloutEngine | None,
+    teacher_path: str | Path | None = None,
 ) -> Arm:
     cfg = config
     build_started = time.perf_counter()
@@ -276,14 +282,22 @@ def _build_arm(
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if cfg.rollout.compile and engine is None:  # refused before any model loads
         check_sampler_compile(takes_images=model_takes_images(policy_path))
+    teacher_from = teacher_source(cfg, policy_path, tokenizer, run_path=teacher_path)  # its refusals before any model loads
     models = build_models(cfg, policy_path)
+    teacher = None
+    if teacher_from is not None:
+        teacher = build_teacher(cfg, teacher_from, device=models.device, dtype=models.dtype, pad_token_id=pad_token_id)
     learner, critic = models.learner, models.critic
     rewards, label = build_rewards(cfg, policy_path, sampler)
     rollout = build_rollout(cfg, policy_path, tokenizer, sampler.samples, takes_images=models.takes_images, engine=engine)
     if logger is not None:
         _log_runtime(logger, models, rollout, build_started)
-    collector = build_collector(cfg, rollout.engine, rewards, sampler.next_batch, accuracy_label=label)
-    pipeline = BatchPipeline(_pipeline_context(cfg, models, pad_token_id, reward_weights=dict(rewards.weights)))
+        if teacher is not None:
+            logger.log_params({"runtime.teacher_path": str(teacher.path)})  # a run's teacher: the export it resolved to
+    collector = build_collector(cfg, rollout.engine, rewards, sampler.next_batch, accuracy_label=label, teacher=teacher)
+    pipeline = BatchPipeline(
+        _pipeline_context(cfg, models, pad_token_id, reward_weights=dict(rewards.weights)), pipeline_stages(cfg.distill)
+    )
     r = cfg.rollout
     # Asynchronous training too: the gap is measured on the rows sampled at the learner's weights
     # (staleness 0), so it stays a sync check (polyrl/learner/policy_learner.py, rows_to_diagnose).
@@ -325,6 +339,8 @@ def _build_arm(
     )
     # Periodic evaluation's datasets against the training rows, where the evaluator can tell (PeriodicEvaluator).
     built.data_warnings = list(evaluator.overlap_warnings(sampler.samples)) if isinstance(evaluator, ChecksOverlap) else []
+    if teacher_from is not None and teacher_from.note:  # self-distillation
+        built.data_warnings.append(teacher_from.note)
     if models.padding_free_reason is not None:  # said when the loop starts, and tagged
         built.data_warnings.append(f"train.padding_free: auto is off: {models.padding_free_reason}")
     tool_note = getattr(getattr(collector, "episodes", None), "tool_note", None)
@@ -386,6 +402,7 @@ def _pipeline_context(
         behaviour_logprobs=r.max_staleness > 0,
         rollout_correction=cfg.objective.rollout_correction,
         decoupled_reward_weights=reward_weights if cfg.advantage.reward_aggregation == "gdpo" else None,
+        distill=cfg.distill,
     )
 
 

@@ -266,8 +266,9 @@ class AsyncTrainingLoop(TrainingLoop):
         """The arm's collector on one partition's workers, drawing its prompts in step order (with
         ``env:``, playing the arm's episodes there: each turn one call on the partition's engine)."""
         return RolloutCollector(
-            self.engine.partitions[partition], rewards, draws.draw, self.collector.settings, episodes=self.collector.episodes
-        )
+            self.engine.partitions[partition], rewards, draws.draw, self.collector.settings, episodes=self.collector.episodes,
+            teacher=self.collector.teacher,  # distill: the rows are scored where they are collected
+        )  # fmt: skip
 
     def produce(self, buffer: RolloutBuffer, draws: OrderedDraws, partition: int, collector: RolloutCollector) -> None:
         """Collect this partition's steps among ``step_index + 1 … steps`` in order, each once the

@@ -152,6 +152,7 @@ def build_collector(
     next_batch: Callable[[int], list[PromptSample]],
     *,
     accuracy_label: str | None,
+    teacher: Any = None,
 ) -> RolloutCollector:
     """The collector: ``rollout.*`` sampling settings, DAPO dynamic sampling, the accuracy reward;
     with ``env:``, the episode runner (its return, labelled ``env``, is the reward; the accuracy is the
@@ -178,6 +179,7 @@ def build_collector(
             greedy_baseline=needs_greedy_baseline(cfg),
         ),
         episodes=episodes,
+        teacher=teacher,  # distill: (trainer/build_teacher.py) scores the collected rows
     )
 
 

@@ -22,15 +22,27 @@ from polyrl.algos.advantages import AdvantageInputs, AdvantageSpec
 from polyrl.algos.advantages.common import last_response_index
 from polyrl.algos.advantages.gdpo import gdpo_advantages
 from polyrl.algos.dapo_data import dapo_overlong_penalty
+from polyrl.algos.distill import reverse_kl_advantages
 from polyrl.algos.losses import kl_in_reward, kl_penalty, masked_mean, masked_mean_std
 from polyrl.algos.rollout_correction import apply_correction, mismatch_diagnostics
+from polyrl.config.distill import DistillConfig
 from polyrl.config.objective import ModalitiesConfig, OverlongConfig, RolloutCorrectionConfig
 from polyrl.modeling.batches import PackedBatch, pack_completions
 from polyrl.modeling.logprobs import token_logprobs
 from polyrl.rollout.batches import LearnerBatch, Rollout, Scores
 from polyrl.runtime.precision import autocast
 
-__all__ = ["BatchPipeline", "behaviour_logprobs", "PipelineBatch", "PipelineContext", "STAGES", "run_pipeline", "token_discounts"]
+__all__ = [
+    "BatchPipeline",
+    "behaviour_logprobs",
+    "PipelineBatch",
+    "PipelineContext",
+    "STAGES",
+    "pipeline_stages",
+    "run_pipeline",
+    "teacher_advantages",
+    "token_discounts",
+]
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,8 @@ class PipelineContext:
     # advantage.reward_aggregation 'gdpo': each reward's weight by label; the advantage comes from each
     # reward's raw scores (Scores.per_module, polyrl/algos/advantages/gdpo.py). None ('sum'): from the total.
     decoupled_reward_weights: dict[str, float] | None = None
+    # distill: the teacher term's weight and whether the task reward's advantage stays (teacher_advantages).
+    distill: DistillConfig | None = None
 
 
 @dataclass
@@ -264,6 +278,31 @@ def advantages(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
     return b.with_metrics(metrics, advantages=torch.where(b.loss_mask, adv, torch.zeros_like(adv)), returns=returns)
 
 
+def teacher_advantages(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
+    """On-policy distillation (config distill:, polyrl/algos/distill.py): each policy token's advantage
+    gets −coef × (log π_student − log π_teacher), the student's log-probs being the sampler's (the
+    policy that drew the tokens) and the teacher's those the collector stored on the rows
+    (``Completion.teacher_logprobs``). Added to the estimator's advantages, or with
+    ``task_reward: false`` the whole advantage (:func:`pipeline_stages` then leaves the estimator out).
+    Before the importance weights and rollout correction, which then weigh the teacher term too."""
+    if ctx.distill is None:
+        return b
+    completions = b.rollout.completions
+    unscored = [row for row, c in enumerate(completions) if c.completion_ids and not c.teacher_logprobs]
+    unsampled = [row for row, c in enumerate(completions) if c.completion_ids and not c.sampling_logprobs]
+    if unscored or unsampled:
+        raise ValueError(
+            f"distill: completions {(unscored or unsampled)[:5]} carry no "
+            + ("teacher log-probs (collected without the teacher)" if unscored else "sampler log-probs (the student's side)")
+        )
+    teacher = torch.zeros(b.packed.response_mask.shape, dtype=torch.float32)
+    for row, c in enumerate(completions):
+        teacher[row, : len(c.teacher_logprobs)] = torch.as_tensor(c.teacher_logprobs, dtype=torch.float32)
+    term, metrics = reverse_kl_advantages(b.packed.sampling_logprobs, teacher, b.loss_mask, coef=ctx.distill.coef)
+    advantages = term if not ctx.distill.task_reward else b.advantages + term
+    return b.with_metrics(metrics, advantages=torch.where(b.loss_mask, advantages, torch.zeros_like(advantages)))
+
+
 def truncated_importance_sampling(b: PipelineBatch, ctx: PipelineContext) -> PipelineBatch:
     """Truncated importance sampling (Yao et al. 2025): weight each token by
     min(π_learner/π_sampler, C), folded into the (detached) advantage."""
@@ -316,10 +355,19 @@ STAGES: tuple[Stage, ...] = (
     values,
     token_discounts,
     advantages,
+    teacher_advantages,
     truncated_importance_sampling,
     rollout_correction,
     advantage_stats,
 )
+
+
+def pipeline_stages(distill: DistillConfig | None) -> tuple[Stage, ...]:
+    """:data:`STAGES` for a run: pure distillation (``distill.task_reward: false``) leaves the reward
+    estimator's stage out, so the teacher term is the whole advantage."""
+    if distill is not None and not distill.task_reward:
+        return tuple(stage for stage in STAGES if stage is not advantages)
+    return STAGES
 
 
 class BatchPipeline:
