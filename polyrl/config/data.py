@@ -2,12 +2,83 @@
 
 from __future__ import annotations
 
+import math
+import re
+from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from polyrl.config.base import StrictModel
+from polyrl.config.base import StrictModel, check_safe_name
+
+
+def schedule_value(points: dict[int, float], step: float) -> float:
+    """A piecewise-linear schedule ``{step: value}`` at ``step``: linear between the given steps,
+    the first value before the first and the last value after the last."""
+    steps = sorted(points)
+    if step <= steps[0]:
+        return float(points[steps[0]])
+    for left, right in zip(steps, steps[1:]):
+        if step <= right:
+            share = (step - left) / (right - left)
+            return float(points[left] + share * (points[right] - points[left]))
+    return float(points[steps[-1]])
+
+
+def default_source_name(source: str) -> str:
+    """A mixture source's name in metrics when it sets none: a reasoning-gym task's name, a
+    file's stem, else the source with every character a metric name cannot hold as '-'."""
+    if source.startswith("reasoning_gym:"):
+        source = source[len("reasoning_gym:") :].partition("?")[0]
+    elif source.endswith((".jsonl", ".json", ".parquet")):
+        source = Path(source).stem
+    return re.sub(r"[^A-Za-z0-9_.\-]+", "-", source).strip("-") or "source"
+
+
+class MixtureSourceConfig(StrictModel):
+    """One source of a data mixture (``data.sources``): where its rows come from and its weight."""
+
+    source: str = Field(..., min_length=1, description="A data source, as data.source takes (reasoning_gym:<task> too).")
+    weight: float | dict[int, float] = Field(
+        1.0,
+        description="Its share of each step's prompts, relative to the other sources' weights: a number, or a "
+        "piecewise-linear schedule over training steps ({0: 1.0, 100: 0.2}: 1.0 at step 0, 0.2 from step 100 on).",
+    )
+    name: str | None = Field(
+        None,
+        description="Its name in the per-source metrics (train/source/<name>/accuracy); default: the reasoning-gym "
+        "task, the file's stem, or the source.",
+    )
+
+    @field_validator("weight")
+    @classmethod
+    def _weight(cls, value: float | dict[int, float]) -> float | dict[int, float]:
+        values = [value] if not isinstance(value, dict) else list(value.values())
+        if isinstance(value, dict):
+            if not value:
+                raise ValueError("a weight schedule needs at least one {step: weight} point")
+            if any(step < 0 for step in value):
+                raise ValueError(f"schedule steps must be >= 0, got {sorted(value)}")
+        if any(not math.isfinite(v) or v < 0 for v in values):
+            raise ValueError(f"weights must be finite and >= 0, got {value}")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_safe_name(value, "it names the source's metrics")
+
+    @property
+    def label(self) -> str:
+        return self.name or default_source_name(self.source)
+
+    def weight_at(self, step: float) -> float:
+        return float(self.weight) if not isinstance(self.weight, dict) else schedule_value(self.weight, step)
+
+    @property
+    def scheduled(self) -> bool:
+        return isinstance(self.weight, dict) and len(set(self.weight.values())) > 1
 
 
 class DataConfig(StrictModel):
@@ -73,6 +144,37 @@ class DataConfig(StrictModel):
         description="The column of chat rows: a list of {role, content} messages "
         "ending with the user's turn; it may stand in for prompt_field.",
     )
+    sources: list[MixtureSourceConfig] | None = Field(
+        None,
+        min_length=1,
+        description="A data mixture instead of data.source: each step's prompts drawn from these sources by weight "
+        "(polyrl/data/mixtures.py), with per-source metrics; the other data settings (split, fields, limit, holdout) "
+        "apply to each source. Refused together with data.source.",
+    )
+
+    @model_validator(mode="after")
+    def _mixture(self) -> "DataConfig":
+        if self.sources is None:
+            return self
+        if "source" in self.model_fields_set:
+            raise _field_error(
+                ("sources",), "data.source and data.sources are exclusive: one source, or a mixture; remove one", self.source
+            )
+        labels = [s.label for s in self.sources]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise _field_error(("sources",), f"sources named {repeated} more than once; set sources[i].name", labels)
+        # The total weight is piecewise linear between the schedules' points: positive at each
+        # point (and at the constant ends) means positive at every step.
+        points = sorted({0, *(step for s in self.sources if isinstance(s.weight, dict) for step in s.weight)})
+        for step in points:
+            if sum(s.weight_at(step) for s in self.sources) <= 0:
+                raise _field_error(("sources",), f"every source's weight is 0 at step {step}: no source to draw from", labels)
+        return self
+
+    def source_labels(self) -> list[str]:
+        """The names of the mixture's sources (empty without data.sources)."""
+        return [s.label for s in self.sources or []]
 
     @model_validator(mode="before")
     @classmethod
@@ -91,3 +193,8 @@ class DataConfig(StrictModel):
             )
             raise ValidationError.from_exception_data("DataConfig", [detail])
         return data
+
+
+def _field_error(loc: tuple[Any, ...], message: str, value: Any) -> ValidationError:
+    detail = InitErrorDetails(type=PydanticCustomError("value_error", "{message}", {"message": message}), loc=loc, input=value)
+    return ValidationError.from_exception_data("DataConfig", [detail])

@@ -19,6 +19,9 @@ and are drawn by :class:`polyrl.data.sampler.PromptSampler`.
 * ``"drawing"`` — the shipped drawing task (``polyrl/tasks/data/drawing``);
 * ``"scenes"`` / ``"scenes_captions"`` — the shipped image tasks, VQA and captioning
   (``polyrl/tasks/scenes.py``);
+* ``"reasoning_gym:<task>[?param=value&...]"`` — rows made by a reasoning-gym generator, with a
+  held-out split no question of which is a training question (:mod:`polyrl.data.reasoning_gym`;
+  the ``envs`` extra);
 * a local ``.jsonl`` / ``.json`` / ``.parquet`` file, which is one split: the one its name
   declares (``rows.test.jsonl``), else ``train``; or, with ``holdout``, split by a fixed hash of
   each row (:mod:`polyrl.data.splits`); any other split is refused;
@@ -37,7 +40,7 @@ from typing import Any
 
 import datasets
 
-from polyrl.data import image_rows
+from polyrl.data import image_rows, reasoning_gym
 from polyrl.data import splits as split_rules
 from polyrl.data.errors import DataConfigError  # re-exported: callers import it from here
 from polyrl.data.source_files import first_row, load_file, resolve_local, split_file
@@ -85,6 +88,11 @@ def check_prompt_source(
         splits = _BUILTIN_MODULES[source].SPLITS
         if split not in splits:
             raise DataConfigError(f"data source {source!r}: unknown split {split!r}; allowed: {list(splits)}")
+        return
+    if reasoning_gym.is_reasoning_gym(source):
+        if holdout is not None:
+            raise DataConfigError(split_rules.holdout_refusal(source, "a reasoning-gym generator"))
+        reasoning_gym.check_split(source, split)
         return
     path = split_file(source, split, holdout)
     if path is None:
@@ -174,6 +182,10 @@ def load_prompt_dataset(
         dataset = load_file(module.shipped_path(split), source, split)
         if hasattr(module, "map_row"):  # a source that is another's rows in a new form (arithmetic_chat)
             dataset = dataset.map(module.map_row)
+    elif reasoning_gym.is_reasoning_gym(source):
+        if holdout is not None:
+            raise DataConfigError(split_rules.holdout_refusal(source, "a reasoning-gym generator"))
+        dataset = reasoning_gym.load_split(source, split)
     else:
         local = split_file(source, split, holdout, whole_file)
         if local is not None:

@@ -50,7 +50,10 @@ class PromptSampler:
             self._order, self._order_epoch = order, epoch
         return self._order
 
-    def next_batch(self, num_prompts: int) -> list[PromptSample]:
+    def next_batch(self, num_prompts: int, step: int | None = None) -> list[PromptSample]:
+        """The next ``num_prompts`` prompts. ``step`` (the training step they are for) does not
+        change a single source's order; a data mixture's weights may follow it
+        (:class:`polyrl.data.mixtures.MixtureSampler`)."""
         if num_prompts <= 0:
             raise ValueError(f"num_prompts must be positive, got {num_prompts}")
         batch = []
@@ -67,6 +70,8 @@ class PromptSampler:
         return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_samples": len(self.samples)}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
+        if "mixture" in state:
+            raise ValueError(f"sampler state is a data mixture's ({list(state['mixture'])}), but this run has one data source")
         if int(state["num_samples"]) != len(self.samples):
             raise ValueError(f"sampler state is for {state['num_samples']} prompts but this sampler has {len(self.samples)}")
         if int(state["seed"]) != self.seed:
