@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.polyrl-installed
 
-.PHONY: setup lint typecheck test test-onednn test-fast test-serial demo bench docs docs-serve clean-venv
+.PHONY: setup lint typecheck test test-onednn test-fast test-gpu test-serial demo bench docs docs-serve clean-venv
 
 setup: $(STAMP)
 
@@ -52,6 +52,11 @@ FAST_TIER := not slow and not vllm and not ray and not mlflow_server
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "$(FAST_TIER)"
+
+# The CUDA paths (tests/gpu, marker gpu): on a machine whose torch sees a GPU; skipped elsewhere,
+# so make test and make test-fast pass over them.
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu tests/gpu
 
 # One process, in file order: for a debugger, or to time a single test without a neighbour.
 test-serial: $(STAMP)
