@@ -128,13 +128,14 @@ class SuiteRunner:
         data = _Dataset(
             spec, load_samples(spec, base_dir=self.base_dir, limit=limit, messages_field=chat.rows_messages_field), chat=chat
         )
-        params = self.suite.accuracy_params()
+        params = self.suite.accuracy_params(spec)
         if params is not None:
-            # The dataset's answer column is the gold answer unless the suite says otherwise.
-            params.setdefault("answer_field", spec.answer_field)
-            data.accuracy = RewardSpec(module="accuracy", params=params).build()
+            module = str(params.pop("module", "accuracy"))  # another reward module may count right (reasoning_gym)
+            if module == "accuracy":  # the dataset's answer column is the gold answer unless the suite says otherwise
+                params.setdefault("answer_field", spec.answer_field)
+            data.accuracy = RewardSpec(module=module, params=params).build()
             data.accuracy.setup()
-            if not isinstance(data.accuracy, Accuracy):  # pragma: no cover - registry misconfigured
+            if module == "accuracy" and not isinstance(data.accuracy, Accuracy):  # pragma: no cover - registry misconfigured
                 raise EvalError("metrics.accuracy: the registered 'accuracy' module is not polyrl's Accuracy")
         if self.suite.kind == "caption":
             corpus = [s.references for s in data.samples if s.references]

@@ -13,7 +13,8 @@
       temperature: 1.0
       max_tokens: 48
     metrics:
-      accuracy: {extract: auto}     # params of the `accuracy` reward module; false disables
+      accuracy: {extract: auto}     # params of the `accuracy` reward module; false disables;
+                                    # {module: reasoning_gym}: another reward module counts right
       pass_at_k: [1, 2, 4]
       length: true
       rewards:                      # the same RewardSpec list as an experiment's `rewards`
@@ -95,6 +96,12 @@ class DatasetSpec(_Strict):
     )
     system_prompt: str | None = Field(None, description="a system message before each prompt (chat formatting only)")
     messages_field: str = Field("messages", description="the column of chat rows' messages ([{role, content}])")
+    accuracy: bool | dict[str, Any] | None = Field(
+        None,
+        description="this dataset's accuracy, in the forms metrics.accuracy takes (a suite whose datasets need "
+        "different rules: reasoning_gym:<task> rows scored by {module: reasoning_gym} beside arithmetic); "
+        "default: metrics.accuracy",
+    )
 
     @field_validator("name")
     @classmethod
@@ -147,7 +154,8 @@ class MetricsSpec(_Strict):
     """What to measure. Reward modules are the training ones (one reward protocol)."""
 
     # None: on for text suites, off for caption suites; true: on with default params;
-    # a mapping: on, with these params of the `accuracy` reward module; false: off.
+    # a mapping: on, with these params of the `accuracy` reward module, or of the reward module its
+    # `module` key names (a sample is right when that module scores it above 0); false: off.
     accuracy: bool | dict[str, Any] | None = None
     pass_at_k: list[int] = Field(default_factory=list, description="k values; each k <= generation.n")
     length: bool = True
@@ -193,9 +201,13 @@ class EvalSuite(_Strict):
                 "the unbiased estimator needs at least k samples per prompt",
                 pass_at_k,
             )
-        if pass_at_k and self.accuracy_params() is None:
+        without = [d.label for d in self.datasets if self.accuracy_params(d) is None]
+        if pass_at_k and without:
             raise field_error(
-                "EvalSuite", ("metrics", "pass_at_k"), "needs metrics.accuracy (pass@k counts correct samples)", pass_at_k
+                "EvalSuite",
+                ("metrics", "pass_at_k"),
+                f"needs metrics.accuracy (pass@k counts correct samples); datasets without it: {without}",
+                pass_at_k,
             )
         labels = [d.label for d in self.datasets]
         duplicates = sorted({label for label in labels if labels.count(label) > 1})
@@ -203,9 +215,10 @@ class EvalSuite(_Strict):
             raise field_error("EvalSuite", ("datasets",), f"duplicate dataset name(s) {duplicates}; set datasets[i].name", labels)
         return self
 
-    def accuracy_params(self) -> dict[str, Any] | None:
-        """Params of the accuracy module, or ``None`` when accuracy is off."""
-        value = self.metrics.accuracy
+    def accuracy_params(self, dataset: DatasetSpec | None = None) -> dict[str, Any] | None:
+        """Params of the accuracy module (of ``dataset``: its own ``accuracy`` when set), or
+        ``None`` when accuracy is off; a ``module`` key names a module other than ``accuracy``."""
+        value = self.metrics.accuracy if dataset is None or dataset.accuracy is None else dataset.accuracy
         if value is None:
             value = self.kind == "text"
         if value is False:

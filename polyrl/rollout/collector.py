@@ -7,6 +7,7 @@ behind a Ray actor unchanged. It knows nothing of the learner.
 
 from __future__ import annotations
 
+import inspect
 import math
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from polyrl.algos.dapo_data import dapo_dynamic_sampling_keep
 from polyrl.core.types import PromptSample, SamplingSettings
+from polyrl.data.mixtures import SOURCE_FIELD
 from polyrl.envs.base import episode_accuracy_value
 from polyrl.rewards import RewardBatch, RewardResult
 from polyrl.rewards.summary import accuracy_share, length_by_correctness
@@ -67,6 +69,13 @@ def informative_groups(totals: list[float | None], group_ids: Tensor) -> list[in
     return sorted(set(group_ids[scored][keep].tolist()))
 
 
+def _takes_step(prompts: Callable[..., Any]) -> bool:
+    try:
+        return "step" in inspect.signature(prompts).parameters
+    except (TypeError, ValueError):  # a callable without a signature: drawn by count alone
+        return False
+
+
 class RolloutCollector:
     """Draws prompts, generates G completions each on ``engine`` and scores them with ``rewards``
     (a :class:`~polyrl.rewards.CompositeReward`, set up by the caller)."""
@@ -76,6 +85,9 @@ class RolloutCollector:
         self.engine = engine
         self.rewards = rewards
         self.prompts = prompts
+        # A prompt source that takes the step (a sampler: a data mixture's weights may follow the
+        # step, polyrl/data/mixtures.py) is told which step it draws for.
+        self._prompts_take_step = _takes_step(prompts)
         self.settings = settings
         # An EpisodeRunner (polyrl/rollout/episodes.py, config env:): each sample is a multi-turn
         # episode scored by its return (the reward labelled "env"); None: one completion per sample.
@@ -129,7 +141,8 @@ class RolloutCollector:
         )
 
     def generate(self, step: int, round_index: int = 0, group_offset: int = 0) -> Rollout:
-        prompts = self.prompts(self.settings.prompts_per_step)
+        count = self.settings.prompts_per_step
+        prompts = self.prompts(count, step=step) if self._prompts_take_step else self.prompts(count)
         with torch_threads(self.settings.threads):
             if self.episodes is not None:
                 grouped = self.episodes.run(self.engine, prompts, self.sampling_settings(step, round_index))
@@ -147,6 +160,7 @@ class RolloutCollector:
         if self.episodes is not None:
             returns: list[float | None] = [c.episode["return"] for c in rollout.completions]
             scores = Scores(returns, self.reward_metrics(returns, {"env": returns}, rollout.completions), {"env": returns})
+            scores.metrics.update(self.source_metrics(rollout.prompts, returns, {"env": returns}, rollout.completions))
             scores.metrics.update(episode_metrics(rollout.completions))
             return scores
         batch = RewardBatch(
@@ -158,6 +172,7 @@ class RolloutCollector:
         )
         result = self.rewards.score(batch)
         metrics = self.reward_metrics(result.totals, result.per_module, rollout.completions)
+        metrics.update(self.source_metrics(rollout.prompts, result.totals, result.per_module, rollout.completions))
         return Scores(list(result.totals), metrics, dict(result.per_module))
 
     def accuracy_values(self, completions: list[Any], per_module: dict[str, list[float | None]]) -> list[float | None] | None:
@@ -177,6 +192,29 @@ class RolloutCollector:
         values = self.accuracy_values(completions, per_module)
         if values is not None:
             metrics["train/accuracy"] = accuracy_share(values)
+        return metrics
+
+    def source_metrics(
+        self, prompts: list[PromptSample], totals: list[float | None], per_module: dict[str, list[float | None]],
+        completions: list[Any],
+    ) -> dict[str, float]:  # fmt: skip
+        """Per source of a data mixture (each sample's ``fields["mixture_source"]``,
+        polyrl/data/mixtures.py): ``rollout/source/<name>/share`` of the samples,
+        ``reward/source/<name>/mean`` over its scored samples and ``train/source/<name>/accuracy``
+        as ``train/accuracy`` counts; nothing for a run with one source."""
+        names = [prompt.fields.get(SOURCE_FIELD) for prompt in prompts]
+        if not any(name is not None for name in names):
+            return {}
+        values = self.accuracy_values(completions, per_module)
+        metrics: dict[str, float] = {}
+        for name in sorted({n for n in names if n is not None}):
+            rows = [i for i, n in enumerate(names) if n == name]
+            scored = [totals[i] for i in rows if totals[i] is not None]
+            metrics[f"rollout/source/{name}/share"] = len(rows) / len(names)
+            if scored:
+                metrics[f"reward/source/{name}/mean"] = sum(scored) / len(scored)
+            if values is not None:
+                metrics[f"train/source/{name}/accuracy"] = accuracy_share([values[i] for i in rows])
         return metrics
 
     def length_by_correctness(self, completions: list[Any], per_module: dict[str, list[float | None]]) -> dict[str, float]:
@@ -221,6 +259,7 @@ class RolloutCollector:
         kept: list[tuple[Rollout, Scores]] = []
         generated: list[Scores] = []
         generated_completions: list[Any] = []
+        generated_prompts: list[PromptSample] = []
         kept_groups = dropped_groups = surplus_groups = rounds = 0
         while rounds < s.max_rounds and kept_groups < wanted:
             rollout = timed("generate", lambda: self.generate(step, rounds, group_offset=rounds * wanted))  # noqa: B023 - called at once
@@ -228,6 +267,7 @@ class RolloutCollector:
             rounds += 1
             generated.append(scores)
             generated_completions += rollout.completions
+            generated_prompts += rollout.prompts
             informative = informative_groups(scores.totals, rollout.group_ids)
             taken = set(informative[: wanted - kept_groups])
             dropped_groups += len(torch.unique(rollout.group_ids)) - len(informative)
@@ -239,6 +279,7 @@ class RolloutCollector:
         totals = [t for s_ in generated for t in s_.totals]
         per_module = {label: [v for s_ in generated for v in s_.per_module[label]] for label in generated[0].per_module}
         metrics = self.reward_metrics(totals, per_module, generated_completions)
+        metrics.update(self.source_metrics(generated_prompts, totals, per_module, generated_completions))
         metrics.update(length_metrics(generated_completions, "rollout"))  # every generated sample, as the reward metrics
         metrics.update(self.length_by_correctness(generated_completions, per_module))
         metrics.update(self.version_metrics(generated_completions))

@@ -77,7 +77,7 @@ class OrderedDraws:
         with self.cond:
             if self.next_step != step:
                 raise RuntimeError(f"step {step} draws prompts after its turn passed (dynamic sampling with one_draw_per_step)")
-            batch = self.sampler.next_batch(count)
+            batch = self.sampler.next_batch(count, step=step)  # a data mixture's weights may follow the step
             if self.one_draw_per_step:
                 self._pass(step)
             return batch

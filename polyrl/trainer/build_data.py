@@ -10,6 +10,7 @@ from typing import Any
 from polyrl.config.schema import ConfigError, ExperimentConfig
 from polyrl.data.chat import ChatFormat
 from polyrl.data.image_rows import ImageCheck, check_model_takes_images
+from polyrl.data.mixtures import MixtureSampler, tag_samples
 from polyrl.data.prompt_lengths import checked_training_prompts
 from polyrl.data.prompt_samples import rows_to_prompt_samples
 from polyrl.data.prompts import load_prompt_dataset
@@ -26,7 +27,14 @@ def chat_format(cfg: ExperimentConfig) -> ChatFormat:
 
 def training_rows(cfg: ExperimentConfig) -> list[Any]:
     """The training split's prompts as the data gives them (chat rows may carry messages instead
-    of a prompt); every row's images are checked and decoded."""
+    of a prompt); every row's images are checked and decoded. A mixture (``data.sources``): each
+    source's rows in turn, each tagged with its source's name (:mod:`polyrl.data.mixtures`)."""
+    if cfg.data.sources:
+        rows: list[Any] = []
+        for source in cfg.data.sources:
+            one = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": source.source, "sources": None})})
+            rows += tag_samples(training_rows(one), source.label, source=source.source)
+        return rows
     data = cfg.data
     fields = dict(
         prompt_field=data.prompt_field,
@@ -46,7 +54,7 @@ def training_rows(cfg: ExperimentConfig) -> list[Any]:
     return rows_to_prompt_samples(dataset, max_image_pixels=data.max_image_pixels, **fields)
 
 
-def build_sampler(cfg: ExperimentConfig, rows: list[Any], policy_path: Path, tokenizer: Any) -> PromptSampler:
+def build_sampler(cfg: ExperimentConfig, rows: list[Any], policy_path: Path, tokenizer: Any) -> PromptSampler | MixtureSampler:
     """The seeded sampler over ``rows``, once the policy is known to take their images; chat
     prompts are formatted here, once, with the policy's tokenizer (:mod:`polyrl.data.chat`)."""
     check_model_takes_images(policy_path, rows, images_field=cfg.data.images_field)
@@ -57,9 +65,11 @@ def build_sampler(cfg: ExperimentConfig, rows: list[Any], policy_path: Path, tok
         chat_format(cfg),
         max_model_len=cfg.rollout.max_model_len,
         model_dir=policy_path,
-        source=cfg.data.source,
+        source=cfg.data.source if not cfg.data.sources else ", ".join(s.source for s in cfg.data.sources),
         model=str(policy_path),
     )
+    if cfg.data.sources:
+        return MixtureSampler.from_config(samples, cfg.data.sources, seed=cfg.seed)
     return PromptSampler(samples, seed=cfg.seed)
 
 
@@ -96,7 +106,9 @@ def accuracy_label(config: ExperimentConfig, labels: list[str]) -> str | None:
     return wanted
 
 
-def build_rewards(cfg: ExperimentConfig, policy_path: Path, sampler: PromptSampler) -> tuple[CompositeReward, str | None]:
+def build_rewards(
+    cfg: ExperimentConfig, policy_path: Path, sampler: PromptSampler | MixtureSampler
+) -> tuple[CompositeReward, str | None]:
     """The arm's rewards, set up, and the label of the one that defines ``train/accuracy``."""
     rewards = CompositeReward(reward_specs(cfg, policy_path, [sample.references for sample in sampler.samples]))
     rewards.setup()
