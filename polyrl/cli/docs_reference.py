@@ -10,7 +10,9 @@ the page at the next ``make docs``, without anyone editing a page. The sections:
   paper, deviations and typed parameters (what ``polyrl objectives show NAME`` prints);
 - ``rewards``: the built-in reward modules and their constructor parameters;
 - ``layers``: the import layers of ``.importlinter`` as a diagram (inline SVG) and a table;
-- ``pytest-markers``: the test markers declared in ``pyproject.toml``.
+- ``pytest-markers``: the test markers declared in ``pyproject.toml``;
+- ``readme-headlines``: the README's "Headline results" section, its links made relative to
+  ``docs/``, so the site's home page and the README cannot give different headlines.
 """
 
 from __future__ import annotations
@@ -191,6 +193,22 @@ def layers_diagram(text: str) -> str:
     return "<div>" + "".join(parts) + "</div>\n" + "\n".join(table) + "\n"
 
 
+README_HEADLINES = "## Headline results"
+
+
+def readme_headlines(readme_text: str) -> str:
+    """The body of the README's "Headline results" section (up to the next ``## `` heading), with
+    its links and images into ``docs/`` made relative to the docs folder; a ``ValueError`` when the
+    README has no such section."""
+    start = readme_text.find(f"\n{README_HEADLINES}\n")
+    if start < 0:
+        raise ValueError(f"README.md has no '{README_HEADLINES}' section for the home page")
+    body = readme_text[start + len(README_HEADLINES) + 2 :]
+    end = body.find("\n## ")
+    body = body if end < 0 else body[:end]
+    return body.replace("](docs/", "](").strip() + "\n"
+
+
 # Each generator takes the repository root (where .importlinter lives).
 GENERATORS: dict[str, Callable[[Path], str]] = {
     "config-reference": lambda root: schema_reference_markdown(),
@@ -199,6 +217,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "rewards": lambda root: rewards_markdown(),
     "layers": lambda root: layers_diagram((root / ".importlinter").read_text()),
     "pytest-markers": lambda root: pytest_markers_markdown((root / "pyproject.toml").read_text()),
+    "readme-headlines": lambda root: readme_headlines((root / "README.md").read_text()),
 }
 
 

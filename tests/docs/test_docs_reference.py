@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from polyrl.cli.docs_reference import generated_section, layers_from_importlinter, objectives_markdown
+from polyrl.cli.docs_reference import generated_section, layers_from_importlinter, objectives_markdown, readme_headlines
 from polyrl.config.reference import all_field_paths, allowed_values, schema_reference_markdown, type_name
 from polyrl.config.schema import ExperimentConfig
 
@@ -76,3 +76,15 @@ def test_pytest_markers_section_lists_pyproject_markers():
     text = generated_section("pytest-markers", ROOT)
     for marker in ("slow", "vllm", "ray", "mlflow_server", "real_model"):
         assert f"| `{marker}` |" in text
+
+
+def test_readme_headlines_take_the_section_and_make_its_links_relative_to_docs():
+    readme = (
+        "# x\n\n## Quick start\n\nrun it\n\n## Headline results\n\n**One.** See [Results](docs/results.md).\n\n"
+        "![curve](docs/results/a/b.png)\n\n## Documentation\n\nthe pages\n"
+    )
+    assert readme_headlines(readme) == "**One.** See [Results](results.md).\n\n![curve](results/a/b.png)\n"
+    with pytest.raises(ValueError, match="no '## Headline results' section"):
+        readme_headlines("# x\n\n## Quick start\n")
+    # The real README has the section, and none of its links still point into docs/.
+    assert "](docs/" not in generated_section("readme-headlines", ROOT)

@@ -62,10 +62,10 @@ def test_generated_pages_hold_the_live_registries(built_site):
 
 
 def _copy_project(tmp_path: Path) -> Path:
-    """The files a build reads (config, docs, the two files the generated sections read)."""
+    """The files a build reads (config, docs, the files the generated sections read)."""
     project = tmp_path / "project"
     project.mkdir()
-    for name in ("mkdocs.yml", ".importlinter", "pyproject.toml"):
+    for name in ("mkdocs.yml", ".importlinter", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, project / name)
     shutil.copytree(ROOT / "docs", project / "docs", ignore=shutil.ignore_patterns("*.png"))
     # Pages point at images; without them the build would fail for that reason instead.
@@ -73,6 +73,20 @@ def _copy_project(tmp_path: Path) -> Path:
         target = project / "docs" / image.relative_to(ROOT / "docs")
         target.write_bytes(b"")
     return project
+
+
+def test_the_home_page_gives_the_readmes_headline_results(built_site):
+    """The home page's headlines are the README's (one source: the generated readme-headlines)."""
+    import html
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Headline results", 1)[1].split("\n## ", 1)[0]
+    leads = re.findall(r"\*\*(.+?)\*\*", section)
+    assert len(leads) >= 5, leads  # the README's headline paragraphs, each with a bold lead
+    home = html.unescape((built_site / "index.html").read_text())
+    for lead in leads:
+        assert f"<strong>{lead}</strong>" in home, lead
 
 
 def test_the_api_reference_is_read_from_the_extension_points(built_site):
