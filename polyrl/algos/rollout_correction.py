@@ -14,10 +14,11 @@ Training-Inference Mismatch"):
 - token TIS (verl ``rollout_is: token``): ``w_t = min(ρ_t, C)``; truncated IS of Yao et al. 2025
   ("Your Efficient RL Framework Secretly Brings You Off-Policy RL Training").
 - sequence TIS (``rollout_is: sequence``): ``w = min(∏_t ρ_t, C)`` on every token of the row.
-- sequence MIS (verl ``seq_sum_k1``): rows whose ``∏_t ρ_t`` leaves ``[low, high]`` are masked.
-- Geo-RS (verl ``seq_mean_k1``): rows whose geometric mean ``exp(mean_t log ρ_t)`` leaves the band.
+- sequence MIS (verl ``seq_sum_k1``, its band read as the maths document reads it, below): rows
+  whose ``∏_t ρ_t`` leaves ``[low, high]`` are masked.
+- Geo-RS (verl ``seq_mean_k1``, likewise): rows whose geometric mean ``exp(mean_t log ρ_t)`` leaves the band.
 - K3 rejection (verl ``seq_mean_k3``): rows whose mean ``k3 = ρ − 1 − log ρ`` exceeds a threshold.
-- ICEPOP (verl ``token_k1`` with two bounds; IcePop of "Every Step Evolves: Scaling Reinforcement
+- ICEPOP (verl ``token_k1`` with two bounds, likewise; IcePop of "Every Step Evolves: Scaling Reinforcement
   Learning for Trillion-Scale Thinking Model", Ring-1T, arXiv 2510.18855): tokens whose ρ_t leaves
   ``[low, high]`` are masked.
 - OPSM ("DeepSeek-V3.2", arXiv 2512.02556, the "Off-Policy Sequence Masking" paragraph of its GRPO
@@ -27,6 +28,17 @@ Training-Inference Mismatch"):
 As in verl, log-ratios are clamped to ±20 before ``exp`` (weights stay finite) and weights are 0
 outside the mask. Deviation from verl: no batch normalisation of the weights, and no token veto
 (ICEPOP's lower bound covers the catastrophic tokens per token rather than per row).
+
+Which ratio a band bounds: every band here (``mis``, ``geometric``, ``icepop``) bounds ρ =
+π_target/π_sampler, as verl's maths document writes the acceptance sets (``rollout_corr_math.md``,
+"Rejection Sampling": ``C_RS-lower ≤ ρ_t ≤ C_RS-upper`` with ρ_t = π_old/π_rollout) and as IcePop
+defines its mask (the training/inference ratio π_train/π_infer kept inside [α, β]). verl's code
+(``rollout_corr_helper.compute_rollout_rejection_mask``, the ``*_k1`` options) thresholds
+``k1 = −log ρ`` against ``[log lower, log upper]``, so it keeps ``1/upper ≤ ρ ≤ 1/lower``: it bounds
+π_rollout/π_old. The two agree only for a band symmetric in log space (``low = 1/high``, which
+verl's one-number thresholds and its default 0.5_2.0 are); for any other band pass verl's code
+``1/high_1/low`` to reproduce polyrl's, e.g. ICEPOP ``{low: 0.5, high: 5}`` keeps 0.5 ≤ ρ ≤ 5
+here while verl's ``token_k1`` at ``0.5_5.0`` keeps 0.2 ≤ ρ ≤ 2 (docs/rollout_correction.md).
 """
 
 from __future__ import annotations
