@@ -207,7 +207,9 @@ def kl_cov_prepare(
     "(with a tie polyrl selects only the tokens strictly above it, so at most k: a batch whose advantages all "
     "agree selects none; verl picks k arbitrary ones); the covariance means and the boundary are taken over the "
     "whole mini-batch (verl: per micro-batch), so the selection does not depend on the split; the log-ratio is "
-    "clamped to +-20",
+    "clamped to +-20. Defaults against verl: kl_cov_ratio 2e-3 here (the paper's 7B setting), verl's "
+    "policy_loss.kl_cov_ratio 2e-4 (the paper's 32B setting); cov_kl_coef (beta) 1 here (the paper's), verl's "
+    "policy_loss.ppo_kl_coef 0.1 (its code falls back to 1 only when that setting is null)",
 )
 def kl_cov_loss(
     logprobs: Tensor,

@@ -17,6 +17,11 @@ from polyrl.algos.objectives.registry import ObjectiveParams, register_objective
 from polyrl.algos.params import number
 
 _GSPO_PAPER = "Zheng et al., Group Sequence Policy Optimization, arXiv 2507.18071"
+_GSPO_VERL_DEFAULTS = (
+    "log s_i is clamped to +-20 before the exp (it never overflows). Against verl: the clip widths default to the "
+    "paper's 3e-4 / 4e-4; verl's 'gspo' reads the shared actor.clip_ratio_low/high, 0.2 by default, so there they "
+    "must be set to 3e-4 / 4e-4 for the paper's"
+)
 
 
 class GSPOParams(ObjectiveParams):
@@ -36,6 +41,7 @@ class GSPOParams(ObjectiveParams):
     default_aggregation="seq_mean_token_mean",
     default_advantage="group_norm",
     params=GSPOParams,
+    deviations=_GSPO_VERL_DEFAULTS,
 )
 def gspo_loss(
     logprobs: Tensor,
@@ -78,6 +84,7 @@ def gspo_loss(
     default_aggregation="seq_mean_token_mean",
     default_advantage="group_norm",
     params=GSPOParams,
+    deviations=_GSPO_VERL_DEFAULTS,
 )
 def gspo_token_loss(
     logprobs: Tensor,

@@ -30,6 +30,14 @@ class DAPOParams(PPOParams):
     clip_high: float = number(0.28, ge=0, description="upper clip width (DAPO's clip-higher: 0.28 against clip_low 0.2)")
 
 
+# verl's PPO-clip loss ('vanilla', which its GRPO, DAPO, RLOO, REINFORCE++ and ReMax runs use)
+# always dual-clips: actor.clip_ratio_c defaults to 3. polyrl's dual_clip is off by default.
+VERL_DUAL_CLIP = (
+    "dual_clip is off by default; verl's PPO loss ('vanilla') always dual-clips A<0 tokens at "
+    "actor.clip_ratio_c, 3 by default (dual_clip: 3 gives its loss)"
+)
+
+
 def symmetric_clip(epsilon: float) -> dict[str, float]:
     return {"clip_low": epsilon, "clip_high": epsilon}
 
@@ -53,7 +61,7 @@ def dapo_preset_clip(epsilon: float) -> dict[str, float]:
     params=PPOParams,
     preset_clip=symmetric_clip,
     deviations="separate lower/upper clip widths (the paper has one epsilon); the loss is aggregated "
-    "by the chosen mode instead of a plain mean over timesteps",
+    "by the chosen mode instead of a plain mean over timesteps. Against verl: " + VERL_DUAL_CLIP,
 )
 def ppo_loss(
     logprobs: Tensor,
@@ -104,7 +112,9 @@ register_objective(
     default_advantage="group_norm",
     params=PPOParams,
     preset_clip=symmetric_clip,
-    deviations="train.kl_coef defaults to 0 (the paper uses 0.04 with the k3 estimator, the default train.kl_estimator)",
+    deviations="train.kl_coef defaults to 0 (the paper uses 0.04 with the k3 estimator, the default train.kl_estimator). "
+    "Against verl: its KL loss is off by default too (actor.use_kl_loss false; when on, kl_loss_coef 0.001 with "
+    "low_var_kl, the k3 estimator); " + VERL_DUAL_CLIP,
 )(ppo_loss)
 
 # Dr.GRPO (Liu et al., arXiv 2503.20783): the two fixes are the advantage R - mean_group and the
@@ -117,6 +127,7 @@ register_objective(
     default_advantage="group_mean_centered",
     params=PPOParams,
     preset_clip=symmetric_clip,
+    deviations="none from the paper. Against verl: " + VERL_DUAL_CLIP,
 )(ppo_loss)
 
 # DAPO (Yu et al., arXiv 2503.14476): decoupled clip (clip-higher 0.2/0.28) and the token-level
@@ -130,5 +141,6 @@ register_objective(
     default_advantage="group_norm",
     params=DAPOParams,
     preset_clip=dapo_preset_clip,
-    deviations="an optional KL term is allowed (the paper drops it)",
+    deviations="an optional KL term is allowed (the paper drops it). Against verl: clip_high defaults to the "
+    "paper's 0.28, verl's actor.clip_ratio_high to 0.2 (its DAPO recipe sets 0.28); " + VERL_DUAL_CLIP,
 )(ppo_loss)

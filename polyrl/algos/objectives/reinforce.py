@@ -13,7 +13,7 @@ from torch import Tensor
 
 from polyrl.algos.losses import masked_mean
 from polyrl.algos.objectives.common import ObjectiveInputs, token_ratio
-from polyrl.algos.objectives.ppo import PPOParams, ppo_loss, symmetric_clip
+from polyrl.algos.objectives.ppo import VERL_DUAL_CLIP, PPOParams, ppo_loss, symmetric_clip
 from polyrl.algos.objectives.registry import ObjectiveParams, register_objective
 from polyrl.algos.params import number
 
@@ -38,7 +38,10 @@ class CISPOParams(ObjectiveParams):
     "(arXiv 2510.13786) and TRL recommend. TRL's loss_type 'cispo' clips only above, at epsilon_high (an absolute "
     "cap): clip_low null with clip_high = epsilon_high - 1 gives its loss; verl's 'cispo' clips both sides at its "
     "clip_ratio_low/high (set clip_low too). The paper's optional token mask M (Eq. 5) is left out (all ones). "
-    "With train.kl_coef > 0 the KL term is added to the loss.",
+    "With train.kl_coef > 0 the KL term is added to the loss. Defaults against verl: verl's clip_ratio_low and "
+    "clip_ratio_high are both 0.2, so its weight is clipped to [0.8, 1.2] unless they are set (its CISPO example "
+    "sets clip_ratio_low 10 and clip_ratio_high 0.2: no lower bound, cap 1.2); here no lower bound and cap 5. "
+    "verl's defaults are clip_low 0.2, clip_high 0.2 here; its example's clip_low null, clip_high 0.2.",
 )
 def cispo_loss(
     logprobs: Tensor,
@@ -85,7 +88,11 @@ def cispo_loss(
     default_advantage="gpg",
     deviations="the loss is -A * log pi with no ratio (as the paper and verl's 'gpg'), so it is on-policy: with "
     "train.updates_per_batch or train.mini_batches > 1 the later steps are not importance-corrected. "
-    "The paper uses no KL term (train.kl_coef 0, the default).",
+    "The paper uses no KL term (train.kl_coef 0, the default). The gpg advantage's alpha is the paper's B/(B - M) "
+    "(B the batch's scored samples, M those in groups whose rewards all agree, whose advantage is 0); verl's 'gpg' "
+    "estimator takes alpha = B / (samples with a nonzero reward), which differs whenever a group is uniformly "
+    "rewarded at a nonzero value or a mixed group holds a zero reward: with 0/1 rewards and groups {1, 0} and "
+    "{0, 0}, the paper's alpha is 4/2 = 2 and verl's 4/1 = 4.",
 )
 def gpg_loss(
     logprobs: Tensor,
@@ -122,7 +129,7 @@ register_objective(
     preset_clip=symmetric_clip,
     deviations="the surrogate is PPO-clip (equal to REINFORCE at one update per batch; the clip only acts on reused "
     "batches); the paper's KL penalty in the reward is off by default (set train.kl_coef and train.kl_in_reward); "
-    "TRL's and verl's RLOO normalise per token instead (objective.aggregation token_mean).",
+    "TRL's and verl's RLOO normalise per token instead (objective.aggregation token_mean). Against verl: " + VERL_DUAL_CLIP,
 )(ppo_loss)
 
 register_objective(
@@ -135,7 +142,11 @@ register_objective(
     preset_clip=symmetric_clip,
     deviations="the KL in the reward is the config's train.kl_in_reward with train.kl_estimator k1 and train.kl_coef "
     "(the objective preset sets true / k1 / 0.01 unless the YAML says otherwise; kl_coef 0 means no KL and "
-    "no reference model)",
+    "no reference model). The return G_t = sum_{s>=t} gamma^(s-t) r_s skips masked positions inside a response "
+    "(an environment's observation tokens) and carries across them, so a token before an observation still gets "
+    "the reward paid after it; verl's 'reinforce_plus_plus' zeroes its running return at every masked position, so "
+    "there such a token gets only the rewards before the observation (the same for responses without masked "
+    "positions). Against verl: " + VERL_DUAL_CLIP,
 )(ppo_loss)
 
 register_objective(
@@ -147,7 +158,7 @@ register_objective(
     params=PPOParams,
     preset_clip=symmetric_clip,
     deviations="the paper puts the KL for this variant in the loss (k2/k3); here that is train.kl_coef with "
-    "train.kl_estimator, 0 by default (no reference model)",
+    "train.kl_estimator, 0 by default (no reference model). Against verl: " + VERL_DUAL_CLIP,
 )(ppo_loss)
 
 register_objective(
@@ -161,5 +172,5 @@ register_objective(
     preset_clip=symmetric_clip,
     deviations="the surrogate is PPO-clip (equal to REINFORCE at one update per batch); the collector samples "
     "rollout.samples_per_prompt completions per prompt (the paper: one) plus the greedy one, which is scored "
-    "but never trained on; verl's 'remax' likewise",
+    "but never trained on; verl's 'remax' likewise. Against verl: " + VERL_DUAL_CLIP,
 )(ppo_loss)

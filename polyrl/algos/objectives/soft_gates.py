@@ -83,8 +83,9 @@ class GMPOParams(ObjectiveParams):
     default_aggregation="seq_mean_token_mean",
     default_advantage="group_norm",
     params=GMPOParams,
-    deviations="equal to verl's 'geo_mean' on the same tensors with clip_ratio_low/high = clip_low/high (verl's "
-    "default there is 0.2; the paper's range (e^-0.4, e^0.4) is the default here), except that verl averages over "
+    deviations="equal to verl's 'geo_mean' on the same tensors with clip_ratio_low/high = clip_low/high, except "
+    "for the default: clip_low = clip_high = 0.4 here (the paper's range (e^-0.4, e^0.4)), verl's shared "
+    "actor.clip_ratio_low/high 0.2 (its GMPO examples set 0.4), and except that verl averages over "
     "all rows of a micro-batch, a fully masked row included, and polyrl over rows with a response token. "
     "The sequence advantage is the row's mean token advantage (token advantages are not used per token, as verl). "
     "The token log-ratio is clamped to +-20 before the clip (no effect inside the clip range).",
