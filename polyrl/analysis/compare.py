@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from polyrl.analysis.arm_status import ArmStatus, arm_status, planned_arms, status_lines, unfinished_summary  # noqa: E402
+from polyrl.analysis.compare_axis import Budget, axis_named, budget_for  # noqa: E402
 from polyrl.analysis.compare_views import annotate_arm_runs, headline_summary, log_headline_metrics, write_chart_view  # noqa: E402
 from polyrl.analysis.example_runs import runs_example_rows  # noqa: E402
 from polyrl.analysis.health_notes import health_warnings, with_health_section  # noqa: E402
@@ -73,6 +74,8 @@ class Comparison:
     baseline: str | None = None  # each arm compared with this one (--baseline), else every pair
     metrics: list[str] | None = None  # the metrics compared (--metrics), else the default ones
     per_example: list[PairExamples] | None = None  # flip tables and intervals from the eval_examples artifacts
+    axis: str = "step"  # --axis: what the curves are drawn against and the finals taken at
+    budget: float | None = None  # on a compute axis, the most every compared run reached (where the finals are taken)
 
 
 def _format(value: float | None) -> str:
@@ -203,9 +206,15 @@ def _view_runs(client: MlflowClient, arms: dict[str, str], seed_runs: dict[str, 
 
 
 def _chart_view(
-    client: MlflowClient, parent, arms: dict[str, str], seed_runs: dict[str, dict[int, str]], base_url: str
+    client: MlflowClient,
+    parent,
+    arms: dict[str, str],
+    seed_runs: dict[str, dict[int, str]],
+    base_url: str,
+    x_axis_metric: str | None = None,
 ) -> tuple[str, list[str]]:
-    """The chart view's URL, and the eval metrics of the runs it shows."""
+    """The chart view's URL, and the eval metrics of the runs it shows (drawn against
+    ``x_axis_metric``, a compute counter, when given; else against the step)."""
     run_ids = _view_runs(client, arms, seed_runs)
     eval_keys = eval_metric_keys(client, run_ids)
     return write_chart_view(
@@ -216,6 +225,7 @@ def _chart_view(
         eval_keys=eval_keys,
         grouped=True,
         base_url=base_url,
+        x_axis_metric=x_axis_metric,
     ), eval_keys
 
 
@@ -254,10 +264,14 @@ def compare_experiment(
     log_to_mlflow: bool = True,
     baseline: str | None = None,
     metrics: list[str] | None = None,
+    axis: str = "step",
 ) -> Comparison:
     """Compare the arms of the newest run of ``experiment``. With ``baseline`` (an arm), the
     differences are each other arm minus it, Holm-corrected over those only; else every pair.
-    With ``metrics``, only those get differences (seeded experiments)."""
+    With ``metrics``, only those get differences (seeded experiments). With ``axis`` ``tokens``,
+    ``flops`` or ``seconds``, curves are drawn against that compute counter and final values are
+    taken at the most of it every compared run reached (:mod:`polyrl.analysis.compare_axis`)."""
+    chosen_axis = axis_named(axis)
     require_existing_store(tracking_uri)
     client = make_client(tracking_uri)
     parent, arm_runs = _arm_run_objects(client, experiment, tracking_uri)
@@ -270,9 +284,22 @@ def compare_experiment(
     out.mkdir(parents=True, exist_ok=True)
     # Only runs that finished are compared: a failed, stopped or running one has no final value
     # (the seed report leaves out and names each seed run that did not finish).
+    finished = {status.arm for status in statuses if status.finished}
+    compared = (
+        finished_seed_runs(client, seed_runs)[0] if seed_runs else {arm: {None: arms[arm]} for arm in order if arm in finished}
+    )
+    budget = budget_for(client, chosen_axis, compared)
     if seed_runs:
         report, table, plot_paths, histories, rows, headline = seeded_report(
-            client, experiment, parent.info.run_id, tracking_uri, seed_runs, out, baseline=baseline, metrics=metrics
+            client,
+            experiment,
+            parent.info.run_id,
+            tracking_uri,
+            seed_runs,
+            out,
+            baseline=baseline,
+            metrics=metrics,
+            budget=budget,
         )
         verdicts = [row[5] for row in rows]
     else:
@@ -281,7 +308,6 @@ def compare_experiment(
                 f"experiment {experiment!r} ran one seed per arm: its report has final values but no differences, so "
                 "--baseline and --metrics would change nothing; run it with seeds (`seeds: 3`, or polyrl run … --seeds 0,1,2)"
             )
-        finished = {status.arm for status in statuses if status.finished}
         report, table, plot_paths, histories = _single_seed_report(
             client,
             experiment,
@@ -289,15 +315,11 @@ def compare_experiment(
             tracking_uri,
             {arm: run_id for arm, run_id in arms.items() if arm in finished},
             out,
+            budget,
         )
         headline = single_seed_headline(histories)
         verdicts, rows = None, []
-    compared = (
-        finished_seed_runs(client, seed_runs)[0]
-        if seed_runs
-        else {status.arm: {None: arms[status.arm]} for status in statuses if status.finished}
-    )
-    per_example, section = _per_example(client, compared, baseline)
+    per_example, section = _per_example(client, compared, baseline, budget)
     report = with_section(report, section)
     sequence = read_sequence(client, parent.info.run_id)
     if sequence:
@@ -315,7 +337,7 @@ def compare_experiment(
             client.log_artifact(parent.info.run_id, str(path), "comparison")
         log_headline_metrics(client, parent.info.run_id, headline)
         annotate_arm_runs(client, parent.info.experiment_id, arm_runs, all_seed_runs)
-        url, eval_keys = _chart_view(client, parent, arms, seed_runs, base_url)
+        url, eval_keys = _chart_view(client, parent, arms, seed_runs, base_url, budget and chosen_axis.counter)
         fragment = url[url.index("#") :]
         summary = headline_summary(headline, list(arms), headline_keys(eval_keys))
         client.set_tag(
@@ -341,13 +363,19 @@ def compare_experiment(
         baseline,
         list(metrics) if metrics else None,
         per_example,
+        chosen_axis.name,
+        budget.value if budget else None,
     )
 
 
-def _per_example(client: MlflowClient, runs: dict[str, dict], baseline: str | None) -> tuple[list[PairExamples], str]:
+def _per_example(
+    client: MlflowClient, runs: dict[str, dict], baseline: str | None, budget: Budget | None = None
+) -> tuple[list[PairExamples], str]:
     """The per-example comparison of the compared runs (arm -> seed -> run id), from their
-    ``eval_examples/`` artifacts, and its report section (empty without artifacts)."""
-    rows = runs_example_rows(client, runs)
+    ``eval_examples/`` artifacts (each run's last evaluation, or its last within ``budget``), and
+    its report section (empty without artifacts)."""
+    rows = runs_example_rows(client, runs, final_only=budget is None)
+    rows = budget.example_rows(rows) if budget else rows
     pairs = pair_examples(rows, compared_pairs([arm for arm in runs if runs[arm]], baseline))
     return pairs, per_example_markdown(pairs, rows)
 
@@ -373,14 +401,22 @@ def with_status_section(report: str, statuses: list[ArmStatus], unfinished: str 
     return f"{head}\n{section}{rule}{rest}"
 
 
-def _single_seed_report(client, experiment, parent_run_id, tracking_uri, arms, out):
+def _single_seed_report(client, experiment, parent_run_id, tracking_uri, arms, out, budget: Budget | None = None):
     eval_keys = eval_metric_keys(client, list(arms.values()))
     curve_keys = [key for key, _ in CURVES] + eval_keys
     histories = {
         arm: metric_histories(client, run_id, sorted(set(curve_keys) | set(TABLE_METRICS))) for arm, run_id in arms.items()
     }
     titles = dict(CURVES) | {key: key for key in eval_keys}
-    plot_paths = plot_curves(histories, curve_keys, titles, experiment=experiment, out=out)
+    if budget:  # against the compute axis; finals at the budget (one run per arm: "seed" None)
+        wrapped = {arm: {key: {None: points} for key, points in history.items()} for arm, history in histories.items()}
+        plot_paths = budget.plot(wrapped, curve_keys, titles, experiment=experiment, out=out, seeded=False)
+        histories = {
+            arm: {key: points[None] for key, points in history.items() if points[None]}
+            for arm, history in budget.limited(wrapped).items()
+        }
+    else:
+        plot_paths = plot_curves(histories, curve_keys, titles, experiment=experiment, out=out)
     columns = [key for key in TABLE_METRICS + tuple(eval_keys) if any(key in h for h in histories.values())]
     final = {arm: {key: history[key][-1][1] for key in columns if key in history} for arm, history in histories.items()}
     start_keys = ["reward/mean", "train/accuracy", "rollout/response_length/mean", *eval_keys]
@@ -393,8 +429,9 @@ def _single_seed_report(client, experiment, parent_run_id, tracking_uri, arms, o
             "",
             f"Parent run `{parent_run_id}` · tracking `{tracking_uri}`",
             "",
-            "## Final values (last logged step)",
+            f"## Final values ({budget.heading() if budget else 'last logged step'})",
             "",
+            *([budget.note(), ""] if budget else []),
             table,
             "",
             "## Start (first logged step; eval metrics at step 0 are the starting policy)",

@@ -41,8 +41,11 @@ def write_chart_view(
     eval_keys: list[str],
     grouped: bool,
     base_url: str,
+    x_axis_metric: str | None = None,
 ) -> str:
-    """Save the chart view of these runs on the experiment and return its URL.
+    """Save the chart view of these runs on the experiment and return its URL. With
+    ``x_axis_metric`` (a compute counter, ``polyrl compare --axis``) every line chart is drawn
+    against that metric instead of the step (:func:`with_x_axis_metric`).
 
     Each run is tagged with its arm's colour (:func:`polyrl.tracking.chart_view.colour_runs`).
     When arms have several runs (seeds) and ``grouped``, the view draws each arm's run (the
@@ -58,22 +61,43 @@ def write_chart_view(
     if not arm_runs:  # one run per arm (or seed runs without an arm run): draw the runs themselves
         colour_runs(client, run_arms)
         logged = sorted({key for run in runs.values() for key in run.data.metrics})
-        state = chart_view_state(run_ids, keys, group_by_tag=ARM_TAG if seeded else None, other_keys=logged)
+        state = with_x_axis_metric(
+            chart_view_state(run_ids, keys, group_by_tag=ARM_TAG if seeded else None, other_keys=logged), x_axis_metric
+        )
         key = view_key(parent_run_id)
         save_chart_view(client, experiment_id, key, state)
         return chart_view_url(base_url, experiment_id, key)
-    for arm_run_id, seed_ids in arm_runs.items():
-        log_mean_over_seeds(client, arm_run_id, seed_ids, keys)
+    for arm_run_id, seed_ids in arm_runs.items():  # the arm run is drawn against the counter too: its mean as well
+        log_mean_over_seeds(client, arm_run_id, seed_ids, keys + ([x_axis_metric] if x_axis_metric else []))
     arm_ids = list(arm_runs)
     colour_runs(client, {**{arm_id: run_arms[seed_ids[0]] for arm_id, seed_ids in arm_runs.items()}, **run_arms})
     arm_logged = sorted({key for arm_id in arm_ids for key in client.get_run(arm_id).data.metrics})
     seed_logged = sorted({key for run in runs.values() for key in run.data.metrics})
-    seeds_state = chart_view_state(run_ids, keys, group_by_tag=ARM_TAG, other_keys=seed_logged)
+    seeds_state = with_x_axis_metric(chart_view_state(run_ids, keys, group_by_tag=ARM_TAG, other_keys=seed_logged), x_axis_metric)
     save_chart_view(client, experiment_id, seeds_view_key(parent_run_id), seeds_state)
-    state = chart_view_state(arm_ids, keys, group_by_tag=None, other_keys=arm_logged)
+    state = with_x_axis_metric(chart_view_state(arm_ids, keys, group_by_tag=None, other_keys=arm_logged), x_axis_metric)
     key = view_key(parent_run_id)
     save_chart_view(client, experiment_id, key, state)
     return chart_view_url(base_url, experiment_id, key)
+
+
+def with_x_axis_metric(state: dict, metric_key: str | None) -> dict:
+    """The view ``state`` with its line charts drawn against ``metric_key`` (None: unchanged).
+
+    MLflow 3.17's line cards take the x-axis ``xAxisKey: "metric"`` with the metric in
+    ``selectedXAxisMetricKey`` (the card's X-axis "Metric" choice; read from the UI bundle,
+    ``RunsChartsLineCardConfig``); a card with ``useGlobalXaxisKey: false`` keeps its own, and the
+    page's global setting (the "Configure charts" menu) gets the same so that the cards the UI
+    generates for the other metrics follow it. The UI pairs each point with the x metric's value at
+    the same step, so a step without a counter (the step-0 evaluation) is not drawn."""
+    if not metric_key:
+        return state
+    axis = {"xAxisKey": "metric", "selectedXAxisMetricKey": metric_key}
+    return {
+        **state,
+        "compareRunCharts": [{**card, **axis} if card.get("type") == "LINE" else card for card in state["compareRunCharts"]],
+        "globalLineChartConfig": {**state["globalLineChartConfig"], **axis},
+    }
 
 
 def _arm_runs(runs: dict, run_arms: dict[str, str]) -> dict[str, list[str]] | None:

@@ -111,10 +111,10 @@ def safe_file_stem(key: str) -> str:
     return stem or "metric"
 
 
-def save_curve_plot(figure, axis, out: Path, key: str, *, legend_fontsize: float | None = None) -> Path:
-    """Finish a per-step curve plot of metric ``key`` (axis label, grid, legend) and write it as
+def save_curve_plot(figure, axis, out: Path, key: str, *, legend_fontsize: float | None = None, xlabel: str = "step") -> Path:
+    """Finish a curve plot of metric ``key`` (x-axis label, grid, legend) and write it as
     ``<out>/<key>.png``; the figure is closed."""
-    axis.set_xlabel("step")
+    axis.set_xlabel(xlabel)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=legend_fontsize)
     figure.tight_layout()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from polyrl.analysis.compare_axis import AXES
 from polyrl.analysis.report_metrics import eval_metric_keys, headline_keys, safe_file_stem
 from polyrl.analysis.seed_report import metric_name
 from polyrl.analysis.stats import CONFIDENCE
@@ -224,6 +225,8 @@ def compare_command(comparison) -> str:
         parts += ["--baseline", comparison.baseline]
     if comparison.metrics:
         parts += ["--metrics", ",".join(comparison.metrics)]
+    if getattr(comparison, "axis", "step") != "step":  # finals at equal compute (polyrl.analysis.compare_axis)
+        parts += ["--axis", comparison.axis]
     return " ".join(parts + ["--results …"])
 
 
@@ -270,6 +273,7 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
         ["- One seed per arm: no verdict (final values only)."] if not seeded else ["- (no headline metric compared)"]
     )
     unfinished = [f"**{comparison.unfinished}.**", ""] if comparison.unfinished else []
+    budget = getattr(comparison, "budget", None)  # finals at equal compute (--axis tokens|flops|seconds)
     return "\n".join(
         [
             f"## {comparison.experiment}",
@@ -292,7 +296,9 @@ def results_section(client: MlflowClient, comparison, *, plots_dir: Path, plots_
             + f"`, then `{compare_command(comparison)}` (rewrites this section).",
             "",
             *unfinished,
-            "### Final values" + (f" (mean over seeds [{CONFIDENCE:.0%} CI])" if seeded else " (last logged step)"),
+            "### Final values"
+            + (f" (mean over seeds [{CONFIDENCE:.0%} CI])" if seeded else "" if budget else " (last logged step)")
+            + (f" at {budget:.3g} {AXES[comparison.axis].label}, the most every run reached" if budget else ""),
             "",
             headline_table(comparison.headline or {}, list(comparison.arms), keys, seeds),
             "",

@@ -4,7 +4,8 @@ Only seed runs that finished are counted: a seed run whose MLflow status is not 
 that did not reach its ``train.steps``, is left out of the curves and the finals, and the report
 names it (before, a seed that stopped at step 12 had its step-12 value averaged with the
 others' final ones). Per-step curves are the mean over seeds with a shaded 95% t-band; each
-seed's final value is its last logged value; per arm the table gives mean ± 95% CI and the
+seed's final value is its last logged value (with ``polyrl compare --axis tokens|flops|seconds``,
+its last within the compute every run reached: :mod:`polyrl.analysis.compare_axis`); per arm the table gives mean ± 95% CI and the
 interquartile mean (rliable's IQM, Agarwal et al. 2021); for each pair of arms the difference
 of means gets a paired interval over the seeds both ran (else Welch) and a verdict in words,
 Holm-corrected over all the report's comparisons (:mod:`polyrl.analysis.stats`).
@@ -18,6 +19,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from mlflow.tracking import MlflowClient
 
+from polyrl.analysis.compare_axis import Budget
 from polyrl.analysis.curve_summaries import add_summaries, base_key, summary_keys
 from polyrl.analysis.report_metrics import (
     CURVES,
@@ -295,13 +297,16 @@ def seeded_report(
     *,
     baseline: str | None = None,
     metrics: list[str] | None = None,
+    budget: Budget | None = None,
 ):
     """Returns ``(report markdown, final table, plot paths, mean histories, verdict sentences,
     headline metrics)``.
 
     Seed runs that did not finish (:func:`finished_seed_runs`) are left out and named. With
     ``baseline``, each other arm is compared with it (not every pair); with ``metrics``, only
-    those metrics get differences and changes (:func:`compared_metrics`)."""
+    those metrics get differences and changes (:func:`compared_metrics`). With ``budget`` (the
+    finished runs' on ``--axis tokens|flops|seconds``), curves are drawn against its axis and each
+    seed's value is its last one within the budget (:mod:`polyrl.analysis.compare_axis`)."""
     seed_runs, left_out = finished_seed_runs(client, seed_runs)
     run_ids = [run_id for by_seed in seed_runs.values() for run_id in by_seed.values()]
     logged = logged_metric_keys(client, run_ids)
@@ -319,9 +324,14 @@ def seeded_report(
     for arm, by_seed in seed_runs.items():
         per_seed = {seed: metric_histories(client, run_id, keys) for seed, run_id in sorted(by_seed.items())}
         histories[arm] = {key: {seed: h.get(key, []) for seed, h in per_seed.items()} for key in keys}
+    drawn, histories = histories, (budget.limited(histories) if budget else histories)
     summaries = add_summaries(histories, list(dict.fromkeys(summaries + [key for key in own if base_key(key)])))
     titles = dict(CURVES) | {key: key for key in eval_keys}
-    plot_paths = plot_bands(histories, curve_keys, titles, experiment=experiment, out=out)
+    plot_paths = (
+        budget.plot(drawn, curve_keys, titles, experiment=experiment, out=out, seeded=True)
+        if budget
+        else plot_bands(histories, curve_keys, titles, experiment=experiment, out=out)
+    )
     columns = [
         key
         for key in dict.fromkeys(TABLE_METRICS + tuple(eval_keys) + tuple(summaries) + own)
@@ -355,6 +365,7 @@ def seeded_report(
         if left_out
         else []
     )
+    finals_taken = budget.heading() if budget else "each seed's last logged step"
     report = "\n".join(
         [
             f"# {experiment}: comparison of arms over seeds",
@@ -362,8 +373,9 @@ def seeded_report(
             f"Parent run `{parent_run_id}` · tracking `{tracking_uri}` · {seeds_line}",
             "",
             *left_out_lines,
-            f"## Final values (each seed's last logged step): mean ± {CONFIDENCE:.0%} CI half-width (Student t), IQM",
+            f"## Final values ({finals_taken}): mean ± {CONFIDENCE:.0%} CI half-width (Student t), IQM",
             "",
+            *([budget.note(), ""] if budget else []),
             table,
             "",
             (
@@ -410,7 +422,7 @@ def seeded_report(
                 if curve_rows
                 else []
             ),
-            "## Curves (mean over seeds, shaded 95% CI)",
+            f"## Curves (mean over seeds, shaded 95% CI{f'; against {budget.axis.label}' if budget else ''})",
             "",
             *[f"![{p.stem}]({p.name})" for p in plot_paths],
             "",

@@ -249,6 +249,14 @@ def compare(
         help="Comma-separated metric keys to compare (e.g. eval/arithmetic_chat/accuracy,eval/arithmetic_chat/length/mean); "
         "default: the held-out scores and the training curves.",
     ),
+    axis: str = typer.Option(
+        "step",
+        "--axis",
+        help="What arms are compared at: step, tokens (generated), flops (learner) or seconds (training steps' wall time). "
+        "On tokens|flops|seconds the curves are drawn against that cumulative counter (compute/*) and final values are "
+        "taken at the most of it every run reached, for arms that do different work per step (DAPO refills, ReMax, "
+        "async, other samples_per_prompt); runs without the counters can be compared by step only.",
+    ),
 ) -> None:
     """Plot the arms of an experiment side by side and tabulate their final values."""
     from polyrl.analysis.compare import CompareError, compare_experiment, default_report_dir
@@ -260,7 +268,7 @@ def compare(
         chosen = [key.strip() for key in metrics.split(",") if key.strip()] if metrics is not None else None
         if metrics is not None and not chosen:
             raise CompareError("--metrics: no metric key given (comma-separated keys, e.g. eval/<suite>/accuracy)")
-        result = compare_experiment(experiment, tracking_uri=uri, out_dir=out, baseline=baseline, metrics=chosen)
+        result = compare_experiment(experiment, tracking_uri=uri, out_dir=out, baseline=baseline, metrics=chosen, axis=axis)
         if results is not None:
             from polyrl.analysis.results_doc import write_results
             from polyrl.tracking.mlflow_runs import make_client
@@ -280,7 +288,10 @@ def compare(
     if results is not None:
         console.print(f"Results: section {experiment!r} of {results} (plots in {results.parent / 'results'})", highlight=False)
     console.print(
-        f"Compare the arms in MLflow (step curves, one line per arm): {result.compare_url}", soft_wrap=True, highlight=False
+        f"Compare the arms in MLflow ({'step' if result.axis == 'step' else result.axis} curves, one line per arm): "
+        f"{result.compare_url}",
+        soft_wrap=True,
+        highlight=False,
     )
     if not is_server_uri(uri):
         console.print(f"(a local store: start the UI first with polyrl ui {experiment})", highlight=False)
