@@ -6,8 +6,9 @@
 Pairs (polyrl.reward_models.pairwise_training.arithmetic_preference_pairs): the
 ``arithmetic_chat`` question, the right answer (chosen) and a wrong one in the same form
 (rejected). It trains on the train split's pairs and reports the pairwise accuracy on the test
-split's pairs (problems the train split never holds) before and after training, prints the train
-loss as it goes and the wall time, and writes all of it to ``<out>/pairwise_training.json``
+split's pairs (problems the train split never holds, not even commuted: 5 + 7 leaves train when
+7 + 5 is in test) before and after training, prints the train loss as it goes and the wall time,
+and writes all of it to ``<out>/pairwise_training.json``
 beside the scorer (safetensors and tokenizer: a folder for ``learned_scorer``'s ``params.model``).
 experiments/real/model_rewards.yaml uses the folder as a reward.
 """

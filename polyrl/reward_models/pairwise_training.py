@@ -16,7 +16,10 @@ saves scores in training the text it was trained on.
 
 :func:`arithmetic_preference_pairs` builds pairs from the shipped arithmetic task in the
 ``arithmetic_chat`` form (experiments/real/train_arithmetic_scorer.py trains on the train split
-and reports pairwise accuracy on the test split, whose problems the train split never holds).
+and reports pairwise accuracy on the test split). The task's splits are disjoint by prompt, but
+addition commutes: a test problem (``7 + 5``) can have its twin (``5 + 7``) in train, and a scorer that learned ``5 + 7 = 12`` knows ``7 + 5``. So the pairs split on the unordered
+problem (:func:`unordered_problem`): the train pairs leave out every problem whose unordered form
+the test split holds.
 """
 
 from __future__ import annotations
@@ -74,17 +77,28 @@ ANSWER_FORMS = ("{n}", "{n}.", "The answer is {n}.", "{a} {op} {b} = {n}")
 WRONG_OFFSETS = (-10, -2, -1, 1, 2, 10)
 
 
+def unordered_problem(prompt: str) -> tuple[str, int, int]:
+    """An arithmetic prompt's problem up to commutation: ``(op, a, b)`` with the operands of a sum
+    sorted (``7+5`` and ``5+7`` are one problem; ``12-7`` and ``7-12`` are not)."""
+    a, op, b = arithmetic.parse_prompt(prompt)
+    return (op, min(a, b), max(a, b)) if op == "+" else (op, a, b)
+
+
 def arithmetic_preference_pairs(split: str, *, seed: int = 0, limit: int | None = None) -> list[PreferencePair]:
-    """One pair per shipped ``split`` row of the arithmetic task, in ``arithmetic_chat`` form.
+    """One pair per shipped ``split`` row of the arithmetic task, in ``arithmetic_chat`` form;
+    the train split without the rows whose :func:`unordered_problem` the test split holds.
 
     The prompt is the chat question the ``arithmetic_chat`` source asks (``What is 37 + 48?
     Answer with the number only.``). The chosen completion states the right answer, the rejected
     one a wrong answer in the same form: half the time the right answer plus one of
     :data:`WRONG_OFFSETS` (never negative; kind ``near``), else another row's answer (kind
     ``other``, often far off: a scorer can tell those by size alone, so the two kinds' accuracies
-    are reported apart). Deterministic in ``seed``; ``limit`` keeps the first rows of the shipped file.
+    are reported apart). Deterministic in ``seed``; ``limit`` keeps the first of those rows, in the shipped file's order.
     """
     rows = arithmetic.read_rows(split)
+    if split != "test":
+        held_out = {unordered_problem(row["prompt"]) for row in arithmetic.read_rows("test")}
+        rows = [row for row in rows if unordered_problem(row["prompt"]) not in held_out]
     if limit is not None:
         rows = rows[:limit]
     rng = random.Random(f"polyrl-arithmetic-pairs-{seed}-{split}")

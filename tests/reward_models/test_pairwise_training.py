@@ -57,7 +57,8 @@ def test_bradley_terry_loss_is_stable_and_refuses_mismatched_scores():
 
 def test_arithmetic_pairs_are_right_vs_wrong_and_the_splits_share_no_prompt():
     train, test = arithmetic_preference_pairs("train"), arithmetic_preference_pairs("test")
-    assert len(train) == len(arithmetic.read_rows("train")) and len(test) == len(arithmetic.read_rows("test"))
+    # The train pairs leave out the 12 rows whose commuted problem the test split holds (below).
+    assert len(train) == len(arithmetic.read_rows("train")) - 12 and len(test) == len(arithmetic.read_rows("test"))
     assert not {p.prompt for p in train} & {p.prompt for p in test}
     for pair in train + test:
         # The prompt is the arithmetic_chat source's question; the answer is the last number.
@@ -75,6 +76,28 @@ def test_arithmetic_pairs_are_right_vs_wrong_and_the_splits_share_no_prompt():
     assert {p.kind for p in test} == {"near", "other"}
     assert arithmetic_preference_pairs("test", seed=0) == test
     assert arithmetic_preference_pairs("test", seed=1) != test
+
+
+def chat_problem(prompt: str) -> tuple[str, int, int]:
+    """``(op, a, b)`` of an ``arithmetic_chat`` question, a sum's operands sorted (read here from
+    the text, not through the module under test)."""
+    a, op, b = prompt.split("?")[0].split()[2:5]
+    x, y = int(a), int(b)
+    return (op, min(x, y), max(x, y)) if op == "+" else (op, x, y)
+
+
+def test_no_unordered_problem_is_in_both_splits_of_the_pairs():
+    # The task splits by prompt, so 7 + 5 (test) and 5 + 7 (train) both existed: 12 of the 200
+    # test problems had their commuted twin among the train pairs, which a scorer can learn from.
+    task_train = {
+        chat_problem(arithmetic.chat_question(*arithmetic.parse_prompt(r["prompt"]))) for r in arithmetic.read_rows("train")
+    }
+    test_problems = {chat_problem(p.prompt) for p in arithmetic_preference_pairs("test")}
+    assert len(test_problems & task_train) == 12  # the shipped data's overlap, which the pairs must not keep
+    train_problems = {chat_problem(p.prompt) for p in arithmetic_preference_pairs("train")}
+    assert not train_problems & test_problems
+    # Subtraction does not commute: 12 - 7 and 7 - 12 would stay apart (none is negative here anyway).
+    assert chat_problem("What is 12 - 7? Answer.") != chat_problem("What is 7 - 12? Answer.")
 
 
 def test_trainable_layers_freeze_the_rest_and_bad_counts_are_refused(chat_model_dir):
