@@ -1,7 +1,7 @@
 """What the non-finite snapshot cost the update: peak RSS and seconds per update, with and without it.
 
 Run: ``python bench/bench_snapshot.py`` (``--policy 30m`` or ``smollm2-135m-instruct``, ``--updates``,
-``--mini-batches``, ``--rows``, ``--completion-tokens``). Until issue 38 the learner copied every
+``--mini-batches``, ``--rows``, ``--completion-tokens``). Until 2026-12-06 the learner copied every
 weight and the whole AdamW state before each update whose optimizer steps outnumber
 ``train.max_consecutive_nonfinite`` (every PPO run and both shipped clip experiments, with
 ``mini_batches: 4``), to put them back if the non-finite guard ran out part-way. The learner no

@@ -1,6 +1,7 @@
 """A model of one run's schedule on many devices: from the phase times of one step measured on
 one device to a predicted step time, samples/s, speed-up, buffer utilisation and communication
-share for rollout workers, learner ranks and staleness (issue 29's "measured, not claimed").
+share for rollout workers, learner ranks and staleness: a speed-up measured on one device and
+modelled from there, never claimed without a measurement (docs/scaling.md).
 
 What it assumes (each a simplification, stated so a prediction can be judged):
 

@@ -1,5 +1,5 @@
-"""Settings that would do nothing where they are written, refused (issue 38: every accepted setting
-does something or is refused).
+"""Settings that would do nothing where they are written, refused (the house rule: every accepted
+setting does something or is refused; docs/bad-input.md lists what is refused and when).
 
 Each :class:`Inert` rule names a field, when it has no effect (``idle``: the feature it tunes is
 off) and why. A field written in the YAML (pydantic's ``model_fields_set``, so a default never

@@ -18,7 +18,7 @@ as the sampler will (chat template, ``data.system_prompt``) with the policy's to
 without its weights (:mod:`polyrl.policies.tokenizer_only`), and held to the sampler's own rule
 (:func:`polyrl.data.prompt_lengths.checked_training_prompts`): a prompt that leaves the policy no
 position for a response, or an empty prompt or user turn, is refused here with the run's message
-(issue 38). Image rows are left to the run (their lengths are not counted; their images are
+(docs/bad-input.md). Image rows are left to the run (their lengths are not counted; their images are
 checked above), as are dataset names and a GGUF policy not yet converted into the model cache.
 """
 
@@ -130,6 +130,14 @@ def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[s
             problems.append(str(error))
     try:
         messages_field = None if config.data.chat_template is False else config.data.messages_field
+        for index, source in enumerate(config.data.sources or []):  # a mixture: each source, by its place
+            try:
+                check_prompt_source(source.source, config.data.train_split, prompt_field=config.data.prompt_field,
+                                    holdout=config.data.holdout, messages_field=messages_field)  # fmt: skip
+            except DataConfigError as error:
+                problems.append(f"data.sources[{index}].source: {error}")
+        if config.data.sources:
+            return problems + chat_problems(config) + padding_free_problems(config) + env_problems(config)
         check_prompt_source(
             config.data.source,
             config.data.train_split,

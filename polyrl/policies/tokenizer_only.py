@@ -1,7 +1,7 @@
 """The policy's tokenizer and positions without its weights, for checks made before a run loads it.
 
 ``polyrl validate`` and the start of ``polyrl run`` format the training prompts as the sampler
-will and refuse those that leave no position for a response (issue 38), which needs the
+will and refuse those that leave no position for a response (docs/bad-input.md), which needs the
 tokenizer and the model's positions only. They are had cheaply here:
 
 - a ``model.path`` folder: its tokenizer files and ``config.json``;

@@ -1,5 +1,5 @@
 """A setting written where it would do nothing is refused, naming its field path, why and what is
-allowed (issue 38: every accepted setting does something or is refused). Before, each of these
+allowed (every accepted setting does something or is refused; docs/bad-input.md). Before, each of these
 loaded, trained, and was recorded in MLflow as if it had acted."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prompts the policy cannot take, and empty turns, are refused naming the rows (issue 38).
+"""Prompts the policy cannot take, and empty turns, are refused naming the rows (docs/bad-input.md).
 
 Before: a prompt of 10,065 tokens into a model of 512 positions trained with exit 0 and only a
 library warning in the log; an empty user turn trained silently."""

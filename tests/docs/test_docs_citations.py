@@ -60,3 +60,22 @@ def test_docs_and_the_config_schema_cite_papers_not_the_design_notes():
         if DESIGN_NOTE_CITATION.search(line)
     ]
     assert not found, "cite the paper (title, arXiv id, section) instead:\n" + "\n".join(found)
+
+
+# "issue", a space, then a number (the same pattern as tests/test_code_citations.py); a link a reader
+# can open (".../issues/123") does not match.
+ISSUE = re.compile("(?i)" + r"\b" + "issue" + r"s?\s+#?\d+")
+
+
+def test_docs_cite_no_issue_numbers():
+    """The project's issue numbers are not something a reader of the docs can open;
+    a dated note, a docs page or a test is."""
+    files = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / name for name in ("README.md", "CONTRIBUTING.md", "AGENTS.md")]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in files
+        if path.exists()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if ISSUE.search(line)
+    ]
+    assert not found, "cite what a reader can open instead:\n" + "\n".join(found)

@@ -98,7 +98,7 @@ def test_caption_warm_up_beats_a_random_init_and_is_cached(caption_vlm_dir):
     warmed = _caption_cider(AutoModelForImageTextToText.from_pretrained(str(caption_vlm_dir)), processor, rows, corpus)
     random_init = _caption_cider(vlm.build_tiny_vlm(processor.tokenizer, seed=0), processor, rows, corpus)
     assert warmed == pytest.approx(info["greedy_cider"], abs=1e-6)  # the record is this model's score
-    # Since the scenes split on content (issue 24) no held-out scene repeats a train scene, so
+    # Since the scenes split on content (polyrl/tasks/scenes.py) no held-out scene repeats a train scene, so
     # 60 warm-up steps no longer score by memory: measured 0.015 against 0.0 for a random init
     # (it was above 0.05 while 28 of the 100 test scenes were train scenes).
     assert random_init < 0.005 < warmed, (random_init, warmed)

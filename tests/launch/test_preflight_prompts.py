@@ -1,4 +1,4 @@
-"""``validate`` and the start of ``run`` refuse the training prompts the sampler would (issue 38).
+"""``validate`` and the start of ``run`` refuse the training prompts the sampler would.
 
 Before: a data file whose prompt is 10,000 tokens, for a model of 512 positions, passed
 ``polyrl validate`` ("ok"); ``polyrl run`` created its MLflow runs and loaded the policy before

@@ -1,4 +1,4 @@
-"""``validate`` refuses what ``run`` would (issue 38): settings that passed ``validate`` and were
+"""``validate`` refuses what ``run`` would: settings that passed ``validate`` and were
 refused by ``run`` only after its MLflow runs existed and its policy had loaded. Each is now one
 message naming the field path, from ``validate`` and from the start of ``run``, before anything
 is created."""

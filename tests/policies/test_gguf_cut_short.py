@@ -1,5 +1,5 @@
 """A GGUF file cut short (an interrupted download) is refused up front, naming the file and
-what is wrong (issue 38). Before, only the magic bytes were checked: ``validate`` said ok and
+what is wrong (docs/bad-input.md). Before, only the magic bytes were checked: ``validate`` said ok and
 the run died with a raw traceback from the GGUF reader ("cannot reshape array ...")."""
 
 from __future__ import annotations

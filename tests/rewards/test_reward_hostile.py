@@ -1,4 +1,4 @@
-"""Hostile reward files (issue 38): each is one message naming the module, and a non-zero exit.
+"""Hostile reward files (docs/bad-input.md): each is one message naming the module, and a non-zero exit.
 
 - a file that ends the process while imported (``sys.exit(main())`` without the ``__main__``
   guard, ``os._exit(0)``): before, ``polyrl run``/``validate``/``rewards check`` exited 0 having

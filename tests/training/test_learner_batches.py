@@ -1,6 +1,6 @@
-"""What enters the learner's batch and loss (issue 8): dynamic sampling, samples that must not
+"""What enters the learner's batch and loss: dynamic sampling, samples that must not
 train, per-token modalities, the critic's cadence, accuracy, the sync check, and sample tables
-on resume (issue 9)."""
+on resume."""
 
 from __future__ import annotations
 
@@ -271,7 +271,7 @@ def test_a_stale_weight_sync_trips_the_logprob_gap_check(tmp_path, tiny_experime
     assert len(warnings) == 1 and "step 2" in warnings[0] and "stale or partial weight sync" in warnings[0]
 
 
-# --- sample tables on resume (issue 9) -------------------------------------------------------------
+# --- sample tables on resume ---------------------------------------------------------------------
 
 
 def test_steps_recomputed_after_a_resume_do_not_append_to_logged_sample_tables(tmp_path, tiny_experiment):

@@ -1,4 +1,4 @@
-"""Learner numerics (issue 8): mixed precision, dropout, entropy gradient, non-finite steps,
+"""Learner numerics: mixed precision, dropout, entropy gradient, non-finite steps,
 the learning-rate schedule, and split invariance of every objective's update."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The sampler/learner mismatch diagnostics in the learner and the pipeline, the rollout correction's
-two modes, the health warning, and the asynchronous-run checks of issue 38 (a sync check on the
+two modes, the health warning, and the asynchronous-run checks (a sync check on the
 rows sampled at the learner's weights; a bf16 sampler under max_staleness refused without a correction)."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_the_learner_logs_the_mismatch_of_its_first_forward():
 
 
 def test_async_batches_keep_a_sync_check_on_the_rows_sampled_at_the_learners_weights():
-    """Issue 38: with π_old the sampler's (max_staleness ≥ 1) there was no sampler/learner check at all."""
+    """Before, with π_old the sampler's (max_staleness ≥ 1) there was no sampler/learner check at all."""
     policy = _policy()
     # Rows 0 and 2 sampled at version 3 (the learner's, as the asynchronous loop numbers it), rows 1 and 3 one older.
     batch = _batch(policy, shift=0.1, versions=[3, 2, 3, 2], behaviour=True)
@@ -224,7 +224,7 @@ def test_health_says_once_why_a_step_measured_no_mismatch():
 
 
 def test_a_bf16_sampler_under_staleness_without_a_correction_is_refused():
-    """Issue 38: the sampler's rounding would enter every ratio (GSPO's 3e-4 band)."""
+    """Without a correction the sampler's rounding would enter every ratio (GSPO's 3e-4 band)."""
     raw = {"name": "t", "rollout": {"max_staleness": 1, "dtype": "bfloat16"}}
     with pytest.raises(PolyrlError, match=r"rollout\.dtype: the sampler runs in bfloat16.*rollout_correction"):
         resolve_arms(raw)
@@ -293,7 +293,7 @@ def test_every_run_logs_the_mismatch_and_corrected_runs_train(tmp_path, tiny_exp
 
 @pytest.mark.slow
 def test_an_asynchronous_run_keeps_its_sync_check(tmp_path, tiny_experiment):
-    """Issue 38: with max_staleness 1 the gap was neither computed nor checked."""
+    """Before, with max_staleness 1 the gap was neither computed nor checked."""
     from polyrl.trainer.arm import build_arm
 
     raw = tiny_experiment(rollout={"max_staleness": 1}, train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 8})
