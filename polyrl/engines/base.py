@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -59,6 +59,15 @@ def request_seed(seed: int | None, prompt_index: int, n: int) -> int | None:
     if seed is None:
         return None
     return (seed * 1_000_003 + prompt_index * n) % (2**31 - 1)
+
+
+@runtime_checkable
+class ReportsWorkerMetrics(Protocol):
+    """An engine of rollout workers (:class:`~polyrl.engines.worker_pool.RolloutWorkerPool`, some of
+    its workers, the asynchronous loop's VersionedEngine around either): its restart and re-sync
+    counters, ``rollout/workers/*`` (the VersionedEngine's are {} where it wraps no workers)."""
+
+    def worker_metrics(self) -> dict[str, float]: ...
 
 
 class RolloutEngine(ABC):

@@ -22,6 +22,7 @@ from torch import Tensor
 from polyrl.algos.dapo_data import dapo_dynamic_sampling_keep
 from polyrl.core.types import PromptSample, SamplingSettings
 from polyrl.data.mixtures import SOURCE_FIELD
+from polyrl.engines.base import ReportsWorkerMetrics
 from polyrl.envs.base import episode_accuracy_value
 from polyrl.rewards import RewardBatch, RewardResult
 from polyrl.rewards.summary import accuracy_share, length_by_correctness
@@ -107,8 +108,7 @@ class RolloutCollector:
         synchronous loop); a worker pool's restart and re-sync counters (``rollout/workers/*``)."""
         versions = [c.policy_version for c in completions if getattr(c, "policy_version", None) is not None]
         metrics = {"rollout/policy_version": float(min(versions))} if versions else {}
-        worker_metrics = getattr(self.engine, "worker_metrics", None)
-        return {**metrics, **(worker_metrics() if worker_metrics is not None else {})}
+        return {**metrics, **(self.engine.worker_metrics() if isinstance(self.engine, ReportsWorkerMetrics) else {})}
 
     def sync_adapter(self, write: Callable[[Path], Any], version: int | None = None) -> None:
         """The learner's new LoRA adapter (``model.lora.sync: adapter``): ``write(folder)`` writes

@@ -46,7 +46,7 @@ from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.rollout.collector import Collected, RolloutCollector
 from polyrl.trainer.async_partitions import DrawsClosed, LockedRewards, OrderedDraws, partition_of, worker_groups
 from polyrl.trainer.loop import PhaseTimer, TrainingLoop, sync_policy
-from polyrl.trainer.protocols import Engine, WorkerPool
+from polyrl.trainer.protocols import Engine, ReportsWorkerMetrics, WorkerPool
 
 __all__ = ["AsyncTrainingLoop", "BufferedBatch", "RolloutBuffer", "VersionedEngine", "staleness_metrics"]
 
@@ -110,6 +110,11 @@ class VersionedEngine:
 
     def _other_partitions(self) -> list["VersionedEngine"]:
         return [part for part in self.partitions if part is not self]
+
+    def worker_metrics(self) -> dict[str, float]:
+        """The wrapped engine's rollout-worker counters ({} without workers). Defined here, not
+        forwarded, so that ``isinstance(…, ReportsWorkerMetrics)`` holds on every Python."""
+        return self.engine.worker_metrics() if isinstance(self.engine, ReportsWorkerMetrics) else {}
 
     def close(self) -> None:
         self.engine.close()

@@ -22,7 +22,15 @@ from polyrl.rollout.collector import Collected
 from polyrl.runtime.host_memory import release_freed_host_memory
 from polyrl.tracking.inspector import sampled_token_values
 from polyrl.trainer.hooks import Checkpointer, Hook, StepReport
-from polyrl.trainer.protocols import Collector, Learner, Pipeline, PromptSource
+from polyrl.trainer.protocols import (
+    CapturesTokens,
+    Collector,
+    Learner,
+    Pipeline,
+    PromptSource,
+    ReleasesWeights,
+    WantsLearnerTokens,
+)
 
 __all__ = ["PHASES", "PhaseTimer", "TrainingLoop", "length_metrics", "rollout_metrics", "sample_rows"]
 
@@ -147,8 +155,11 @@ class TrainingLoop:
         if "rollout/samples" not in metrics:  # a collector that reports no lengths of its own
             metrics.update(rollout_metrics(rollout))
         self.step_index = step
-        take = getattr(self.learner, "take_inspection", None)
-        learned_tokens = take([len(c.completion_ids) for c in rollout.completions]) if take is not None else None
+        learned_tokens = (
+            self.learner.take_inspection([len(c.completion_ids) for c in rollout.completions])
+            if isinstance(self.learner, CapturesTokens)
+            else None
+        )
         report = StepReport(
             step,
             metrics,
@@ -181,18 +192,18 @@ class TrainingLoop:
     def ask_learner_tokens(self, step: int) -> None:
         """The learner captures per-token values in this update where a hook (the rollout inspector)
         wants them for ``step`` and the learner can (PolicyLearner; not the data-parallel ranks)."""
-        inspect = getattr(self.learner, "inspect_next_update", None)
-        if inspect is not None and any(getattr(h, "wants_learner_tokens", lambda _: False)(step) for h in self.hooks):
-            inspect()
+        wanted = any(isinstance(hook, WantsLearnerTokens) and hook.wants_learner_tokens(step) for hook in self.hooks)
+        if wanted and isinstance(self.learner, CapturesTokens):
+            self.learner.inspect_next_update()
 
     def free_memory_for_update(self, release_sampler: bool) -> bool:
         """Before the update, the step's peak: the sampler's weights go (``release_sampler``, an
         engine with ``release_weights``; vLLM on CPU), then the host memory freed since the last
         update that glibc still holds (runtime/host_memory.py). Returns whether weights went."""
-        # Only some engines can (protocols.ReleasesWeights). A getattr, not isinstance: a VersionedEngine
-        # forwards it by __getattr__, which isinstance on a Protocol no longer follows from Python 3.12.
-        release = getattr(self.collector.engine, "release_weights", None) if release_sampler else None
-        released = bool(release()) if release is not None else False
+        # Only some engines can (protocols.ReleasesWeights); the asynchronous loop, whose engine is a
+        # VersionedEngine, never asks (its producers generate during the update).
+        engine = self.collector.engine
+        released = bool(engine.release_weights()) if release_sampler and isinstance(engine, ReleasesWeights) else False
         release_freed_host_memory()
         return released
 

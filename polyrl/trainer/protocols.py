@@ -10,11 +10,13 @@ The built roles satisfy them (:class:`~polyrl.rollout.collector.RolloutCollector
 that satisfy them too. The hooks' own contract is the :class:`~polyrl.trainer.hooks.Hook` base
 class (three no-op methods a hook overrides).
 
-The few capabilities only some implementations have are protocols of their own
-(:class:`ReleasesWeights`, :class:`WorkerPool`, :class:`Closes`, :class:`ChecksOverlap`). Where the object may be a
-:class:`~polyrl.trainer.async_loop.VersionedEngine`, which forwards the engine's attributes by
-``__getattr__``, they are probed with ``getattr``: ``isinstance`` against a runtime-checkable
-protocol looks attributes up statically from Python 3.12 and would not see them.
+The few capabilities only some implementations have are small runtime-checkable protocols of
+their own, asked with ``isinstance`` (:class:`ReleasesWeights`, :class:`ReportsWorkerMetrics`,
+:class:`WorkerPool`, :class:`Closes`, :class:`CapturesTokens`, :class:`WantsLearnerTokens`,
+:class:`ChecksOverlap`); an engine the learner's weights reach is a :class:`SyncedEngine`. A
+:class:`~polyrl.trainer.async_loop.VersionedEngine` forwards the engine's other attributes by
+``__getattr__``, which ``isinstance`` does not follow from Python 3.12 (it looks attributes up
+statically), so it defines the capabilities it is asked for (``worker_metrics``) itself.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from torch import Tensor
 
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
+from polyrl.engines.base import ReportsWorkerMetrics  # the collector's too, a layer below: defined there
 
 if TYPE_CHECKING:  # annotations only: the roles import this module
     from polyrl.learner.policy_learner import LearnerSettings
@@ -34,6 +37,7 @@ if TYPE_CHECKING:  # annotations only: the roles import this module
 
 __all__ = [
     "BatchSource",
+    "CapturesTokens",
     "ChecksOverlap",
     "Closes",
     "Collector",
@@ -44,8 +48,11 @@ __all__ = [
     "Pipeline",
     "PromptSource",
     "ReleasesWeights",
+    "ReportsWorkerMetrics",
     "Rewards",
+    "SyncedEngine",
     "Tracker",
+    "WantsLearnerTokens",
     "WorkerPool",
 ]
 
@@ -75,12 +82,22 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+class SyncedEngine(Engine, Protocol):
+    """An engine the learner's weights reach (:class:`~polyrl.engines.base.RolloutEngine`): each
+    update goes through the engine's weight transport (:mod:`polyrl.engines.weight_transport`) and
+    sets the policy version later samples carry (default: one more than now); returns it."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int | None = None) -> int: ...
+
+    def update_adapter(self, folder: str, version: int | None = None) -> int: ...
+
+
 @runtime_checkable
 class ReleasesWeights(Protocol):
     """An engine that can drop its weights for the update's memory peak (vLLM on CPU); the next
-    sync loads them all again. Returns whether anything was released."""
+    sync loads them all again. Returns how many layers' weights went (0: none)."""
 
-    def release_weights(self) -> bool: ...
+    def release_weights(self) -> int: ...
 
 
 @runtime_checkable
@@ -117,8 +134,10 @@ class Collector(Protocol):
     """Generates and scores one step's rollout (:class:`~polyrl.rollout.collector.RolloutCollector`)
     and carries the learner's policy into its engine."""
 
-    engine: Any  # an Engine; the asynchronous loop replaces it with its VersionedEngine
-    rewards: Any  # Rewards
+    # A SyncedEngine where it syncs; the asynchronous loop's producers' collectors hold a
+    # VersionedEngine, around some of the rollout workers where there are several.
+    engine: Engine
+    rewards: Rewards
     settings: CollectSettings
 
     def collect(self, step: int) -> Collected: ...
@@ -169,6 +188,26 @@ class Learner(Protocol):
     def optimizer_steps_per_step(self) -> int: ...
 
     def apply_optimizer_settings(self) -> None: ...
+
+
+@runtime_checkable
+class CapturesTokens(Protocol):
+    """A learner that can capture its next update's per-token values for the rollout inspector
+    (:class:`~polyrl.learner.policy_learner.PolicyLearner`; not the data-parallel ranks)."""
+
+    def inspect_next_update(self) -> None: ...
+
+    def take_inspection(self, lengths: list[int]) -> list[dict[str, list[Any]]] | None:
+        """The captured values per row (``lengths``: each completion's token count), or None."""
+        ...
+
+
+@runtime_checkable
+class WantsLearnerTokens(Protocol):
+    """A hook that asks for the learner's per-token values on some steps
+    (:class:`~polyrl.trainer.inspector_hook.InspectorHook`)."""
+
+    def wants_learner_tokens(self, step: int) -> bool: ...
 
 
 class Tracker(Protocol):

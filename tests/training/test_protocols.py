@@ -12,7 +12,7 @@ import torch
 from polyrl.core.types import PromptSample
 from polyrl.data.sampler import PromptSampler
 from polyrl.engines.base import RolloutEngine
-from polyrl.engines.worker_pool import RolloutWorkerPool
+from polyrl.engines.worker_pool import RolloutWorkerPool, WorkerEngine
 from polyrl.evals.periodic import PeriodicEvaluator, PeriodicResult
 from polyrl.learner.policy_learner import LearnerSettings, PolicyLearner
 from polyrl.learner.ranks import DataParallelLearner
@@ -21,6 +21,7 @@ from polyrl.rollout.collector import CollectSettings, RolloutCollector
 from polyrl.tracking.run_logger import RunLogger
 from polyrl.trainer import protocols
 from polyrl.trainer.async_loop import VersionedEngine
+from polyrl.trainer.inspector_hook import InspectorHook
 from polyrl.trainer.pipeline import BatchPipeline
 
 _TYPING = {"_is_protocol", "_is_runtime_protocol", "__protocol_attrs__", "__non_callable_proto_members__"}
@@ -86,6 +87,13 @@ def learner():
         (protocols.Engine, lambda: VersionedEngine),
         (protocols.Engine, lambda: RolloutWorkerPool),
         (protocols.WorkerPool, lambda: RolloutWorkerPool),
+        (protocols.SyncedEngine, lambda: RolloutEngine),
+        (protocols.SyncedEngine, lambda: RolloutWorkerPool),
+        (protocols.ReportsWorkerMetrics, lambda: RolloutWorkerPool),
+        (protocols.ReportsWorkerMetrics, lambda: WorkerEngine),
+        (protocols.ReportsWorkerMetrics, lambda: VersionedEngine),
+        (protocols.CapturesTokens, lambda: PolicyLearner),
+        (protocols.WantsLearnerTokens, lambda: InspectorHook),
         (protocols.Rewards, lambda: CompositeReward),
         (protocols.Tracker, lambda: RunLogger),
         (protocols.Evaluator, lambda: PeriodicEvaluator),
@@ -111,3 +119,22 @@ def test_the_arm_asks_only_an_evaluator_that_checks_overlap():
     # Arm set-up: data_warnings come from evaluator.overlap_warnings where isinstance(..., ChecksOverlap).
     assert isinstance(PeriodicEvaluator(None), protocols.ChecksOverlap)
     assert not isinstance(lambda engine, step: None, protocols.ChecksOverlap)  # a plain function evaluates only
+
+
+def test_capabilities_are_asked_with_isinstance_and_a_versioned_engine_answers_itself(learner):
+    # The loop asks the learner for per-token values only where it captures them (not the ranks).
+    assert isinstance(learner, protocols.CapturesTokens)
+    assert not issubclass(DataParallelLearner, protocols.CapturesTokens)
+
+    class Generates:  # an engine that only generates (tests' scripted engines): no worker counters
+        def generate(self, prompts, settings):
+            return []
+
+        def close(self):
+            pass
+
+    assert not isinstance(Generates(), protocols.ReportsWorkerMetrics)
+    # A VersionedEngine defines worker_metrics itself ({} around an engine without workers): found
+    # by isinstance without its __getattr__, which Python 3.12's protocol check does not follow.
+    versioned = VersionedEngine(Generates())
+    assert isinstance(versioned, protocols.ReportsWorkerMetrics) and versioned.worker_metrics() == {}
