@@ -81,11 +81,16 @@ def sample_rows(rollout: Rollout, scores: Scores) -> list[dict[str, Any]]:
 
 def sync_policy(collector: Collector, learner: Learner, engine_dtype: torch.dtype, adapter: bool = False) -> None:
     """The learner's policy into the rollout engine: its LoRA adapter alone (``adapter``,
-    ``model.lora.sync: adapter``) or its weights in the engine's dtype (with LoRA: merged)."""
+    ``model.lora.sync: adapter``) or its weights in the engine's dtype (with LoRA: merged), as the
+    learner's weight version (``PolicyLearner.weight_version``), which every later sample carries:
+    the learner then knows which rows its own weights sampled, whatever steps made no update and
+    wherever a resume started."""
+    version = getattr(learner, "weight_version", None)  # a learner without versions: the engine counts syncs
+    extra = {} if version is None else {"version": version}
     if adapter:
-        collector.sync_adapter(learner.write_adapter)
+        collector.sync_adapter(learner.write_adapter, **extra)
     else:
-        collector.sync_weights(learner.weights(engine_dtype))
+        collector.sync_weights(learner.weights(engine_dtype), **extra)
 
 
 class TrainingLoop:
@@ -102,11 +107,21 @@ class TrainingLoop:
         self.history: list[dict[str, float]] = [] if history is None else history
 
     def run(self) -> list[dict[str, float]]:
-        for hook in self.hooks:
-            hook.start(self.step_index)
+        self.start_hooks()
         while self.step_index < self.steps:
             self.step()
         return self.history
+
+    def start_hooks(self) -> None:
+        """Every hook's ``start``, then what they measured there (each one's ``start_metrics``: the
+        step-0 evaluation) to every hook's ``started``."""
+        for hook in self.hooks:
+            hook.start(self.step_index)
+        measured = {key: value for hook in self.hooks for key, value in getattr(hook, "start_metrics", {}).items()}
+        for hook in self.hooks:
+            started = getattr(hook, "started", None)  # hooks outside polyrl may predate it
+            if started is not None:
+                started(self.step_index, measured)
 
     def step(self) -> dict[str, float]:
         step, timer = self.step_index + 1, PhaseTimer()
@@ -207,9 +222,14 @@ class TrainingLoop:
         release_freed_host_memory()
         return released
 
+    def learner_update(self, batch: Any) -> dict[str, float]:
+        """The learner's update on ``batch``; it compares the rows' policy versions with its own
+        weight version, the number :func:`sync_policy` gave the engine."""
+        return self.learner.update(batch, self.step_index)
+
     def learn(self, batch: Any, step_start_sampler: dict[str, Any]) -> dict[str, float]:
         try:
-            return self.learner.update(batch, self.step_index)
+            return self.learner_update(batch)
         except NonFiniteStop as stop:
             # The checkpoint is of a whole step, never of part of one. No optimizer step of this
             # update applied: the learner is as after the previous step, saved with the data

@@ -385,6 +385,8 @@ def run_pipeline(rollout: Rollout, scores: Scores, ctx: PipelineContext, stages:
     batch = PipelineBatch(rollout, scores)
     for stage in stages:
         batch = stage(batch, ctx)
+    # Prompt and completion tokens of the rows the learner trains on (compute/learner_tokens).
+    batch.metrics["train/tokens"] = float(batch.packed.attention_mask.sum())
     return LearnerBatch(
         packed=batch.packed,
         old_logprobs=batch.old_logprobs,
