@@ -14,6 +14,7 @@ Distillation", 2025: the negative reverse KL as a per-token reward with discount
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -21,9 +22,18 @@ from pydantic import Field, field_validator, model_validator
 from polyrl.config.base import StrictModel
 from polyrl.config.model import VLM_TASKS, BuiltinModelConfig
 
-__all__ = ["DistillConfig", "TeacherConfig", "distill_refusals", "parse_teacher_run"]
+__all__ = ["DistillConfig", "TeacherConfig", "distill_refusals", "parse_teacher_run", "teacher_uses_cache"]
 
 RUN_PREFIX = "run:"  # as polyrl eval --model writes a run (polyrl/evals/models.py)
+
+
+def teacher_uses_cache(distill: "DistillConfig | None") -> bool:
+    """Whether ``distill``'s teacher is kept in model.cache_dir: a built-in model, a converted .gguf file,
+    or a run's exported checkpoint (a model folder is used where it is)."""
+    if distill is None:
+        return False
+    teacher = distill.teacher
+    return teacher.builtin is not None or teacher.run is not None or Path(teacher.path or "").suffix.lower() == ".gguf"
 
 
 def parse_teacher_run(ref: str) -> tuple[str, int | None]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polyrl.config.distill import teacher_uses_cache
 from polyrl.config.model import TINY_POLICY_KEYS
 
 __all__ = ["Inert", "INERT_SETTINGS", "SWITCHES", "drop_idle", "inert_refusals", "switched_off_later"]
@@ -63,11 +64,12 @@ INERT_SETTINGS: tuple[Inert, ...] = (
     ),
     Inert(
         ("model", "cache_dir"),
-        # A .gguf path is converted into the cache (polyrl.policies.pretrained.is_gguf_path: the same suffix rule).
-        lambda c: c.model.path is not None and Path(c.model.path).suffix.lower() != ".gguf",
+        # A .gguf path is converted into the cache (polyrl.policies.pretrained.is_gguf_path: the same suffix rule);
+        # so is a distillation teacher's built-in or .gguf model, and a run's exported checkpoint.
+        lambda c: c.model.path is not None and Path(c.model.path).suffix.lower() != ".gguf" and not teacher_uses_cache(c.distill),
         lambda c: (
             f"model.path {c.model.path!r} is a model folder, used where it is; the cache holds built-in "
-            "policies and converted .gguf files; allowed here: no cache_dir"
+            "policies, converted .gguf files and a distillation teacher's; allowed here: no cache_dir"
         ),
         acts=lambda value: value is not None,
     ),
