@@ -97,6 +97,7 @@ def test_the_api_reference_is_read_from_the_extension_points(built_site):
         "polyrl.envs.base.Environment.step",
         "polyrl.algos.objectives.registry.register_objective",
         "polyrl.engines.base.RolloutEngine.generate",
+        "polyrl.engines.weight_transport.WeightTransport",
     ):
         assert f'id="{name}"' in api, name
 
