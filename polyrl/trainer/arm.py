@@ -40,7 +40,6 @@ from polyrl.trainer.build_data import build_rewards, build_sampler, training_row
 from polyrl.trainer.build_models import Models, build_models
 from polyrl.trainer.build_rollout import RolloutSide, adapter_sync, build_collector, build_rollout
 from polyrl.trainer.build_teacher import build_teacher, teacher_source
-from polyrl.trainer.build_teacher import build_teacher, teacher_source
 from polyrl.trainer.compute_counters import ComputeCounters
 from polyrl.trainer.hooks import Callback, Checkpointer, HealthHook, Hook, MetricLogger, PeriodicEvalHook, SampleTableHook
 from polyrl.trainer.inspector_hook import InspectorHook, ReplayStoreHook
@@ -287,11 +286,7 @@ def _build_arm(
     if cfg.rollout.compile and engine is None:  # refused before any model loads
         check_sampler_compile(takes_images=model_takes_images(policy_path))
     teacher_from = teacher_source(cfg, policy_path, tokenizer, run_path=teacher_path)  # its refusals before any model loads
-    teacher_from = teacher_source(cfg, policy_path, tokenizer, run_path=teacher_path)  # its refusals before any model loads
     models = build_models(cfg, policy_path)
-    teacher = None
-    if teacher_from is not None:
-        teacher = build_teacher(cfg, teacher_from, device=models.device, dtype=models.dtype, pad_token_id=pad_token_id)
     teacher = None
     if teacher_from is not None:
         teacher = build_teacher(cfg, teacher_from, device=models.device, dtype=models.dtype, pad_token_id=pad_token_id)
@@ -347,8 +342,6 @@ def _build_arm(
     )
     # Periodic evaluation's datasets against the training rows, where the evaluator can tell (PeriodicEvaluator).
     built.data_warnings = list(evaluator.overlap_warnings(sampler.samples)) if isinstance(evaluator, ChecksOverlap) else []
-    if teacher_from is not None and teacher_from.note:  # self-distillation
-        built.data_warnings.append(teacher_from.note)
     if teacher_from is not None and teacher_from.note:  # self-distillation
         built.data_warnings.append(teacher_from.note)
     if models.padding_free_reason is not None:  # said when the loop starts, and tagged
