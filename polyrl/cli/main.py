@@ -281,6 +281,14 @@ def compare(
 
     for renderable in console_summary(result):  # verdicts and headline figures; the full table is in report.md
         console.print(renderable, highlight=False)
+    if result.budget is not None:
+        from polyrl.analysis.compare_axis import AXES
+
+        console.print(
+            f"Final values and differences at {result.budget:.3g} {AXES[result.axis].label}, the most every run reached "
+            "(each run's last logged point at or before it; the report says at which step).",
+            highlight=False,
+        )
     console.print(
         f"\nReport: {result.out_dir / 'report.md'} ({len(result.plot_paths)} plots), also logged to parent run "
         f"{result.parent_run_id} and shown as its description in the MLflow UI."
@@ -288,7 +296,8 @@ def compare(
     if results is not None:
         console.print(f"Results: section {experiment!r} of {results} (plots in {results.parent / 'results'})", highlight=False)
     console.print(
-        f"Compare the arms in MLflow ({'step' if result.axis == 'step' else result.axis} curves, one line per arm): "
+        f"Compare the arms in MLflow ({'step curves' if result.axis == 'step' else 'curves against its compute counter'}, "
+        "one line per arm): "
         f"{result.compare_url}",
         soft_wrap=True,
         highlight=False,

@@ -182,3 +182,18 @@ def test_counter_lookup_and_example_files_at_the_budget():
     rows = [{"run_id": "run", "suite": "toy", "file": path, "id": i} for i, path in enumerate(files)]
     # Step 4 (400 tokens) is past the budget; of step 2's files the polyrl-eval one is kept.
     assert [row["file"] for row in budget.example_rows(rows)] == ["eval_examples/toy/step_2.polyrl-eval.jsonl"]
+
+
+def test_cli_takes_the_axis_and_says_where_the_values_were_taken(tmp_path, mlflow_uri):
+    from typer.testing import CliRunner
+
+    from polyrl.cli.main import app
+
+    _experiment(mlflow_uri, "cli", {"wide": {None: 200.0}, "narrow": {None: 90.0}})
+    runner = CliRunner()
+    args = ["compare", "cli", "--out", str(tmp_path / "r"), "--tracking-uri", mlflow_uri]
+    by_tokens = runner.invoke(app, [*args, "--axis", "tokens"])
+    assert by_tokens.exit_code == 0, by_tokens.output
+    assert "at 360 generated tokens, the most every run reached" in " ".join(by_tokens.output.split())
+    wrong = runner.invoke(app, [*args, "--axis", "gpus"])
+    assert wrong.exit_code != 0 and "allowed: step, tokens, flops, seconds" in " ".join(wrong.output.split())
