@@ -68,6 +68,7 @@ from polyrl.engines.base import RolloutEngine, eos_ids, request_seed
 from polyrl.engines.kv_cache import KvCacheNeed, default_block_size, kv_cache_bytes
 from polyrl.engines.modality_marks import load_modality_rule
 from polyrl.engines.stop_tokens import completion_text, generation_config_eos, stop_token_ids
+from polyrl.engines.vllm_kernels import MissingKernelError, missing_vllm_kernel
 from polyrl.engines.vllm_release import RELEASED_MESSAGE, EngineReleasedError, release_into_worker
 from polyrl.engines.vllm_reload import is_output_head, reload_into_worker
 from polyrl.runtime.devices import has_cuda
@@ -169,6 +170,9 @@ class VLLMRolloutEngine(RolloutEngine):
                     "false, or model.lora.sync: merged"
                 )
         kwargs.update(llm_kwargs)
+        if (missing := missing_vllm_kernel(self.model_path)) is not None:  # vLLM would start, then fail at generate
+            kernel_error = MissingKernelError(missing)
+            raise EngineStartError(self.model_path, kernel_error) from kernel_error
         try:
             self.llm = LLM(**kwargs)
         except Exception as error:  # noqa: BLE001 - any failure to start is reported as the model's, with the way out

@@ -51,6 +51,7 @@ from torch import Tensor
 
 from polyrl.core.errors import PolyrlError
 from polyrl.modeling.probes import decoder_and_head_refusal, packing_refusal, shortcut_refusal
+from polyrl.modeling.token_mixers import attention_free_refusal
 
 __all__ = [
     "PaddingFree",
@@ -219,6 +220,8 @@ def _structural_refusal(model: torch.nn.Module, *, takes_images: bool = False) -
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
         return f"{type(decoder).__name__} has no `layers` list (the per-row attention is checked once per layer)"
+    if (refusal := attention_free_refusal(model, what="rows packed end to end")) is not None:
+        return refusal  # before the attention implementation: no implementation would make it apply
     if getattr(getattr(model, "config", None), "attn_logit_softcapping", None) is not None:
         return f"{type(model).__name__} soft-caps its attention scores (attn_logit_softcapping), which sdpa does not apply"
     attention = base_attention(model)

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from polyrl.core.errors import PolyrlError
 from polyrl.modeling.probes import decoder_and_head_refusal, sharing_probe_refusal
+from polyrl.modeling.token_mixers import attention_free_refusal
 
 __all__ = [
     "SharePromptsError",
@@ -245,6 +246,8 @@ def sharing_refusal(model: torch.nn.Module, *, takes_images: bool) -> str | None
     if takes_images:
         return "text policies only; this policy is an image-text model"
     if (refusal := decoder_and_head_refusal(model)) is not None:
+        return refusal
+    if (refusal := attention_free_refusal(model, what="a prompt's completions in one row")) is not None:
         return refusal
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if attention != "eager" and not _takes_sdpa_masks(attention):
