@@ -22,6 +22,8 @@ and are drawn by :class:`polyrl.data.sampler.PromptSampler`.
 * ``"reasoning_gym:<task>[?param=value&...]"`` — rows made by a reasoning-gym generator, with a
   held-out split no question of which is a training question (:mod:`polyrl.data.reasoning_gym`;
   the ``envs`` extra);
+* ``"textarena:<game>[?size=&test_size=&seed=]"`` — one row per seeded game of a TextArena game,
+  for the environment ``textarena`` (:mod:`polyrl.data.textarena`; the ``envs`` extra);
 * a local ``.jsonl`` / ``.json`` / ``.parquet`` file, which is one split: the one its name
   declares (``rows.test.jsonl``), else ``train``; or, with ``holdout``, split by a fixed hash of
   each row (:mod:`polyrl.data.splits`); any other split is refused;
@@ -40,7 +42,7 @@ from typing import Any
 
 import datasets
 
-from polyrl.data import image_rows, reasoning_gym
+from polyrl.data import image_rows, reasoning_gym, textarena
 from polyrl.data import splits as split_rules
 from polyrl.data.errors import DataConfigError  # re-exported: callers import it from here
 from polyrl.data.source_files import first_row, load_file, resolve_local, split_file
@@ -93,6 +95,11 @@ def check_prompt_source(
         if holdout is not None:
             raise DataConfigError(split_rules.holdout_refusal(source, "a reasoning-gym generator"))
         reasoning_gym.check_split(source, split)
+        return
+    if textarena.is_textarena(source):
+        if holdout is not None:
+            raise DataConfigError(split_rules.holdout_refusal(source, "a TextArena game"))
+        textarena.check_split(source, split)
         return
     path = split_file(source, split, holdout)
     if path is None:
@@ -186,6 +193,10 @@ def load_prompt_dataset(
         if holdout is not None:
             raise DataConfigError(split_rules.holdout_refusal(source, "a reasoning-gym generator"))
         dataset = reasoning_gym.load_split(source, split)
+    elif textarena.is_textarena(source):
+        if holdout is not None:
+            raise DataConfigError(split_rules.holdout_refusal(source, "a TextArena game"))
+        dataset = textarena.load_split(source, split)
     else:
         local = split_file(source, split, holdout, whole_file)
         if local is not None:

@@ -1,3 +1,3 @@
 """The shipped environments (registered on import)."""
 
-from polyrl.envs.builtins import calculator, guess_number, python_tool  # noqa: F401
+from polyrl.envs.builtins import calculator, guess_number, python_tool, textarena  # noqa: F401
