@@ -73,7 +73,6 @@ def test_a_teacher_equal_to_the_student_scores_the_samplers_own_logprobs(tmp_pat
     assert abs(metrics["distill/reverse_kl_p10"]) < 1e-5 and abs(metrics["distill/reverse_kl_p90"]) < 1e-5
 
 
-@pytest.mark.slow
 def test_the_teacher_term_joins_a_task_reward_for_a_lora_student_in_an_asynchronous_run(
     tmp_path, tiny_experiment, sharp_teacher_dir
 ):
