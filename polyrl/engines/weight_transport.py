@@ -34,12 +34,20 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, TypeVar
+from typing import Any, Callable, ClassVar, Iterable, Protocol, TypeVar, runtime_checkable
 
 import torch
 
-if TYPE_CHECKING:  # annotations only: engines/base.py imports this module
-    from polyrl.engines.base import RolloutEngine
+
+@runtime_checkable
+class SyncTarget(Protocol):
+    """What a transport needs of the engine it serves (a :class:`~polyrl.engines.base.RolloutEngine`;
+    a protocol here, not an import: engines/base.py imports this module)."""
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    def sync_adapter(self, folder: str) -> None: ...
+
 
 __all__ = [
     "WEIGHT_TRANSPORTS",
@@ -67,7 +75,7 @@ class WeightTransport(ABC):
     # process. An engine takes only transports of its own kind (RolloutEngine.has_workers).
     to_workers: ClassVar[bool] = False
 
-    def __init__(self, engine: RolloutEngine):
+    def __init__(self, engine: SyncTarget):
         self.engine = engine
 
     @abstractmethod
@@ -150,7 +158,7 @@ def weight_transport_class(name: str) -> type[WeightTransport]:
     return entry
 
 
-def build_weight_transport(name: str, engine: RolloutEngine) -> WeightTransport:
+def build_weight_transport(name: str, engine: SyncTarget) -> WeightTransport:
     """The transport registered as ``name`` for ``engine``; one of the other kind (a worker
     transport for an in-process engine, or the reverse) is refused with the names that fit."""
     cls = weight_transport_class(name)

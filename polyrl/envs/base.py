@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from polyrl.core.errors import PolyrlError
+from polyrl.envs.errors import EnvConfigError
 
 # The float32 range rewards are trained in, as polyrl.rewards.summary.SCORE_LIMIT (not imported
 # from there: polyrl.rewards loads every built-in reward module, seconds of imports).
@@ -48,10 +49,6 @@ __all__ = [
     "checked_reward",
     "episode_accuracy_value",
 ]
-
-
-class EnvConfigError(PolyrlError, ValueError):
-    """An environment is configured wrongly: unknown reference, bad parameter, bad messages."""
 
 
 class EnvFailedError(PolyrlError, RuntimeError):

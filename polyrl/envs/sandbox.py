@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from polyrl.envs.base import EnvConfigError
+from polyrl.envs.errors import EnvConfigError
 from polyrl.envs.sandbox_worker import FRAME, read_exactly, write_frame
 
 __all__ = [

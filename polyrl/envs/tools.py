@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from polyrl.envs.base import EnvConfigError
+from polyrl.envs.errors import EnvConfigError
 from polyrl.envs.sandbox import SandboxSettings, is_sandbox_only, run_in_sandbox, thread_refusal
 
 __all__ = [
