@@ -75,7 +75,7 @@ def test_eval_suite_errors_use_the_experiment_formatter():
     lines = str(info.value).splitlines()
     assert lines[0] == "suite.yaml: invalid eval suite"
     assert (
-        "  - datasets[0].splt: unknown field; allowed: answer_field, chat_template, holdout, image_field, limit, messages_field, name, prompt_field, references_field, source, split, system_prompt"
+        "  - datasets[0].splt: unknown field; allowed: accuracy, answer_field, chat_template, holdout, image_field, limit, messages_field, name, prompt_field, references_field, source, split, system_prompt"
         in lines
     )
     assert "  - generation.n: greedy decoding gives 3 identical samples; use decoding: sample for n > 1 (got 3)" in lines
