@@ -19,7 +19,6 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from polyrl.config.base import ConfigError, StrictModel, check_safe_name
 from polyrl.config.data import DataConfig
 from polyrl.config.distill import DistillConfig, distill_refusals
-from polyrl.config.distill import DistillConfig, distill_refusals
 from polyrl.config.dotted_keys import deep_merge, expand_dotted, parse_set_options
 from polyrl.config.episodes import EnvConfig, env_refusals
 from polyrl.config.inert_settings import drop_idle, inert_refusals, switched_off_later
@@ -79,11 +78,6 @@ class ExperimentConfig(StrictModel):
         description="On-policy distillation from a teacher model (section below; polyrl/config/distill.py, "
         "docs/distillation.md); null: no teacher.",
     )
-    distill: DistillConfig | None = Field(
-        None,
-        description="On-policy distillation from a teacher model (section below; polyrl/config/distill.py, "
-        "docs/distillation.md); null: no teacher.",
-    )
 
     @property
     def sampling_dtype(self) -> str:
@@ -122,15 +116,6 @@ class ExperimentConfig(StrictModel):
     def _env_applies(self) -> "ExperimentConfig":
         errors = [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
                   for loc, value, message in env_refusals(self)]  # fmt: skip
-        if errors:
-            raise ValidationError.from_exception_data("ExperimentConfig", errors)
-        return self
-
-    @model_validator(mode="after")
-    def _distill_applies(self) -> "ExperimentConfig":
-        """distill against the rest of the config (polyrl.config.distill.distill_refusals)."""
-        errors = [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
-                  for loc, message, value in distill_refusals(self)]  # fmt: skip
         if errors:
             raise ValidationError.from_exception_data("ExperimentConfig", errors)
         return self
