@@ -1,0 +1,2 @@
+"""MLflow: runs and their hierarchy, the buffered run logger, chart views and UI links, sample tables
+and the rollout inspector."""

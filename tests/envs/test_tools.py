@@ -7,7 +7,7 @@ import time
 import pytest
 
 from polyrl.envs import EnvConfigError, EpisodeRow, ToolEnvironment, load_env_class, parse_tool_calls, run_tool_call, tool
-from polyrl.envs.arithmetic import evaluate
+from polyrl.envs.safe_arithmetic import evaluate
 
 
 @tool

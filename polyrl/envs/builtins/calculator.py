@@ -7,7 +7,7 @@ tool call is its final answer. Reward: ``correct`` when the last integer of that
 ``a × b``, else ``wrong`` (final-answer accuracy); plus ``format_reward`` once, on the first turn
 whose tool calls all ran (a shaping term for a policy that does not call the tool yet; 0 by
 default, so the return is the accuracy alone). The tool is evaluated by
-:func:`polyrl.envs.arithmetic.evaluate` (an ``ast`` allow-list), never ``eval``.
+:func:`polyrl.envs.safe_arithmetic.evaluate` (an ``ast`` allow-list), never ``eval``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from polyrl.envs.arithmetic import evaluate
 from polyrl.envs.base import EpisodeRow, Step, ToolEnvironment
 from polyrl.envs.registry import register_env
+from polyrl.envs.safe_arithmetic import evaluate
 from polyrl.envs.tools import tool
 
 INTEGER = re.compile(r"-?\d[\d,]*")
