@@ -187,3 +187,19 @@ def test_a_few_training_steps_on_a_two_source_mixture(tmp_path, tiny_experiment)
         assert resumed.start_step == 2 and resumed.sampler.state_dict() == state
     finally:
         resumed.close()
+
+
+def test_the_collector_and_asynchronous_draws_give_the_mixture_its_step():
+    from polyrl.rollout.collector import _takes_step
+    from polyrl.trainer.async_partitions import OrderedDraws
+
+    # Source a until step 2, then b: a draw that did not say its step would be refused.
+    sampler = MixtureSampler(_parts({"a": 4, "b": 4}), [lambda s: float(s < 2), lambda s: float(s >= 2)], scheduled=True)
+    assert _takes_step(sampler.next_batch) and not _takes_step(lambda count: [])
+    draws = OrderedDraws(sampler, first_step=1, one_draw_per_step=True)
+    got = []
+    for step in (1, 2):
+        draws.begin(step)
+        got.append(_sources(draws.draw(2)))
+        draws.end(step)
+    assert got == [["a", "a"], ["b", "b"]]

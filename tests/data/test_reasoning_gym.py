@@ -153,6 +153,16 @@ def test_an_eval_suite_scores_each_dataset_by_its_own_rule():
     assert [type(d.accuracy).__name__ for d in runner.datasets] == ["ReasoningGymScore", "Accuracy"]
 
 
+def test_the_shipped_suite_scores_each_task_by_its_rule():
+    from polyrl.evals.harness import SuiteRunner
+
+    runner = SuiteRunner("reasoning_gym", limit=2)  # experiments/evals/reasoning_gym.yaml
+    assert [(d.spec.label, len(d.samples), type(d.accuracy).__name__) for d in runner.datasets] == [
+        ("basic_arithmetic", 2, "ReasoningGymScore"),
+        ("chain_sum", 2, "ReasoningGymScore"),
+    ]
+
+
 @pytest.mark.slow
 def test_a_few_training_steps_on_a_reasoning_gym_source(tmp_path, tiny_experiment):
     from polyrl.trainer.arm import build_arm
