@@ -63,17 +63,36 @@ def template_fields(template: str) -> set[str]:
         ) from None
 
 
+def check_model_reference(model: str) -> None:
+    """Refuse a ``params.model`` that is neither a path that exists, a ``.gguf`` path (checked when
+    the judge starts) nor a built-in pretrained model's name, under the judge's own field: a
+    mistyped folder used to be reported as an unknown ``model.builtin.name``."""
+    from polyrl.policies.pretrained import PRETRAINED, is_gguf_path
+
+    if is_gguf_path(model) or Path(model).expanduser().exists() or model in PRETRAINED:
+        return
+    raise RewardConfigError(
+        f"judge {_field('model')}: {model!r} is no folder or file that exists, nor a built-in pretrained model; "
+        f"allowed: a Hugging Face model folder, a .gguf file, or one of {', '.join(PRETRAINED)}"
+    )
+
+
 def resolve_model(model: str) -> Path:
     """A judge model: a Hugging Face folder, a ``.gguf`` file (converted once, as a policy's), or
     the name of a built-in pretrained model (``smollm2-135m-instruct``)."""
     from polyrl.policies.paths import check_model_dir
-    from polyrl.policies.pretrained import converted_gguf_dir, is_gguf_path, pretrained_dir
+    from polyrl.policies.pretrained import MissingPackageError, converted_gguf_dir, is_gguf_path, pretrained_dir
 
+    field = f"judge {_field('model')}"
     if is_gguf_path(model):
-        return converted_gguf_dir(model, field="rewards[].params.model")
+        return converted_gguf_dir(model, field=field)
     if Path(model).expanduser().exists():
-        return check_model_dir(Path(model).expanduser(), field="rewards[].params.model")
-    return pretrained_dir(model)
+        return check_model_dir(Path(model).expanduser(), field=field)
+    check_model_reference(model)
+    try:
+        return pretrained_dir(model)
+    except MissingPackageError as error:  # its message names the policy's field, model.builtin.name
+        raise MissingPackageError(str(error).replace("model.builtin.name", field, 1)) from None
 
 
 @register_reward("judge")
@@ -177,11 +196,14 @@ class JudgeReward(RewardModule):
         self.time_budget_s, self.token_budget, self.cache_size = time_budget_s, token_budget, cache_size
         self.dtype, self.reference_field, self.answer_prefix = dtype, reference_field, str(answer_prefix)
         self.engine_name, self.kv_cache_gb = engine, kv_cache_gb
+        check_model_reference(self.model)  # last: the other parameters' errors come first
         self.engine: Any = None
         self.score_token_ids: list[int] = []
         self.cache: OrderedDict[str, float] = OrderedDict()
-        # What the last score call did: judged (new), cached, and why samples were left unscored.
+        # What the last score call did: judged (new), cached, and why samples were left unscored;
+        # ``details`` holds what a reason names (the first unreadable answer, the chunk over budget …).
         self.stats: dict[str, int] = {}
+        self.details: dict[str, Any] = {}
 
     # -- setup ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -278,6 +300,7 @@ class JudgeReward(RewardModule):
         inputs = self.judge_inputs(batch)
         out: list[float | None] = [None] * len(batch)
         stats = {"judged": 0, "cached": 0, "unreadable": 0, "too_long": 0, "over_time": 0, "over_tokens": 0, "failed": 0}
+        self.details = {}
         todo: dict[str, list[int]] = {}
         for i, text in enumerate(inputs):
             if text in self.cache:
@@ -292,6 +315,7 @@ class JudgeReward(RewardModule):
         for text, ids in encoded.items():
             if len(ids) > self.max_input_tokens:
                 stats["too_long"] += len(todo[text])
+                self.details["shortest_too_long"] = min(len(ids), self.details.get("shortest_too_long", len(ids)))
             else:
                 pending.append(text)
         started, tokens = time.perf_counter(), 0
@@ -303,6 +327,7 @@ class JudgeReward(RewardModule):
             cost = sum(len(encoded[t]) + (self.max_new_tokens if self.read == "parsed" else 1) for t in chunk)
             if self.token_budget is not None and tokens + cost > self.token_budget:
                 stats["over_tokens"] += sum(len(todo[t]) for t in pending[start:])
+                self.details["over_budget"] = {"spent": tokens, "chunk": cost, "inputs": len(chunk)}
                 break
             tokens += cost
             try:
@@ -310,6 +335,7 @@ class JudgeReward(RewardModule):
             except (RuntimeError, ValueError) as error:  # e.g. out of memory: these samples unscored, the rest go on
                 stats["failed"] += sum(len(todo[t]) for t in chunk)
                 self.last_error = f"{type(error).__name__}: {error}"
+                self.details.setdefault("error", self.last_error)
                 continue
             for text, value in zip(chunk, values):
                 if value is None:
@@ -339,11 +365,58 @@ class JudgeReward(RewardModule):
             settings = SamplingSettings(n=1, temperature=0.0, max_tokens=self.max_new_tokens)
             prompts = [PromptSample(prompt="", model_prompt="", prompt_ids=list(ids)) for ids in rows]
             answers = self.engine.generate(prompts, settings)
-            return [parse_score(group[0].text, self.scores) for group in answers]
-        return [
-            expected_score_from_logprobs(row, self.scores, min_mass=self.min_score_mass)[0]
-            for row in score_token_logprobs(self.engine, rows, self.score_token_ids)
-        ]
+            values = [parse_score(group[0].text, self.scores) for group in answers]
+            for group, value in zip(answers, values):
+                if value is None:
+                    self.details.setdefault("unreadable_answer", group[0].text)
+            return values
+        values = []
+        for row in score_token_logprobs(self.engine, rows, self.score_token_ids):
+            value, mass = expected_score_from_logprobs(row, self.scores, min_mass=self.min_score_mass)
+            if value is None:
+                self.details["unreadable_mass"] = max(mass, self.details.get("unreadable_mass", 0.0))
+            values.append(value)
+        return values
+
+    def unscored_reason(self) -> str | None:
+        """Why the last score call left samples unscored, each cause with the setting that governs
+        it (what a reward that scored nothing reports instead of a guess about the data); None when
+        it scored every sample it was given."""
+        stats, details, reasons = self.stats, self.details, []
+        if stats.get("over_tokens"):
+            over = details.get("over_budget", {})
+            reasons.append(
+                f"{stats['over_tokens']} past judge {_field('token_budget')} ({self.token_budget} judge tokens per score "
+                f"call): {over.get('spent', 0)} were spent and the next chunk of {over.get('inputs', '?')} judge inputs "
+                f"needs {over.get('chunk', '?')} (its inputs' tokens plus "
+                f"{'max_new_tokens each' if self.read == 'parsed' else 'one each'}); raise token_budget"
+            )
+        if stats.get("too_long"):
+            reasons.append(
+                f"{stats['too_long']} with a judge input longer than {_field('max_input_tokens')} "
+                f"({self.max_input_tokens}; the shortest was {details.get('shortest_too_long', '?')} tokens)"
+            )
+        if stats.get("over_time"):
+            reasons.append(f"{stats['over_time']} past {_field('time_budget_s')} ({self.time_budget_s} s per score call)")
+        if stats.get("unreadable"):
+            if self.read == "parsed":
+                answer = details.get("unreadable_answer")
+                reasons.append(
+                    f"{stats['unreadable']} whose answer held no allowed score ({self._scores_text()}) as its first "
+                    f"number (read: parsed; first such answer: {answer!r}); check the rubric and "
+                    f"{_field('answer_prefix')}, or raise {_field('max_new_tokens')} ({self.max_new_tokens}) if "
+                    "answers are cut short"
+                )
+            else:
+                reasons.append(
+                    f"{stats['unreadable']} whose next-token probability on the score tokens was below "
+                    f"{_field('min_score_mass')} ({self.min_score_mass}; the most was "
+                    f"{details.get('unreadable_mass', 0.0):.3g}): the judge meant to write something else; check "
+                    f"the rubric and {_field('answer_prefix')}, or use read: parsed"
+                )
+        if stats.get("failed"):
+            reasons.append(f"{stats['failed']} where the judge failed ({details.get('error')})")
+        return "judge left samples unscored: " + "; ".join(reasons) if reasons else None
 
     def close(self) -> None:
         if self.engine is not None:

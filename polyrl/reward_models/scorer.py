@@ -58,6 +58,53 @@ def padded_batch(rows: list[list[int]], vocab_size: int) -> tuple[torch.Tensor, 
     return ids, mask, pad
 
 
+def unreadable_weights(folder: Path) -> str | None:
+    """The first safetensors file of ``folder`` whose header does not read (a truncated file),
+    with safetensors' error; None when every one reads."""
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception as error:  # noqa: BLE001 - safetensors raises its own SafetensorError (or OSError)
+            return f"{str(path)!r} does not read as safetensors ({type(error).__name__}: {error})"
+    return None
+
+
+def refuse_unloaded_weights(folder: Path, model: Any, loading: dict[str, Any]) -> None:
+    """Refuse a scorer whose weights transformers did not all find in ``folder`` (``loading``:
+    ``from_pretrained``'s ``output_loading_info``). A causal LM folder loads as a sequence
+    classifier with a freshly, randomly initialised ``score`` head, and its "scores" would be noise
+    that RL then optimises; transformers only logs that, so it is refused here by name."""
+    missing = sorted(str(key) for key in loading.get("missing_keys") or ())
+    mismatched = sorted(str(item[0] if isinstance(item, tuple) else item) for item in loading.get("mismatched_keys") or ())
+    if not missing and not mismatched:
+        return
+    shown = ", ".join((missing + mismatched)[:8]) + (" …" if len(missing) + len(mismatched) > 8 else "")
+    what = "not in the checkpoint" if not mismatched else "not in the checkpoint or of another shape there"
+    architectures = ", ".join(getattr(model.config, "architectures", None) or []) or "no architectures listed"
+    raise RewardConfigError(
+        f"learned_scorer params.model: {str(folder)!r} has no trained weights for {shown} ({what}; its config.json "
+        f"names {architectures}), so transformers initialised them at random and the scores would be noise; point it "
+        "at a sequence-classification model whose head was trained (e.g. one saved by "
+        "experiments/real/train_arithmetic_scorer.py), not a causal LM"
+    )
+
+
+def refuse_tokens_past_the_embedding(folder: Path, tokenizer: Any, model: Any) -> None:
+    """Refuse a scorer whose tokenizer can produce ids its embedding has no row for (an IndexError
+    at the first batch holding such a token otherwise)."""
+    tokens, rows = len(tokenizer), int(model.get_input_embeddings().num_embeddings)
+    if tokens > rows:
+        raise RewardConfigError(
+            f"learned_scorer params.model: {str(folder)!r}: its tokenizer has {tokens} tokens but the model's input "
+            f"embedding only {rows} rows, so ids {rows}..{tokens - 1} would index past it; resize the model's "
+            "embedding to the tokenizer (resize_token_embeddings) and save it again, or save the tokenizer it was "
+            "trained with"
+        )
+
+
 @register_reward("learned_scorer")
 class LearnedScorer(RewardModule):
     """A sequence-classification model scores each (prompt, completion) pair.
@@ -114,9 +161,20 @@ class LearnedScorer(RewardModule):
             raise RewardConfigError(f"learned_scorer params.model: {str(folder)!r} is not a model folder (no config.json)")
         device = resolve_device_name(self.device_name)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.model = (
-            AutoModelForSequenceClassification.from_pretrained(folder, dtype=getattr(torch, self.dtype)).to(device).eval()
-        )
+        try:
+            model, loading = AutoModelForSequenceClassification.from_pretrained(
+                folder, dtype=getattr(torch, self.dtype), output_loading_info=True
+            )
+        except Exception as error:
+            if (broken := unreadable_weights(folder)) is not None:
+                raise RewardConfigError(
+                    f"learned_scorer params.model: {broken}; the file is cut short or damaged (an interrupted save or "
+                    "copy?): save the scorer again"
+                ) from error
+            raise
+        refuse_unloaded_weights(folder, model, loading)
+        refuse_tokens_past_the_embedding(folder, self.tokenizer, model)
+        self.model = model.to(device).eval()
         config = self.model.config
         outputs = int(config.num_labels)
         if outputs == 1:
@@ -153,6 +211,8 @@ class LearnedScorer(RewardModule):
         out: list[float | None] = [None] * len(batch)
         kept = [i for i, ids in enumerate(rows) if 0 < len(ids) <= self.max_input_tokens]
         self.stats = {"scored": len(kept), "too_long": len(batch) - len(kept)}
+        if len(kept) < len(batch):
+            self.stats["shortest_too_long"] = min((len(ids) for ids in rows if len(ids) > self.max_input_tokens), default=0)
         device = next(self.model.parameters()).device
         vocab = int(self.model.get_input_embeddings().num_embeddings)
         for start in range(0, len(kept), self.batch_size):
@@ -164,6 +224,15 @@ class LearnedScorer(RewardModule):
             for i, value in zip(chunk, values.tolist()):
                 out[i] = float(value)
         return out
+
+    def unscored_reason(self) -> str | None:
+        """Why the last score call left pairs unscored (longer than ``max_input_tokens``), or None."""
+        if not self.stats.get("too_long"):
+            return None
+        return (
+            f"learned_scorer left {self.stats['too_long']} pairs unscored, each longer than params.max_input_tokens "
+            f"({self.max_input_tokens}; the shortest was {self.stats.get('shortest_too_long', '?')} tokens): raise it"
+        )
 
     def close(self) -> None:
         self.model = None

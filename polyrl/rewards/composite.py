@@ -305,10 +305,12 @@ class CompositeReward:
             # A module that scores nothing would make every total None: training would go on
             # with no signal and an empty reward/mean. Refuse unless the YAML says it is expected.
             if len(batch) and all(value is None for value in scores) and not self._allow_unscored[label]:
+                # A module that knows why (a judge's budget, its unreadable answers) says so; else the data is the usual cause.
+                reason = getattr(self.modules[label], "unscored_reason", lambda: None)()
+                cause = reason or "check that the data has what it needs (e.g. references or an answer field)"
                 raise RewardModuleError(
                     f"reward module {label!r} returned None for all {len(batch)} samples of the batch "
-                    f"(first: {batch.sample(0)}); check that the data has what it needs (e.g. references or an "
-                    "answer field), or set allow_unscored: true in its reward spec if this is expected",
+                    f"(first: {batch.sample(0)}); {cause}; or set allow_unscored: true in its reward spec if this is expected",
                     label=label,
                 )
         totals: list[float | None] = []

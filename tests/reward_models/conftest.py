@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen2Config
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen3Config
 
 
 def _scorer_dir(root, tokenizer_dir, num_labels: int):
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = Qwen2Config(
+    # Qwen3, as the chat model the tokenizer comes from: a folder whose config.json says qwen2 makes
+    # transformers load this tokenizer as Qwen2Tokenizer, which adds '<|endoftext|>' as a 321st
+    # token, past the embedding's 320 rows (refused by learned_scorer).
+    config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=8,
         num_labels=num_labels,
         id2label={i: name for i, name in enumerate(["bad", "ok", "good"][:num_labels])} if num_labels > 1 else None,
     )

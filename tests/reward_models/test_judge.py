@@ -149,12 +149,65 @@ def test_a_score_of_several_tokens_is_refused_for_the_probability_reading(chat_m
         judge.setup()
 
 
-def test_more_score_tokens_than_vllm_reads_are_refused_before_it_starts():
+def test_more_score_tokens_than_vllm_reads_are_refused_before_it_starts(chat_model_dir):
     pytest.importorskip("vllm")
     from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS
 
     many = list(range(MAX_LOGPROB_TOKEN_IDS + 1))
-    judge = JudgeReward(model="nowhere", scores=many, engine="vllm")  # setup refuses before it looks for the model
+    judge = JudgeReward(model=str(chat_model_dir), scores=many, engine="vllm")  # setup refuses before vLLM starts
     with pytest.raises(RewardConfigError, match=rf"params.scores: {len(many)} scores; engine: vllm reads at most"):
         judge.setup()
     assert judge.engine is None
+
+
+# --- a judge that scores nothing says why, naming the setting ------------------------------------
+
+
+def _composite_failure(chat_model_dir, **params) -> str:
+    from polyrl.rewards.base import RewardModuleError
+
+    composite = CompositeReward([{"module": "judge", "params": {"model": str(chat_model_dir), **params}}])
+    try:
+        with pytest.raises(RewardModuleError) as caught:
+            composite.score(_batch())
+    finally:
+        composite.close()
+    message = str(caught.value)
+    # Before, every cause read "check that the data has what it needs (e.g. references …)".
+    assert "check that the data has what it needs" not in message, message
+    return message
+
+
+def test_a_token_budget_too_small_for_one_chunk_is_named_with_its_numbers(chat_model_dir):
+    message = _composite_failure(chat_model_dir, min_score_mass=1e-9, token_budget=3, batch_size=2)
+    assert "6 past judge params.token_budget (3 judge tokens per score call)" in message, message
+    assert "0 were spent and the next chunk of 2 judge inputs needs" in message and "raise token_budget" in message
+
+
+def test_answers_without_a_score_are_named_for_each_reading(chat_model_dir):
+    # probabilities: the random judge puts far less than 0.5 on the score tokens.
+    message = _composite_failure(chat_model_dir)
+    assert "6 whose next-token probability on the score tokens was below params.min_score_mass (0.5" in message, message
+    # parsed: no answer of the random judge starts with 1000 or 2000; the first answer is quoted.
+    message = _composite_failure(chat_model_dir, read="parsed", scores=[1000, 2000], max_new_tokens=4)
+    assert "6 whose answer held no allowed score (1000 or 2000)" in message and "first such answer: '" in message, message
+
+
+def test_long_judge_inputs_are_named_with_the_limit(chat_model_dir):
+    message = _composite_failure(chat_model_dir, min_score_mass=1e-9, max_input_tokens=5)
+    assert "6 with a judge input longer than params.max_input_tokens (5; the shortest was" in message, message
+
+
+def test_a_missing_model_folder_is_refused_under_the_judges_field(tmp_path):
+    from polyrl.launch.preflight import reward_problems
+    from polyrl.rewards.composite import RewardSpec
+
+    missing = str(tmp_path / "no_such_judge")
+    with pytest.raises(RewardConfigError) as caught:
+        JudgeReward(model=missing)
+    message = str(caught.value)
+    assert message.startswith(f"judge params.model: {missing!r} is no folder or file that exists"), message
+    assert "model.builtin.name" not in message and "unknown pretrained model" not in message
+    # polyrl validate reports it under the reward's place in the list.
+    (problem,) = reward_problems([RewardSpec(module="judge", params={"model": missing})])
+    assert problem.startswith("rewards[0]: judge params.model:"), problem

@@ -53,3 +53,44 @@ def test_long_pairs_are_unscored_and_it_works_in_a_composite(scorer_dirs):
 def test_a_folder_that_is_not_a_model_is_refused(tmp_path):
     with pytest.raises(RewardConfigError, match=r"params.model: .* is not a model folder"):
         LearnedScorer(model=str(tmp_path)).setup()
+
+
+# --- folders that cannot score: refused at set-up, naming the folder and what is wrong ------------
+
+
+def test_a_causal_lm_folder_is_refused_naming_its_untrained_head(chat_model_dir):
+    # transformers loads a causal LM as a two-output classifier with a random `score` head and
+    # only logs it; before, polyrl asked for a label and, given `label: 1`, scored with that noise.
+    for label in (None, 1):
+        with pytest.raises(RewardConfigError) as caught:
+            LearnedScorer(model=str(chat_model_dir), label=label).setup()
+        message = str(caught.value)
+        assert str(chat_model_dir) in message and "score.weight" in message and "at random" in message, message
+        assert "name the class" not in message
+
+
+def test_a_truncated_checkpoint_is_refused_naming_the_file(scorer_dirs, tmp_path):
+    import shutil
+
+    folder = tmp_path / "cut"
+    shutil.copytree(scorer_dirs[1], folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # an interrupted copy
+    with pytest.raises(RewardConfigError, match=r"params.model: .*model\.safetensors' does not read as safetensors"):
+        LearnedScorer(model=str(folder)).setup()
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_with_both_sizes(chat_model_dir, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen3Config
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
+    rows = len(tokenizer) - 10  # the tokenizer's last 10 ids have no embedding row
+    config = Qwen3Config(vocab_size=rows, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_labels=1)  # fmt: skip
+    folder = tmp_path / "small_embedding"
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(RewardConfigError) as caught:
+        LearnedScorer(model=str(folder)).setup()
+    message = str(caught.value)
+    assert f"{len(tokenizer)} tokens" in message and f"only {rows} rows" in message and str(folder) in message
