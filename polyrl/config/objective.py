@@ -14,9 +14,10 @@ from polyrl.config.base import StrictModel
 
 
 class RatioBandConfig(StrictModel):
-    """A band ``[low, high]`` around 1 for an importance ratio; what leaves it is masked."""
+    """A band ``[low, high]`` around 1 for the ratio ρ = π_target / π_sampler; what leaves it is
+    masked. verl's code bounds the inverse (docs/rollout_correction.md, "Which ratio a band bounds")."""
 
-    low: float = Field(..., gt=0, le=1, description="Lower bound of the ratio (≤ 1).")
+    low: float = Field(..., gt=0, le=1, description="Lower bound of ρ = π_target / π_sampler (≤ 1).")
     high: float = Field(..., ge=1, description="Upper bound of the ratio (≥ 1).")
 
     @model_validator(mode="after")
