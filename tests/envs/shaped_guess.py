@@ -1,7 +1,11 @@
 """A test environment for training runs on a random tiny policy: guess_number's feedback on the
 first turn (so every episode has observation tokens), then on the second turn a reward that
 varies with the answer's length, so rewards within a group differ and an update moves the policy
-(guess_number alone pays 0 to a policy that never writes the number). Referenced by file path
+(guess_number alone pays 0 to a policy that never writes the number). The second turn pays at
+least 1 (1 + length mod 3) while an episode cut before it (its first turn ran out of tokens) gets
+0: with the length alone, a step whose second turns all had lengths ≡ 0 mod 3 (or no second
+turn) paid 0 everywhere and trained nothing, and whether that happened hung on the random
+draws, which any change of random-number use elsewhere moved. Referenced by file path
 (``env.module: <this file>:ShapedGuessEnv``) from the episode tests."""
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ class ShapedGuessEnv(GuessNumberEnv):
         self.turn += 1
         step = super().step(text)
         if self.turn >= 2 and not step.done:
-            return Step(reward=float(len(text) % 3), done=True)
+            return Step(reward=1.0 + float(len(text) % 3), done=True)
         return step
 
 
