@@ -164,6 +164,7 @@ def check(
     )
     title = f"{ref} on {len(rows)} rows of {data}, {len(turn)} scripted turn(s)"
     console.print(kit.check_table(title, results, passed=PASS, failed=FAIL))
+    kit.print_failures(console, results, failed=FAIL)
     if show:
         for record in transcripts:
             console.print(json.dumps(record, indent=1, default=str)[:4000], markup=False, highlight=False)

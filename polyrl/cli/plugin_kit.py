@@ -134,6 +134,16 @@ def jsonl_objects(path: Path, error: type[PolyrlError]) -> Iterator[tuple[int, d
             yield line_number, row
 
 
+def print_failures(console: Any, results: Iterable[CheckResult], *, failed: str, warned: str | None = None) -> None:
+    """Each failed (and warned) check's whole message on one line after the table: in the table's
+    narrow detail column a long message (a file path, a traceback's last line) is folded over many
+    rows, hard to read and impossible to search for."""
+    for result in results:
+        if result.status in (failed, warned):
+            prefix = "FAILED" if result.status == failed else "WARNING"
+            console.print(f"{prefix} {result.name}: {result.message}", markup=False, highlight=False, soft_wrap=True)
+
+
 def check_table(title: str, results: Iterable[CheckResult], *, passed: str, failed: str) -> Table:
     """One row per check: name, status (green when ``passed``, red when ``failed``, else yellow), detail."""
     table = Table(title=title)

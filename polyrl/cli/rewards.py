@@ -207,10 +207,7 @@ def check(
     if report.samples_per_second is not None:
         summary["samples/s"] = report.samples_per_second
     console.print(", ".join(f"{k} {v:.4g}" for k, v in summary.items()), highlight=False)
-    for result in report.results:
-        if result.status in (WARN, FAIL):
-            prefix = "FAILED" if result.status == FAIL else "WARNING"
-            console.print(f"{prefix} {result.name}: {result.message}", markup=False, highlight=False)
+    kit.print_failures(console, report.results, failed=FAIL, warned=WARN)
     if not report.ok:
         raise typer.Exit(1)
     warnings = sum(result.status == WARN for result in report.results)
