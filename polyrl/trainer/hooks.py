@@ -41,8 +41,6 @@ class StepReport:
     tokens: list[dict[str, list[Any]]] = field(default_factory=list)
     # Per row of ``samples``: its prompt's group id (the G samples of one prompt share it; the replay store).
     group_ids: list[int] = field(default_factory=list)
-    # Per row of ``samples``: its prompt's group id (the G samples of one prompt share it; the replay store).
-    group_ids: list[int] = field(default_factory=list)
 
 
 class Hook:
