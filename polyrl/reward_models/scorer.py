@@ -144,6 +144,11 @@ class LearnedScorer(RewardModule):
             raise RewardConfigError(f"learned_scorer params.dtype: {dtype!r}; allowed: float32, bfloat16, float16")
         if device not in ("auto", "cpu", "cuda"):
             raise RewardConfigError(f"learned_scorer params.device: {device!r}; allowed: auto, cpu, cuda")
+        if not (Path(model).expanduser() / "config.json").is_file():  # at validate, not at the first step
+            raise RewardConfigError(
+                f"learned_scorer params.model: {model!r} is not a model folder (no config.json there); allowed: a folder "
+                "holding a sequence-classification model and its tokenizer (e.g. saved by experiments/real/train_arithmetic_scorer.py)"
+            )
         self.model_path, self.label, self.chat_template, self.separator = model, label, chat_template, separator
         self.batch_size, self.max_input_tokens, self.dtype, self.device_name = batch_size, max_input_tokens, dtype, device
         self.model: Any = None

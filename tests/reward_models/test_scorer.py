@@ -94,3 +94,11 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_with_both_sizes(chat_m
         LearnedScorer(model=str(folder)).setup()
     message = str(caught.value)
     assert f"{len(tokenizer)} tokens" in message and f"only {rows} rows" in message and str(folder) in message
+
+
+def test_a_missing_scorer_folder_is_refused_when_the_module_is_built(tmp_path):
+    # Built at polyrl validate (the YAML check builds each reward module), not at the first step's scoring.
+    from polyrl.reward_models.scorer import LearnedScorer
+
+    with pytest.raises(RewardConfigError, match="learned_scorer params.model: .*is not a model folder"):
+        LearnedScorer(model=str(tmp_path / "no_such_scorer"))
