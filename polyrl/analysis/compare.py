@@ -354,7 +354,7 @@ def compare_experiment(
         plot_paths,
         out,
         url,
-        seed_runs or None,
+        compared if seed_runs else None,  # the finished seed runs the figures are over (not running or failed ones)
         verdicts,
         statuses,
         unfinished,

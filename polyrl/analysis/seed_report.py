@@ -202,7 +202,7 @@ def comparison_note(rows: list[tuple[str, str, str, Difference, float, str]], ba
     said = {
         "paired": "paired: the mean of the per-seed differences over the seeds both arms ran, Student t with n − 1 degrees "
         "of freedom (arms at one seed share prompts, sampler seeds and warm start)",
-        "Welch": "Welch: the arms ran different seeds, so their means are compared unpaired",
+        "Welch": "Welch: the arms do not share the same two or more finished seeds, so their means are compared unpaired",
     }
     return (
         " ".join(f"Intervals {said[m]}." for m in methods) + f" Verdicts are corrected for multiplicity with Holm's step-down "

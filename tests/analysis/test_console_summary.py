@@ -62,3 +62,23 @@ def test_compare_console_fits_100_columns(tmp_path, mlflow_uri):
     text = _rendered(single)
     assert max(len(line) for line in text.splitlines()) <= 100
     assert "(n=1)" not in text and "one seed per arm" in text and "0.7" in text
+
+
+def test_the_seeds_column_counts_finished_seeds_only(tmp_path, mlflow_uri):
+    # grpo's seed 1 is still running (one step logged, not finished): the figures are over seed 0
+    # alone, and the console said "2" seeds (it counted every seed run, as compare's own table did not).
+    tracker = ExperimentTracker(mlflow_uri, "running")
+    parent = tracker.start_parent("running")
+    for arm in ("grpo", "dr_grpo"):
+        arm_run = tracker.start_arm(parent.run_id, arm)
+        for seed in (0, 1) if arm == "grpo" else (0,):
+            run = tracker.start_arm(arm_run.run_id, arm, seed=seed)
+            run.log_params({"train.steps": 2})
+            for step in (1, 2) if seed == 0 else (1,):
+                run.log_step(step, {key: 0.5 for key in TABLE_METRICS})
+            if seed == 0:
+                run.finish()
+    comparison = compare_experiment("running", tracking_uri=mlflow_uri, out_dir=tmp_path / "r", log_to_mlflow=False)
+    text = _rendered(comparison)
+    rows = [line for line in text.splitlines() if line.startswith("│ grpo ") or line.startswith("│ dr_grpo ")]
+    assert rows and all(line.split("│")[2].strip() == "1" for line in rows), rows

@@ -47,7 +47,7 @@ def test_an_unfinished_seed_is_left_out_of_the_finals_and_named(tmp_path, mlflow
     row = next(line for line in comparison.table_markdown.splitlines() if line.startswith("| grpo "))
     assert row.split("|")[2].strip() == "2" and "1.5 ± " in row  # seeds 0 and 1: (1 + 2) / 2
     # The arms no longer share every seed (grpo has 0, 1; dr_grpo 0, 1, 2): unpaired, and said so.
-    assert "(Welch)" in report and "Welch: the arms ran different seeds" in report
+    assert "(Welch)" in report and "Welch: the arms do not share the same two or more finished seeds" in report
 
 
 def test_arms_sharing_seeds_are_paired_and_the_report_states_the_correction(tmp_path, mlflow_uri):
