@@ -68,7 +68,9 @@ def example_outcome_rows(
     out = []
     for index, row in enumerate(rows):
         correct = row.get("correct")
-        prompt = " ".join(str(row.get("prompt") or "").split())
+        # The user's text where the row has it: a chat prompt as the model saw it starts with the
+        # template's system turn, the same 120 characters for every example.
+        prompt = " ".join(str(row.get("question") or row.get("prompt") or "").split())
         out.append(
             {
                 "example_id": row.get("example_id", row.get("id")),

@@ -278,6 +278,7 @@ def _base_rows(data: _Dataset, samples: list[PromptSample], completions: list[Co
                 "id": str(sample.fields.get("id", index // n)),
                 "example_id": ids[index // n],  # stable across runs (evals/example_outcomes.py)
                 "prompt": sample.shown_prompt,  # as the model saw it: chat template tokens included
+                "question": sample.prompt,  # the user's text alone (a chat row's last user message)
                 "completion": completion.text,
                 "answer": None
                 if sample.fields.get(data.spec.answer_field) is None

@@ -71,3 +71,22 @@ def test_example_file_size_per_200_examples(tmp_path, jsonl, suite_file, scripte
     text = files[examples_artifact("big", 1000)]
     assert len(text.splitlines()) == 200
     assert len(text.encode()) < 70_000  # measured 58 kB (≈ 290 bytes a row); gzip would make it 5 kB
+
+
+def test_a_chat_rows_snippet_is_the_question_not_the_template():
+    from polyrl.evals.example_outcomes import example_outcome_rows
+
+    shown = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>"
+    rows = example_outcome_rows(
+        [{"example_id": "a", "prompt": shown, "question": "What is 2+2?", "correct": 1.0}],
+        arm="x",
+        seed=0,
+        step=4,
+        samples_file=None,
+    )
+    # The compare report quotes these snippets: with the rendered prompt every example read as the same system turn.
+    assert rows[0]["prompt"] == "What is 2+2?"
+    plain = example_outcome_rows(
+        [{"example_id": "b", "prompt": "3+4=?", "correct": 0.0}], arm="x", seed=0, step=4, samples_file=None
+    )
+    assert plain[0]["prompt"] == "3+4=?"
