@@ -50,7 +50,7 @@ def peak_rss_mib() -> float:
 
 def worker(policy: str, mode: str, steps: int, prompts: int, samples: int, max_tokens: int, kv_cache_gb: float) -> dict:
     from polyrl.config.schema import resolve_arms
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     pretrained = policy in PRETRAINED
     model = {"builtin": {"name": policy}} if pretrained else {"builtin": {"size": policy, "warmup_steps": 0}}

@@ -48,7 +48,7 @@ from bench_matmul import available_libraries, gflops, learner_shapes, measure, m
 from polyrl.config.schema import load_experiment, resolve_arms  # noqa: E402
 from polyrl.runtime.cpu_matmul import linear_library, timed_products  # noqa: E402
 from polyrl.runtime.precision import compute_dtype  # noqa: E402
-from polyrl.trainer.arm import build_arm  # noqa: E402
+from polyrl.trainer.build_arm import build_arm  # noqa: E402
 from polyrl.trainer.loop import PHASES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

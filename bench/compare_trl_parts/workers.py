@@ -150,7 +150,7 @@ def polyrl_worker(
     """One polyrl arm built from :func:`polyrl_settings` (``settings`` are its keyword arguments), timed."""
     from polyrl.config.schema import resolve_arms
     from polyrl.runtime.cpu_matmul import linear_library
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     compile = settings.get("compile", False)
     config = resolve_arms(polyrl_settings(policy, regime, **settings))["main"]

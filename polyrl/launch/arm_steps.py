@@ -94,7 +94,7 @@ def train_arm(
     per-step metric history. A failure closes the run with the error's message in the
     ``polyrl.error`` tag.
     """
-    from polyrl.trainer.arm import build_arm  # torch, vLLM: only where an arm trains
+    from polyrl.trainer.build_arm import build_arm  # torch, vLLM: only where an arm trains
 
     remove_partial_checkpoints(arm_dir)  # a write cut short by a kill; this process owns the folder now
     # Every checkpoint names the run it belongs to (polyrl eval run:<id> checks it) and the

@@ -92,7 +92,7 @@ class RankRecipe:
 
 
 def build_rank_learner(recipe: RankRecipe, group: Any) -> PolicyLearner:
-    """The learner of one rank, built as :func:`polyrl.trainer.arm.build_arm` builds the driver's
+    """The learner of one rank, built as :func:`polyrl.trainer.build_arm.build_arm` builds the driver's
     (fp32 master weights, the same attention, checkpointing and GEMM choices)."""
     set_torch_threads(recipe.threads)
     device = current_cuda_device() if recipe.cuda else torch.device("cpu")

@@ -1,7 +1,7 @@
 """The training loop of one arm: collect → pipeline → learn → sync → hooks, each phase timed.
 
 The roles it drives take and return plain data (:mod:`polyrl.rollout.batches`), and it gets them
-all in its constructor (:func:`polyrl.trainer.arm.build_arm` builds them from a config); what it
+all in its constructor (:func:`polyrl.trainer.build_arm.build_arm` builds them from a config); what it
 uses of each is its protocol in :mod:`polyrl.trainer.protocols`.
 """
 

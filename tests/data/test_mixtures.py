@@ -151,7 +151,7 @@ def test_default_names():
 @pytest.mark.slow
 def test_a_few_training_steps_on_a_two_source_mixture(tmp_path, tiny_experiment):
     pytest.importorskip("reasoning_gym")
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     raw = tiny_experiment(
         data={

@@ -165,7 +165,7 @@ def test_the_shipped_suite_scores_each_task_by_its_rule():
 
 @pytest.mark.slow
 def test_a_few_training_steps_on_a_reasoning_gym_source(tmp_path, tiny_experiment):
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     raw = tiny_experiment(
         data={"source": SMALL},

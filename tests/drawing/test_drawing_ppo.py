@@ -10,7 +10,7 @@ import torch
 
 from polyrl.config.schema import resolve_arms
 from polyrl.tasks import drawing
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 from polyrl.trainer.pipeline import BatchPipeline
 
 

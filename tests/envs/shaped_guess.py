@@ -83,7 +83,7 @@ def train_recording(config: dict, arm_dir):
     """Build and run the arm; the episodes of every step (as returned by the runner), the
     history, and the arm (closed) with its policy."""
     from polyrl.config.schema import ExperimentConfig
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     arm = build_arm(ExperimentConfig.model_validate(config), arm="main", arm_dir=arm_dir)
     played = []

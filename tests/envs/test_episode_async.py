@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from polyrl.config.schema import ExperimentConfig
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 from tests.envs.shaped_guess import episode_experiment, observation_grad_is_zero
 
 

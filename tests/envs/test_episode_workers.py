@@ -9,7 +9,7 @@ import math
 import pytest
 
 from polyrl.config.schema import ExperimentConfig
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 from tests.envs.shaped_guess import episode_experiment, observation_grad_is_zero, train_recording
 from tests.ray_support import in_process_cluster
 

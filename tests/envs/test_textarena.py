@@ -119,7 +119,7 @@ def test_bad_sources_are_refused_by_name(source, message):
 
 @pytest.mark.slow
 def test_a_few_training_steps_on_a_textarena_game(tmp_path, tiny_arch_dir):
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     raw = {
         "name": "textarena",

@@ -10,7 +10,7 @@ import pytest
 from polyrl.config.schema import resolve_arms
 from polyrl.data.prompts import DataConfigError
 from polyrl.tasks import scenes
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 
 
 def _config(tmp_path, vlm_dir, data: dict) -> dict:

@@ -15,7 +15,7 @@ from polyrl.learner.critic import Critic, CriticSettings, ImageTextValueModel, V
 from polyrl.modeling.logprobs import pack_completions
 from polyrl.rollout.batches import LearnerBatch
 from polyrl.tasks import scenes
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 from polyrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 TEXT_PROMPT = "Q: 2+2?\nA:"

@@ -123,7 +123,7 @@ def test_validate_refuses_a_vision_part_on_a_builtin_text_policy():
 
 @pytest.mark.slow
 def test_a_run_with_model_freeze_keeps_the_frozen_layers(tmp_path, tiny_experiment):
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     raw = tiny_experiment(
         model={"freeze": {"parts": ["embeddings"], "first_layers": 1}}, train={"steps": 1, "learning_rate": 1e-2}

@@ -109,7 +109,7 @@ def test_gradient_checkpointing_with_lora_trains_the_adapter():
 
 def test_the_setting_reaches_policy_and_critic_and_refuses_compile(tmp_path, tiny_experiment):
     from polyrl.config.schema import resolve_arms
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     def build(**train):
         config = tiny_experiment(objective={"name": "ppo"}, train={"gradient_checkpointing": True, **train})

@@ -13,7 +13,8 @@ from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines.base import RolloutEngine
 from polyrl.rollout.batches import Rollout
-from polyrl.trainer.arm import Arm, build_arm
+from polyrl.trainer.arm import Arm
+from polyrl.trainer.build_arm import build_arm
 
 
 def make_config(config_dict: dict, *, arm: str = "main"):

@@ -17,8 +17,8 @@ from polyrl.config.schema import ConfigError, resolve_arms
 from polyrl.config.tracking import HealthConfig
 from polyrl.modeling.logprobs import token_logprobs
 from polyrl.monitoring.health import HealthMonitor
-from polyrl.trainer.arm import build_arm
 from polyrl.trainer.async_loop import RolloutBuffer, staleness_metrics
+from polyrl.trainer.build_arm import build_arm
 from polyrl.trainer.hooks import Callback
 
 # What these tests start (pyproject.toml markers).

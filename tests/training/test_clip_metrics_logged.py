@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.config.schema import resolve_arms
 from polyrl.tracking.mlflow_runs import ExperimentTracker
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 
 STEPS = 2
 CLIP_METRICS = ("actor/clip_frac_low", "actor/clip_frac_high", "actor/entropy", "actor/positive_share")

@@ -123,7 +123,7 @@ def test_the_teacher_scores_each_token_as_a_plain_forward_does(random_policy_dir
 
 
 def test_a_teacher_with_another_tokenizer_is_refused_naming_both(tmp_path, tiny_experiment, random_policy_dir, tiny_arch_dir):
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     teacher_dir = tiny_arch_dir("qwen2")  # a BPE tokenizer; the student's is the character one
     raw = tiny_experiment(distill={"teacher": {"path": str(teacher_dir)}})

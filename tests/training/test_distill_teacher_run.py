@@ -32,7 +32,7 @@ def test_a_run_teacher_is_its_checkpoint_exported_and_a_missing_run_is_refused(t
     from safetensors.torch import load_file
 
     from polyrl.launch.arm_steps import resolve_teacher_run
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_id = _checkpointed_run(tmp_path, uri, random_policy_dir)

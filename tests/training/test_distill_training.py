@@ -27,7 +27,7 @@ def sharp_teacher_dir(tmp_path_factory):
 
 
 def _train(raw, tmp_path):
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     arm = build_arm(resolve_arms(raw)["main"], arm="main", arm_dir=tmp_path / "runs" / "main")
     try:
@@ -57,7 +57,7 @@ def test_pure_distillation_lowers_the_students_reverse_kl(tmp_path, tiny_experim
 
 
 def test_a_teacher_equal_to_the_student_scores_the_samplers_own_logprobs(tmp_path, tiny_experiment, random_policy_dir):
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     raw = tiny_experiment(train={"steps": 1, "learning_rate": 1e-3, "micro_batch_size": 8},
                           distill={"teacher": {"path": str(random_policy_dir)}})  # fmt: skip
@@ -115,7 +115,7 @@ def test_observation_tokens_of_episodes_carry_no_teacher_score_or_term(tmp_path,
     from transformers import AutoTokenizer
 
     from polyrl.policies.architectures import build_tiny_arch_dir
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     (tmp_path / "echo_env.py").write_text(OBSERVING_ENV)
     student = tiny_arch_dir("qwen2")

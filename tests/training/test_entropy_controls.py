@@ -114,7 +114,7 @@ def test_the_config_reaches_the_learner_settings():
 
 @pytest.mark.slow
 def test_a_resumed_run_continues_from_the_adapted_coefficient(tmp_path, tiny_experiment):
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     raw = tiny_experiment(
         objective={"adaptive_entropy": {"target": 10.0, "step_size": 0.01}},

@@ -42,7 +42,7 @@ def test_a_step_whose_every_sample_is_unscored_warns_once():
 
 
 def test_an_allow_unscored_run_that_scores_nothing_says_so(tmp_path, tiny_experiment):
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     data = tmp_path / "no_answer.jsonl"  # `accuracy` returns None for rows without an answer
     data.write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(8)))

@@ -16,7 +16,7 @@ from polyrl.config.schema import resolve_arms
 from polyrl.core.types import Completion
 from polyrl.modeling.logprobs import pack_completions, token_logprobs
 from polyrl.modeling.lora import LoraError, add_lora
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 from polyrl.trainer.checkpoint import latest_checkpoint
 
 # What these tests start (pyproject.toml markers).
@@ -261,7 +261,8 @@ def test_vllm_engine_samples_from_the_adapted_policy_every_step(tmp_path, tiny_e
 
 def test_adapter_sync_is_refused_where_it_cannot_apply(tiny_experiment, random_policy_dir):
     from polyrl.config.schema import ConfigError
-    from polyrl.engines.vllm_engine import VLLMRolloutEngine, vllm_lora_rank
+    from polyrl.engines.vllm_engine import VLLMRolloutEngine
+    from polyrl.engines.vllm_lora import vllm_lora_rank
 
     with pytest.raises(ConfigError, match=r"model\.lora\.sync.*rollout\.engine is 'hf'"):
         resolve_arms(tiny_experiment(model={"lora": {"r": 8, "sync": "adapter"}}))

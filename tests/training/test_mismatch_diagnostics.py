@@ -267,7 +267,7 @@ def test_token_tis_twice_is_refused():
     ids=["none", "decoupled", "bypass"],
 )
 def test_every_run_logs_the_mismatch_and_corrected_runs_train(tmp_path, tiny_experiment, correction):
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     raw = tiny_experiment(train={"steps": 2, "learning_rate": 1e-2, "micro_batch_size": 8, "mini_batches": 2})
     if correction is not None:
@@ -294,7 +294,7 @@ def test_every_run_logs_the_mismatch_and_corrected_runs_train(tmp_path, tiny_exp
 @pytest.mark.slow
 def test_an_asynchronous_run_keeps_its_sync_check(tmp_path, tiny_experiment):
     """Before, with max_staleness 1 the gap was neither computed nor checked."""
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     raw = tiny_experiment(rollout={"max_staleness": 1}, train={"steps": 3, "learning_rate": 1e-2, "micro_batch_size": 8})
     arm = build_arm(resolve_arms(raw)["main"], arm="main", arm_dir=tmp_path / "runs" / "main")

@@ -14,7 +14,7 @@ import torch
 from polyrl.config.schema import resolve_arms
 from polyrl.rollout.batches import Rollout, Scores
 from polyrl.rollout.collector import Collected
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 from polyrl.trainer.loop import PhaseTimer
 
 MISMATCH = ("rollout/logprob_gap", "rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/log_ppl_diff")

@@ -9,7 +9,7 @@ import pytest
 
 from polyrl.config.schema import resolve_arms
 from polyrl.learner.ranks import DataParallelLearner
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]  # a local Ray cluster and whole (tiny) runs
 

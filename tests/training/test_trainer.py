@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.config.schema import resolve_arms
 from polyrl.tracking.mlflow_runs import ARM_TAG, ExperimentTracker
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.vllm]

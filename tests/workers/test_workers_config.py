@@ -62,7 +62,7 @@ def test_adapter_sync_is_refused_with_workers(tiny_experiment, tmp_path):
     """The adapter folder is written on the driver's disk; workers get merged weights instead.
     Refused before any engine or Ray starts."""
     from polyrl.config.base import ConfigError
-    from polyrl.trainer.arm import build_arm
+    from polyrl.trainer.build_arm import build_arm
 
     config = ExperimentConfig.model_validate(
         tiny_experiment(rollout={"engine": "vllm", "workers": 2}, model={"lora": {"r": 4, "sync": "adapter"}})
@@ -73,7 +73,7 @@ def test_adapter_sync_is_refused_with_workers(tiny_experiment, tmp_path):
 
 def test_the_run_states_every_ray_actor_it_will_reserve(tiny_experiment):
     from polyrl.config.schema import resolve_arms
-    from polyrl.trainer.arm import ray_demand
+    from polyrl.trainer.build_arm import ray_demand
 
     config = tiny_experiment(
         rollout={"workers": 2, "worker_resources": {"num_cpus": 0.5}},

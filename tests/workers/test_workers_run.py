@@ -10,7 +10,7 @@ import pytest
 
 from polyrl.config.schema import ExperimentConfig
 from polyrl.rewards import CompositeReward, RewardBatch
-from polyrl.trainer.arm import build_arm
+from polyrl.trainer.build_arm import build_arm
 
 # What these tests start (pyproject.toml markers).
 pytestmark = [pytest.mark.vllm, pytest.mark.ray]
