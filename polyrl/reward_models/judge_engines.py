@@ -51,7 +51,8 @@ def start_judge_engine(
     if engine != "vllm":
         raise RewardConfigError(f"judge {field}: {engine!r}; allowed: {', '.join(JUDGE_ENGINES)}")
     from polyrl.engines.kv_cache import KvCacheNeed
-    from polyrl.engines.vllm_engine import EngineStartError, VLLMRolloutEngine
+    from polyrl.engines.vllm_engine import VLLMRolloutEngine
+    from polyrl.engines.vllm_start_errors import EngineStartError
     from polyrl.runtime.threads import set_torch_threads
 
     size: dict[str, Any] = (
