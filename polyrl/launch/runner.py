@@ -18,7 +18,6 @@ the command exits 1 (:class:`ArmFailedError`), and ``--resume`` retrains only th
 
 from __future__ import annotations
 
-import logging
 import shlex
 import signal
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
-from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment, read_yaml
+from polyrl.config.schema import ConfigError, ExperimentConfig, parse_set_options, read_yaml, resolve_arms
 from polyrl.config.seeds import experiment_seeds
 from polyrl.config.until_resolved import UntilResolvedConfig, until_resolved_plan
 from polyrl.core.errors import PolyrlError
@@ -41,7 +40,7 @@ from polyrl.launch.arm_runs import (  # noqa: F401 - ArmFailedError and plain_pr
     reopen_extended_arms,
     train_with_progress,
 )
-from polyrl.launch.arm_steps import start_arm_run, start_experiment_run, train_arm, yaml_text
+from polyrl.launch.arm_steps import start_experiment_run, yaml_text
 from polyrl.launch.experiment_folder import (
     STATE_FILE,
     archive_previous_run,
@@ -52,14 +51,13 @@ from polyrl.launch.experiment_folder import (
     resume_plan,
     write_state,
 )
-from polyrl.launch.interrupts import RunInterrupted, StopNow, StopSignals
-from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes, schedule_note, steps_change
-from polyrl.launch.rounds import TrainingClock, check_fixed_plan, decide_round, fixed_plan, order_in_rounds, record_round
+from polyrl.launch.experiment_run import ExperimentRun
+from polyrl.launch.interrupts import RunInterrupted, StopSignals
+from polyrl.launch.resume_config import ConfigChange
+from polyrl.launch.rounds import TrainingClock, check_fixed_plan, fixed_plan, order_in_rounds
 from polyrl.launch.run_lock import acquire_lock
 from polyrl.tracking.mlflow_runs import (
     ExperimentTracker,
-    RunLogger,
-    TrackingUnavailableError,
     probe_tracking,
     resolve_tracking_uri,
 )
@@ -186,7 +184,7 @@ def _run_locked(
     fail_fast: bool = False,
     rounds: UntilResolvedConfig | None = None,
 ) -> ExperimentResult:
-    from polyrl.launch.run_units import expand_units, start_seeded_arm_run
+    from polyrl.launch.run_units import expand_units
 
     state_path = folder / STATE_FILE
     state = read_state(state_path)
@@ -244,9 +242,7 @@ def _run_locked(
         + (f" · seeds: {', '.join(map(str, seeds))}" if seeds is not None else "")
         + f" · MLflow: {tracking_uri}"
     )
-    arm_loggers: dict[str, RunLogger] = {}  # with seeds: the arm runs open in this process
     schedule = [units] if rounds is None else order_in_rounds(units, rounds)
-    clock = TrainingClock(state) if rounds is not None else None
     if rounds is not None:
         console.print(
             f"until resolved: {len(rounds.comparisons)} comparison(s), rounds of {rounds.seeds_per_round} seed(s) up to "
@@ -254,188 +250,37 @@ def _run_locked(
             + (f", at most {rounds.max_hours} h of training" if rounds.max_hours else ""),
             highlight=False,
         )
-    try:
-        for round_index, round_units in enumerate(schedule):
-            for unit in round_units:
-                key, arm = unit.key, unit.arm
-                run_parent = parent.run_id
-                if seeds is not None:
-                    if arm in state["arms_finished"]:
-                        result.arm_run_ids[arm] = state["arms"][arm]
-                        _record_run_id(result, state, unit)
-                        continue
-                    if arm not in arm_loggers:
-                        arm_loggers[arm] = start_seeded_arm_run(
-                            tracker, parent.run_id, arm, configs[arm], seeds, folder, state["arms"].get(arm), console.print
-                        )
-                        state["arms"][arm] = arm_loggers[arm].run_id
-                        write_state(state_path, state)
-                    run_parent = arm_loggers[arm].run_id
-                    result.arm_run_ids[arm] = run_parent
-                if key in state["finished"]:
-                    console.print(f"[cyan]{key}[/] already finished; skipping")
-                    _record_run_id(result, state, unit)
-                else:
-                    if stop.requested is not None:
-                        raise StopNow(stop.requested)
-                    where["arm"] = key
-                    try:
-                        _train_unit(
-                            unit,
-                            tracker,
-                            parent.run_id,
-                            run_parent,
-                            folder,
-                            state,
-                            state_path,
-                            result,
-                            changes,
-                            resume_steps,
-                            tracking_uri=tracking_uri,
-                            resume=resume,
-                            console=console,
-                            show_progress=show_progress,
-                            stop=stop,
-                        )
-                    except TrackingUnavailableError:
-                        raise  # the store is away for every arm alike
-                    except Exception as error:  # noqa: BLE001 - arms are independent: record it, run the next one
-                        if fail_fast or len(units) == 1:
-                            raise  # nothing else to run: the arm's own error, as it was
-                        result.failed[key] = arm_error_text(error)
-                        _record_run_id(result, state, unit)
-                        logging.getLogger("polyrl.run").info(
-                            "arm %r failed", key, exc_info=error
-                        )  # the traceback: to the log file only
-                        console.print(f"[red]{key}: FAILED[/] ({result.failed[key]}); the other arms continue", highlight=False)
-                    where["arm"] = None
-                if seeds is not None and unit.seed == seeds[-1]:
-                    close_arm_run(arm, arm_loggers.pop(arm), state, state_path, failed=result.failed)
-            if rounds is not None and _round_settles(
-                rounds, round_index, tracker, state, state_path, parent, clock, console, arm_loggers, result
-            ):
-                break
-    except TrackingUnavailableError:
-        raise  # the parent run cannot be reached to be closed; a resume closes it
-    except BaseException as error:
-        killed = isinstance(error, KeyboardInterrupt)
-        message = f"arm {where['arm']!r}: {error}" if where["arm"] and isinstance(error, PolyrlError) else None
-        for arm_logger in arm_loggers.values():
-            arm_logger.finish_after_error("KILLED" if killed else "FAILED", message)
-        parent.finish_after_error("KILLED" if killed else "FAILED", message)
-        raise
-    if result.failed:
-        raise arms_failed(result, parent, len(units))
-    parent.finish()
-    return result
-
-
-def _round_settles(rounds, round_index, tracker, state, state_path, parent, clock, console, arm_loggers, result) -> bool:
-    """After round ``round_index``: every comparison's decision, recorded; True when no round
-    follows (every comparison decided, the hours spent, or the seed budget reached). Open arm
-    runs close then, over the seeds they ran."""
-    seeds_so_far = [seed for r in rounds.rounds()[: round_index + 1] for seed in r]
-    outcome = decide_round(tracker.client, state, rounds, seeds_so_far)
-    clock.save(state)
-    record_round(state, parent, outcome, clock.elapsed())
-    write_state(state_path, state)
-    for sentence in outcome.sentences:
-        console.print(f"[bold]round {round_index + 1}[/] ({len(seeds_so_far)} seeds): {sentence}", highlight=False)
-    over_time = rounds.max_hours is not None and clock.elapsed() >= rounds.max_hours * 3600
-    last = round_index + 1 == len(rounds.rounds())
-    if not (outcome.settled or over_time or last):
-        return False
-    why = (
-        "every comparison is decided"
-        if outcome.settled
-        else f"the budget of {rounds.max_hours} h is spent"
-        if over_time
-        else "the seed budget is spent"
-    )
-    console.print(f"until resolved: {why}; {len(seeds_so_far)} of {rounds.max_seeds} seeds run", highlight=False)
-    for arm in list(arm_loggers):
-        close_arm_run(arm, arm_loggers.pop(arm), state, state_path, failed=result.failed)
-    return True
-
-
-def _record_run_id(result: ExperimentResult, state: dict[str, Any], unit) -> None:
-    if unit.seed is None:
-        result.arm_run_ids[unit.arm] = state["arms"][unit.arm]
-    else:
-        result.seed_run_ids[unit.key] = state["runs"][unit.key]
-
-
-def _train_unit(
-    unit,
-    tracker,
-    experiment_run_id,
-    run_parent,
-    folder,
-    state,
-    state_path,
-    result,
-    changes,
-    resume_steps,
-    *,
-    tracking_uri,
-    resume,
-    console,
-    show_progress,
-    stop,
-) -> None:
-    """Start (or reopen) one arm × seed run, train it to the end and record it as finished."""
-    key = unit.key
-    unit_changes = changes.get(key) or []
-    run_ids = state["arms"] if unit.seed is None else state["runs"]
-    logger = start_arm_run(
-        tracker,
-        run_parent,
-        unit.arm,
-        unit.config,
-        arm_dir=folder / key,
-        resume_run_id=run_ids.get(key),
-        echo=console.print,
-        config_changes=unit_changes,
-        resume_step=resume_steps.get(key, 0),
-        seed=unit.seed,
-    )
-    if unit_changes:
-        at = resume_steps.get(key, 0)
-        console.print(
-            f"[cyan]{key}[/]: applying config changes from step {at + 1}: {describe_changes(unit_changes)}", highlight=False
-        )
-        if (steps := steps_change(unit_changes)) is not None and isinstance(steps.old, int):
-            note = schedule_note(unit.config, steps.old, at)
-            console.print(f"[cyan]{key}[/]: {note}", highlight=False)
-            logger.set_tags({f"polyrl.schedule_change.step_{at:06d}": note})
-    run_ids[key] = logger.run_id
-    state["arm_configs"][key] = config_snapshot(unit.config)
-    write_state(state_path, state)
-    _record_run_id(result, state, unit)
-    history = train_arm(
-        unit.config,
-        arm=unit.arm,
-        arm_dir=folder / key,
-        logger=logger,
-        parent_run_id=experiment_run_id,
-        tracking_uri=tracking_uri,
+    run = ExperimentRun(
+        configs=configs,
+        seeds=seeds,
+        folder=folder,
+        state=state,
+        tracker=tracker,
+        parent=parent,
+        result=result,
+        changes=changes,
+        resume_steps=resume_steps,
         resume=resume,
-        train=lambda trainer: train_with_progress(trainer, console, show_progress, stop),
-        on_resumed=lambda step: console.print(f"[cyan]{key}[/]: resumed from step {step}"),
+        console=console,
+        show_progress=show_progress,
+        stop=stop,
+        where=where,
+        fail_fast=fail_fast,
+        units=len(units),
+        rounds=rounds,
+        clock=TrainingClock(state) if rounds is not None else None,
     )
-    # A resume that trained no step (the run had reached its last step) reports what it logged last.
-    result.final_metrics[key] = history[-1] if history else last_logged_metrics(tracker.client, logger.run_id)
-    state["finished"].append(key)
-    write_state(state_path, state)
+    return run.run(schedule)
 
 
 def validate_file(path: str | Path, set_options: list[str] | None = None) -> dict[str, ExperimentConfig]:
     """Resolve and validate every arm; also checks that reward modules resolve."""
     from polyrl.rewards import load_reward_class
 
-    configs = load_experiment(path, set_options=set_options)
-    experiment_seeds(read_yaml(path), source=str(path))  # a bad seeds key is refused here too
-    until_resolved_plan(read_yaml(path), list(configs), source=str(path))  # and a bad until_resolved block
+    raw = read_yaml(path)
+    configs = resolve_arms(raw, source=str(path), overrides=parse_set_options(set_options or []))
+    experiment_seeds(raw, source=str(path))  # a bad seeds key is refused here too
+    until_resolved_plan(raw, list(configs), source=str(path))  # and a bad until_resolved block
     for arm, config in configs.items():
         for index, spec in enumerate(config.rewards):
             try:
