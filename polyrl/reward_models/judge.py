@@ -15,15 +15,16 @@ ranks a group of trajectories in one judge call). Deviation: RULER asks for all 
 scores in one JSON answer; here each completion is read in its own pass with the whole group
 in the prompt, so the probability reading works per completion and one unreadable answer does
 not lose the group.
+
+The rubric's templates and check are :mod:`polyrl.reward_models.judge_rubric`; the judge model's
+reference and its resolution to a folder, :mod:`polyrl.reward_models.judge_model`.
 """
 
 from __future__ import annotations
 
 import math
-import string
 import time
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from polyrl.core.types import PromptSample, SamplingSettings
@@ -34,65 +35,15 @@ from polyrl.reward_models.judge_engines import (
     score_token_logprobs,
     start_judge_engine,
 )
-from polyrl.reward_models.reading import expected_score_from_logprobs, groups_of, numbered, parse_score
+from polyrl.reward_models.judge_model import check_model_reference, resolve_model
+from polyrl.reward_models.judge_rubric import checked_rubric, filled_rubrics, score_text, scores_text
+from polyrl.reward_models.reading import expected_score_from_logprobs, parse_score
 from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModule
 from polyrl.rewards.registry import register_reward
-
-DEFAULT_RUBRIC = (
-    "Rate how well the answer responds to the request. 1 means wrong or off-topic, 5 means correct, "
-    "complete and clear.\n\nRequest: {prompt}\n\nAnswer: {completion}\n\nReply with one number: {scores}."
-)
-DEFAULT_GROUP_RUBRIC = (
-    "Here are {n} answers to the same request.\n\nRequest: {prompt}\n\n{completions}\n\nCompared with the "
-    "other answers, how good is answer {index}? 1 means the worst, 5 the best. Reply with one number: {scores}."
-)
-SINGLE_FIELDS = {"prompt", "completion", "reference", "answer", "scores"}
-GROUP_FIELDS = {"prompt", "completions", "index", "n", "reference", "answer", "scores"}
 
 
 def _field(name: str) -> str:
     return f"params.{name}"
-
-
-def template_fields(template: str) -> set[str]:
-    try:
-        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    except ValueError as error:  # an unmatched brace
-        raise RewardConfigError(
-            f"judge {_field('rubric')}: not a valid template ({error}); write a literal brace as {{{{ }}}}"
-        ) from None
-
-
-def check_model_reference(model: str) -> None:
-    """Refuse a ``params.model`` that is neither a path that exists, a ``.gguf`` path (checked when
-    the judge starts) nor a built-in pretrained model's name, under the judge's own field: a
-    mistyped folder used to be reported as an unknown ``model.builtin.name``."""
-    from polyrl.policies.pretrained import PRETRAINED, is_gguf_path
-
-    if is_gguf_path(model) or Path(model).expanduser().exists() or model in PRETRAINED:
-        return
-    raise RewardConfigError(
-        f"judge {_field('model')}: {model!r} is no folder or file that exists, nor a built-in pretrained model; "
-        f"allowed: a Hugging Face model folder, a .gguf file, or one of {', '.join(PRETRAINED)}"
-    )
-
-
-def resolve_model(model: str) -> Path:
-    """A judge model: a Hugging Face folder, a ``.gguf`` file (converted once, as a policy's), or
-    the name of a built-in pretrained model (``smollm2-135m-instruct``)."""
-    from polyrl.policies.paths import check_model_dir
-    from polyrl.policies.pretrained import MissingPackageError, converted_gguf_dir, is_gguf_path, pretrained_dir
-
-    field = f"judge {_field('model')}"
-    if is_gguf_path(model):
-        return converted_gguf_dir(model, field=field)
-    if Path(model).expanduser().exists():
-        return check_model_dir(Path(model).expanduser(), field=field)
-    check_model_reference(model)
-    try:
-        return pretrained_dir(model)
-    except MissingPackageError as error:  # its message names the policy's field, model.builtin.name
-        raise MissingPackageError(str(error).replace("model.builtin.name", field, 1)) from None
 
 
 @register_reward("judge")
@@ -161,17 +112,7 @@ class JudgeReward(RewardModule):
             raise RewardConfigError(f"judge {_field('scores')}: a list of numbers, got {scores!r}") from None
         if len(self.scores) < 2 or len(set(self.scores)) != len(self.scores) or not all(map(math.isfinite, self.scores)):
             raise RewardConfigError(f"judge {_field('scores')}: at least two distinct finite numbers, got {scores!r}")
-        rubric = rubric if rubric is not None else (DEFAULT_GROUP_RUBRIC if group else DEFAULT_RUBRIC)
-        fields = template_fields(rubric)
-        allowed = GROUP_FIELDS if group else SINGLE_FIELDS
-        needed = {"completions", "index"} if group else {"completion"}
-        if fields - allowed:
-            raise RewardConfigError(
-                f"judge {_field('rubric')}: unknown placeholder(s) {sorted(fields - allowed)}; allowed "
-                f"{'with group: true' if group else ''}: {', '.join(sorted(allowed))}"
-            )
-        if needed - fields:
-            raise RewardConfigError(f"judge {_field('rubric')}: must contain {', '.join('{' + f + '}' for f in sorted(needed))}")
+        rubric = checked_rubric(rubric, group)
         for name, value, low in (("min_score_mass", min_score_mass, 0.0), ("time_budget_s", time_budget_s, 0.0)):
             if value is not None and not (value > low if name == "time_budget_s" else 0 < value <= 1):
                 raise RewardConfigError(f"judge {_field(name)}: {value!r} out of range")
@@ -246,10 +187,10 @@ class JudgeReward(RewardModule):
         if self.read == "probabilities":
             ids = []
             for score in self.scores:
-                pieces = tokenizer.encode(self._score_text(score), add_special_tokens=False)
+                pieces = tokenizer.encode(score_text(score), add_special_tokens=False)
                 if len(pieces) != 1:
                     raise RewardConfigError(
-                        f"judge {_field('scores')}: score {self._score_text(score)!r} is {len(pieces)} tokens for the judge's "
+                        f"judge {_field('scores')}: score {score_text(score)!r} is {len(pieces)} tokens for the judge's "
                         "tokenizer; read: probabilities needs one token per score (use read: parsed, or single-digit scores)"
                     )
                 ids.append(pieces[0])
@@ -258,32 +199,10 @@ class JudgeReward(RewardModule):
             return ids
         return []
 
-    @staticmethod
-    def _score_text(score: float) -> str:
-        return str(int(score)) if float(score).is_integer() else str(score)
-
     # -- judge inputs -----------------------------------------------------------------------------
-    def _scores_text(self) -> str:
-        texts = [self._score_text(s) for s in self.scores]
-        return ", ".join(texts[:-1]) + " or " + texts[-1]
-
     def judge_inputs(self, batch: RewardBatch) -> list[str]:
         """The judge's input text of each sample (chat template applied when asked and available)."""
-        common = lambda i: {  # noqa: E731
-            "prompt": batch.prompts[i],
-            "reference": batch.references[i][0] if batch.references[i] else "",
-            "answer": "" if batch.fields[i].get(self.reference_field) is None else str(batch.fields[i][self.reference_field]),
-            "scores": self._scores_text(),
-        }
-        texts: list[str] = [""] * len(batch)
-        if self.group:
-            for members in groups_of(batch.prompts):
-                listing = numbered([batch.completions[i] for i in members])
-                for k, i in enumerate(members, start=1):
-                    texts[i] = self.rubric.format(**common(i), completions=listing, index=k, n=len(members))
-        else:
-            for i in range(len(batch)):
-                texts[i] = self.rubric.format(**common(i), completion=batch.completions[i])
+        texts = filled_rubrics(self.rubric, batch, group=self.group, reference_field=self.reference_field, scores=self.scores)
         return [self._wrap(text) for text in texts]
 
     def _wrap(self, text: str) -> str:
@@ -402,7 +321,7 @@ class JudgeReward(RewardModule):
             if self.read == "parsed":
                 answer = details.get("unreadable_answer")
                 reasons.append(
-                    f"{stats['unreadable']} whose answer held no allowed score ({self._scores_text()}) as its first "
+                    f"{stats['unreadable']} whose answer held no allowed score ({scores_text(self.scores)}) as its first "
                     f"number (read: parsed; first such answer: {answer!r}); check the rubric and "
                     f"{_field('answer_prefix')}, or raise {_field('max_new_tokens')} ({self.max_new_tokens}) if "
                     "answers are cut short"
