@@ -93,7 +93,7 @@ def checked_training_prompts(
     """The training prompts exactly as the sampler holds them (chat formatted with the policy's
     tokenizer, :func:`polyrl.data.chat.format_prompts`), refused when one leaves no position for a
     response. The one rule both the sampler (``trainer/build_data.py``) and the pre-flight check of
-    ``polyrl validate`` / ``polyrl run`` (``launch/preflight.py``) apply, so they refuse alike."""
+    ``polyrl validate`` / ``polyrl run`` (``launch/preflight_prompts.py``) apply, so they refuse alike."""
     samples = format_prompts(rows, tokenizer, fmt, model=model)
     limit, bound = prompt_token_limit(max_model_len, model_dir, positions=positions)
     check_prompt_lengths(samples, tokenizer, limit=limit, bound=bound, source=source)

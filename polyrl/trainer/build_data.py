@@ -59,7 +59,7 @@ def build_sampler(cfg: ExperimentConfig, rows: list[Any], policy_path: Path, tok
     prompts are formatted here, once, with the policy's tokenizer (:mod:`polyrl.data.chat`)."""
     check_model_takes_images(policy_path, rows, images_field=cfg.data.images_field)
     # Refused, not cut (a cut prompt would train on a question the data never asked); the same
-    # check as the pre-flight's (launch/preflight.py), so validate refuses what run would.
+    # check as the pre-flight's (launch/preflight_prompts.py), so validate refuses what run would.
     samples = checked_training_prompts(
         rows,
         tokenizer,

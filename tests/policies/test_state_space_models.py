@@ -150,7 +150,7 @@ def test_the_preflight_of_a_run_refuses_jamba_with_vllm_and_not_with_hf(folders,
 
 
 def test_only_a_config_with_state_space_settings_sends_the_preflight_to_vllm(folders):
-    from polyrl.launch.preflight import _declares_state_space
+    from polyrl.launch.preflight_this_machine import _declares_state_space
 
     assert _declares_state_space(folders["jamba"] / "config.json")  # mamba_d_state, mamba_expand …
     assert _declares_state_space(folders["mamba"] / "config.json")  # state_size

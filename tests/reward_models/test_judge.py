@@ -199,7 +199,7 @@ def test_long_judge_inputs_are_named_with_the_limit(chat_model_dir):
 
 
 def test_a_missing_model_folder_is_refused_under_the_judges_field(tmp_path):
-    from polyrl.launch.preflight import reward_problems
+    from polyrl.launch.preflight_rewards import reward_problems
     from polyrl.rewards.composite import RewardSpec
 
     missing = str(tmp_path / "no_such_judge")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from polyrl.config.schema import ConfigError, ExperimentConfig
-from polyrl.launch.preflight import reward_problems
+from polyrl.launch.preflight_rewards import reward_problems
 from polyrl.rewards import RewardSpec
 from polyrl.trainer.build_data import accuracy_label, reward_specs
 
