@@ -153,31 +153,26 @@ def arm_seed_finals(
     """metric → seed → the last logged value, over the finished seed runs of ``arm`` in the newest
     run of ``experiment`` (as ``compare`` counts them). Without ``metrics``: the eval headline
     metrics the runs logged."""
-    from polyrl.analysis.compare import CompareError, require_existing_store
-    from polyrl.analysis.report_metrics import eval_headline_keys, logged_metric_keys, metric_histories
-    from polyrl.analysis.seed_report import finished_seed_runs
-    from polyrl.tracking.mlflow_runs import ARM_TAG, SEED_TAG, find_arm_runs, find_parent_run, find_seed_runs, make_client
+    from polyrl.analysis.experiment_runs import (
+        experiment_arm_run_ids,
+        finished_seed_runs,
+        require_existing_store,
+        seed_finals,
+        seed_runs_of,
+    )
+    from polyrl.analysis.report_metrics import eval_headline_keys, logged_metric_keys
+    from polyrl.tracking.mlflow_runs import make_client
 
     require_existing_store(tracking_uri)
     client = make_client(tracking_uri)
-    parent = find_parent_run(client, experiment)
-    if parent is None:
-        raise CompareError(f"no polyrl experiment named {experiment!r} in {tracking_uri}; run it first (polyrl run …)")
-    arm_runs = {
-        run.data.tags.get(ARM_TAG, run.info.run_name): run.info.run_id
-        for run in find_arm_runs(client, parent.info.experiment_id, parent.info.run_id)
-    }
+    parent, arm_runs = experiment_arm_run_ids(client, experiment, tracking_uri)
     if arm not in arm_runs:
         raise CalibrationError(f"--arm {arm!r} is not an arm of experiment {experiment!r}; its arms: {', '.join(arm_runs)}")
-    seed_runs = {
-        int(run.data.tags.get(SEED_TAG, "0")): run.info.run_id
-        for run in find_seed_runs(client, parent.info.experiment_id, arm_runs[arm])
-    }
+    _, seed_runs = seed_runs_of(client, parent, {arm: arm_runs[arm]})
     if not seed_runs:
         raise CalibrationError(f"experiment {experiment!r} has no seed runs of arm {arm!r}: A/A needs an arm run with seeds")
-    kept, _ = finished_seed_runs(client, {arm: seed_runs})
-    run_ids = kept[arm]
-    logged = logged_metric_keys(client, list(run_ids.values()))
+    kept, _ = finished_seed_runs(client, seed_runs)
+    logged = logged_metric_keys(client, list(kept[arm].values()))
     if metrics is None:
         metrics = eval_headline_keys(logged)
     unknown = [m for m in metrics if m not in logged]
@@ -185,8 +180,4 @@ def arm_seed_finals(
         raise CalibrationError(
             f"--metric {', '.join(unknown)}: not logged by the seed runs of {arm!r}; logged: {', '.join(sorted(logged))}"
         )
-    out: dict[str, dict[int, float]] = {metric: {} for metric in metrics}
-    for seed, run_id in run_ids.items():
-        for metric, points in metric_histories(client, run_id, metrics).items():
-            out[metric][seed] = points[-1][1]
-    return out
+    return {metric: by_arm[arm] for metric, by_arm in seed_finals(client, kept, metrics).items()}

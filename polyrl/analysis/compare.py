@@ -13,46 +13,39 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from polyrl.analysis.arm_status import ArmStatus, arm_status, planned_arms, status_lines, unfinished_summary  # noqa: E402
 from polyrl.analysis.compare_axis import Budget, axis_named, budget_for  # noqa: E402
 from polyrl.analysis.compare_views import annotate_arm_runs, headline_summary, log_headline_metrics, write_chart_view  # noqa: E402
+from polyrl.analysis.difference_tables import compared_pairs  # noqa: E402
 from polyrl.analysis.example_runs import runs_example_rows  # noqa: E402
+from polyrl.analysis.experiment_runs import (  # noqa: E402
+    CompareError,
+    experiment_arm_run_ids,
+    experiment_arm_runs,
+    finished_seed_runs,
+    require_existing_store,
+    seed_runs_of,
+)
 from polyrl.analysis.health_notes import health_warnings, with_health_section  # noqa: E402
 from polyrl.analysis.per_example_report import PairExamples, pair_examples, per_example_markdown, with_section  # noqa: E402
 from polyrl.analysis.report_metrics import (  # noqa: E402
-    CURVES,
-    TABLE_METRICS,
     eval_metric_keys,
     headline_keys,
-    metric_histories,
-    save_curve_plot,
 )
-from polyrl.analysis.seed_report import compared_pairs, finished_seed_runs, metric_name, seeded_report  # noqa: E402
+from polyrl.analysis.seed_report import seeded_report  # noqa: E402
 from polyrl.analysis.sequential_report import read_sequence, sequential_section  # noqa: E402
-from polyrl.core.errors import PolyrlError  # noqa: E402
+from polyrl.analysis.single_seed_report import single_seed_headline, single_seed_report  # noqa: E402
 from polyrl.tracking.mlflow_runs import (  # noqa: E402
-    ARM_TAG,
     NOTE_TAG,
-    SEED_TAG,
-    find_arm_runs,
-    find_parent_run,
-    find_seed_runs,
     make_client,
-    sqlite_store_path,
 )
 from polyrl.tracking.ui_links import compare_runs_url, ui_base_url  # noqa: E402
-
-
-class CompareError(PolyrlError, RuntimeError):
-    pass
 
 
 @dataclass
@@ -70,52 +63,12 @@ class Comparison:
     statuses: list[ArmStatus] | None = None  # every planned arm, in order
     unfinished: str | None = None  # a sentence naming the arms that did not finish; None when all did
     headline: dict[str, float] | None = None  # the figures logged as the parent run's metrics
-    differences: list | None = None  # seed_report.pairwise_rows: (metric, arm a, arm b, difference, Holm p, verdict)
+    differences: list | None = None  # difference_tables.pairwise_rows: (metric, arm a, arm b, difference, Holm p, verdict)
     baseline: str | None = None  # each arm compared with this one (--baseline), else every pair
     metrics: list[str] | None = None  # the metrics compared (--metrics), else the default ones
     per_example: list[PairExamples] | None = None  # flip tables and intervals from the eval_examples artifacts
     axis: str = "step"  # --axis: what the curves are drawn against and the finals taken at
     budget: float | None = None  # on a compute axis, the most every compared run reached (where the finals are taken)
-
-
-def _format(value: float | None) -> str:
-    if value is None:
-        return "–"
-    return f"{value:.4g}"
-
-
-def markdown_table(rows: dict[str, dict[str, float | None]], columns: list[str]) -> str:
-    header = "| arm | " + " | ".join(columns) + " |"
-    rule = "|---|" + "---|" * len(columns)
-    lines = [header, rule]
-    for arm, values in rows.items():
-        lines.append(f"| {arm} | " + " | ".join(_format(values.get(c)) for c in columns) + " |")
-    return "\n".join(lines)
-
-
-def local_store_path(tracking_uri: str) -> Path | None:
-    """The file or folder of a local MLflow store (``sqlite:///…``, ``file:…`` or a bare path);
-    ``None`` for a server or an in-memory database."""
-    if tracking_uri.startswith("sqlite:"):
-        return sqlite_store_path(tracking_uri)
-    parsed = urlparse(tracking_uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    # A bare path; bare words ("databricks") name other stores, so only what looks like a path.
-    if (parsed.scheme == "" or re.fullmatch(r"[A-Za-z]", parsed.scheme)) and ("/" in tracking_uri or "\\" in tracking_uri):
-        return Path(tracking_uri)
-    return None
-
-
-def require_existing_store(tracking_uri: str) -> None:
-    """Refuse a local store that does not exist: MLflow would silently create an empty one
-    (and its folders) where a mistyped path points, and then report no experiment."""
-    path = local_store_path(tracking_uri)
-    if path is not None and not path.exists():
-        raise CompareError(
-            f"MLflow store {str(path)!r} (from {tracking_uri}) does not exist; check --tracking-uri or "
-            "$MLFLOW_TRACKING_URI (polyrl run writes ./mlflow.db in the folder it runs from)"
-        )
 
 
 def default_report_dir(experiment: str) -> Path:
@@ -128,52 +81,6 @@ def default_report_dir(experiment: str) -> Path:
     from polyrl.evals.models import slugify
 
     return Path("reports") / slugify(experiment)
-
-
-def _arm_run_objects(client: MlflowClient, experiment: str, tracking_uri: str):
-    """The experiment's newest parent run and its arm runs by arm name."""
-    parent = find_parent_run(client, experiment)
-    if parent is None:
-        raise CompareError(f"no polyrl experiment named {experiment!r} in {tracking_uri}; run it first (polyrl run …)")
-    arm_runs = find_arm_runs(client, parent.info.experiment_id, parent.info.run_id)
-    if not arm_runs:
-        planned = planned_arms(parent)
-        raise CompareError(
-            f"experiment {experiment!r} (run {parent.info.run_id}, status {parent.info.status}) has no arm runs yet"
-            + (f"; none of its arms ({', '.join(planned)}) has started" if planned else "")
-        )
-    return parent, {run.data.tags.get(ARM_TAG, run.info.run_name): run for run in arm_runs}
-
-
-def _arm_runs(client: MlflowClient, experiment: str, tracking_uri: str):
-    parent, runs = _arm_run_objects(client, experiment, tracking_uri)
-    return parent, {arm: run.info.run_id for arm, run in runs.items()}
-
-
-def plot_curves(
-    histories: dict[str, dict[str, list[tuple[int, float]]]],
-    keys: list[str],
-    titles: dict[str, str],
-    *,
-    experiment: str,
-    out: Path,
-) -> list[Path]:
-    """One PNG per metric: a line per arm."""
-    plot_paths = []
-    for key in keys:
-        figure, axis = plt.subplots(figsize=(6, 3.6))
-        drawn = False
-        for arm, history in histories.items():
-            points = history.get(key)
-            if points:
-                axis.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=2.5, label=arm)
-                drawn = True
-        if not drawn:
-            plt.close(figure)
-            continue
-        axis.set_title(f"{experiment}: {titles[key]}")
-        plot_paths.append(save_curve_plot(figure, axis, out, key))
-    return plot_paths
 
 
 def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str, summary: str = "") -> str:
@@ -195,12 +102,11 @@ def ui_note(report: str, *, parent_run_id: str, compare_url_fragment: str, summa
     return note
 
 
-def _view_runs(client: MlflowClient, arms: dict[str, str], seed_runs: dict[str, dict[int, str]]) -> list[str]:
-    """The runs the chart view is built from: the seed runs that count, else the arm runs. With
-    seeds, :func:`~polyrl.analysis.compare_views.write_chart_view` draws each arm's run (their
-    per-step mean, in the arm's colour) and saves the seed runs grouped by arm as a second view."""
-    if seed_runs:
-        kept, _ = finished_seed_runs(client, seed_runs)
+def _view_runs(arms: dict[str, str], kept: dict[str, dict[int, str]]) -> list[str]:
+    """The runs the chart view is built from: the seed runs that count (``kept``), else the arm
+    runs. With seeds, :func:`~polyrl.analysis.compare_views.write_chart_view` draws each arm's run
+    (their per-step mean, in the arm's colour) and saves the seed runs grouped by arm as a second view."""
+    if kept:
         return [run_id for by_seed in kept.values() for run_id in by_seed.values()]
     return list(arms.values())
 
@@ -209,13 +115,13 @@ def _chart_view(
     client: MlflowClient,
     parent,
     arms: dict[str, str],
-    seed_runs: dict[str, dict[int, str]],
+    kept: dict[str, dict[int, str]],
     base_url: str,
     x_axis_metric: str | None = None,
 ) -> tuple[str, list[str]]:
     """The chart view's URL, and the eval metrics of the runs it shows (drawn against
     ``x_axis_metric``, a compute counter, when given; else against the step)."""
-    run_ids = _view_runs(client, arms, seed_runs)
+    run_ids = _view_runs(arms, kept)
     eval_keys = eval_metric_keys(client, run_ids)
     return write_chart_view(
         client,
@@ -229,25 +135,16 @@ def _chart_view(
     ), eval_keys
 
 
-def _seed_run_ids(client: MlflowClient, parent, arms: dict[str, str]):
-    all_seed_runs = {arm: find_seed_runs(client, parent.info.experiment_id, run_id) for arm, run_id in arms.items()}
-    seed_runs = {
-        arm: {int(run.data.tags.get(SEED_TAG, "0")): run.info.run_id for run in runs}
-        for arm, runs in all_seed_runs.items()
-        if runs
-    }
-    return all_seed_runs, seed_runs
-
-
 def experiment_compare_url(experiment: str, *, tracking_uri: str, base_url: str | None = None) -> str:
     """The chart view of the newest run of ``experiment`` (its arms' step curves, one line per arm:
     the mean over its seeds where it has them), saved on the experiment first
     (:mod:`polyrl.analysis.compare_views`)."""
     require_existing_store(tracking_uri)
     client = make_client(tracking_uri)
-    parent, arms = _arm_runs(client, experiment, tracking_uri)
-    _, seed_runs = _seed_run_ids(client, parent, arms)
-    return _chart_view(client, parent, arms, seed_runs, base_url or ui_base_url(tracking_uri))[0]
+    parent, arms = experiment_arm_run_ids(client, experiment, tracking_uri)
+    _, seed_runs = seed_runs_of(client, parent, arms)
+    kept = finished_seed_runs(client, seed_runs)[0] if seed_runs else {}
+    return _chart_view(client, parent, arms, kept, base_url or ui_base_url(tracking_uri))[0]
 
 
 def check_baseline(baseline: str | None, arms: list[str], experiment: str) -> None:
@@ -274,20 +171,21 @@ def compare_experiment(
     chosen_axis = axis_named(axis)
     require_existing_store(tracking_uri)
     client = make_client(tracking_uri)
-    parent, arm_runs = _arm_run_objects(client, experiment, tracking_uri)
+    parent, arm_runs = experiment_arm_runs(client, experiment, tracking_uri)
     arms = {arm: run.info.run_id for arm, run in arm_runs.items()}
     order = list(dict.fromkeys(planned_arms(parent) + list(arm_runs)))
     check_baseline(baseline, order, experiment)
-    all_seed_runs, seed_runs = _seed_run_ids(client, parent, arms)
+    all_seed_runs, seed_runs = seed_runs_of(client, parent, arms)
     statuses = [arm_status(arm, arm_runs.get(arm), all_seed_runs.get(arm)) for arm in order]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Only runs that finished are compared: a failed, stopped or running one has no final value
     # (the seed report leaves out and names each seed run that did not finish).
     finished = {status.arm for status in statuses if status.finished}
-    compared = (
-        finished_seed_runs(client, seed_runs)[0] if seed_runs else {arm: {None: arms[arm]} for arm in order if arm in finished}
-    )
+    # Which seed runs count is read once (each seed run's status and last step) for the tables,
+    # the per-example section and the chart view.
+    kept, left_out = finished_seed_runs(client, seed_runs) if seed_runs else ({}, [])
+    compared = kept if seed_runs else {arm: {None: arms[arm]} for arm in order if arm in finished}
     budget = budget_for(client, chosen_axis, compared)
     if seed_runs:
         report, table, plot_paths, histories, rows, headline = seeded_report(
@@ -295,7 +193,8 @@ def compare_experiment(
             experiment,
             parent.info.run_id,
             tracking_uri,
-            seed_runs,
+            kept,
+            left_out,
             out,
             baseline=baseline,
             metrics=metrics,
@@ -308,7 +207,7 @@ def compare_experiment(
                 f"experiment {experiment!r} ran one seed per arm: its report has final values but no differences, so "
                 "--baseline and --metrics would change nothing; run it with seeds (`seeds: 3`, or polyrl run … --seeds 0,1,2)"
             )
-        report, table, plot_paths, histories = _single_seed_report(
+        report, table, plot_paths, histories = single_seed_report(
             client,
             experiment,
             parent.info.run_id,
@@ -337,7 +236,7 @@ def compare_experiment(
             client.log_artifact(parent.info.run_id, str(path), "comparison")
         log_headline_metrics(client, parent.info.run_id, headline)
         annotate_arm_runs(client, parent.info.experiment_id, arm_runs, all_seed_runs)
-        url, eval_keys = _chart_view(client, parent, arms, seed_runs, base_url, budget and chosen_axis.counter)
+        url, eval_keys = _chart_view(client, parent, arms, kept, base_url, budget and chosen_axis.counter)
         fragment = url[url.index("#") :]
         summary = headline_summary(headline, list(arms), headline_keys(eval_keys))
         client.set_tag(
@@ -380,18 +279,6 @@ def _per_example(
     return pairs, per_example_markdown(pairs, rows)
 
 
-def single_seed_headline(histories: dict[str, dict[str, list[tuple[int, float]]]]) -> dict[str, float]:
-    """One seed per arm: each arm's last value of the compared metrics (``<arm>/<key>/final``);
-    no interval (one value)."""
-    keys = set(headline_keys([key for history in histories.values() for key in history if key.startswith("eval/")]))
-    return {
-        f"{metric_name(arm)}/{key}/final": points[-1][1]
-        for arm, history in histories.items()
-        for key, points in history.items()
-        if points and key in keys
-    }
-
-
 def with_status_section(report: str, statuses: list[ArmStatus], unfinished: str | None) -> str:
     """The report with an "Arms" section (each arm's status) before its first section."""
     head, rule, rest = report.partition("\n## ")
@@ -399,49 +286,3 @@ def with_status_section(report: str, statuses: list[ArmStatus], unfinished: str 
         ["## Arms", "", *status_lines(statuses), "", f"**{unfinished}.**" if unfinished else "All arms finished.", ""]
     )
     return f"{head}\n{section}{rule}{rest}"
-
-
-def _single_seed_report(client, experiment, parent_run_id, tracking_uri, arms, out, budget: Budget | None = None):
-    eval_keys = eval_metric_keys(client, list(arms.values()))
-    curve_keys = [key for key, _ in CURVES] + eval_keys
-    histories = {
-        arm: metric_histories(client, run_id, sorted(set(curve_keys) | set(TABLE_METRICS))) for arm, run_id in arms.items()
-    }
-    titles = dict(CURVES) | {key: key for key in eval_keys}
-    if budget:  # against the compute axis; finals at the budget (one run per arm: "seed" None)
-        wrapped = {arm: {key: {None: points} for key, points in history.items()} for arm, history in histories.items()}
-        plot_paths = budget.plot(wrapped, curve_keys, titles, experiment=experiment, out=out, seeded=False)
-        histories = {
-            arm: {key: points[None] for key, points in history.items() if points[None]}
-            for arm, history in budget.limited(wrapped).items()
-        }
-    else:
-        plot_paths = plot_curves(histories, curve_keys, titles, experiment=experiment, out=out)
-    columns = [key for key in TABLE_METRICS + tuple(eval_keys) if any(key in h for h in histories.values())]
-    final = {arm: {key: history[key][-1][1] for key in columns if key in history} for arm, history in histories.items()}
-    start_keys = ["reward/mean", "train/accuracy", "rollout/response_length/mean", *eval_keys]
-    first = {arm: {key: history[key][0][1] for key in start_keys if key in history} for arm, history in histories.items()}
-    table = markdown_table(final, columns)
-    start_table = markdown_table(first, [c for c in start_keys if any(c in v for v in first.values())])
-    report = "\n".join(
-        [
-            f"# {experiment}: comparison of arms",
-            "",
-            f"Parent run `{parent_run_id}` · tracking `{tracking_uri}`",
-            "",
-            f"## Final values ({budget.heading() if budget else 'last logged step'})",
-            "",
-            *([budget.note(), ""] if budget else []),
-            table,
-            "",
-            "## Start (first logged step; eval metrics at step 0 are the starting policy)",
-            "",
-            start_table,
-            "",
-            "## Curves",
-            "",
-            *[f"![{p.stem}]({p.name})" for p in plot_paths],
-            "",
-        ]
-    )
-    return report, table, plot_paths, histories

@@ -31,12 +31,11 @@ from typing import Any
 import matplotlib.pyplot as plt
 from mlflow.tracking import MlflowClient
 
-from polyrl.analysis.report_metrics import save_curve_plot
+from polyrl.analysis.report_metrics import SeedHistories, save_curve_plot
 from polyrl.analysis.stats import CONFIDENCE, curve_band
 from polyrl.core.errors import PolyrlError
 
 Counter = dict[int, float]  # step -> the run's cumulative counter at that step
-SeedHistories = dict[str, dict[str, dict[Any, list[tuple[int, float]]]]]  # arm -> metric -> seed -> [(step, value)]
 EXAMPLE_FILE = re.compile(r"step_(\d+)(\.polyrl-eval)?\.jsonl$")  # polyrl.analysis.example_runs.FILE_NAME, by path
 
 

@@ -13,10 +13,15 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from polyrl.analysis.compare import CompareError, require_existing_store
-from polyrl.analysis.report_metrics import metric_histories
-from polyrl.analysis.seed_report import finished_seed_runs
-from polyrl.tracking.mlflow_runs import ARM_TAG, SEED_TAG, find_arm_runs, find_parent_run, find_seed_runs, make_client
+from polyrl.analysis.experiment_runs import (
+    CompareError,
+    experiment_arm_run_ids,
+    finished_seed_runs,
+    require_existing_store,
+    seed_finals,
+    seed_runs_of,
+)
+from polyrl.tracking.mlflow_runs import make_client
 
 
 @dataclass(frozen=True)
@@ -45,13 +50,7 @@ def pilot_differences(
     without seed runs, an unknown arm or metric, fewer than two shared finished seeds."""
     require_existing_store(tracking_uri)
     client = make_client(tracking_uri)
-    parent = find_parent_run(client, experiment)
-    if parent is None:
-        raise CompareError(f"no polyrl experiment named {experiment!r} in {tracking_uri}; run it first (polyrl run …)")
-    arm_runs = {
-        run.data.tags.get(ARM_TAG, run.info.run_name): run.info.run_id
-        for run in find_arm_runs(client, parent.info.experiment_id, parent.info.run_id)
-    }
+    parent, arm_runs = experiment_arm_run_ids(client, experiment, tracking_uri)
     arms = list(arm_runs)
     if arm_a is None and arm_b is None:
         if len(arms) != 2:
@@ -64,23 +63,11 @@ def pilot_differences(
             raise CompareError(f"{option} {arm!r} is not an arm of experiment {experiment!r}; its arms: {', '.join(arms)}")
     if arm_a == arm_b:
         raise CompareError(f"--arm-a and --arm-b are both {arm_a!r}: a comparison needs two arms")
-    seed_runs = {
-        arm: {
-            int(run.data.tags.get(SEED_TAG, "0")): run.info.run_id
-            for run in find_seed_runs(client, parent.info.experiment_id, arm_runs[arm])
-        }
-        for arm in (arm_a, arm_b)
-    }
-    if not all(seed_runs.values()):
+    _, seed_runs = seed_runs_of(client, parent, {arm: arm_runs[arm] for arm in (arm_a, arm_b)})
+    if set(seed_runs) != {arm_a, arm_b}:
         raise CompareError(f"experiment {experiment!r} was not run with seeds (no seed runs under {arm_a} and {arm_b})")
     kept, _ = finished_seed_runs(client, seed_runs)
-    finals: dict[str, dict[int, float]] = {}
-    for arm, by_seed in kept.items():
-        finals[arm] = {}
-        for seed, run_id in by_seed.items():
-            points = metric_histories(client, run_id, [metric]).get(metric)
-            if points:
-                finals[arm][seed] = points[-1][1]
+    finals = seed_finals(client, kept, [metric])[metric]
     seeds = sorted(set(finals[arm_a]) & set(finals[arm_b]))
     if len(seeds) < 2:
         logged = sorted(client.get_run(next(iter(kept[arm_a].values()))).data.metrics) if kept[arm_a] else []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -51,6 +52,17 @@ def metric_histories(client: MlflowClient, run_id: str, keys: list[str]) -> dict
         if points:
             out[key] = points
     return out
+
+
+# arm -> metric -> seed -> [(step, value)]; the seed is None for an arm run of one seed (a report without seeds).
+SeedHistories = dict[str, dict[str, dict[Any, list[tuple[int, float]]]]]
+
+
+def finals(histories: SeedHistories, key: str) -> dict[str, dict[int, float]]:
+    """Per arm, each seed's last logged value of ``key`` (seeds that never logged it are left out)."""
+    return {
+        arm: {seed: points[-1][1] for seed, points in by_key.get(key, {}).items() if points} for arm, by_key in histories.items()
+    }
 
 
 # Eval metrics worth a curve and a column; the rest stay in MLflow. Besides these, each reward

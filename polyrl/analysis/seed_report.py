@@ -13,7 +13,6 @@ Holm-corrected over all the report's comparisons (:mod:`polyrl.analysis.stats`).
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -21,10 +20,13 @@ from mlflow.tracking import MlflowClient
 
 from polyrl.analysis.compare_axis import Budget
 from polyrl.analysis.curve_summaries import add_summaries, base_key, summary_keys
+from polyrl.analysis.difference_tables import change_rows, change_table, comparison_note, pairwise_rows, pairwise_table
 from polyrl.analysis.report_metrics import (
     CURVES,
     TABLE_METRICS,
+    SeedHistories,
     eval_headline_keys,
+    finals,
     headline_keys,
     is_eval_score,
     logged_metric_keys,
@@ -34,12 +36,9 @@ from polyrl.analysis.report_metrics import (
 from polyrl.analysis.stats import (
     CONFIDENCE,
     Difference,
-    arm_difference,
     curve_band,
-    holm_adjusted,
     interquartile_mean,
     mean_interval,
-    verdict,
 )
 from polyrl.core.errors import PolyrlError
 
@@ -51,47 +50,6 @@ PAIRWISE_METRICS: tuple[str, ...] = (
     "rollout/response_length/wrong_mean",
     "actor/entropy",
 )
-# Logged at every training step (the loop's timing), so its last step is how far a seed run got.
-STEP_CLOCK = "perf/step_s"
-
-SeedHistories = dict[str, dict[str, dict[int, list[tuple[int, float]]]]]  # arm -> metric -> seed -> history
-
-
-def finals(histories: SeedHistories, key: str) -> dict[str, dict[int, float]]:
-    """Per arm, each seed's last logged value of ``key`` (seeds that never logged it are left out)."""
-    return {
-        arm: {seed: points[-1][1] for seed, points in by_key.get(key, {}).items() if points} for arm, by_key in histories.items()
-    }
-
-
-def seed_run_problem(status: str, last_step: int | None, planned_steps: int | None) -> str | None:
-    """Why a seed run cannot count in the finals (``None`` when it can): it did not finish, or
-    it stopped before its planned last step."""
-    reached = "no step logged" if last_step is None else f"stopped at step {last_step}"
-    if status != "FINISHED":
-        return f"{status}, {reached}" + (f" of {planned_steps}" if planned_steps and last_step is not None else "")
-    if planned_steps is not None and (last_step is None or last_step < planned_steps):
-        return f"{reached}" + (f" of {planned_steps}" if last_step is not None else f" (planned {planned_steps})")
-    return None
-
-
-def finished_seed_runs(client: MlflowClient, seed_runs: dict[str, dict[int, str]]) -> tuple[dict[str, dict[int, str]], list[str]]:
-    """The seed runs that count (FINISHED, reached their ``train.steps``), and one line per seed
-    run left out saying why."""
-    kept: dict[str, dict[int, str]] = {}
-    left_out: list[str] = []
-    for arm, by_seed in seed_runs.items():
-        kept[arm] = {}
-        for seed, run_id in sorted(by_seed.items()):
-            run = client.get_run(run_id)
-            steps = [m.step for m in client.get_metric_history(run_id, STEP_CLOCK)]
-            planned = run.data.params.get("train.steps")
-            problem = seed_run_problem(run.info.status, max(steps) if steps else None, int(planned) if planned else None)
-            if problem is None:
-                kept[arm][seed] = run_id
-            else:
-                left_out.append(f"{arm} seed {seed} (run `{run_id}`): {problem}")
-    return kept, left_out
 
 
 def final_table(histories: SeedHistories, columns: list[str], seed_counts: dict[str, int]) -> str:
@@ -108,108 +66,6 @@ def final_table(histories: SeedHistories, columns: list[str], seed_counts: dict[
             cells.append(f"{mean_interval(values).format()} (IQM {interquartile_mean(values):.3g})")
         lines.append(f"| {arm} | {seed_counts[arm]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def change_rows(histories: SeedHistories, keys: list[str]) -> list[tuple[str, str, Difference, float, str]]:
-    """(metric, arm, last − first value with its interval, Holm-adjusted p, verdict) per arm and
-    held-out metric: did the arm move it over training? Each seed's first value is the starting
-    policy (the periodic eval runs at step 0), so the change is paired within the seed; Holm's
-    adjustment runs over these rows (a family of its own, apart from the arm differences)."""
-    found: list[tuple[str, str, Difference]] = []
-    for key in keys:
-        for arm, by_seed in histories.items():
-            runs = {seed: points for seed, points in by_seed.get(key, {}).items() if len(points) >= 2}
-            if runs:
-                found.append(
-                    (key, arm, arm_difference({s: p[-1][1] for s, p in runs.items()}, {s: p[0][1] for s, p in runs.items()}))
-                )
-    adjusted = holm_adjusted([difference.p_value for *_, difference in found])
-    return [(key, arm, difference, p, _change_said(difference, p)) for (key, arm, difference), p in zip(found, adjusted)]
-
-
-def _change_said(difference: Difference, adjusted_p: float) -> str:
-    interval = difference.interval
-    if interval.low != interval.low:
-        return "one seed: no interval"
-    if interval.contains(0.0):
-        return "no change distinguishable from seed noise (the interval contains 0)"
-    direction = "rose" if interval.estimate > 0 else "fell"
-    return f"{direction} (the interval excludes 0{'' if adjusted_p < 0.05 else '; not after Holm correction'})"
-
-
-def change_table(rows: list[tuple[str, str, Difference, float, str]]) -> str:
-    lines = [
-        f"| metric | arm | seeds | last − first | {CONFIDENCE:.0%} CI (paired by seed) | Holm-adjusted p | verdict |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for key, arm, difference, adjusted, said in rows:
-        interval = difference.interval
-        shown = "–" if interval.low != interval.low else f"[{interval.low:.3g}, {interval.high:.3g}]"
-        p = "–" if adjusted != adjusted else f"{adjusted:.2g}"
-        lines.append(f"| {key} | {arm} | {interval.n} | {interval.estimate:.3g} | {shown} | {p} | {said} |")
-    return "\n".join(lines)
-
-
-def compared_pairs(arms: list[str], baseline: str | None = None) -> list[tuple[str, str]]:
-    """The (a, b) pairs whose difference a − b a report tests: each arm against ``baseline`` (in
-    the arms' order), or every pair of arms when there is none. Nine arms make 36 pairs, and
-    Holm's correction over all of them (times the metrics) leaves no verdict standing; against
-    one baseline they are 8."""
-    if baseline is None:
-        return list(itertools.combinations(arms, 2))
-    return [(arm, baseline) for arm in arms if arm != baseline]
-
-
-def pairwise_rows(
-    histories: SeedHistories, keys: list[str], *, baseline: str | None = None
-) -> list[tuple[str, str, str, Difference, float, str]]:
-    """(metric, arm a, arm b, a − b with its interval, Holm-adjusted p, verdict) for each compared
-    pair (:func:`compared_pairs`: every pair, or each arm minus ``baseline``) and each metric, by
-    metric then arm; Holm's adjustment runs over all these rows together."""
-    found: list[tuple[str, str, str, Difference]] = []
-    pairs = compared_pairs(list(histories), baseline)
-    for key in keys:
-        values = finals(histories, key)
-        for first, second in pairs:
-            if not values.get(first) or not values.get(second):
-                continue
-            found.append((key, first, second, arm_difference(values[first], values[second])))
-    adjusted = holm_adjusted([difference.p_value for *_, difference in found])
-    tested = sum(p == p for p in adjusted)
-    return [
-        (key, first, second, difference, p, verdict(difference.interval, names=(first, second), adjusted_p=p, comparisons=tested))
-        for (key, first, second, difference), p in zip(found, adjusted)
-    ]
-
-
-def pairwise_table(rows: list[tuple[str, str, str, Difference, float, str]]) -> str:
-    lines = [
-        f"| metric | difference | mean difference | {CONFIDENCE:.0%} CI (method) | Holm-adjusted p | verdict |",
-        "|---|---|---|---|---|---|",
-    ]
-    for key, first, second, difference, adjusted, said in rows:
-        interval = difference.interval
-        shown = "–" if interval.low != interval.low else f"[{interval.low:.3g}, {interval.high:.3g}] ({difference.method})"
-        p = "–" if adjusted != adjusted else f"{adjusted:.2g}"
-        lines.append(f"| {key} | {first} − {second} | {interval.estimate:.3g} | {shown} | {p} | {said} |")
-    return "\n".join(lines)
-
-
-def comparison_note(rows: list[tuple[str, str, str, Difference, float, str]], baseline: str | None = None) -> str:
-    """How the differences were computed and how many verdicts the correction covers."""
-    methods = sorted({difference.method for _, _, _, difference, _, _ in rows})
-    tested = sum(p == p for *_, p, _ in rows)
-    said = {
-        "paired": "paired: the mean of the per-seed differences over the seeds both arms ran, Student t with n − 1 degrees "
-        "of freedom (arms at one seed share prompts, sampler seeds and warm start)",
-        "Welch": "Welch: the arms do not share the same two or more finished seeds, so their means are compared unpaired",
-    }
-    return (
-        " ".join(f"Intervals {said[m]}." for m in methods) + f" Verdicts are corrected for multiplicity with Holm's step-down "
-        f"method over the {tested} comparisons of this report"
-        + (f" (each arm against the baseline {baseline}, not every pair)" if baseline else "")
-        + " (family-wise error 5%); the intervals shown are unadjusted."
-    )
 
 
 def compared_metrics(metrics: list[str], logged: list[str]) -> list[str]:
@@ -293,6 +149,7 @@ def seeded_report(
     parent_run_id: str,
     tracking_uri: str,
     seed_runs: dict[str, dict[int, str]],
+    left_out: list[str],
     out: Path,
     *,
     baseline: str | None = None,
@@ -302,12 +159,12 @@ def seeded_report(
     """Returns ``(report markdown, final table, plot paths, mean histories, verdict sentences,
     headline metrics)``.
 
-    Seed runs that did not finish (:func:`finished_seed_runs`) are left out and named. With
+    ``seed_runs`` are the seed runs that count (:func:`~polyrl.analysis.experiment_runs.finished_seed_runs`);
+    ``left_out`` names the others, which the report lists. With
     ``baseline``, each other arm is compared with it (not every pair); with ``metrics``, only
     those metrics get differences and changes (:func:`compared_metrics`). With ``budget`` (the
     finished runs' on ``--axis tokens|flops|seconds``), curves are drawn against its axis and each
     seed's value is its last one within the budget (:mod:`polyrl.analysis.compare_axis`)."""
-    seed_runs, left_out = finished_seed_runs(client, seed_runs)
     run_ids = [run_id for by_seed in seed_runs.values() for run_id in by_seed.values()]
     logged = logged_metric_keys(client, run_ids)
     eval_keys = eval_headline_keys(logged)

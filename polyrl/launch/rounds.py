@@ -19,8 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from polyrl.analysis.report_metrics import metric_histories
-from polyrl.analysis.seed_report import finished_seed_runs
+from polyrl.analysis.experiment_runs import finished_seed_runs, seed_finals
 from polyrl.analysis.sequential import SequentialDecision, SequentialPlan, history
 from polyrl.config.base import ConfigError
 from polyrl.config.until_resolved import UntilResolvedConfig
@@ -71,10 +70,11 @@ class SequenceStalled(PolyrlError):
     """A round cannot be decided: a seed run of a compared arm failed or did not log the metric."""
 
 
-def seed_finals(
+def trained_finals(
     client, state: dict[str, Any], arms: list[str], metrics: list[str]
 ) -> tuple[dict[str, dict[str, dict[int, float]]], list[str]]:
-    """metric -> arm -> seed -> the seed run's last value, over the finished seed runs; and
+    """metric -> arm -> seed -> the seed run's last value, over the seed runs this experiment
+    trained to the end (``experiment.json``) that count; and
     one line per seed run left out (failed, stopped early)."""
     seed_runs: dict[str, dict[int, str]] = {arm: {} for arm in arms}
     for key, run_id in state.get("runs", {}).items():
@@ -82,11 +82,7 @@ def seed_finals(
         if arm in seed_runs and key in state.get("finished", []):
             seed_runs[arm][int(seed)] = run_id
     kept, left_out = finished_seed_runs(client, seed_runs)
-    finals: dict[str, dict[str, dict[int, float]]] = {metric: {arm: {} for arm in arms} for metric in metrics}
-    for arm, by_seed in kept.items():
-        for seed, run_id in by_seed.items():
-            for metric, points in metric_histories(client, run_id, metrics).items():
-                finals[metric][arm][seed] = points[-1][1]
+    finals = seed_finals(client, kept, metrics)
     return finals, left_out
 
 
@@ -94,7 +90,7 @@ def decide_round(client, state: dict[str, Any], config: UntilResolvedConfig, see
     """Each comparison's decision over the seeds of the rounds trained so far."""
     arms = sorted({arm for comparison in config.comparisons for arm in comparison.arms})
     metrics = sorted({comparison.metric for comparison in config.comparisons})
-    finals, left_out = seed_finals(client, state, arms, metrics)
+    finals, left_out = trained_finals(client, state, arms, metrics)
     plan = sequential_plan(config)
     outcome = RoundOutcome(seeds=len(seeds_so_far), missing=left_out)
     for comparison in config.comparisons:

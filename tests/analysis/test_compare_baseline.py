@@ -9,8 +9,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from polyrl.analysis.compare import CompareError, compare_experiment
+from polyrl.analysis.difference_tables import compared_pairs
 from polyrl.analysis.results_doc import write_results
-from polyrl.analysis.seed_report import compared_pairs
 from polyrl.core.errors import PolyrlError
 from polyrl.tracking.mlflow_runs import ExperimentTracker
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from polyrl.analysis.compare import _single_seed_report
 from polyrl.analysis.report_metrics import eval_metric_keys, is_eval_score
+from polyrl.analysis.single_seed_report import single_seed_report as _single_seed_report
 
 
 def test_named_eval_rewards_are_headline_metrics_and_lengths_are_not_compared(mlflow_uri):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from polyrl.analysis.compare import compare_experiment
-from polyrl.analysis.seed_report import seed_run_problem
+from polyrl.analysis.experiment_runs import seed_run_problem
 from polyrl.tracking.mlflow_runs import ExperimentTracker
 
 STEPS = 3
