@@ -22,7 +22,8 @@ console = Console()
 
 def checkpoint_of(run: str, *, tracking_uri: str | None) -> Path:
     """The checkpoint folder ``run`` names (see the module docstring)."""
-    from polyrl.evals.models import RUN_PREFIX, find_run_checkpoint
+    from polyrl.core.run_refs import RUN_PREFIX
+    from polyrl.evals.models import find_run_checkpoint
     from polyrl.trainer.checkpoint import COMPLETE_MARKER, latest_checkpoint
 
     if run.startswith(RUN_PREFIX):

@@ -24,7 +24,8 @@ console = Console()
 
 def find_store(run: str, *, tracking_uri: str | None) -> tuple[Path, str | None]:
     """``(store file, run id or None)`` of ``run`` (see the module docstring)."""
-    from polyrl.evals.models import CHECKPOINT_DIR_TAG, RUN_PREFIX
+    from polyrl.core.run_refs import RUN_PREFIX
+    from polyrl.evals.models import CHECKPOINT_DIR_TAG
     from polyrl.tracking.replay_store import STORE_NAME, store_path
 
     if not run.startswith(RUN_PREFIX):

@@ -21,10 +21,9 @@ from pydantic import Field, field_validator, model_validator
 
 from polyrl.config.base import StrictModel
 from polyrl.config.model import VLM_TASKS, BuiltinModelConfig
+from polyrl.core.run_refs import split_run_ref
 
 __all__ = ["DistillConfig", "TeacherConfig", "distill_refusals", "parse_teacher_run", "teacher_uses_cache"]
-
-RUN_PREFIX = "run:"  # as polyrl eval --model writes a run (polyrl/evals/models.py)
 
 
 def teacher_uses_cache(distill: "DistillConfig | None") -> bool:
@@ -38,11 +37,10 @@ def teacher_uses_cache(distill: "DistillConfig | None") -> bool:
 
 def parse_teacher_run(ref: str) -> tuple[str, int | None]:
     """``<run_id>[@<step>]`` (``run:`` in front allowed) → ``(run id, step or None)``; a ``ValueError`` otherwise."""
-    body = ref[len(RUN_PREFIX) :] if ref.startswith(RUN_PREFIX) else ref
-    run_id, at, step = body.partition("@")
-    if not run_id or (at and not step.isdigit()):
-        raise ValueError(f"{ref!r}: expected <run_id> or <run_id>@<step> (a polyrl training run's MLflow id, step an integer)")
-    return run_id, int(step) if step else None
+    try:
+        return split_run_ref(ref)
+    except ValueError as error:
+        raise ValueError(f"{ref!r}: {error}") from None
 
 
 class TeacherConfig(StrictModel):

@@ -25,10 +25,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from polyrl.core.run_refs import RUN_PREFIX, split_run_ref
 from polyrl.data.chat import ChatFormat
 from polyrl.evals.suite import EvalError
 
-RUN_PREFIX = "run:"
 CHECKPOINT_DIR_TAG = "polyrl.checkpoint_dir"
 EXPORT_INFO = "polyrl_checkpoint.json"
 
@@ -49,13 +49,10 @@ def slugify(text: str) -> str:
 
 def parse_run_ref(ref: str) -> tuple[str, int | None]:
     """``run:<id>[@<step>]`` → ``(id, step or None)``."""
-    body = ref[len(RUN_PREFIX) :]
-    run_id, _, step_text = body.partition("@")
-    if not run_id:
-        raise EvalError(f"--model {ref!r}: expected run:<run_id> or run:<run_id>@<step>")
-    if step_text and not step_text.isdigit():
-        raise EvalError(f"--model {ref!r}: the step after '@' must be an integer, got {step_text!r}")
-    return run_id, int(step_text) if step_text else None
+    try:
+        return split_run_ref(ref)
+    except ValueError as error:
+        raise EvalError(f"--model {ref!r}: {error}") from None
 
 
 def default_export_dir() -> Path:

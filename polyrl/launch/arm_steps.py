@@ -143,7 +143,8 @@ def resolve_teacher_run(config: ExperimentConfig, *, tracking_uri: str | None) -
     if teacher is None or teacher.run is None:
         return None
     from polyrl.config.base import ConfigError
-    from polyrl.evals.models import RUN_PREFIX, resolve_model
+    from polyrl.core.run_refs import RUN_PREFIX
+    from polyrl.evals.models import resolve_model
     from polyrl.evals.suite import EvalError
 
     ref = teacher.run if teacher.run.startswith(RUN_PREFIX) else RUN_PREFIX + teacher.run
