@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -31,6 +31,17 @@ from polyrl.config.train import TrainConfig
 from polyrl.config.validation_errors import format_validation_error
 from polyrl.config.yaml_files import YAMLFileError, safe_load_unique
 from polyrl.rewards import RewardSpec
+
+
+def _refuse(refusals: Iterable[tuple[tuple[Any, ...], str, Any]]) -> None:
+    """Raise a section's refusals ``(field path, message, value)`` as one validation error, so each
+    is reported at its path with the value given (polyrl.config.validation_errors)."""
+    errors = [
+        InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
+        for loc, message, value in refusals
+    ]
+    if errors:
+        raise ValidationError.from_exception_data("ExperimentConfig", errors)
 
 
 class ExperimentConfig(StrictModel):
@@ -114,19 +125,13 @@ class ExperimentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _env_applies(self) -> "ExperimentConfig":
-        errors = [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
-                  for loc, value, message in env_refusals(self)]  # fmt: skip
-        if errors:
-            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        _refuse((loc, message, value) for loc, value, message in env_refusals(self))
         return self
 
     @model_validator(mode="after")
     def _distill_applies(self) -> "ExperimentConfig":
         """distill against the rest of the config (polyrl.config.distill.distill_refusals)."""
-        errors = [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
-                  for loc, message, value in distill_refusals(self)]  # fmt: skip
-        if errors:
-            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        _refuse(distill_refusals(self))
         return self
 
     @model_validator(mode="after")
@@ -208,12 +213,7 @@ class ExperimentConfig(StrictModel):
         """objective.rollout_correction against the rollout (polyrl.config.objective.check_rollout_correction)."""
         from polyrl.config.objective import check_rollout_correction
 
-        errors = [
-            InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
-            for loc, message, value in check_rollout_correction(self)
-        ]
-        if errors:
-            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        _refuse(check_rollout_correction(self))
         return self
 
     @model_validator(mode="after")
@@ -221,12 +221,7 @@ class ExperimentConfig(StrictModel):
         """advantage.reward_aggregation against the rewards and the estimator (polyrl.config.objective.check_reward_aggregation)."""
         from polyrl.config.objective import check_reward_aggregation
 
-        errors = [
-            InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
-            for loc, message, value in check_reward_aggregation(self)
-        ]
-        if errors:
-            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        _refuse(check_reward_aggregation(self))
         return self
 
     @model_validator(mode="after")
@@ -234,12 +229,7 @@ class ExperimentConfig(StrictModel):
         """A field written in the YAML that would do nothing here (polyrl.config.inert_settings); the
         context's ``inert_exempt``: fields a later layer (arm, --set) switched off."""
         exempt = (info.context or {}).get("inert_exempt", set())
-        errors = [
-            InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
-            for loc, message, value in inert_refusals(self, exempt)
-        ]
-        if errors:
-            raise ValidationError.from_exception_data("ExperimentConfig", errors)
+        _refuse(inert_refusals(self, exempt))
         return self
 
     @model_validator(mode="after")
