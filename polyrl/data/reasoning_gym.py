@@ -25,15 +25,14 @@ Each row: ``prompt``, ``question``, ``answer`` (the generator's), ``id``, ``spli
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
 from typing import Any
-from urllib.parse import parse_qsl
 
 import datasets
 
 from polyrl.data.errors import DataConfigError
+from polyrl.data.source_params import did_you_mean, source_params
 from polyrl.rewards.base import RewardConfigError
 from polyrl.rewards.builtins.reasoning_gym import entry_coordinates, import_reasoning_gym
 
@@ -150,17 +149,12 @@ def parse_source(source: str) -> ReasoningGymSource:
 
     names = sorted(name for name in DATASETS if name != "composite")  # composite mixes other tasks by a config of configs
     if task not in names:
-        close = difflib.get_close_matches(task, names, n=5, cutoff=0.5)
+        close = did_you_mean(task, names)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise DataConfigError(
             f"data source {source!r}: reasoning-gym has no task {task!r}; {hint}allowed tasks ({len(names)}): {', '.join(names)}"
         )
-    try:
-        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError as error:
-        raise DataConfigError(
-            f"data source {source!r}: the params after '?' must be name=value pairs joined by '&': {error}"
-        ) from None
+    pairs = source_params(source, query)
     names_given = [name for name, _ in pairs]
     repeated = sorted({name for name in names_given if names_given.count(name) > 1})
     if repeated:
@@ -178,7 +172,7 @@ def parse_source(source: str) -> ReasoningGymSource:
                 raise DataConfigError(f"data source {source!r}: answer_format {raw!r} is not one of {list(ANSWER_FORMATS)}")
             answer_format = raw
         elif name not in defaults:
-            close = difflib.get_close_matches(name, list(defaults) + list(POLYRL_PARAMS), n=3, cutoff=0.5)
+            close = did_you_mean(name, list(defaults) + list(POLYRL_PARAMS), most=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise DataConfigError(
                 f"data source {source!r}: task {task!r} has no param {name!r}{hint}; the generator accepts: {_accepted(defaults)}"

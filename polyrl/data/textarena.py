@@ -16,16 +16,15 @@ newer Python than the one running.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import io
 import random
 from typing import Any
-from urllib.parse import parse_qsl
 
 import datasets
 
 from polyrl.data.errors import DataConfigError
+from polyrl.data.source_params import did_you_mean, source_params
 from polyrl.envs.base import EnvConfigError
 from polyrl.envs.builtins.textarena import import_textarena, raw_game_id
 
@@ -59,18 +58,13 @@ def parse_source(source: str) -> tuple[str, int, int, int]:
         raise DataConfigError(str(error)) from None
     games = _registered_games()
     if game not in games:
-        close = difflib.get_close_matches(game, games, n=5, cutoff=0.5)
+        close = did_you_mean(game, games)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise DataConfigError(
             f"data source {source!r}: TextArena has no game {game!r}; {hint}its games ({len(games)}): {', '.join(games)}"
         )
     values = dict(DEFAULTS)
-    try:
-        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError as error:
-        raise DataConfigError(
-            f"data source {source!r}: the params after '?' must be name=value pairs joined by '&': {error}"
-        ) from None
+    pairs = source_params(source, query)
     for name, raw in pairs:
         if name not in DEFAULTS:
             raise DataConfigError(f"data source {source!r}: unknown param {name!r}; allowed: {', '.join(DEFAULTS)} (integers)")
