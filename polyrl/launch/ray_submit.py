@@ -212,7 +212,13 @@ def submit_experiment(
     console = console or Console()
     if cpus_per_arm <= 0:
         raise ConfigError("--cpus-per-arm must be > 0")
-    configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
+    configs, seeds, rounds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
+    if rounds is not None:
+        # Its arms' tasks run side by side, with no round to decide after: the block would do nothing.
+        raise ConfigError(
+            f"{path}: until_resolved runs seeds in rounds with a decision after each, which polyrl submit's parallel "
+            "tasks do not do; run it with polyrl run (or polyrl submit --address, a Ray job that runs polyrl run)"
+        )
     on_cuda = [arm for arm, config in configs.items() if config.train.device.startswith("cuda")]
     if on_cuda and gpus_per_arm <= 0:
         # Ray hides every GPU from a task that asks for none: the arm would fail on the worker.

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, load_experiment, read_yaml
+from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, parse_set_options, read_yaml, resolve_arms
 from polyrl.config.seeds import experiment_seeds
+from polyrl.config.until_resolved import UntilResolvedConfig, until_resolved_plan
 
 
 @dataclass(frozen=True)
@@ -47,17 +48,24 @@ MANY_RUNS = 100
 
 def load_plan(
     path: str | Path, *, set_options: list[str] | None = None, seeds_option: str | None = None, many_runs: bool = True
-) -> tuple[dict[str, ExperimentConfig], list[int] | None]:
-    """Each arm's resolved config and the experiment's seeds (None: one run per arm); a plan of
-    more than :data:`MANY_RUNS` runs is refused unless ``many_runs``."""
-    configs = load_experiment(path, set_options=set_options)
-    seeds = experiment_seeds(read_yaml(path), source=str(path), option=seeds_option)
+) -> tuple[dict[str, ExperimentConfig], list[int] | None, UntilResolvedConfig | None]:
+    """Each arm's resolved config, the experiment's seeds (None: one run per arm) and its
+    ``until_resolved`` plan (None without one; with one, its seeds are the rounds' and ``--seeds``
+    is refused); a plan of more than :data:`MANY_RUNS` runs is refused unless ``many_runs``."""
+    raw = read_yaml(path)
+    configs = resolve_arms(raw, source=str(path), overrides=parse_set_options(set_options or []))
+    seeds = experiment_seeds(raw, source=str(path), option=seeds_option)
+    rounds = until_resolved_plan(raw, list(configs), source=str(path))
+    if rounds is not None:
+        if seeds_option is not None:
+            raise ConfigError(f"--seeds {seeds_option}: {path} has until_resolved, whose rounds decide the seeds; drop --seeds")
+        seeds = rounds.seeds()
     if not many_runs and run_count(configs, seeds) > MANY_RUNS:
         raise ConfigError(
             f"{path}: {plan_line(configs, seeds)}: more than {MANY_RUNS} runs in one command. seeds: N means N runs of "
             "every arm (did you mean seed: N, one run with that seed?); pass --many-runs to start them all"
         )
-    return configs, seeds
+    return configs, seeds, rounds
 
 
 def run_count(configs: dict[str, ExperimentConfig], seeds: list[int] | None) -> int:

@@ -101,12 +101,7 @@ def run_experiment(
     from polyrl.launch.run_units import load_plan
 
     console = console or Console()
-    configs, seeds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
-    rounds = until_resolved_plan(read_yaml(path), list(configs), source=str(path))
-    if rounds is not None:
-        if seeds_option is not None:
-            raise ConfigError(f"--seeds {seeds_option}: {path} has until_resolved, whose rounds decide the seeds; drop --seeds")
-        seeds = rounds.seeds()
+    configs, seeds, rounds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
     if only_arms:
         unknown = sorted(set(only_arms) - set(configs))
         if unknown:

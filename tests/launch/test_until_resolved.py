@@ -145,3 +145,15 @@ def test_the_sequence_section_lists_every_round():
     assert "- m: a is better than b" in text
     assert "| 2 | a-vs-b:m | 0.25 [0.125, 0.375] | different |" in text
     assert "Seed runs left out: b seed 3" in text
+
+
+def test_submit_refuses_until_resolved_and_run_refuses_seeds_with_it(tmp_path, tiny_experiment, write_experiment):
+    # polyrl submit runs an experiment's arm × seed tasks side by side: it would have run each arm
+    # once, as if the block were not there. Refused before Ray starts.
+    from polyrl.launch.ray_submit import submit_experiment
+
+    path = write_experiment(tmp_path, _experiment(tiny_experiment, _block()))
+    with pytest.raises(ConfigError, match="until_resolved runs seeds in rounds .* run it with polyrl run"):
+        submit_experiment(path)
+    with pytest.raises(ConfigError, match="--seeds 3: .* has until_resolved, whose rounds decide the seeds"):
+        run_experiment(path, seeds_option="3", show_progress=False)
