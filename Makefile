@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.polyrl-installed
 
-.PHONY: setup lint typecheck test test-onednn test-fast test-gpu test-serial demo bench docs docs-serve clean-venv
+.PHONY: setup lint typecheck test test-other-matmul test-fast test-gpu test-serial demo bench docs docs-serve clean-venv
 
 setup: $(STAMP)
 
@@ -34,17 +34,20 @@ PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
-	$(MAKE) test-onednn
+	$(MAKE) test-other-matmul
 
 # Training tests that build the learner from a config (forward, backward, critic, resume, the
-# loop, async episodes) with train.cpu_matmul: auto's oneDNN routing forced (POLYRL_CPU_MATMUL,
-# polyrl/runtime/cpu_matmul.py): auto routes on every CPU that is not Intel's, and a CI on an
-# Intel machine would otherwise never run that path.
-ONEDNN_TESTS := tests/runtime/test_cpu_matmul.py tests/runtime/test_cpu_matmul_copies.py \
+# loop, async episodes) on the CPU matmul path train.cpu_matmul: auto does NOT take on this
+# machine (POLYRL_CPU_MATMUL, polyrl/runtime/cpu_matmul.py): auto routes the learner's Linear
+# layers through oneDNN on every CPU that is not Intel's and keeps torch's BLAS on Intel, so the
+# suite runs one path and this target the other, whichever machine CI lands on.
+MATMUL_TESTS := tests/runtime/test_cpu_matmul.py tests/runtime/test_cpu_matmul_copies.py \
 	tests/training/test_learner_batches.py tests/training/test_learner_numerics.py tests/envs/test_episode_async.py
+OTHER_MATMUL = $(shell POLYRL_CPU_MATMUL= $(PY) -c "import torch; from polyrl.runtime.cpu_matmul import resolve_cpu_matmul as r; print('torch' if r('auto', device=torch.device('cpu'), compute_dtype=torch.float32) == 'onednn' else 'onednn')")
 
-test-onednn: $(STAMP)
-	POLYRL_CPU_MATMUL=onednn $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not vllm and not ray and not mlflow_server" $(ONEDNN_TESTS)
+test-other-matmul: $(STAMP)
+	@echo "the learner's other CPU matmul path: POLYRL_CPU_MATMUL=$(OTHER_MATMUL)"
+	POLYRL_CPU_MATMUL=$(OTHER_MATMUL) $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not vllm and not ray and not mlflow_server" $(MATMUL_TESTS)
 
 # The quick tier: every package's unit tests, without what is slow or starts a real vLLM engine,
 # Ray cluster or MLflow server (those run in make test, which CI runs).

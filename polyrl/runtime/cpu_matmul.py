@@ -35,7 +35,7 @@ decoder would fall back to torch's BLAS and lose this module's gain.
 Testing: the environment variable ``POLYRL_CPU_MATMUL`` (``onednn`` or ``torch``) replaces the
 vendor rule of ``auto`` (only ``auto``; where oneDNN cannot apply, ``auto`` still keeps torch), so
 the routing that ``auto`` gives every CPU that is not Intel's runs in a CI on an Intel machine
-(``make test-onednn``, docs/testing.md), and the Intel choice can be run on any other.
+(``make test-other-matmul``, docs/testing.md), and the Intel choice on any other.
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ AUTO_OVERRIDE_VARIABLE = "POLYRL_CPU_MATMUL"
 def auto_override() -> str | None:
     """What ``POLYRL_CPU_MATMUL`` makes of ``auto``: ``onednn`` or ``torch`` in place of the vendor
     rule, ``None`` where it is unset or empty. For tests and CI: the routing ``auto`` picks on
-    every CPU that is not Intel's runs on an Intel machine too (``make test-onednn``), and the
+    every CPU that is not Intel's runs on an Intel machine too (``make test-other-matmul``), and the
     Intel choice on another. An explicit ``onednn`` or ``torch`` is never overridden."""
     value = os.environ.get(AUTO_OVERRIDE_VARIABLE, "").strip().lower()
     if not value:

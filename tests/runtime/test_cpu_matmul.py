@@ -148,7 +148,7 @@ def test_routed_policy_gives_torch_logprobs_and_gradients(random_policy_dir):
 
 
 def test_the_choice_follows_its_rule(monkeypatch):
-    monkeypatch.delenv("POLYRL_CPU_MATMUL", raising=False)  # the rule itself, not make test-onednn's override
+    monkeypatch.delenv("POLYRL_CPU_MATMUL", raising=False)  # the rule itself, not make test-other-matmul's override
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
     fp32 = {"device": cpu, "compute_dtype": torch.float32}
@@ -178,7 +178,7 @@ def test_the_choice_follows_its_rule(monkeypatch):
 def test_polyrl_cpu_matmul_replaces_autos_vendor_rule_and_nothing_else(monkeypatch):
     monkeypatch.setattr(cpu_matmul, "onednn_available", lambda: True)
     fp32 = {"device": torch.device("cpu"), "compute_dtype": torch.float32}
-    monkeypatch.setenv("POLYRL_CPU_MATMUL", "onednn")  # make test-onednn: the non-Intel default on any CPU
+    monkeypatch.setenv("POLYRL_CPU_MATMUL", "onednn")  # make test-other-matmul on Intel: the non-Intel default on any CPU
     assert resolve_cpu_matmul("auto", **fp32, vendor="GenuineIntel", blas="mkl") == "onednn"
     assert resolve_cpu_matmul("auto", **fp32, vendor="AuthenticAMD", blas="open") == "onednn"
     assert resolve_cpu_matmul("torch", **fp32, vendor="AuthenticAMD", blas="mkl") == "torch"  # explicit: kept
