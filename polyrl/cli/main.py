@@ -183,6 +183,12 @@ def run(
         "--fail-fast",
         help="Stop at the first arm that fails (default: run the other arms, then name every failed one and exit 1).",
     ),
+    seeds_at_once: Optional[str] = typer.Option(
+        None,
+        "--seeds-at-once",
+        help="Seed runs trained side by side, each in its own process with its share of the cores: a number, or auto "
+        "(two on a CPU-only machine of 2+ cores); overrides the YAML's seeds_at_once.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Run every arm of an experiment and log it to MLflow."""
@@ -210,6 +216,8 @@ def run(
                     seeds_option=seeds,
                     fail_fast=fail_fast,
                     many_runs=many_runs,
+                    seeds_at_once=seeds_at_once,
+                    verbose=verbose,
                 )
             except ArmFailedError as error:
                 if error.result is not None:  # the arms that finished are reported before the failed ones

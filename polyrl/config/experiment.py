@@ -274,6 +274,7 @@ def resolve_arms(
     raw = copy.deepcopy(raw)
     raw.pop("seeds", None)  # the experiment's seed axis, not a run setting: config.seeds reads it
     raw.pop("until_resolved", None)  # the experiment's rounds of seeds: config.until_resolved reads it
+    raw.pop("seeds_at_once", None)  # how the seed runs share the machine: config.seeds reads it
     arms_raw = raw.pop("arms", None) or {}
     if not isinstance(arms_raw, dict):
         raise ConfigError(

@@ -55,3 +55,23 @@ def experiment_seeds(raw: dict[str, Any], *, source: str = "<config>", option: s
             "from seeds, so remove it (or remove seeds for a single run)"
         )
     return seeds
+
+
+SEEDS_AT_ONCE_ALLOWED = "auto (two at once on a CPU-only machine of two or more cores, else one) or a whole number >= 1"
+
+
+def seeds_at_once_setting(raw: dict[str, Any], *, source: str = "<config>", option: str | None = None) -> int | str:
+    """``seeds_at_once`` (or ``--seeds-at-once``): how many seed runs of the experiment train side
+    by side, ``"auto"`` when unset; :func:`polyrl.launch.units_at_once.resolve_at_once` decides
+    what auto means here."""
+    if option is not None:
+        value: Any = option.strip()
+        where = f"--seeds-at-once {option!r}"
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+    else:
+        value = raw.get("seeds_at_once", "auto")
+        where = f"{source}: invalid experiment config\n  - seeds_at_once"
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ConfigError(f"{where}: got {value!r}; allowed: {SEEDS_AT_ONCE_ALLOWED}")

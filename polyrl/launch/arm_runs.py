@@ -9,9 +9,10 @@ run that had no step left to train.
 from __future__ import annotations
 
 import functools
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -184,6 +185,27 @@ def train_with_progress(arm: Any, console: Console, show: bool, stop: StopSignal
                 )
 
             arm.loop(printer=plain_printer(progress.console), callbacks=[show_step, _stop_at_step_end(arm, stop)]).run()
+    finally:
+        stop.armed = False
+
+
+def train_with_lines(
+    arm: Any, name: str, echo: Callable[[str], None], stop: StopSignals, orphaned: Callable[[], bool] | None = None
+) -> None:
+    """Run ``arm``'s loop printing plain progress lines under ``name`` through ``echo`` (a unit
+    trained side by side: its driver prints them). ``orphaned()`` true at a step end (the driver
+    is gone) is a stop request: checkpoint and unwind, as on SIGTERM."""
+    total = arm.config.train.steps
+    every = max(1, -(-total // PLAIN_LINES_PER_RUN))
+
+    def check_driver(step: int, metrics: dict[str, float]) -> None:
+        if orphaned is not None and stop.requested is None and orphaned():
+            stop.requested = signal.SIGTERM
+
+    stop.arm()
+    try:
+        callbacks = [plain_progress_line(name, total, every, echo), check_driver, _stop_at_step_end(arm, stop)]
+        arm.loop(printer=echo, callbacks=callbacks).run()
     finally:
         stop.armed = False
 

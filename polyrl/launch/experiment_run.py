@@ -12,6 +12,7 @@ failed arm.
 from __future__ import annotations
 
 import logging
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,11 @@ from polyrl.launch.arm_runs import (
 from polyrl.launch.arm_steps import start_arm_run, train_arm
 from polyrl.launch.experiment_folder import STATE_FILE, write_state
 from polyrl.launch.interrupts import StopNow, StopSignals
+from polyrl.launch.logs import LOG_FILE
 from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes, schedule_note, steps_change
 from polyrl.launch.rounds import TrainingClock, decide_round, record_round
 from polyrl.launch.run_units import RunUnit, start_seeded_arm_run
+from polyrl.launch.units_at_once import UnitJob, UnitOutcome, UnitsFailed, threads_per_unit, train_units_at_once, with_threads
 from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, TrackingUnavailableError
 
 __all__ = ["ExperimentRun"]
@@ -62,6 +65,8 @@ class ExperimentRun:
     units: int  # how many units the run has: with one, its error is the run's, as it was
     rounds: UntilResolvedConfig | None = None
     clock: TrainingClock | None = None  # with rounds: the training time across processes
+    at_once: int = 1  # units trained side by side (seeds_at_once), each in a process of its own
+    verbose: bool = False  # the units' own library logs go to the terminal too (polyrl run --verbose)
     arm_loggers: dict[str, RunLogger] = field(default_factory=dict)  # with seeds: the arm runs open in this process
 
     def save(self) -> None:
@@ -72,8 +77,11 @@ class ExperimentRun:
         close the parent run FINISHED, or raise naming the failed arms."""
         try:
             for round_index, round_units in enumerate(schedule):
-                for unit in round_units:
-                    self.run_unit(unit)
+                if self.at_once > 1:
+                    self.run_side_by_side(round_units)
+                else:
+                    for unit in round_units:
+                        self.run_unit(unit)
                 if self.rounds is not None and self.settle_round(round_index):
                     break
         except TrackingUnavailableError:
@@ -91,16 +99,16 @@ class ExperimentRun:
         self.parent.finish()
         return self.result
 
-    def run_unit(self, unit: RunUnit) -> None:
-        """One arm × seed: skipped when finished (or its arm closed), else trained; a failure is
-        recorded and the run goes on. The arm's run closes after its last seed."""
+    def enter_unit(self, unit: RunUnit) -> str | None:
+        """The MLflow run a unit's run goes under (its arm's run with seeds, opened on its first
+        seed), or None when there is nothing to train: its arm closed, or the unit finished."""
         key, arm, state, result = unit.key, unit.arm, self.state, self.result
         run_parent = self.parent.run_id
         if self.seeds is not None:
             if arm in state["arms_finished"]:
                 result.arm_run_ids[arm] = state["arms"][arm]
                 self.record_run_id(unit)
-                return
+                return None
             if arm not in self.arm_loggers:
                 self.arm_loggers[arm] = start_seeded_arm_run(
                     self.tracker, self.parent.run_id, arm, self.configs[arm], self.seeds, self.folder,
@@ -113,7 +121,18 @@ class ExperimentRun:
         if key in state["finished"]:
             self.console.print(f"[cyan]{key}[/] already finished; skipping")
             self.record_run_id(unit)
-        else:
+            return None
+        return run_parent
+
+    def run_unit(self, unit: RunUnit) -> None:
+        """One arm × seed: skipped when finished (or its arm closed), else trained; a failure is
+        recorded and the run goes on. The arm's run closes after its last seed."""
+        key, arm, state, result = unit.key, unit.arm, self.state, self.result
+        if arm in state.get("arms_finished", ()) and self.seeds is not None:
+            self.enter_unit(unit)
+            return
+        run_parent = self.enter_unit(unit)
+        if run_parent is not None:
             if self.stop.requested is not None:
                 raise StopNow(self.stop.requested)
             self.where["arm"] = key
@@ -134,6 +153,29 @@ class ExperimentRun:
 
     def train_unit(self, unit: RunUnit, run_parent: str) -> None:
         """Start (or reopen) one arm × seed run, train it to the end and record it as finished."""
+        logger = self.open_unit(unit, run_parent)
+        key, console = unit.key, self.console
+        history = train_arm(
+            unit.config,
+            arm=unit.arm,
+            arm_dir=self.folder / key,
+            logger=logger,
+            parent_run_id=self.parent.run_id,
+            tracking_uri=self.result.tracking_uri,
+            resume=self.resume,
+            train=lambda trainer: train_with_progress(trainer, console, self.show_progress, self.stop),
+            on_resumed=lambda step: console.print(f"[cyan]{key}[/]: resumed from step {step}"),
+        )
+        # A resume that trained no step (the run had reached its last step) reports what it logged last.
+        self.record_finished(unit, history[-1] if history else last_logged_metrics(self.tracker.client, logger.run_id))
+
+    def record_finished(self, unit: RunUnit, final_metrics: dict[str, float]) -> None:
+        self.result.final_metrics[unit.key] = final_metrics
+        self.state["finished"].append(unit.key)
+        self.save()
+
+    def open_unit(self, unit: RunUnit, run_parent: str) -> RunLogger:
+        """Start (or reopen) one unit's MLflow run, with its config changes on a resume, and record it."""
         key, console, state = unit.key, self.console, self.state
         unit_changes = self.changes.get(key) or []
         run_ids = state["arms"] if unit.seed is None else state["runs"]
@@ -154,21 +196,88 @@ class ExperimentRun:
         state["arm_configs"][key] = config_snapshot(unit.config)
         self.save()
         self.record_run_id(unit)
-        history = train_arm(
-            unit.config,
-            arm=unit.arm,
-            arm_dir=self.folder / key,
-            logger=logger,
-            parent_run_id=self.parent.run_id,
-            tracking_uri=self.result.tracking_uri,
-            resume=self.resume,
-            train=lambda trainer: train_with_progress(trainer, console, self.show_progress, self.stop),
-            on_resumed=lambda step: console.print(f"[cyan]{key}[/]: resumed from step {step}"),
-        )
-        # A resume that trained no step (the run had reached its last step) reports what it logged last.
-        self.result.final_metrics[key] = history[-1] if history else last_logged_metrics(self.tracker.client, logger.run_id)
-        state["finished"].append(key)
-        self.save()
+        return logger
+
+    def run_side_by_side(self, units: list[RunUnit]) -> None:
+        """Train ``units`` (a round, or every unit) ``at_once`` at a time, each in a process of its
+        own (:mod:`polyrl.launch.units_at_once`); failures are recorded as in :meth:`run_unit`.
+        Arm runs whose last seed was among them close once all have ended."""
+        threads = threads_per_unit(self.at_once)
+        jobs: list[UnitJob] = []
+        for unit in units:
+            if self.seeds is not None and unit.arm in self.state["arms_finished"]:
+                self.enter_unit(unit)
+                continue
+            run_parent = self.enter_unit(unit)
+            if run_parent is None:
+                continue
+            if self.stop.requested is not None:
+                raise StopNow(self.stop.requested)
+            unit = RunUnit(unit.arm, unit.seed, with_threads(unit.config, threads))
+            logger = self.open_unit(unit, run_parent)
+            jobs.append(
+                UnitJob(
+                    key=unit.key,
+                    arm=unit.arm,
+                    config=unit.config,
+                    arm_dir=self.folder / unit.key,
+                    run_id=logger.run_id,
+                    parent_run_id=self.parent.run_id,
+                    tracking_uri=self.result.tracking_uri,
+                    resume=self.resume,
+                    log_path=self.folder / LOG_FILE,
+                    verbose=self.verbose,
+                )  # fmt: skip
+            )
+        if jobs:
+            self.where["arm"] = jobs[0].key  # an interrupted message names one unit's checkpoint folder
+            self.console.print(
+                f"{len(jobs)} run(s), {min(self.at_once, len(jobs))} at a time, {threads} thread(s) each: "
+                + ", ".join(job.key for job in jobs),
+                highlight=False,
+            )
+            by_key = {unit.key: unit for unit in units}
+            failed: list[UnitOutcome] = []
+            stopped: list[UnitOutcome] = []
+
+            def on_outcome(outcome: UnitOutcome) -> None:
+                if outcome.status == "finished":
+                    self.record_finished(by_key[outcome.key], outcome.final_metrics or {})
+                    self.console.print(f"[cyan]{outcome.key}[/]: finished", highlight=False)
+                elif outcome.status == "stopped":
+                    stopped.append(outcome)
+                    self.console.print(
+                        f"[cyan]{outcome.key}[/]: stopped"
+                        + (f" after step {outcome.step}, checkpoint {outcome.checkpoint}" if outcome.checkpoint else ""),
+                        highlight=False,
+                    )
+                else:
+                    failed.append(outcome)
+                    self.result.failed[outcome.key] = outcome.error or "failed"
+                    self.console.print(
+                        f"[red]{outcome.key}: FAILED[/] ({outcome.error})"
+                        + ("" if self.fail_fast else "; the other runs continue"),
+                        highlight=False,
+                    )
+
+            train_units_at_once(
+                jobs, self.at_once, threads=threads, echo=lambda line: self.console.print(line, markup=False, highlight=False),
+                stop=self.stop, on_outcome=on_outcome, fail_fast=self.fail_fast,
+            )  # fmt: skip
+            self.where["arm"] = None
+            if stopped:
+                first = stopped[0]
+                self.where["arm"] = first.key
+                raise StopNow(first.signum or signal.SIGTERM, step=first.step, checkpoint=first.checkpoint)
+            if failed and self.fail_fast:
+                raise UnitsFailed(f"{failed[0].key}: {failed[0].error} (fail_fast: the other runs were stopped)")
+        if self.seeds is not None:
+            last = self.seeds[-1]
+            for unit in units:
+                if unit.seed == last and unit.arm in self.arm_loggers:
+                    close_arm_run(
+                        unit.arm, self.arm_loggers.pop(unit.arm), self.state, self.folder / STATE_FILE, failed=self.result.failed
+                    )
 
     def settle_round(self, round_index: int) -> bool:
         """After round ``round_index``: every comparison's decision, recorded; True when no round

@@ -261,7 +261,9 @@ def submit_job(
 
     set_options = list(set_options or [])
     workdir = Path.cwd().resolve()
-    configs, _, _ = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)  # a bad YAML: no job
+    configs = load_plan(
+        path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs
+    ).configs  # a bad YAML: no job
     first = next(iter(configs.values()))
     config = _relative_config(Path(path), workdir)
     client = job_client(address)

@@ -212,7 +212,13 @@ def submit_experiment(
     console = console or Console()
     if cpus_per_arm <= 0:
         raise ConfigError("--cpus-per-arm must be > 0")
-    configs, seeds, rounds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
+    configs, seeds, rounds, at_once = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
+    if at_once != "auto":
+        # Ray places the tasks: --cpus-per-arm says how many share the machine.
+        raise ConfigError(
+            f"{path}: seeds_at_once: {at_once} is polyrl run's; polyrl submit runs every arm × seed as a Ray task with "
+            "--cpus-per-arm CPUs (1 CPU each: as many at once as the cluster has cores); remove seeds_at_once"
+        )
     if rounds is not None:
         # Its arms' tasks run side by side, with no round to decide after: the block would do nothing.
         raise ConfigError(

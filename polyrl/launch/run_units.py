@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from polyrl.config.schema import ConfigError, ExperimentConfig, flatten, parse_set_options, read_yaml, resolve_arms
-from polyrl.config.seeds import experiment_seeds
+from polyrl.config.seeds import experiment_seeds, seeds_at_once_setting
 from polyrl.config.until_resolved import UntilResolvedConfig, until_resolved_plan
 
 
@@ -46,15 +47,30 @@ def expand_units(configs: dict[str, ExperimentConfig], seeds: list[int] | None) 
 MANY_RUNS = 100
 
 
+class Plan(NamedTuple):
+    """What an experiment file asks to run: each arm's resolved config, the seeds (None: one run
+    per arm), the ``until_resolved`` rounds (None without) and ``seeds_at_once`` (``auto`` or a number)."""
+
+    configs: dict[str, ExperimentConfig]
+    seeds: list[int] | None
+    rounds: UntilResolvedConfig | None
+    seeds_at_once: int | str
+
+
 def load_plan(
-    path: str | Path, *, set_options: list[str] | None = None, seeds_option: str | None = None, many_runs: bool = True
-) -> tuple[dict[str, ExperimentConfig], list[int] | None, UntilResolvedConfig | None]:
-    """Each arm's resolved config, the experiment's seeds (None: one run per arm) and its
-    ``until_resolved`` plan (None without one; with one, its seeds are the rounds' and ``--seeds``
-    is refused); a plan of more than :data:`MANY_RUNS` runs is refused unless ``many_runs``."""
+    path: str | Path,
+    *,
+    set_options: list[str] | None = None,
+    seeds_option: str | None = None,
+    many_runs: bool = True,
+    seeds_at_once_option: str | None = None,
+) -> Plan:
+    """The experiment's :class:`Plan`; with ``until_resolved`` its seeds are the rounds' and
+    ``--seeds`` is refused; a plan of more than :data:`MANY_RUNS` runs is refused unless ``many_runs``."""
     raw = read_yaml(path)
     configs = resolve_arms(raw, source=str(path), overrides=parse_set_options(set_options or []))
     seeds = experiment_seeds(raw, source=str(path), option=seeds_option)
+    at_once = seeds_at_once_setting(raw, source=str(path), option=seeds_at_once_option)
     rounds = until_resolved_plan(raw, list(configs), source=str(path))
     if rounds is not None:
         if seeds_option is not None:
@@ -65,7 +81,7 @@ def load_plan(
             f"{path}: {plan_line(configs, seeds)}: more than {MANY_RUNS} runs in one command. seeds: N means N runs of "
             "every arm (did you mean seed: N, one run with that seed?); pass --many-runs to start them all"
         )
-    return configs, seeds, rounds
+    return Plan(configs, seeds, rounds, at_once)
 
 
 def run_count(configs: dict[str, ExperimentConfig], seeds: list[int] | None) -> int:

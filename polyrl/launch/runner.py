@@ -56,6 +56,7 @@ from polyrl.launch.interrupts import RunInterrupted, StopSignals
 from polyrl.launch.resume_config import ConfigChange
 from polyrl.launch.rounds import TrainingClock, check_fixed_plan, fixed_plan, order_in_rounds
 from polyrl.launch.run_lock import acquire_lock
+from polyrl.launch.units_at_once import resolve_at_once, threads_per_unit
 from polyrl.tracking.mlflow_runs import (
     ExperimentTracker,
     probe_tracking,
@@ -91,8 +92,11 @@ def run_experiment(
     seeds_option: str | None = None,
     fail_fast: bool = False,
     many_runs: bool = True,
+    seeds_at_once: str | None = None,
+    verbose: bool = False,
 ) -> ExperimentResult:
     """``seeds_option`` is ``--seeds`` (``"3"`` or ``"0,1,2"``); it overrides the file's seeds.
+    ``seeds_at_once`` is ``--seeds-at-once`` (``auto`` or a number), over the file's setting.
 
     An arm that fails is recorded and the next one starts; once all have run,
     :class:`ArmFailedError` names every failed arm. ``fail_fast``: the first failure ends the run.
@@ -101,7 +105,9 @@ def run_experiment(
     from polyrl.launch.run_units import load_plan
 
     console = console or Console()
-    configs, seeds, rounds = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
+    configs, seeds, rounds, at_once_setting = load_plan(
+        path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs, seeds_at_once_option=seeds_at_once
+    )
     if only_arms:
         unknown = sorted(set(only_arms) - set(configs))
         if unknown:
@@ -111,6 +117,7 @@ def run_experiment(
             if compared:
                 raise ConfigError(f"--arm: until_resolved compares {', '.join(compared)} too; a round needs every compared arm")
         configs = {name: cfg for name, cfg in configs.items() if name in only_arms}
+    at_once, at_once_why = resolve_at_once(at_once_setting, configs, seeds)
     if allow_config_change and not resume:
         raise ConfigError("--allow-config-change only applies with --resume")
     first = next(iter(configs.values()))
@@ -137,6 +144,8 @@ def run_experiment(
                 where=where,
                 fail_fast=fail_fast,
                 rounds=rounds,
+                at_once=(at_once, at_once_why),
+                verbose=verbose,
             )
     except KeyboardInterrupt as error:
         raise _interrupted(error, folder, where, hint) from None
@@ -178,6 +187,8 @@ def _run_locked(
     where: dict[str, Any],
     fail_fast: bool = False,
     rounds: UntilResolvedConfig | None = None,
+    at_once: tuple[int, str] = (1, "as set"),
+    verbose: bool = False,
 ) -> ExperimentResult:
     from polyrl.launch.run_units import expand_units
 
@@ -238,6 +249,12 @@ def _run_locked(
         + f" · MLflow: {tracking_uri}"
     )
     schedule = [units] if rounds is None else order_in_rounds(units, rounds)
+    if at_once[0] > 1:
+        console.print(
+            f"seed runs side by side: {at_once[0]} at a time, {threads_per_unit(at_once[0])} thread(s) each ({at_once[1]}; "
+            "seeds_at_once: 1 runs them one after another)",
+            highlight=False,
+        )
     if rounds is not None:
         console.print(
             f"until resolved: {len(rounds.comparisons)} comparison(s), rounds of {rounds.seeds_per_round} seed(s) up to "
@@ -264,6 +281,8 @@ def _run_locked(
         units=len(units),
         rounds=rounds,
         clock=TrainingClock(state) if rounds is not None else None,
+        at_once=at_once[0],
+        verbose=verbose,
     )
     return run.run(schedule)
 

@@ -1,0 +1,350 @@
+"""Seed runs at once: several arm × seed units of one ``polyrl run`` trained side by side, each in
+a process of its own with its share of the cores.
+
+Why: seeds are a comparison's unit of evidence, so seed-runs per hour is the speed a study
+needs, and on a few CPU cores a small policy uses two threads poorly (docs/benchmarks.md, "Seed
+runs per hour"). ``seeds_at_once`` (:func:`polyrl.config.seeds.seeds_at_once_setting`) says how
+many run together; :func:`resolve_at_once` turns ``auto`` into a number for this machine and
+these arms.
+
+What does not change: a unit's result. Each unit is a fresh spawned interpreter that trains
+exactly what ``polyrl run`` trains in-process (:func:`polyrl.launch.arm_steps.train_arm`), with
+its config, seed and ``train.threads``; nothing is shared between units but the MLflow store
+and the console. A seed's metrics are the same run alone or beside another *at the same thread
+count*; a different thread count changes the order of float reductions (and so, after a few
+steps, the samples), which is why the thread count each unit got is its ``train.threads``
+param in MLflow.
+
+The driver (the ``polyrl run`` process) keeps every piece of bookkeeping: it opens each unit's
+MLflow run before the unit starts and records it finished (or failed) from the unit's last
+message. Units talk back through a pipe: progress lines (the driver prints them, named by the
+unit), then one outcome. Signals: a unit starts its own process group, so Ctrl-C reaches only
+the driver, which passes each request on once (stop after the current step with a checkpoint;
+a second request stops at once); a unit whose driver has gone stops at its next step end.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any, Callable
+
+from polyrl.config.schema import ConfigError, ExperimentConfig, to_yaml
+from polyrl.core.errors import PolyrlError
+from polyrl.launch.interrupts import StopNow, StopSignals
+
+__all__ = ["UnitJob", "UnitOutcome", "resolve_at_once", "train_units_at_once"]
+
+# After a second stop request a unit has this long to unwind before it is killed.
+KILL_AFTER_S = 60.0
+
+
+def resolve_at_once(
+    setting: int | str, configs: dict[str, ExperimentConfig], seeds: list[int] | None, cores: int | None = None
+) -> tuple[int, str]:
+    """How many units run at once, and why, in words. ``auto``: two on a CPU-only machine of two
+    or more cores when the experiment has seeds and no arm starts processes of its own; one
+    otherwise. A number is taken as asked, after the checks that make it meaningful."""
+    cores = cores or os.cpu_count() or 1
+    spreads = sorted(
+        f"arms.{arm}.{key}"
+        for arm, config in configs.items()
+        for key, value in (("train.learner_workers", config.train.learner_workers), ("rollout.workers", config.rollout.workers))
+        if value > 1
+    )
+    on_gpu = sorted(arm for arm, config in configs.items() if _uses_gpu(config))
+    if setting == "auto":
+        if seeds is None or len(seeds) * len(configs) < 2:
+            return 1, "one run per arm"
+        if cores < 2:
+            return 1, "one core"
+        if on_gpu:
+            return 1, f"arm {on_gpu[0]!r} trains on a GPU"
+        if spreads:
+            return 1, f"{spreads[0]} > 1 starts processes of its own"
+        return 2, f"auto: {cores} CPU cores"
+    count = int(setting)
+    if count > 1:
+        if seeds is None:
+            raise ConfigError(
+                f"seeds_at_once: {count}: it runs seed runs side by side and this experiment has no seeds "
+                "(one run per arm); add seeds (or --seeds), or set seeds_at_once: 1"
+            )
+        if count > cores:
+            raise ConfigError(
+                f"seeds_at_once: {count}: more than this machine's {cores} cores (each run needs at least one thread); "
+                f"allowed: 1 to {cores}, or auto"
+            )
+        if spreads:
+            raise ConfigError(
+                f"seeds_at_once: {count}: {spreads[0]} > 1 starts processes of its own, which runs side by side would "
+                "share; allowed here: 1, or auto"
+            )
+    return count, "as set"
+
+
+def _uses_gpu(config: ExperimentConfig) -> bool:
+    from polyrl.runtime.devices import has_cuda
+
+    device = config.train.device
+    return device.startswith("cuda") or (device == "auto" and has_cuda())
+
+
+def threads_per_unit(at_once: int, cores: int | None = None) -> int:
+    return max(1, (cores or os.cpu_count() or 1) // at_once)
+
+
+def with_threads(config: ExperimentConfig, threads: int) -> ExperimentConfig:
+    """The unit's config with ``train.threads`` set (kept when the YAML sets it): logged as a param."""
+    if config.train.threads is not None:
+        return config
+    return config.model_copy(update={"train": config.train.model_copy(update={"threads": threads})})
+
+
+@dataclass
+class UnitJob:
+    """What a unit's process needs: everything as plain values (the process is spawned)."""
+
+    key: str
+    arm: str
+    config: ExperimentConfig
+    arm_dir: Path
+    run_id: str
+    parent_run_id: str
+    tracking_uri: str
+    resume: bool
+    log_path: Path
+    verbose: bool
+
+    def message(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "arm": self.arm,
+            "config_yaml": to_yaml(self.config),
+            "arm_dir": str(self.arm_dir),
+            "run_id": self.run_id,
+            "parent_run_id": self.parent_run_id,
+            "tracking_uri": self.tracking_uri,
+            "resume": self.resume,
+            "log_path": str(self.log_path),
+            "verbose": self.verbose,
+            "cwd": os.getcwd(),
+            "driver_pid": os.getpid(),
+        }
+
+
+@dataclass
+class UnitOutcome:
+    """How a unit ended: ``finished`` (with its last step's metrics, None when it trained no
+    step), ``failed`` (with the error in words) or ``stopped`` (by a signal, with its checkpoint)."""
+
+    key: str
+    status: str
+    final_metrics: dict[str, float] | None = None
+    error: str | None = None
+    signum: int | None = None
+    step: int | None = None
+    checkpoint: str | None = None
+
+
+@dataclass
+class _Running:
+    job: UnitJob
+    process: Any
+    conn: Connection
+    outcome: UnitOutcome | None = None
+    signals_sent: int = 0
+    killed_at: float | None = None
+    lines: list[str] = field(default_factory=list)
+
+
+def train_units_at_once(
+    jobs: list[UnitJob],
+    at_once: int,
+    *,
+    threads: int,
+    echo: Callable[[str], None],
+    stop: StopSignals,
+    on_outcome: Callable[[UnitOutcome], None],
+    fail_fast: bool = False,
+) -> list[UnitOutcome]:
+    """Train ``jobs`` with at most ``at_once`` running, in order; ``on_outcome`` sees each ending
+    as it comes. Stop requests (``stop``) are passed on to every running unit and no new one
+    starts; with ``fail_fast`` a failure does the same. Returns every outcome, in ending order."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no vLLM or torch state inherited
+    pending = list(jobs)
+    running: list[_Running] = []
+    outcomes: list[UnitOutcome] = []
+    stopping: int | None = None  # the signal passed on to the units, once
+
+    def start(job: UnitJob) -> None:
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=unit_process, args=(job.message(), send), name=f"polyrl:{job.key}", daemon=False)
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = str(job.config.train.threads or threads)  # read by torch as the child starts
+        try:
+            process.start()
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved
+        send.close()
+        running.append(_Running(job, process, receive))
+
+    def pass_on(signum: int) -> None:
+        for unit in running:
+            if unit.process.pid is not None and unit.process.is_alive():
+                _signal(unit.process.pid, signum)
+                unit.signals_sent += 1
+                if unit.signals_sent >= 2 and unit.killed_at is None:
+                    unit.killed_at = time.monotonic() + KILL_AFTER_S
+
+    def read(unit: _Running) -> None:
+        try:
+            while unit.conn.poll():
+                message = unit.conn.recv()
+                if message[0] == "line":
+                    echo(message[1])
+                else:
+                    unit.outcome = UnitOutcome(unit.job.key, *message)
+        except (EOFError, OSError):
+            pass
+
+    stop.armed = True  # a first request waits for the units' step ends; a second one stops at once
+    try:
+        while pending or running:
+            while pending and len(running) < at_once and stopping is None:
+                start(pending.pop(0))
+            if stop.requested is not None and stopping is None:
+                stopping = stop.requested
+                pending.clear()
+                pass_on(stopping)
+            ready = wait([u.conn for u in running] + [u.process.sentinel for u in running], timeout=0.5)
+            for unit in list(running):
+                if unit.conn in ready:
+                    read(unit)
+                if unit.process.sentinel in ready or not unit.process.is_alive():
+                    unit.process.join()
+                    read(unit)
+                    running.remove(unit)
+                    outcome = unit.outcome or UnitOutcome(
+                        unit.job.key, "failed", error=f"its process ended without a result (exit code {unit.process.exitcode})"
+                    )
+                    if outcome.status == "failed" and unit.outcome is None:
+                        _close_run(unit.job, "FAILED", outcome.error)
+                    outcomes.append(outcome)
+                    on_outcome(outcome)
+                    if outcome.status == "failed" and fail_fast and stopping is None:
+                        stopping = signal.SIGTERM
+                        pending.clear()
+                        pass_on(stopping)
+            for unit in running:
+                if unit.killed_at is not None and time.monotonic() > unit.killed_at:
+                    unit.process.kill()
+    except KeyboardInterrupt as error:  # a second request: pass it on (the units stop at once), then wait for them
+        signum = getattr(error, "signum", signal.SIGINT)
+        pass_on(signum)
+        for unit in running:
+            unit.process.join(KILL_AFTER_S)
+            if unit.process.is_alive():
+                unit.process.kill()
+                unit.process.join()
+            read(unit)
+            if unit.outcome is None:
+                _close_run(unit.job, "KILLED", f"stopped by {signal.Signals(signum).name}")
+        raise
+    finally:
+        stop.armed = False
+    return outcomes
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass  # it ended between the check and the signal
+
+
+def _close_run(job: UnitJob, status: str, message: str | None) -> None:
+    """A unit that died without closing its MLflow run (killed, out of memory): close it here."""
+    from polyrl.launch.ray_workers import finish_if_running
+    from polyrl.tracking.mlflow_runs import make_client
+
+    try:
+        finish_if_running(make_client(job.tracking_uri), job.run_id, status)
+    except Exception:  # noqa: BLE001 - the store is away: the run stays RUNNING and a resume closes it
+        logging.getLogger("polyrl.run").warning("could not mark %s's MLflow run %s", job.key, status, exc_info=True)
+
+
+# --- inside a unit's process ------------------------------------------------------------------
+
+
+def unit_process(job: dict[str, Any], conn: Connection) -> None:
+    """Body of a unit's spawned process: train it and send back lines, then one outcome."""
+    os.setpgrp()  # Ctrl-C at the terminal reaches the driver only; it passes requests on, once each
+    os.chdir(job["cwd"])  # relative paths in the YAML resolve as in the driver
+
+    def send(*message: Any) -> None:
+        try:
+            conn.send(message)
+        except (BrokenPipeError, OSError):
+            pass  # the driver has gone: the step-end check below stops the unit
+
+    key = job["key"]
+    try:
+        from polyrl.launch.logs import command_logging
+
+        with command_logging(job["log_path"], verbose=job["verbose"], command=f"{key} (side by side, pid {os.getpid()})"):
+            with StopSignals(echo=lambda line: send("line", f"{key}: {line}")) as stop:
+                final = _train(job, stop, lambda line: send("line", line))
+        send("finished", final)
+    except StopNow as error:
+        send("stopped", None, None, error.signum, error.step, error.checkpoint)
+    except BaseException as error:  # noqa: BLE001 - every ending is reported; train_arm closed the MLflow run
+        from polyrl.launch.arm_runs import arm_error_text
+
+        logging.getLogger("polyrl.run").info("unit %r failed", key, exc_info=error)
+        send("failed", None, arm_error_text(error) if isinstance(error, Exception) else repr(error))
+    finally:
+        conn.close()
+
+
+def _train(job: dict[str, Any], stop: StopSignals, echo: Callable[[str], None]) -> dict[str, float] | None:
+    import yaml
+
+    from polyrl.launch.arm_runs import last_logged_metrics, train_with_lines
+    from polyrl.launch.arm_steps import train_arm
+    from polyrl.tracking.mlflow_runs import RunLogger, make_client
+
+    key, driver = job["key"], job["driver_pid"]
+    config = ExperimentConfig.model_validate(yaml.safe_load(job["config_yaml"]))
+    logger = RunLogger(make_client(job["tracking_uri"]), job["run_id"], buffer_dir=job["arm_dir"])
+
+    def driver_gone() -> bool:
+        return os.getppid() != driver
+
+    history = train_arm(
+        config,
+        arm=job["arm"],
+        arm_dir=job["arm_dir"],
+        logger=logger,
+        parent_run_id=job["parent_run_id"],
+        tracking_uri=job["tracking_uri"],
+        resume=job["resume"],
+        train=lambda arm: train_with_lines(arm, key, echo, stop, orphaned=driver_gone),
+        on_resumed=lambda step: echo(f"{key}: resumed from step {step}"),
+    )
+    return history[-1] if history else last_logged_metrics(logger.client, job["run_id"])
+
+
+class UnitsFailed(PolyrlError):
+    """With ``fail_fast``: a unit running side by side failed and the others were stopped."""
+
+    resumable = True
