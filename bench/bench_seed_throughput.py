@@ -5,13 +5,14 @@ Run: ``python bench/bench_seed_throughput.py`` (defaults: the GRPO arm of
 ``experiments/real/grpo_vs_drgrpo.yaml``, SmolLM2-135M-Instruct with vLLM, 4 training steps, an
 evaluation at step 0 and at the end, seeds 0 and 1; ``--quick`` runs the tiny policy instead).
 
-Each seed is a real ``polyrl run`` process (a fresh interpreter, vLLM engine, MLflow store of its
-own), so start-up, evaluation and logging count as they do in a study. Two modes:
+Each mode is one ``polyrl run`` of the seeds, so start-up, evaluation and logging count as they
+do in a study:
 
-* **one after another**: seed after seed, each with ``train.threads = cores`` (the default of a
-  single ``polyrl run``);
-* **at once**: all seeds started together, each with ``cores / seeds`` threads (the learner's
-  and the in-process vLLM engine's; the operating system places the processes on the cores).
+* **one after another** (``--seeds-at-once 1``): seed after seed in the driver's process, each
+  with every core (``train.threads`` unset);
+* **at once** (``--seeds-at-once <seeds>``): every seed in a spawned process of its own, each
+  with ``cores / seeds`` threads (the learner's and the in-process vLLM engine's; the operating
+  system places the processes on the cores).
 
 It prints each mode's wall time and seed-runs per hour, their ratio, and whether a seed's logged
 metrics are the same in both modes (they are when both modes give a run the same thread count:
@@ -38,59 +39,54 @@ POLYRL = Path(sys.executable).with_name("polyrl")
 TIMING_PREFIXES = ("time/", "perf/", "compute/seconds", "system/", "throughput/", "timing/")
 
 
-def write_config(source: Path, folder: Path, name: str, steps: int, seed: int, threads: int) -> Path:
+def write_config(source: Path, folder: Path, name: str, steps: int, seeds: list[int], threads: int | None) -> Path:
     raw = yaml.safe_load(source.read_text())
     raw.pop("until_resolved", None)
-    raw.pop("seeds", None)
+    raw.pop("seed", None)
+    raw["seeds"] = seeds
     raw["name"] = name
-    raw["seed"] = seed
-    raw.setdefault("train", {}).update({"steps": steps, "threads": threads})
+    raw.setdefault("train", {})["steps"] = steps
+    if threads is not None:
+        raw["train"]["threads"] = threads
     raw.setdefault("eval", {})["every"] = steps
     raw["checkpoint"] = {"dir": str(folder / "checkpoints"), "every": steps, "keep": 1}
-    # A store per run: two processes creating one new SQLite store race on its schema migration.
-    raw.setdefault("tracking", {})["uri"] = f"sqlite:///{folder / name}.db"
+    raw.setdefault("tracking", {})["uri"] = f"sqlite:///{folder / 'mlflow.db'}"
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
 
-def start(config: Path, arm: str, threads: int, folder: Path) -> subprocess.Popen:
-    env = os.environ | {"OMP_NUM_THREADS": str(threads)}
-    log = open(folder / f"{config.stem}.log", "w")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [str(POLYRL), "run", str(config), "--arm", arm, "--no-progress"], cwd=folder, env=env, stdout=log, stderr=log
-    )
-
-
-def final_metrics(folder: Path, name: str) -> dict[str, dict[int, float]]:
+def seed_histories(folder: Path, name: str) -> dict[int, dict[str, dict[int, float]]]:
+    """Per seed, every logged metric's history but those that time the run."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{folder / name}.db")
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(name)
-    runs = [r for r in client.search_runs([experiment.experiment_id]) if "polyrl.arm" in r.data.tags or r.data.metrics]
-    histories: dict[str, dict[int, float]] = {}
-    for run in runs:
+    out: dict[int, dict[str, dict[int, float]]] = {}
+    for run in client.search_runs([experiment.experiment_id]):
+        if "seed" not in run.data.params or run.data.params["seed"] in ("", "None"):
+            continue  # the experiment's and the arm's runs
+        histories: dict[str, dict[int, float]] = {}
         for key in run.data.metrics:
             if key.startswith(TIMING_PREFIXES) or key.endswith("_s") or any(w in key for w in ("per_s", "seconds", "time")):
                 continue
             histories[key] = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
-    return histories
+        out[int(run.data.params["seed"])] = histories
+    return out
 
 
-def run_mode(label: str, source: Path, arm: str, steps: int, seeds: list[int], threads: int, at_once: bool):
+def run_mode(label: str, source: Path, arm: str, steps: int, seeds: list[int], threads: int | None, at_once: int):
+    """One ``polyrl run`` of every seed with ``--seeds-at-once at_once``: its wall time and histories."""
     folder = Path(tempfile.mkdtemp(prefix=f"seeds_{label}_"))
-    configs = [write_config(source, folder, f"bench_{label}_seed{seed}", steps, seed, threads) for seed in seeds]
+    config = write_config(source, folder, f"bench_{label}", steps, seeds, threads)
+    command = [str(POLYRL), "run", str(config), "--arm", arm, "--no-progress", "--seeds-at-once", str(at_once)]
     began = time.perf_counter()
-    if at_once:
-        procs = [start(c, arm, threads, folder) for c in configs]
-        codes = [p.wait() for p in procs]
-    else:
-        codes = [start(c, arm, threads, folder).wait() for c in configs]
+    with open(folder / "run.log", "w") as log:
+        code = subprocess.run(command, cwd=folder, stdout=log, stderr=log).returncode
     wall = time.perf_counter() - began
-    if any(codes):
-        raise SystemExit(f"{label}: a run failed (exit codes {codes}); logs in {folder}")
-    metrics = {seed: final_metrics(folder, c.stem) for seed, c in zip(seeds, configs)}
-    return wall, metrics, folder
+    if code:
+        raise SystemExit(f"{label}: the run failed (exit code {code}); its output: {folder / 'run.log'}")
+    return wall, seed_histories(folder, config.stem), folder
 
 
 def largest_difference(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> tuple[float, str, int]:
@@ -127,9 +123,11 @@ def main() -> None:
     per_seed = cores // len(seeds)
     sequential_threads = per_seed if args.threads_equal else cores
     print(f"{args.experiment} arm {args.arm}, {args.steps} steps, seeds {seeds}, {cores} cores", flush=True)
-    seq_wall, seq_metrics, seq_dir = run_mode("one_after_another", source, args.arm, args.steps, seeds, sequential_threads, False)
+    seq_wall, seq_metrics, seq_dir = run_mode(
+        "one_after_another", source, args.arm, args.steps, seeds, per_seed if args.threads_equal else None, 1
+    )
     print(f"one after another ({sequential_threads} threads each): {seq_wall:.0f} s", flush=True)
-    par_wall, par_metrics, par_dir = run_mode("at_once", source, args.arm, args.steps, seeds, per_seed, True)
+    par_wall, par_metrics, par_dir = run_mode("at_once", source, args.arm, args.steps, seeds, None, len(seeds))
     print(f"at once ({per_seed} thread(s) each): {par_wall:.0f} s", flush=True)
     print()
     print("| mode | threads per run | wall s | seed-runs per hour |")
