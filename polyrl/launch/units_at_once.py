@@ -160,6 +160,7 @@ class _Running:
     conn: Connection
     outcome: UnitOutcome | None = None
     signals_sent: int = 0
+    conn_open: bool = True  # False once the unit closed its end: its pipe is no longer waited on
     killed_at: float | None = None
     lines: list[str] = field(default_factory=list)
 
@@ -215,7 +216,7 @@ def train_units_at_once(
                 else:
                     unit.outcome = UnitOutcome(unit.job.key, *message)
         except (EOFError, OSError):
-            pass
+            unit.conn_open = False  # else wait() would return at once, again and again, until the process ends
 
     stop.armed = True  # a first request waits for the units' step ends; a second one stops at once
     try:
@@ -226,7 +227,7 @@ def train_units_at_once(
                 stopping = stop.requested
                 pending.clear()
                 pass_on(stopping)
-            ready = wait([u.conn for u in running] + [u.process.sentinel for u in running], timeout=0.5)
+            ready = wait([u.conn for u in running if u.conn_open] + [u.process.sentinel for u in running], timeout=0.5)
             for unit in list(running):
                 if unit.conn in ready:
                     read(unit)
@@ -302,6 +303,11 @@ def unit_process(job: dict[str, Any], conn: Connection) -> None:
         from polyrl.launch.logs import command_logging
 
         with command_logging(job["log_path"], verbose=job["verbose"], command=f"{key} (side by side, pid {os.getpid()})"):
+            if not job["verbose"]:  # polyrl's own warnings are for the user: the driver prints them
+                warnings = _LinesHandler(lambda line: send("line", line))
+                warnings.setLevel(logging.WARNING)
+                warnings.setFormatter(logging.Formatter(f"warning ({key}): %(message)s"))
+                logging.getLogger("polyrl").addHandler(warnings)
             with StopSignals(echo=lambda line: send("line", f"{key}: {line}")) as stop:
                 final = _train(job, stop, lambda line: send("line", line))
         send("finished", final)
@@ -314,6 +320,15 @@ def unit_process(job: dict[str, Any], conn: Connection) -> None:
         send("failed", None, arm_error_text(error) if isinstance(error, Exception) else repr(error))
     finally:
         conn.close()
+
+
+class _LinesHandler(logging.Handler):
+    def __init__(self, echo: Callable[[str], None]):
+        super().__init__()
+        self.echo = echo
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.echo(self.format(record))
 
 
 def _train(job: dict[str, Any], stop: StopSignals, echo: Callable[[str], None]) -> dict[str, float] | None:
