@@ -111,17 +111,22 @@ def validate(
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.steps=5 (repeatable)."),
 ) -> None:
     """Check an experiment YAML without running it; print each arm's resolved key settings."""
-    from polyrl.config.seeds import experiment_seeds
+    from polyrl.config.seeds import experiment_seeds, seeds_at_once_setting
     from polyrl.config.until_resolved import until_resolved_plan
     from polyrl.launch.preflight import preflight
     from polyrl.launch.run_units import MANY_RUNS, plan_line, run_count
     from polyrl.launch.runner import read_yaml, validate_file
+    from polyrl.launch.units_at_once import resolve_at_once, threads_per_unit
 
     with user_errors():
         arms = validate_file(config, set_)
         preflight(arms, source=str(config), echo=lambda line: console.print(line, highlight=False))
-        seeds = experiment_seeds(read_yaml(config), source=str(config))
-        rounds = until_resolved_plan(read_yaml(config), list(arms), source=str(config))
+        raw = read_yaml(config)
+        seeds = experiment_seeds(raw, source=str(config))
+        rounds = until_resolved_plan(raw, list(arms), source=str(config))
+        at_once, why = resolve_at_once(
+            seeds_at_once_setting(raw, source=str(config)), arms, rounds.seeds() if rounds is not None else seeds
+        )
     if rounds is None:
         console.print(f"runs: {plan_line(arms, seeds)}", highlight=False)
     else:
@@ -137,6 +142,12 @@ def validate(
                 f"smallest effect of interest {comparison.sesoi:g})",
                 highlight=False,
             )
+    if at_once > 1:
+        console.print(
+            f"seed runs side by side: {at_once} at a time, {threads_per_unit(at_once)} thread(s) each ({why}; "
+            "seeds_at_once: 1 runs them one after another)",
+            highlight=False,
+        )
     if run_count(arms, seeds) > MANY_RUNS:
         console.print(
             f"[yellow]more than {MANY_RUNS} runs[/]: seeds: N means N runs of every arm (did you mean seed: N?); "

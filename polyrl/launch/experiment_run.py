@@ -77,7 +77,7 @@ class ExperimentRun:
         close the parent run FINISHED, or raise naming the failed arms."""
         try:
             for round_index, round_units in enumerate(schedule):
-                if self.at_once > 1:
+                if self.at_once > 1 and len(round_units) > 1:
                     self.run_side_by_side(round_units)
                 else:
                     for unit in round_units:

@@ -4,6 +4,7 @@ are those of the same seed trained alone at the same thread count."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -213,3 +214,20 @@ def test_sigterm_stops_every_unit_with_a_checkpoint_and_a_resume_finishes_them(t
         history = client.get_metric_history(state["runs"][key], "reward/mean")
         assert sorted(m.step for m in history) == list(range(1, 9))  # each step once: none lost, none twice
         assert client.get_run(state["runs"][key]).info.status == "FINISHED"
+
+
+def test_validate_prints_how_the_seed_runs_share_the_machine_and_refuses_a_bad_setting(
+    tmp_path, tiny_experiment, write_experiment, monkeypatch
+):
+    from run_control import polyrl_here
+
+    config = _seeded(tiny_experiment, "plan", 2)
+    path = write_experiment(tmp_path, config)
+    done = polyrl_here(tmp_path, monkeypatch, "validate", str(path))
+    assert done.returncode == 0, done.stderr
+    if (os.cpu_count() or 1) >= 2:
+        assert "seed runs side by side: 2 at a time" in done.stdout
+    config["seeds_at_once"] = 0
+    write_experiment(tmp_path, config)
+    refused = polyrl_here(tmp_path, monkeypatch, "validate", str(path))
+    assert refused.returncode == 2 and "seeds_at_once: got 0; allowed: auto" in refused.stderr
