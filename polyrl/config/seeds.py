@@ -72,6 +72,8 @@ def seeds_at_once_setting(raw: dict[str, Any], *, source: str = "<config>", opti
     else:
         value = raw.get("seeds_at_once", "auto")
         where = f"{source}: invalid experiment config\n  - seeds_at_once"
-    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+    if value == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     raise ConfigError(f"{where}: got {value!r}; allowed: {SEEDS_AT_ONCE_ALLOWED}")
