@@ -51,8 +51,10 @@ class ArmFailedError(PolyrlError, RuntimeError):
 
 
 def plain_printer(console: Console):
-    """Print lines as they are: health lines start with '[arm]', which rich reads as markup and drops."""
-    return functools.partial(console.print, markup=False, highlight=False)
+    """Print lines as they are: health lines start with '[arm]', which rich reads as markup and
+    drops; and whole: without a terminal rich would fold them at 80 columns, mid-figure, in a log
+    file that is read (and grepped) a line at a time."""
+    return functools.partial(console.print, markup=False, highlight=False, soft_wrap=True)
 
 
 def _progress(console: Console) -> Progress:

@@ -28,6 +28,7 @@ from polyrl.launch.arm_runs import (
     arms_failed,
     close_arm_run,
     last_logged_metrics,
+    plain_printer,
     train_with_progress,
 )
 from polyrl.launch.arm_steps import start_arm_run, train_arm
@@ -261,7 +262,7 @@ class ExperimentRun:
                     )
 
             train_units_at_once(
-                jobs, self.at_once, threads=threads, echo=lambda line: self.console.print(line, markup=False, highlight=False),
+                jobs, self.at_once, threads=threads, echo=plain_printer(self.console),
                 stop=self.stop, on_outcome=on_outcome, fail_fast=self.fail_fast,
             )  # fmt: skip
             self.where["arm"] = None

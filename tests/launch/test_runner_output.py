@@ -19,6 +19,16 @@ def test_health_lines_keep_their_arm_prefix():
     assert plain.file.getvalue().strip() == "health warning"
 
 
+def test_a_plain_line_is_not_folded_at_the_consoles_width():
+    # A log file's console is 80 columns wide: the progress line used to end "· 43.5" with
+    # "s/step" on a line of its own.
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    line = "dr_grpo/seed_0 step 12/16 · reward 0.344 · accuracy 0.344 · length 48.8 · 43.3 s/step"
+    assert len(line) > 80
+    plain_printer(console)(line)
+    assert console.file.getvalue() == line + "\n"
+
+
 def test_without_a_terminal_progress_is_a_plain_line_every_few_steps():
     from polyrl.launch.arm_runs import plain_progress_line
 
