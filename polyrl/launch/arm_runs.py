@@ -137,7 +137,8 @@ def close_arm_run(arm: str, arm_logger: RunLogger, state: dict[str, Any], state_
     if failed_seeds:
         arm_logger.finish_after_error("FAILED", "; ".join(f"{key}: {failed[key]}" for key in failed_seeds))
         return
-    seed_run_ids = [run_id for key, run_id in state["runs"].items() if key.split("/seed_")[0] == arm]
+    # Finished seed runs only: a run started ahead of the decision that ended a sequence is not one of them.
+    seed_run_ids = [run_id for key, run_id in state["runs"].items() if key.split("/seed_")[0] == arm and key in state["finished"]]
     log_arm_summary(arm_logger, seed_run_ids)
     arm_logger.finish()
     state["arms_finished"].append(arm)

@@ -12,10 +12,9 @@ failed arm.
 from __future__ import annotations
 
 import logging
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 
@@ -28,17 +27,15 @@ from polyrl.launch.arm_runs import (
     arms_failed,
     close_arm_run,
     last_logged_metrics,
-    plain_printer,
     train_with_progress,
 )
 from polyrl.launch.arm_steps import start_arm_run, train_arm
 from polyrl.launch.experiment_folder import STATE_FILE, write_state
 from polyrl.launch.interrupts import StopNow, StopSignals
-from polyrl.launch.logs import LOG_FILE
 from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes, schedule_note, steps_change
 from polyrl.launch.rounds import TrainingClock, decide_round, record_round
 from polyrl.launch.run_units import RunUnit, start_seeded_arm_run
-from polyrl.launch.units_at_once import UnitJob, UnitOutcome, UnitsFailed, threads_per_unit, train_units_at_once, with_threads
+from polyrl.launch.side_by_side import SideBySideRun
 from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, TrackingUnavailableError
 
 __all__ = ["ExperimentRun"]
@@ -77,14 +74,14 @@ class ExperimentRun:
         """Train every unit of every round in order (a round's decision may end the run early);
         close the parent run FINISHED, or raise naming the failed arms."""
         try:
-            for round_index, round_units in enumerate(schedule):
-                if self.at_once > 1 and len(round_units) > 1:
-                    self.run_side_by_side(round_units)
-                else:
+            if self.at_once > 1:
+                SideBySideRun(self).train(schedule)  # each unit in a process of its own
+            else:
+                for round_index, round_units in enumerate(schedule):
                     for unit in round_units:
                         self.run_unit(unit)
-                if self.rounds is not None and self.settle_round(round_index):
-                    break
+                    if self.rounds is not None and self.settle_round(round_index):
+                        break
         except TrackingUnavailableError:
             raise  # the parent run cannot be reached to be closed; a resume closes it
         except BaseException as error:
@@ -199,91 +196,11 @@ class ExperimentRun:
         self.record_run_id(unit)
         return logger
 
-    def run_side_by_side(self, units: list[RunUnit]) -> None:
-        """Train ``units`` (a round, or every unit) ``at_once`` at a time, each in a process of its
-        own (:mod:`polyrl.launch.units_at_once`); failures are recorded as in :meth:`run_unit`.
-        Arm runs whose last seed was among them close once all have ended."""
-        threads = threads_per_unit(self.at_once)
-        jobs: list[UnitJob] = []
-        for unit in units:
-            if self.seeds is not None and unit.arm in self.state["arms_finished"]:
-                self.enter_unit(unit)
-                continue
-            run_parent = self.enter_unit(unit)
-            if run_parent is None:
-                continue
-            if self.stop.requested is not None:
-                raise StopNow(self.stop.requested)
-            unit = RunUnit(unit.arm, unit.seed, with_threads(unit.config, threads))
-            logger = self.open_unit(unit, run_parent)
-            jobs.append(
-                UnitJob(
-                    key=unit.key,
-                    arm=unit.arm,
-                    config=unit.config,
-                    arm_dir=self.folder / unit.key,
-                    run_id=logger.run_id,
-                    parent_run_id=self.parent.run_id,
-                    tracking_uri=self.result.tracking_uri,
-                    resume=self.resume,
-                    log_path=self.folder / LOG_FILE,
-                    verbose=self.verbose,
-                )  # fmt: skip
-            )
-        if jobs:
-            self.where["arm"] = jobs[0].key  # an interrupted message names one unit's checkpoint folder
-            self.console.print(
-                f"{len(jobs)} run(s), {min(self.at_once, len(jobs))} at a time, {threads} thread(s) each: "
-                + ", ".join(job.key for job in jobs),
-                highlight=False,
-            )
-            by_key = {unit.key: unit for unit in units}
-            failed: list[UnitOutcome] = []
-            stopped: list[UnitOutcome] = []
-
-            def on_outcome(outcome: UnitOutcome) -> None:
-                if outcome.status == "finished":
-                    self.record_finished(by_key[outcome.key], outcome.final_metrics or {})
-                    self.console.print(f"[cyan]{outcome.key}[/]: finished", highlight=False)
-                elif outcome.status == "stopped":
-                    stopped.append(outcome)
-                    self.console.print(
-                        f"[cyan]{outcome.key}[/]: stopped"
-                        + (f" after step {outcome.step}, checkpoint {outcome.checkpoint}" if outcome.checkpoint else ""),
-                        highlight=False,
-                    )
-                else:
-                    failed.append(outcome)
-                    self.result.failed[outcome.key] = outcome.error or "failed"
-                    self.console.print(
-                        f"[red]{outcome.key}: FAILED[/] ({outcome.error})"
-                        + ("" if self.fail_fast else "; the other runs continue"),
-                        highlight=False,
-                    )
-
-            train_units_at_once(
-                jobs, self.at_once, threads=threads, echo=plain_printer(self.console),
-                stop=self.stop, on_outcome=on_outcome, fail_fast=self.fail_fast,
-            )  # fmt: skip
-            self.where["arm"] = None
-            if stopped:
-                first = stopped[0]
-                self.where["arm"] = first.key
-                raise StopNow(first.signum or signal.SIGTERM, step=first.step, checkpoint=first.checkpoint)
-            if failed and self.fail_fast:
-                raise UnitsFailed(f"{failed[0].key}: {failed[0].error} (fail_fast: the other runs were stopped)")
-        if self.seeds is not None:
-            last = self.seeds[-1]
-            for unit in units:
-                if unit.seed == last and unit.arm in self.arm_loggers:
-                    close_arm_run(
-                        unit.arm, self.arm_loggers.pop(unit.arm), self.state, self.folder / STATE_FILE, failed=self.result.failed
-                    )
-
-    def settle_round(self, round_index: int) -> bool:
+    def settle_round(self, round_index: int, before_closing: Callable[[], None] | None = None) -> bool:
         """After round ``round_index``: every comparison's decision, recorded; True when no round
         follows (every comparison decided, the hours spent, or the seed budget reached). Open arm
-        runs close then, over the seeds they ran."""
+        runs close then, over the seeds they ran, after ``before_closing()`` (side by side: stop
+        the runs started ahead of this decision)."""
         rounds, clock, console = self.rounds, self.clock, self.console
         assert rounds is not None and clock is not None
         seeds_so_far = [seed for r in rounds.rounds()[: round_index + 1] for seed in r]
@@ -305,6 +222,8 @@ class ExperimentRun:
             else "the seed budget is spent"
         )
         console.print(f"until resolved: {why}; {len(seeds_so_far)} of {rounds.max_seeds} seeds run", highlight=False)
+        if before_closing is not None:
+            before_closing()
         for arm in list(self.arm_loggers):
             close_arm_run(arm, self.arm_loggers.pop(arm), self.state, self.folder / STATE_FILE, failed=self.result.failed)
         return True

@@ -30,16 +30,17 @@ import multiprocessing
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable
 
 from polyrl.config.schema import ConfigError, ExperimentConfig, to_yaml
 from polyrl.core.errors import PolyrlError
-from polyrl.launch.interrupts import StopNow, StopSignals
+from polyrl.launch.interrupts import StopSignals
+from polyrl.launch.unit_process import unit_process
 
-__all__ = ["UnitJob", "UnitOutcome", "resolve_at_once", "train_units_at_once"]
+__all__ = ["SideBySide", "UnitJob", "UnitOutcome", "resolve_at_once", "train_units_at_once"]
 
 # After a second stop request a unit has this long to unwind before it is killed.
 KILL_AFTER_S = 60.0
@@ -162,7 +163,156 @@ class _Running:
     signals_sent: int = 0
     conn_open: bool = True  # False once the unit closed its end: its pipe is no longer waited on
     killed_at: float | None = None
-    lines: list[str] = field(default_factory=list)
+
+
+class SideBySide:
+    """Up to ``at_once`` units running, each in a spawned process; the driver's side.
+
+    :meth:`wait_for` trains queued units until the named ones have ended, keeping every slot
+    busy: from the queue first, then from ``ahead`` (with until_resolved: the next round's units,
+    started before this round's decision so a core does not idle while the round's slowest run
+    finishes). ``on_outcome`` sees each ending as it comes. Stop requests (``stop``) are passed
+    on to every running unit and nothing new starts; with ``fail_fast`` a failure does the same.
+    """
+
+    def __init__(
+        self,
+        at_once: int,
+        *,
+        threads: int,
+        echo: Callable[[str], None],
+        stop: StopSignals,
+        on_outcome: Callable[[UnitOutcome], None],
+        fail_fast: bool = False,
+    ):
+        self.at_once, self.threads, self.echo, self.stop = at_once, threads, echo, stop
+        self.on_outcome, self.fail_fast = on_outcome, fail_fast
+        self.context = multiprocessing.get_context("spawn")  # a fresh interpreter: no vLLM or torch state inherited
+        self.queue: list[UnitJob] = []
+        self.running: list[_Running] = []
+        self.ended: dict[str, UnitOutcome] = {}
+        self.stopping: int | None = None  # the signal passed on to every unit, once
+
+    def add(self, jobs: list[UnitJob]) -> None:
+        self.queue.extend(jobs)
+
+    def running_keys(self) -> list[str]:
+        return [unit.job.key for unit in self.running]
+
+    def wait_for(self, keys: set[str], ahead: Callable[[], UnitJob | None] | None = None) -> None:
+        """Train until every unit in ``keys`` (queued or running) has ended, or a stop request or
+        a failure under ``fail_fast`` has ended them all."""
+        self.stop.armed = True  # a first request waits for the units' step ends; a second one stops at once
+        try:
+            while not keys <= set(self.ended) and (self.queue or self.running):
+                if self.stop.requested is not None and self.stopping is None:
+                    self._stop_everything(self.stop.requested)
+                self._fill(ahead)
+                self._wait_once()
+        except KeyboardInterrupt as error:  # a second request: pass it on (the units stop at once), then wait for them
+            self._unwind(getattr(error, "signum", signal.SIGINT))
+            raise
+        finally:
+            self.stop.armed = False
+
+    def stop_units(self, keys: list[str], signum: int = signal.SIGTERM) -> None:
+        """Ask these running units to stop at their next step end (with a checkpoint) and wait for them."""
+        for unit in self.running:
+            if unit.job.key in keys:
+                self._signal_unit(unit, signum)
+        self.wait_for(set(keys))
+
+    def _fill(self, ahead: Callable[[], UnitJob | None] | None) -> None:
+        while len(self.running) < self.at_once and self.stopping is None:
+            job = self.queue.pop(0) if self.queue else (ahead() if ahead is not None else None)
+            if job is None:
+                return
+            self._start(job)
+
+    def _start(self, job: UnitJob) -> None:
+        receive, send = self.context.Pipe(duplex=False)
+        process = self.context.Process(target=unit_process, args=(job.message(), send), name=f"polyrl:{job.key}")
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = str(job.config.train.threads or self.threads)  # read by torch as the child starts
+        try:
+            process.start()
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved
+        send.close()
+        self.running.append(_Running(job, process, receive))
+
+    def _signal_unit(self, unit: _Running, signum: int) -> None:
+        if unit.process.pid is not None and unit.process.is_alive():
+            _signal(unit.process.pid, signum)
+            unit.signals_sent += 1
+            if unit.signals_sent >= 2 and unit.killed_at is None:
+                unit.killed_at = time.monotonic() + KILL_AFTER_S
+
+    def _stop_everything(self, signum: int) -> None:
+        self.stopping = signum
+        self.queue.clear()
+        for unit in self.running:
+            self._signal_unit(unit, signum)
+
+    def _read(self, unit: _Running) -> None:
+        try:
+            while unit.conn.poll():
+                message = unit.conn.recv()
+                if message[0] == "line":
+                    self.echo(message[1])
+                else:
+                    unit.outcome = UnitOutcome(unit.job.key, *message)
+        except (EOFError, OSError):
+            unit.conn_open = False  # else wait() would return at once, again and again, until the process ends
+
+    def _wait_once(self) -> None:
+        if not self.running:
+            return
+        ready = wait([u.conn for u in self.running if u.conn_open] + [u.process.sentinel for u in self.running], timeout=0.5)
+        for unit in list(self.running):
+            if unit.conn in ready:
+                self._read(unit)
+            if unit.process.sentinel in ready or not unit.process.is_alive():
+                unit.process.join()
+                self._read(unit)
+                self.running.remove(unit)
+                outcome = unit.outcome or self._silent_ending(unit)
+                self.ended[outcome.key] = outcome
+                self.on_outcome(outcome)
+                if outcome.status == "failed" and self.fail_fast and self.stopping is None:
+                    self._stop_everything(signal.SIGTERM)
+        for unit in self.running:
+            if unit.killed_at is not None and time.monotonic() > unit.killed_at:
+                unit.process.kill()
+
+    def _silent_ending(self, unit: _Running) -> UnitOutcome:
+        """A unit whose process ended without its last message: stopped, when a signal was passed
+        to it (it came before the unit could catch it, e.g. while it was still importing); else
+        failed (killed from outside, out of memory). Its MLflow run is closed here."""
+        if unit.signals_sent:
+            signum = self.stopping or signal.SIGTERM
+            _close_run(unit.job, "KILLED", f"stopped by {signal.Signals(signum).name} while starting")
+            return UnitOutcome(unit.job.key, "stopped", signum=signum)
+        error = f"its process ended without a result (exit code {unit.process.exitcode})"
+        _close_run(unit.job, "FAILED", error)
+        return UnitOutcome(unit.job.key, "failed", error=error)
+
+    def _unwind(self, signum: int) -> None:
+        self.queue.clear()
+        for unit in self.running:
+            self._signal_unit(unit, signum)
+        for unit in list(self.running):
+            unit.process.join(KILL_AFTER_S)
+            if unit.process.is_alive():
+                unit.process.kill()
+                unit.process.join()
+            self._read(unit)
+            if unit.outcome is None:
+                _close_run(unit.job, "KILLED", f"stopped by {signal.Signals(signum).name}")
+        self.running.clear()
 
 
 def train_units_at_once(
@@ -175,95 +325,12 @@ def train_units_at_once(
     on_outcome: Callable[[UnitOutcome], None],
     fail_fast: bool = False,
 ) -> list[UnitOutcome]:
-    """Train ``jobs`` with at most ``at_once`` running, in order; ``on_outcome`` sees each ending
-    as it comes. Stop requests (``stop``) are passed on to every running unit and no new one
-    starts; with ``fail_fast`` a failure does the same. Returns every outcome, in ending order."""
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no vLLM or torch state inherited
-    pending = list(jobs)
-    running: list[_Running] = []
-    outcomes: list[UnitOutcome] = []
-    stopping: int | None = None  # the signal passed on to the units, once
-
-    def start(job: UnitJob) -> None:
-        receive, send = context.Pipe(duplex=False)
-        process = context.Process(target=unit_process, args=(job.message(), send), name=f"polyrl:{job.key}", daemon=False)
-        saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = str(job.config.train.threads or threads)  # read by torch as the child starts
-        try:
-            process.start()
-        finally:
-            if saved is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = saved
-        send.close()
-        running.append(_Running(job, process, receive))
-
-    def pass_on(signum: int) -> None:
-        for unit in running:
-            if unit.process.pid is not None and unit.process.is_alive():
-                _signal(unit.process.pid, signum)
-                unit.signals_sent += 1
-                if unit.signals_sent >= 2 and unit.killed_at is None:
-                    unit.killed_at = time.monotonic() + KILL_AFTER_S
-
-    def read(unit: _Running) -> None:
-        try:
-            while unit.conn.poll():
-                message = unit.conn.recv()
-                if message[0] == "line":
-                    echo(message[1])
-                else:
-                    unit.outcome = UnitOutcome(unit.job.key, *message)
-        except (EOFError, OSError):
-            unit.conn_open = False  # else wait() would return at once, again and again, until the process ends
-
-    stop.armed = True  # a first request waits for the units' step ends; a second one stops at once
-    try:
-        while pending or running:
-            while pending and len(running) < at_once and stopping is None:
-                start(pending.pop(0))
-            if stop.requested is not None and stopping is None:
-                stopping = stop.requested
-                pending.clear()
-                pass_on(stopping)
-            ready = wait([u.conn for u in running if u.conn_open] + [u.process.sentinel for u in running], timeout=0.5)
-            for unit in list(running):
-                if unit.conn in ready:
-                    read(unit)
-                if unit.process.sentinel in ready or not unit.process.is_alive():
-                    unit.process.join()
-                    read(unit)
-                    running.remove(unit)
-                    outcome = unit.outcome or UnitOutcome(
-                        unit.job.key, "failed", error=f"its process ended without a result (exit code {unit.process.exitcode})"
-                    )
-                    if outcome.status == "failed" and unit.outcome is None:
-                        _close_run(unit.job, "FAILED", outcome.error)
-                    outcomes.append(outcome)
-                    on_outcome(outcome)
-                    if outcome.status == "failed" and fail_fast and stopping is None:
-                        stopping = signal.SIGTERM
-                        pending.clear()
-                        pass_on(stopping)
-            for unit in running:
-                if unit.killed_at is not None and time.monotonic() > unit.killed_at:
-                    unit.process.kill()
-    except KeyboardInterrupt as error:  # a second request: pass it on (the units stop at once), then wait for them
-        signum = getattr(error, "signum", signal.SIGINT)
-        pass_on(signum)
-        for unit in running:
-            unit.process.join(KILL_AFTER_S)
-            if unit.process.is_alive():
-                unit.process.kill()
-                unit.process.join()
-            read(unit)
-            if unit.outcome is None:
-                _close_run(unit.job, "KILLED", f"stopped by {signal.Signals(signum).name}")
-        raise
-    finally:
-        stop.armed = False
-    return outcomes
+    """Train ``jobs`` with at most ``at_once`` running, in order (:class:`SideBySide`); returns
+    every outcome, in ending order."""
+    pool = SideBySide(at_once, threads=threads, echo=echo, stop=stop, on_outcome=on_outcome, fail_fast=fail_fast)
+    pool.add(jobs)
+    pool.wait_for({job.key for job in jobs})
+    return list(pool.ended.values())
 
 
 def _signal(pid: int, signum: int) -> None:
@@ -279,84 +346,12 @@ def _close_run(job: UnitJob, status: str, message: str | None) -> None:
     from polyrl.tracking.mlflow_runs import make_client
 
     try:
-        finish_if_running(make_client(job.tracking_uri), job.run_id, status)
+        client = make_client(job.tracking_uri)
+        if message and client.get_run(job.run_id).info.status == "RUNNING":
+            client.set_tag(job.run_id, "polyrl.error", message)
+        finish_if_running(client, job.run_id, status)
     except Exception:  # noqa: BLE001 - the store is away: the run stays RUNNING and a resume closes it
         logging.getLogger("polyrl.run").warning("could not mark %s's MLflow run %s", job.key, status, exc_info=True)
-
-
-# --- inside a unit's process ------------------------------------------------------------------
-
-
-def unit_process(job: dict[str, Any], conn: Connection) -> None:
-    """Body of a unit's spawned process: train it and send back lines, then one outcome."""
-    os.setpgrp()  # Ctrl-C at the terminal reaches the driver only; it passes requests on, once each
-    os.chdir(job["cwd"])  # relative paths in the YAML resolve as in the driver
-
-    def send(*message: Any) -> None:
-        try:
-            conn.send(message)
-        except (BrokenPipeError, OSError):
-            pass  # the driver has gone: the step-end check below stops the unit
-
-    key = job["key"]
-    try:
-        from polyrl.launch.logs import command_logging
-
-        with command_logging(job["log_path"], verbose=job["verbose"], command=f"{key} (side by side, pid {os.getpid()})"):
-            if not job["verbose"]:  # polyrl's own warnings are for the user: the driver prints them
-                warnings = _LinesHandler(lambda line: send("line", line))
-                warnings.setLevel(logging.WARNING)
-                warnings.setFormatter(logging.Formatter(f"warning ({key}): %(message)s"))
-                logging.getLogger("polyrl").addHandler(warnings)
-            with StopSignals(echo=lambda line: send("line", f"{key}: {line}")) as stop:
-                final = _train(job, stop, lambda line: send("line", line))
-        send("finished", final)
-    except StopNow as error:
-        send("stopped", None, None, error.signum, error.step, error.checkpoint)
-    except BaseException as error:  # noqa: BLE001 - every ending is reported; train_arm closed the MLflow run
-        from polyrl.launch.arm_runs import arm_error_text
-
-        logging.getLogger("polyrl.run").info("unit %r failed", key, exc_info=error)
-        send("failed", None, arm_error_text(error) if isinstance(error, Exception) else repr(error))
-    finally:
-        conn.close()
-
-
-class _LinesHandler(logging.Handler):
-    def __init__(self, echo: Callable[[str], None]):
-        super().__init__()
-        self.echo = echo
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.echo(self.format(record))
-
-
-def _train(job: dict[str, Any], stop: StopSignals, echo: Callable[[str], None]) -> dict[str, float] | None:
-    import yaml
-
-    from polyrl.launch.arm_runs import last_logged_metrics, train_with_lines
-    from polyrl.launch.arm_steps import train_arm
-    from polyrl.tracking.mlflow_runs import RunLogger, make_client
-
-    key, driver = job["key"], job["driver_pid"]
-    config = ExperimentConfig.model_validate(yaml.safe_load(job["config_yaml"]))
-    logger = RunLogger(make_client(job["tracking_uri"]), job["run_id"], buffer_dir=job["arm_dir"])
-
-    def driver_gone() -> bool:
-        return os.getppid() != driver
-
-    history = train_arm(
-        config,
-        arm=job["arm"],
-        arm_dir=job["arm_dir"],
-        logger=logger,
-        parent_run_id=job["parent_run_id"],
-        tracking_uri=job["tracking_uri"],
-        resume=job["resume"],
-        train=lambda arm: train_with_lines(arm, key, echo, stop, orphaned=driver_gone),
-        on_resumed=lambda step: echo(f"{key}: resumed from step {step}"),
-    )
-    return history[-1] if history else last_logged_metrics(logger.client, job["run_id"])
 
 
 class UnitsFailed(PolyrlError):

@@ -231,3 +231,53 @@ def test_validate_prints_how_the_seed_runs_share_the_machine_and_refuses_a_bad_s
     write_experiment(tmp_path, config)
     refused = polyrl_here(tmp_path, monkeypatch, "validate", str(path))
     assert refused.returncode == 2 and "seeds_at_once: got 0; allowed: auto" in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_free_core_starts_the_next_round_early_and_a_run_started_ahead_of_the_last_decision_stays_out(
+    tmp_path, tiny_experiment, write_experiment, monkeypatch
+):
+    import io
+
+    from rich.console import Console
+
+    from polyrl.launch.side_by_side import AHEAD_TAG
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    config = tiny_experiment(name="pipelined", train={"steps": 3, "threads": 1})
+    config.pop("seed")
+
+    def reward(sleep: float) -> list[dict]:  # one reward for both arms; the slow arm's sleeps 2 s a step
+        return [{"module": f"{tmp_path / 'rewards.py'}:Slow", "params": {"sleep": sleep}}]
+
+    config["arms"] = {
+        "fast": {"objective": {"name": "grpo"}, "rewards": reward(0.0)},
+        "slow": {"objective": {"name": "dr_grpo"}, "rewards": reward(2.0)},
+    }
+    # A SESOI of 100 on a reward of a few units: "equivalent" at the first look (2 seeds), so
+    # the sequence ends after round 2 and seed 2 is never part of it.
+    config["until_resolved"] = {
+        "comparisons": [{"arms": ["fast", "slow"], "metric": "reward/mean", "sesoi": 100.0}],
+        "max_seeds": 3,
+    }
+    config["seeds_at_once"] = 2
+    out = io.StringIO()
+    result = run_experiment(
+        write_experiment(tmp_path, config), show_progress=False, console=Console(file=out, width=200, color_system=None)
+    )
+    printed = out.getvalue()
+    assert "fast/seed_1: starts now, ahead of this round's decision" in printed  # while slow/seed_0 finished
+    state = json.loads((tmp_path / "runs" / "pipelined" / "experiment.json").read_text())
+    assert [r["seeds"] for r in state["sequential"]] == [1, 2]
+    decision = state["sequential"][-1]["decisions"]["fast-vs-slow:reward/mean"]
+    assert decision["verdict"] == "equivalent" and decision["n"] == 2 and len(decision["differences"]) == 2
+    assert sorted(state["finished"]) == ["fast/seed_0", "fast/seed_1", "slow/seed_0", "slow/seed_1"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    # fast/seed_2 started ahead of round 2's decision, which ended the sequence: stopped, outside it.
+    assert "fast/seed_2: stopped" in printed and "it is not part of it" in printed
+    outside = client.get_run(state["runs"]["fast/seed_2"])
+    assert outside.info.status == "KILLED" and AHEAD_TAG in outside.data.tags
+    for arm in ("fast", "slow"):
+        arm_run = client.get_run(result.arm_run_ids[arm])
+        assert arm_run.info.status == "FINISHED" and arm_run.data.metrics["seeds/n"] == 2  # the finished seeds only
