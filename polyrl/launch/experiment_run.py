@@ -33,7 +33,7 @@ from polyrl.launch.arm_steps import start_arm_run, train_arm
 from polyrl.launch.experiment_folder import STATE_FILE, write_state
 from polyrl.launch.interrupts import StopNow, StopSignals
 from polyrl.launch.resume_config import ConfigChange, config_snapshot, describe_changes, schedule_note, steps_change
-from polyrl.launch.rounds import TrainingClock, decide_round, record_round
+from polyrl.launch.rounds import OUTSIDE_SEQUENCE_TAG, TrainingClock, decide_round, record_round
 from polyrl.launch.run_units import RunUnit, start_seeded_arm_run
 from polyrl.launch.side_by_side import SideBySideRun
 from polyrl.tracking.mlflow_runs import ExperimentTracker, RunLogger, TrackingUnavailableError
@@ -190,6 +190,8 @@ class ExperimentRun:
                 note = schedule_note(unit.config, steps.old, at)
                 console.print(f"[cyan]{key}[/]: {note}", highlight=False)
                 logger.set_tags({f"polyrl.schedule_change.step_{at:06d}": note})
+        if OUTSIDE_SEQUENCE_TAG in self.tracker.client.get_run(logger.run_id).data.tags:
+            self.tracker.client.delete_tag(logger.run_id, OUTSIDE_SEQUENCE_TAG)  # trained on now as a round of it
         run_ids[key] = logger.run_id
         state["arm_configs"][key] = config_snapshot(unit.config)
         self.save()

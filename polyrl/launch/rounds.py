@@ -39,6 +39,12 @@ def sequential_plan(config: UntilResolvedConfig) -> SequentialPlan:
     )
 
 
+# On a seed run started ahead of the decision that then ended the sequence (side by side,
+# polyrl.launch.side_by_side): it is not part of the sequence. A resume that trains it on as a
+# round of the sequence removes the tag.
+OUTSIDE_SEQUENCE_TAG = "polyrl.sequence.outside"
+
+
 def order_in_rounds(units: list[RunUnit], config: UntilResolvedConfig) -> list[list[RunUnit]]:
     """The units of each round, seed-major inside a round (every arm's seed s, then s + 1), so
     that a round ends with both sides of each pair trained."""

@@ -139,13 +139,24 @@ def mean_over_seeds(histories: list[dict[int, float]]) -> dict[int, float]:
 
 
 def log_arm_summary(arm_logger, seed_run_ids: list[str]) -> None:
-    """Log the per-step mean over seeds of the headline metrics to the arm's run."""
+    """Log the per-step mean over seeds of the headline metrics to the arm's run.
+
+    A reopened arm run whose seeds trained longer gets only the steps it lacks (the means of
+    the others are unchanged). One that has more seeds than when it closed (an until_resolved
+    sequence resumed with more hours) gets every step again: the means over all its seeds are
+    then each metric's latest value (MLflow keeps the earlier ones in the history)."""
     client = arm_logger.client
-    arm_logger.logged_steps()  # a reopened arm run (its seeds trained longer) skips the steps it has
+    had = arm_logger.logged_steps()
+    earlier_count = client.get_run(arm_logger.run_id).data.metrics.get("seeds/n") if had else None
+    more_seeds = earlier_count is not None and earlier_count != float(len(seed_run_ids))
     steps: dict[int, dict[str, float]] = {}
     for key in summary_keys():
         histories = [{m.step: m.value for m in client.get_metric_history(run_id, key)} for run_id in seed_run_ids]
         for step, value in mean_over_seeds(histories).items():
             steps.setdefault(step, {})[key] = value
     for step, metrics in sorted(steps.items()):
-        arm_logger.log_step(step, metrics | {"seeds/n": float(len(seed_run_ids))})
+        values = metrics | {"seeds/n": float(len(seed_run_ids))}
+        if more_seeds:
+            arm_logger.log_metrics(step, values)  # log_step would skip a step the run has
+        else:
+            arm_logger.log_step(step, values)

@@ -8,8 +8,8 @@ longer answers takes longer): while the round's slowest run finishes, the free s
 (:func:`polyrl.launch.rounds.decide_round` takes the seeds of those rounds), so a run started
 ahead changes no decision. When the decision ends the sequence, a run started ahead is stopped
 at its next step end with a checkpoint: its MLflow run is KILLED and tagged as outside the
-sequence, it is not in ``finished``, and a later ``--resume`` with a larger budget continues it
-from that checkpoint.
+sequence, it is not in ``finished`` nor in its arm's means, and should a ``--resume`` with more
+``max_hours`` go on with the sequence, that round trains it on from its checkpoint (the tag goes).
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from polyrl.launch.arm_runs import close_arm_run, plain_printer
 from polyrl.launch.experiment_folder import STATE_FILE
 from polyrl.launch.interrupts import StopNow
 from polyrl.launch.logs import LOG_FILE
+from polyrl.launch.rounds import OUTSIDE_SEQUENCE_TAG
 from polyrl.launch.run_units import RunUnit
 from polyrl.launch.units_at_once import SideBySide, UnitJob, UnitOutcome, UnitsFailed, threads_per_unit, with_threads
 
 if TYPE_CHECKING:
     from polyrl.launch.experiment_run import ExperimentRun
-
-AHEAD_TAG = "polyrl.sequence.outside"
 
 
 class SideBySideRun:
@@ -132,7 +131,7 @@ class SideBySideRun:
             if key in self.outside:
                 run.console.print(
                     f"[cyan]{key}[/]: stopped{where}; started ahead of the decision that ended the sequence, it is not "
-                    "part of it (--resume with a larger budget continues it)",
+                    "part of it (should a --resume with more max_hours go on with the sequence, it continues this run)",
                     highlight=False,
                 )
                 return
@@ -167,7 +166,9 @@ class SideBySideRun:
         for key in keys:
             run_id = self.run.state["runs"].get(key)
             if run_id:
-                client.set_tag(run_id, AHEAD_TAG, "started ahead of the decision that ended the sequence; not part of it")
+                client.set_tag(
+                    run_id, OUTSIDE_SEQUENCE_TAG, "started ahead of the decision that ended the sequence; not part of it"
+                )
         self.pool.stop_units(keys)
 
     def close_arms_after(self, units: list[RunUnit]) -> None:

@@ -241,7 +241,7 @@ def test_a_free_core_starts_the_next_round_early_and_a_run_started_ahead_of_the_
 
     from rich.console import Console
 
-    from polyrl.launch.side_by_side import AHEAD_TAG
+    from polyrl.launch.rounds import OUTSIDE_SEQUENCE_TAG
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "rewards.py").write_text(REWARDS)
@@ -255,29 +255,46 @@ def test_a_free_core_starts_the_next_round_early_and_a_run_started_ahead_of_the_
         "fast": {"objective": {"name": "grpo"}, "rewards": reward(0.0)},
         "slow": {"objective": {"name": "dr_grpo"}, "rewards": reward(2.0)},
     }
-    # A SESOI of 100 on a reward of a few units: "equivalent" at the first look (2 seeds), so
-    # the sequence ends after round 2 and seed 2 is never part of it.
+    # A SESOI of 100 on a reward of a few units: "equivalent" at the first look (2 seeds). The
+    # first sitting has no hours: it ends after round 1.
     config["until_resolved"] = {
         "comparisons": [{"arms": ["fast", "slow"], "metric": "reward/mean", "sesoi": 100.0}],
         "max_seeds": 3,
+        "max_hours": 1e-6,
     }
     config["seeds_at_once"] = 2
-    out = io.StringIO()
-    result = run_experiment(
-        write_experiment(tmp_path, config), show_progress=False, console=Console(file=out, width=200, color_system=None)
-    )
-    printed = out.getvalue()
-    assert "fast/seed_1: starts now, ahead of this round's decision" in printed  # while slow/seed_0 finished
-    state = json.loads((tmp_path / "runs" / "pipelined" / "experiment.json").read_text())
+    path = write_experiment(tmp_path, config)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    state_path = tmp_path / "runs" / "pipelined" / "experiment.json"
+
+    def sitting(resume: bool) -> str:
+        out = io.StringIO()
+        run_experiment(path, resume=resume, show_progress=False, console=Console(file=out, width=200, color_system=None))
+        return out.getvalue()
+
+    printed = sitting(resume=False)
+    assert "fast/seed_1: starts now, ahead of this round's decision" in printed  # fast/seed_0 ended before slow/seed_0
+    state = json.loads(state_path.read_text())
+    assert [r["seeds"] for r in state["sequential"]] == [1] and "fast/seed_1" not in state["finished"]
+    ahead = client.get_run(state["runs"]["fast/seed_1"])
+    assert ahead.info.status == "KILLED" and OUTSIDE_SEQUENCE_TAG in ahead.data.tags
+    assert "fast/seed_1: stopped" in printed and "it is not part of it" in printed
+
+    # More hours: round 2 trains fast/seed_1 on (now part of the sequence: the tag goes) and decides.
+    config["until_resolved"].pop("max_hours")
+    write_experiment(tmp_path, config)
+    printed = sitting(resume=True)
+    state = json.loads(state_path.read_text())
     assert [r["seeds"] for r in state["sequential"]] == [1, 2]
     decision = state["sequential"][-1]["decisions"]["fast-vs-slow:reward/mean"]
     assert decision["verdict"] == "equivalent" and decision["n"] == 2 and len(decision["differences"]) == 2
     assert sorted(state["finished"]) == ["fast/seed_0", "fast/seed_1", "slow/seed_0", "slow/seed_1"]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    resumed = client.get_run(state["runs"]["fast/seed_1"])
+    assert resumed.info.status == "FINISHED" and OUTSIDE_SEQUENCE_TAG not in resumed.data.tags
+    assert sorted(m.step for m in client.get_metric_history(resumed.info.run_id, "reward/mean")) == [1, 2, 3]
     # fast/seed_2 started ahead of round 2's decision, which ended the sequence: stopped, outside it.
-    assert "fast/seed_2: stopped" in printed and "it is not part of it" in printed
     outside = client.get_run(state["runs"]["fast/seed_2"])
-    assert outside.info.status == "KILLED" and AHEAD_TAG in outside.data.tags
+    assert outside.info.status == "KILLED" and OUTSIDE_SEQUENCE_TAG in outside.data.tags
     for arm in ("fast", "slow"):
-        arm_run = client.get_run(result.arm_run_ids[arm])
+        arm_run = client.get_run(state["arms"][arm])
         assert arm_run.info.status == "FINISHED" and arm_run.data.metrics["seeds/n"] == 2  # the finished seeds only

@@ -54,6 +54,10 @@ def _experiment(tiny_experiment, block):
     config.pop("seed")
     config["arms"] = {"grpo": {"objective": {"name": "grpo"}}, "dr_grpo": {"objective": {"name": "dr_grpo"}}}
     config["until_resolved"] = block
+    # One after another, in this process: these tests follow the rounds' bookkeeping, and which
+    # runs a sitting starts (side by side a free core starts the next round early:
+    # tests/launch/test_seeds_at_once.py).
+    config["seeds_at_once"] = 1
     return config
 
 
@@ -122,6 +126,15 @@ def test_hours_spent_stop_the_rounds_and_a_resume_continues_them(tmp_path, tiny_
     state = json.loads((tmp_path / "runs" / "sequential" / "experiment.json").read_text())
     assert [r["seeds"] for r in state["sequential"]] == [1, 2]
     assert state["sequential"][-1]["decisions"]["grpo-vs-dr_grpo:reward/mean"]["verdict"] == "equivalent"
+    # The arm runs, closed over one seed by the first sitting, now hold the means over both: they
+    # kept the one-seed means before (the steps were logged already, so the new ones were skipped).
+    client = MlflowClient(config["tracking"]["uri"])
+    for arm in ("grpo", "dr_grpo"):
+        arm_run = client.get_run(second.arm_run_ids[arm])
+        assert arm_run.data.metrics["seeds/n"] == 2
+        finals = [client.get_metric_history(second.seed_run_ids[f"{arm}/seed_{s}"], "reward/mean") for s in (0, 1)]
+        last = [max(history, key=lambda m: m.step).value for history in finals]
+        assert arm_run.data.metrics["reward/mean"] == pytest.approx(sum(last) / 2)
     # A SESOI changed after the data were seen is refused on resume (max_hours was allowed to change).
     config["until_resolved"]["comparisons"][0]["sesoi"] = 0.01
     write_experiment(tmp_path, config)
