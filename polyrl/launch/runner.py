@@ -56,7 +56,8 @@ from polyrl.launch.interrupts import RunInterrupted, StopSignals
 from polyrl.launch.resume_config import ConfigChange
 from polyrl.launch.rounds import TrainingClock, check_fixed_plan, fixed_plan, order_in_rounds
 from polyrl.launch.run_lock import acquire_lock
-from polyrl.launch.units_at_once import resolve_at_once, threads_per_unit
+from polyrl.launch.run_units import RunUnit
+from polyrl.launch.units_at_once import resolve_at_once, threads_per_unit, with_threads
 from polyrl.tracking.mlflow_runs import (
     ExperimentTracker,
     probe_tracking,
@@ -197,6 +198,11 @@ def _run_locked(
     if resume and not state:
         raise ConfigError(f"--resume: no earlier run of {first.name!r} in {folder} (no {STATE_FILE}); run without --resume")
     units = expand_units(configs, seeds)
+    if at_once[0] > 1:
+        # Side by side each unit trains with its share of the cores, recorded in its config (and so
+        # compared by --resume: the same setting resumes, another one is a train.threads change).
+        threads = threads_per_unit(at_once[0])
+        units = [RunUnit(unit.arm, unit.seed, with_threads(unit.config, threads)) for unit in units]
     unit_configs = {unit.key: unit.config for unit in units}
     changes: dict[str, list[ConfigChange]] = {}
     resume_steps: dict[str, int] = {}
