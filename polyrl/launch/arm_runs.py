@@ -149,6 +149,7 @@ def _stop_at_step_end(arm: Any, stop: StopSignals):
     """A step callback that honours a stop request: checkpoint this step (unless saved), then unwind."""
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
+        stop.announce()  # a request that came in the middle of a print is said now
         if stop.requested is None or step >= arm.config.train.steps:
             return  # the arm's last step ends the arm normally; the next arm will not start
         latest = latest_checkpoint(arm.checkpointer.arm_dir)

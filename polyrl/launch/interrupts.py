@@ -51,6 +51,7 @@ class StopSignals:
     def __init__(self, echo: Callable[[str], None] = print):
         self.echo = echo
         self.requested: int | None = None
+        self.unannounced: str | None = None  # a request's message not printed yet
         self.armed = False
         self._previous: dict[int, object] = {}
 
@@ -80,4 +81,14 @@ class StopSignals:
             self.requested = signum
             raise StopNow(signum)
         self.requested = signum
-        self.echo(f"{name} received: stopping after the current step with a checkpoint (send it again to stop at once)")
+        self.unannounced = f"{name} received: stopping after the current step with a checkpoint (send it again to stop at once)"
+        try:
+            self.announce()
+        except RuntimeError:
+            pass  # the signal came in the middle of a write to that console (reentrant): announce() says it next
+
+    def announce(self) -> None:
+        """Print the stop request's message if the handler could not (called at safe points)."""
+        if self.unannounced is not None:
+            self.echo(self.unannounced)
+            self.unannounced = None  # after the write: one that raised is said next time

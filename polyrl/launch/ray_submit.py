@@ -213,17 +213,17 @@ def submit_experiment(
     if cpus_per_arm <= 0:
         raise ConfigError("--cpus-per-arm must be > 0")
     configs, seeds, rounds, at_once = load_plan(path, set_options=set_options, seeds_option=seeds_option, many_runs=many_runs)
-    if at_once != "auto":
-        # Ray places the tasks: --cpus-per-arm says how many share the machine.
-        raise ConfigError(
-            f"{path}: seeds_at_once: {at_once} is polyrl run's; polyrl submit runs every arm × seed as a Ray task with "
-            "--cpus-per-arm CPUs (1 CPU each: as many at once as the cluster has cores); remove seeds_at_once"
-        )
     if rounds is not None:
         # Its arms' tasks run side by side, with no round to decide after: the block would do nothing.
         raise ConfigError(
             f"{path}: until_resolved runs seeds in rounds with a decision after each, which polyrl submit's parallel "
             "tasks do not do; run it with polyrl run (or polyrl submit --address, a Ray job that runs polyrl run)"
+        )
+    if at_once != "auto":
+        # Ray places the tasks: --cpus-per-arm says how many share the machine.
+        raise ConfigError(
+            f"{path}: seeds_at_once: {at_once} is polyrl run's; polyrl submit runs every arm × seed as a Ray task with "
+            "--cpus-per-arm CPUs (1 CPU each: as many at once as the cluster has cores); remove seeds_at_once"
         )
     on_cuda = [arm for arm, config in configs.items() if config.train.device.startswith("cuda")]
     if on_cuda and gpus_per_arm <= 0:

@@ -205,6 +205,7 @@ class SideBySide:
         self.stop.armed = True  # a first request waits for the units' step ends; a second one stops at once
         try:
             while not keys <= set(self.ended) and (self.queue or self.running):
+                self.stop.announce()
                 if self.stop.requested is not None and self.stopping is None:
                     self._stop_everything(self.stop.requested)
                 self._fill(ahead)
@@ -280,6 +281,9 @@ class SideBySide:
                 self._read(unit)
                 self.running.remove(unit)
                 outcome = unit.outcome or self._silent_ending(unit)
+                if unit.outcome is not None and outcome.status != "finished":
+                    # Stopped or failed before train_arm could close its run (e.g. while building): close it here.
+                    _close_run(unit.job, "KILLED" if outcome.status == "stopped" else "FAILED", outcome.error)
                 self.ended[outcome.key] = outcome
                 self.on_outcome(outcome)
                 if outcome.status == "failed" and self.fail_fast and self.stopping is None:

@@ -298,3 +298,24 @@ def test_a_free_core_starts_the_next_round_early_and_a_run_started_ahead_of_the_
     for arm in ("fast", "slow"):
         arm_run = client.get_run(state["arms"][arm])
         assert arm_run.info.status == "FINISHED" and arm_run.data.metrics["seeds/n"] == 2  # the finished seeds only
+
+
+def test_a_stop_request_that_lands_mid_print_is_announced_at_the_next_safe_point():
+    from polyrl.launch.interrupts import StopSignals
+
+    lines: list[str] = []
+
+    def echo(line: str) -> None:
+        if not lines and not getattr(echo, "raised", False):
+            echo.raised = True  # type: ignore[attr-defined]
+            raise RuntimeError("reentrant call inside <_io.BufferedWriter name=6>")  # what rich's console raised
+        lines.append(line)
+
+    stop = StopSignals(echo=echo)
+    stop.armed = True
+    stop._handle(signal.SIGTERM, None)  # before: the RuntimeError escaped the handler and ended the run (exit 1)
+    assert stop.requested == signal.SIGTERM and lines == []
+    stop.announce()
+    assert lines == ["SIGTERM received: stopping after the current step with a checkpoint (send it again to stop at once)"]
+    stop.announce()
+    assert len(lines) == 1  # said once
