@@ -2,8 +2,9 @@
 a process of its own with its share of the cores.
 
 Why: seeds are a comparison's unit of evidence, so seed-runs per hour is the speed a study
-needs, and on a few CPU cores a small policy uses two threads poorly (docs/benchmarks.md, "Seed
-runs per hour"). ``seeds_at_once`` (:func:`polyrl.config.seeds.seeds_at_once_setting`) says how
+needs, and on a few CPU cores what one run does on one thread anyway (start-up, Python between
+the kernels, decoding) can overlap with another run's work (docs/benchmarks.md, "Seed runs per
+hour"). ``seeds_at_once`` (:func:`polyrl.config.seeds.seeds_at_once_setting`) says how
 many run together; :func:`resolve_at_once` turns ``auto`` into a number for this machine and
 these arms.
 
@@ -18,7 +19,8 @@ param in MLflow.
 The driver (the ``polyrl run`` process) keeps every piece of bookkeeping: it opens each unit's
 MLflow run before the unit starts and records it finished (or failed) from the unit's last
 message. Units talk back through a pipe: progress lines (the driver prints them, named by the
-unit), then one outcome. Signals: a unit starts its own process group, so Ctrl-C reaches only
+unit), then one outcome (:mod:`polyrl.launch.unit_process` is the unit's side;
+:mod:`polyrl.launch.side_by_side` the experiment's bookkeeping and the rounds). Signals: a unit starts its own process group, so Ctrl-C reaches only
 the driver, which passes each request on once (stop after the current step with a checkpoint;
 a second request stops at once); a unit whose driver has gone stops at its next step end.
 """
@@ -40,7 +42,7 @@ from polyrl.core.errors import PolyrlError
 from polyrl.launch.interrupts import StopSignals
 from polyrl.launch.unit_process import unit_process
 
-__all__ = ["SideBySide", "UnitJob", "UnitOutcome", "resolve_at_once", "train_units_at_once"]
+__all__ = ["SideBySide", "UnitJob", "UnitOutcome", "resolve_at_once"]
 
 # After a second stop request a unit has this long to unwind before it is killed.
 KILL_AFTER_S = 60.0
@@ -317,24 +319,6 @@ class SideBySide:
             if unit.outcome is None:
                 _close_run(unit.job, "KILLED", f"stopped by {signal.Signals(signum).name}")
         self.running.clear()
-
-
-def train_units_at_once(
-    jobs: list[UnitJob],
-    at_once: int,
-    *,
-    threads: int,
-    echo: Callable[[str], None],
-    stop: StopSignals,
-    on_outcome: Callable[[UnitOutcome], None],
-    fail_fast: bool = False,
-) -> list[UnitOutcome]:
-    """Train ``jobs`` with at most ``at_once`` running, in order (:class:`SideBySide`); returns
-    every outcome, in ending order."""
-    pool = SideBySide(at_once, threads=threads, echo=echo, stop=stop, on_outcome=on_outcome, fail_fast=fail_fast)
-    pool.add(jobs)
-    pool.wait_for({job.key for job in jobs})
-    return list(pool.ended.values())
 
 
 def _signal(pid: int, signum: int) -> None:
