@@ -15,7 +15,7 @@ sequence, it is not in ``finished`` nor in its arm's means, and should a ``--res
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from polyrl.launch.arm_runs import close_arm_run, plain_printer
 from polyrl.launch.experiment_folder import STATE_FILE
@@ -25,14 +25,11 @@ from polyrl.launch.rounds import OUTSIDE_SEQUENCE_TAG
 from polyrl.launch.run_units import RunUnit
 from polyrl.launch.units_at_once import SideBySide, UnitJob, UnitOutcome, UnitsFailed, threads_per_unit, with_threads
 
-if TYPE_CHECKING:
-    from polyrl.launch.experiment_run import ExperimentRun
-
 
 class SideBySideRun:
     """Trains an :class:`~polyrl.launch.experiment_run.ExperimentRun`'s schedule side by side."""
 
-    def __init__(self, run: ExperimentRun):
+    def __init__(self, run: Any):  # the ExperimentRun (typed loosely: it imports this module)
         self.run = run
         self.threads = threads_per_unit(run.at_once)
         self.pool = SideBySide(
