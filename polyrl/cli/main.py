@@ -116,7 +116,7 @@ def validate(
     from polyrl.launch.preflight import preflight
     from polyrl.launch.run_units import MANY_RUNS, plan_line, run_count
     from polyrl.launch.runner import read_yaml, validate_file
-    from polyrl.launch.units_at_once import resolve_at_once, threads_per_unit
+    from polyrl.launch.units_at_once import resolve_at_once, side_by_side_line
 
     with user_errors():
         arms = validate_file(config, set_)
@@ -143,11 +143,7 @@ def validate(
                 highlight=False,
             )
     if at_once > 1:
-        console.print(
-            f"seed runs side by side: {at_once} at a time, {threads_per_unit(at_once)} thread(s) each ({why}; "
-            "seeds_at_once: 1 runs them one after another)",
-            highlight=False,
-        )
+        console.print(side_by_side_line(at_once, why), highlight=False)
     if run_count(arms, seeds) > MANY_RUNS:
         console.print(
             f"[yellow]more than {MANY_RUNS} runs[/]: seeds: N means N runs of every arm (did you mean seed: N?); "

@@ -126,9 +126,6 @@ class ExperimentRun:
         """One arm × seed: skipped when finished (or its arm closed), else trained; a failure is
         recorded and the run goes on. The arm's run closes after its last seed."""
         key, arm, state, result = unit.key, unit.arm, self.state, self.result
-        if arm in state.get("arms_finished", ()) and self.seeds is not None:
-            self.enter_unit(unit)
-            return
         run_parent = self.enter_unit(unit)
         if run_parent is not None:
             if self.stop.requested is not None:
@@ -146,7 +143,7 @@ class ExperimentRun:
                 logging.getLogger("polyrl.run").info("arm %r failed", key, exc_info=error)  # the traceback: to the log file only
                 self.console.print(f"[red]{key}: FAILED[/] ({result.failed[key]}); the other arms continue", highlight=False)
             self.where["arm"] = None
-        if self.seeds is not None and unit.seed == self.seeds[-1]:
+        if self.seeds is not None and unit.seed == self.seeds[-1] and arm in self.arm_loggers:  # not: closed before
             close_arm_run(arm, self.arm_loggers.pop(arm), state, self.folder / STATE_FILE, failed=result.failed)
 
     def train_unit(self, unit: RunUnit, run_parent: str) -> None:

@@ -52,6 +52,7 @@ from polyrl.launch.experiment_folder import STATE_FILE, archive_previous_run, ex
 from polyrl.launch.ray_workers import finish_if_running, supervise_arms, worker_env
 from polyrl.launch.run_lock import acquire_lock
 from polyrl.launch.run_units import expand_units, load_plan, start_seeded_arm_run
+from polyrl.launch.units_at_once import with_threads
 from polyrl.runtime.ray_cluster import LOCAL_CLUSTER_SYSTEM_CONFIG
 from polyrl.tracking.mlflow_runs import ExperimentTracker, probe_tracking, resolve_tracking_uri
 
@@ -337,9 +338,7 @@ def _submit_locked(path, configs, seeds, first, tracking_uri, folder, *, paralle
     threads = max(1, int(cpus_per_arm))
     try:
         for unit in expand_units(configs, seeds):
-            config = unit.config
-            if config.train.threads is None:  # torch would otherwise take every core of the node
-                config = config.model_copy(update={"train": config.train.model_copy(update={"threads": threads})})
+            config = with_threads(unit.config, threads)  # torch would otherwise take every core of the node
             arm_run_id = None
             if seeds is not None:
                 if unit.arm not in state["arms"]:

@@ -57,7 +57,7 @@ from polyrl.launch.resume_config import ConfigChange
 from polyrl.launch.rounds import TrainingClock, check_fixed_plan, fixed_plan, order_in_rounds
 from polyrl.launch.run_lock import acquire_lock
 from polyrl.launch.run_units import RunUnit
-from polyrl.launch.units_at_once import resolve_at_once, threads_per_unit, with_threads
+from polyrl.launch.units_at_once import resolve_at_once, side_by_side_line, threads_per_unit, with_threads
 from polyrl.tracking.mlflow_runs import (
     ExperimentTracker,
     probe_tracking,
@@ -256,11 +256,7 @@ def _run_locked(
     )
     schedule = [units] if rounds is None else order_in_rounds(units, rounds)
     if at_once[0] > 1:
-        console.print(
-            f"seed runs side by side: {at_once[0]} at a time, {threads_per_unit(at_once[0])} thread(s) each ({at_once[1]}; "
-            "seeds_at_once: 1 runs them one after another)",
-            highlight=False,
-        )
+        console.print(side_by_side_line(*at_once), highlight=False)
     if rounds is not None:
         console.print(
             f"until resolved: {len(rounds.comparisons)} comparison(s), rounds of {rounds.seeds_per_round} seed(s) up to "

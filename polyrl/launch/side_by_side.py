@@ -23,7 +23,7 @@ from polyrl.launch.interrupts import StopNow
 from polyrl.launch.logs import LOG_FILE
 from polyrl.launch.rounds import OUTSIDE_SEQUENCE_TAG
 from polyrl.launch.run_units import RunUnit
-from polyrl.launch.units_at_once import SideBySide, UnitJob, UnitOutcome, UnitsFailed, threads_per_unit, with_threads
+from polyrl.launch.units_at_once import SideBySide, UnitJob, UnitOutcome, UnitsFailed, threads_per_unit
 
 
 class SideBySideRun:
@@ -71,16 +71,12 @@ class SideBySideRun:
         run = self.run
         if unit.key in self.units:
             return None
-        if run.seeds is not None and unit.arm in run.state["arms_finished"]:
-            run.enter_unit(unit)
-            return None
         run_parent = run.enter_unit(unit)
         if run_parent is None:
             return None
         if run.stop.requested is not None:
             raise StopNow(run.stop.requested)
-        unit = RunUnit(unit.arm, unit.seed, with_threads(unit.config, self.threads))
-        logger = run.open_unit(unit, run_parent)
+        logger = run.open_unit(unit, run_parent)  # its config holds its train.threads (launch/runner.py)
         self.units[unit.key] = unit
         return UnitJob(
             key=unit.key,

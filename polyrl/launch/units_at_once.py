@@ -93,14 +93,21 @@ def resolve_at_once(
 
 
 def _uses_gpu(config: ExperimentConfig) -> bool:
-    from polyrl.runtime.devices import has_cuda
+    from polyrl.runtime.devices import resolve_device_name
 
-    device = config.train.device
-    return device.startswith("cuda") or (device == "auto" and has_cuda())
+    return resolve_device_name(config.train.device).startswith("cuda")
 
 
 def threads_per_unit(at_once: int, cores: int | None = None) -> int:
     return max(1, (cores or os.cpu_count() or 1) // at_once)
+
+
+def side_by_side_line(at_once: int, why: str) -> str:
+    """What ``polyrl validate`` and ``polyrl run`` say of a choice of more than one at once."""
+    return (
+        f"seed runs side by side: {at_once} at a time, {threads_per_unit(at_once)} thread(s) each ({why}; "
+        "seeds_at_once: 1 runs them one after another)"
+    )
 
 
 def with_threads(config: ExperimentConfig, threads: int) -> ExperimentConfig:
