@@ -187,7 +187,8 @@ class ExperimentRun:
                 note = schedule_note(unit.config, steps.old, at)
                 console.print(f"[cyan]{key}[/]: {note}", highlight=False)
                 logger.set_tags({f"polyrl.schedule_change.step_{at:06d}": note})
-        if OUTSIDE_SEQUENCE_TAG in self.tracker.client.get_run(logger.run_id).data.tags:
+        reopened = run_ids.get(key) == logger.run_id  # only a reopened run can carry the tag: no read for a new one
+        if reopened and OUTSIDE_SEQUENCE_TAG in self.tracker.client.get_run(logger.run_id).data.tags:
             self.tracker.client.delete_tag(logger.run_id, OUTSIDE_SEQUENCE_TAG)  # trained on now as a round of it
         run_ids[key] = logger.run_id
         state["arm_configs"][key] = config_snapshot(unit.config)
