@@ -127,6 +127,34 @@ def test_calculator_env_scores_final_answer():
     assert bad.step('<tool_call>{"name": "calculator", "arguments": {"expression": "x"}}</tool_call>').reward is None
 
 
+def test_calculator_format_reward_on_answer_pays_only_an_episode_that_answers_after_a_call():
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>'
+
+    def started(**params):
+        env = load_env_class("calculator")(format_reward=0.1, **params)
+        env.start(EpisodeRow("What is 123 * 45?", fields={"answer": 5535}))
+        return env
+
+    # The hack the study found: calls until max_turns cuts the episode. Paid per call: 0.1 on the
+    # first call; paid on the answer: nothing, since no turn answers.
+    per_call, on_answer = started(), started(format_reward_on="answer")
+    assert [per_call.step(call).reward, per_call.step(call).reward] == [0.1, None]
+    assert [on_answer.step(call).reward, on_answer.step(call).reward] == [None, None]
+    # Call, then a right answer: 1.0 (accuracy) + 0.1 (format) = 1.1 on the answer turn.
+    right = started(format_reward_on="answer")
+    assert right.step(call).reward is None
+    answer = right.step("The answer is 5535.")
+    assert (answer.reward, answer.solved) == (1.1, True)
+    # Call, then a wrong answer: 0.0 + 0.1 = 0.1, still unsolved.
+    wrong = started(format_reward_on="answer")
+    wrong.step(call)
+    assert (lambda s: (s.reward, s.solved))(wrong.step("It is 5534.")) == (0.1, False)
+    # An answer without any call earns the accuracy alone: 1.0.
+    assert started(format_reward_on="answer").step("5535").reward == 1.0
+    with pytest.raises(ValueError, match=r"format_reward_on: 'end' is not one of call, answer"):
+        load_env_class("calculator")(format_reward_on="end")
+
+
 def test_guess_number_feedback():
     env = load_env_class("guess_number")()
     env.start(EpisodeRow("Guess", fields={"target": 6}))
