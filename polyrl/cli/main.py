@@ -14,7 +14,7 @@ import subprocess
 import sys
 import webbrowser
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -153,14 +153,26 @@ def validate(
     for arm, cfg in arms.items():
         console.print(
             f"[green]ok[/] arm [cyan]{arm}[/]: objective={cfg.objective.name} "
-            f"aggregation={cfg.objective.aggregation or 'default'} engine={cfg.rollout.engine} "
+            f"loss_aggregation={cfg.objective.aggregation or 'default'} engine={cfg.rollout.engine} "
             f"steps={cfg.train.steps} prompts×samples={cfg.rollout.prompts_per_step}×{cfg.rollout.samples_per_prompt} "
-            + (
-                f"env={cfg.env.module} (reward: the episode's return)"
-                if cfg.env
-                else f"rewards={[s.module for s in cfg.rewards]}"
-            )
+            + (f"env={cfg.env.module} (reward: the episode's return)" if cfg.env else _rewards_words(cfg))
+            + (f" teacher={_teacher_words(cfg.distill)}" if cfg.distill else "")
         )
+
+
+def _rewards_words(cfg: Any) -> str:
+    """The arm's rewards, and how several reach the advantage (arms that differ only there must read differently)."""
+    words = f"rewards={[s.module for s in cfg.rewards]}"
+    if len(cfg.rewards) > 1:
+        words += f" combined by {cfg.advantage.reward_aggregation}"
+    return words
+
+
+def _teacher_words(distill: Any) -> str:
+    """``distill.teacher`` as written (path, built-in or run), with the term's weight and whether the task reward trains."""
+    teacher = distill.teacher
+    named = teacher.path or teacher.run or (teacher.builtin.name if teacher.builtin and teacher.builtin.name else "builtin")
+    return f"{named} (coef {distill.coef:g}{', task reward too' if distill.task_reward else ', pure distillation'})"
 
 
 @app.command()

@@ -96,6 +96,16 @@ def test_validate_reports_unresolvable_reward_modules(tmp_path):
     assert "rewards[0].module" in result.stderr and "no_such_pkg" in result.stderr
 
 
+def test_validate_tells_arms_apart_that_differ_only_in_how_rewards_combine():
+    # gdpo_caption's arms differ only in advantage.reward_aggregation: before, both printed the
+    # same line ("aggregation=default", the loss's), so validate could not show what is compared.
+    experiment = Path(__file__).resolve().parents[2] / "experiments" / "gdpo_caption.yaml"
+    result = polyrl("validate", str(experiment))
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "combined by sum" in out and "combined by gdpo" in out and "loss_aggregation=default" in out
+
+
 def test_validate_accepts_the_demo_and_prints_each_arm():
     demo = Path(__file__).resolve().parents[2] / "experiments" / "grpo_vs_drgrpo.yaml"
     result = polyrl("validate", str(demo))
