@@ -17,10 +17,12 @@ vLLM build).
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
-from polyrl.config.schema import ConfigError, ExperimentConfig, load_experiment
+from polyrl.config.schema import VLM_TASKS, ConfigError, ExperimentConfig, load_experiment
 from polyrl.data.prompts import DataConfigError, check_prompt_source
 from polyrl.launch.preflight_chat import chat_problems, env_problems
 from polyrl.launch.preflight_images import ImageRows, image_check_lines, image_problems, image_row_problem, padding_free_problems
@@ -31,13 +33,24 @@ from polyrl.policies.paths import check_model_dir
 from polyrl.policies.pretrained import is_gguf_path, packaged_gguf
 
 
+def _reads_images(config: ExperimentConfig, folder: str | None) -> bool:
+    """The policy is an image-text model: a built-in image task's, or a folder whose config has a vision side."""
+    if folder is None:
+        return config.model.path is None and config.model.builtin.name is None and config.model.builtin.task in VLM_TASKS
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
+            return "vision_config" in json.load(handle)
+    except (OSError, ValueError):
+        return False  # check_model_dir names a missing or broken folder
+
+
 def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[str]:
     """``runs_here``: the arm will run on this machine (``polyrl run``), so its devices are checked
     too, and the vLLM build against the policy
     (:func:`~polyrl.launch.preflight_this_machine.this_machine_problems`)."""
     # A .gguf model.path becomes a folder only when the run converts it, as a built-in policy is built.
     folder = config.model.path if not is_gguf_path(config.model.path) else None
-    problems = reward_problems(list(config.rewards), model_path=folder)
+    problems = reward_problems(list(config.rewards), model_path=folder, image_text_policy=_reads_images(config, folder))
     if runs_here:
         problems += this_machine_problems(config, folder)
     problems += accuracy_problems(config, reward_labels(list(config.rewards)))

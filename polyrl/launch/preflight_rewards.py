@@ -3,7 +3,8 @@ heavy resources load in ``setup``), its label distinct, and ``tracking.accuracy_
 
 from __future__ import annotations
 
-from polyrl.config.schema import ExperimentConfig
+from polyrl.config.schema import ConfigError, ExperimentConfig
+from polyrl.policies.pretrained import PRETRAINED, packaged_gguf
 from polyrl.rewards import RewardConfigError, RewardSpec
 from polyrl.rewards.base import module_label
 from polyrl.rewards.registry import bind_params, build_reward
@@ -13,8 +14,10 @@ __all__ = ["EMPTY_REWARDS", "accuracy_problems", "reward_labels", "reward_proble
 EMPTY_REWARDS = "rewards: the list is empty; an experiment needs at least one reward module, e.g. rewards: [{module: accuracy}]"
 
 
-def reward_problems(specs: list[RewardSpec], *, model_path: str | None = None) -> list[str]:
-    """One line per reward that cannot be built, each starting with its field path."""
+def reward_problems(specs: list[RewardSpec], *, model_path: str | None = None, image_text_policy: bool = False) -> list[str]:
+    """One line per reward that cannot be built, each starting with its field path. ``image_text_policy``:
+    the policy reads images, so a reward that would score text with the policy's own folder (a causal
+    LM loader) cannot load it."""
     if not specs:
         return [EMPTY_REWARDS]
     problems: list[str] = []
@@ -37,8 +40,21 @@ def reward_problems(specs: list[RewardSpec], *, model_path: str | None = None) -
         # policy is built.
         param = getattr(cls, "policy_path_param", None)
         injected = bool(param) and param not in params
+        if injected and image_text_policy:
+            problems.append(
+                f"rewards[{index}].params.{param}: {label!r} scores text with the policy's starting model when "
+                f"{param} is not given, but the policy is an image-text model, which it cannot load as a text "
+                f"model; give {param}: a text model's folder or a built-in one's name ({', '.join(PRETRAINED)})"
+            )
+            continue
         if injected:
             params[param] = model_path or "<built-in policy>"
+        elif param and params[param] in PRETRAINED:
+            try:
+                packaged_gguf(params[param])  # the package that ships it is installed
+            except ConfigError as error:
+                problems.append(f"rewards[{index}].params.{param}: {error}")
+                continue
         try:
             bind_params(cls, params, ref=spec.module, label=label)
             if not injected or model_path:

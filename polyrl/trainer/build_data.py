@@ -78,15 +78,22 @@ def reward_specs(
     config: ExperimentConfig, policy_path: str | Path, training_references: list[list[str]] | None = None
 ) -> list[Any]:
     """The reward specs, with the policy's folder for a reward that declares it scores with it
-    (``policy_path_param`` on its class, e.g. ``ppl_fluency``'s ``model_path``) and was given none,
+    (``policy_path_param`` on its class, e.g. ``ppl_fluency``'s ``model_path``) and was given none
+    (and a built-in pretrained model's folder where that parameter names one, ``smollm2-135m-instruct``),
     and the training prompts' references for one that declares a corpus parameter
     (``training_references_param``, e.g. ``cider``'s ``corpus_references``) and was given none."""
+    from polyrl.policies.pretrained import PRETRAINED, pretrained_dir
+
     specs = []
     for spec in config.rewards:
         cls = load_reward_class(spec.module)
         param = getattr(cls, "policy_path_param", None)
         if param and param not in spec.params:
             spec = spec.model_copy(update={"params": {**spec.params, param: str(policy_path)}})
+        elif param and spec.params[param] in PRETRAINED:
+            # The parameter takes a model folder; a built-in model's name is its cached folder (converted once).
+            folder = pretrained_dir(spec.params[param], config.model.cache_dir)
+            spec = spec.model_copy(update={"params": {**spec.params, param: str(folder)}})
         corpus = getattr(cls, "training_references_param", None)
         if corpus and corpus not in spec.params and training_references:
             spec = spec.model_copy(

@@ -32,7 +32,9 @@ class PerplexityFluency(RewardModule):
 
     Params:
         model_path: local Hugging Face model directory of the scoring LM (default in training:
-            the policy's starting model, declared by ``policy_path_param``).
+            the policy's starting model, declared by ``policy_path_param``); in training also the
+            name of a built-in pretrained model (``smollm2-135m-instruct``), resolved to its cached
+            folder. An image-text policy cannot be the default: name a text model.
         tau: perplexity above which the penalty starts (default 50).
         scale: perplexity per unit of penalty (default 10).
         batch_size: sequences per forward pass (default 16).
