@@ -71,12 +71,22 @@ def _progress(console: Console) -> Progress:
     )
 
 
+# A library's error can run to pages (transformers lists ~200 model configs when a folder is not a
+# causal LM); the console line stays readable and the log file keeps the traceback whole.
+ERROR_TEXT_CHARS = 600
+
+
 def arm_error_text(error: BaseException) -> str:
-    """What ended an arm, in one line: a polyrl error's message, else the exception's type and message."""
+    """What ended an arm, in one line: a polyrl error's message, else the exception's type and message,
+    cut at ``ERROR_TEXT_CHARS`` characters."""
     if isinstance(error, PolyrlError):
-        return str(error)
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[-1]}" if text else type(error).__name__
+        text = str(error)
+    else:
+        body = str(error).strip()
+        text = f"{type(error).__name__}: {body.splitlines()[-1]}" if body else type(error).__name__
+    if len(text) > ERROR_TEXT_CHARS:
+        text = text[:ERROR_TEXT_CHARS] + f"… [{len(text) - ERROR_TEXT_CHARS} more characters: the whole error is in the log file]"
+    return text
 
 
 def arms_failed(result: Any, parent: RunLogger, total: int) -> ArmFailedError:

@@ -54,3 +54,19 @@ def test_the_cli_environment_turns_datasets_progress_bars_off(monkeypatch):
     monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS", raising=False)
     quiet_library_environment()
     assert os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"  # validate printed a "Generating train split" bar
+
+
+def test_an_arms_error_is_one_readable_line_however_long_the_librarys_message():
+    from polyrl.launch.arm_runs import ERROR_TEXT_CHARS, arm_error_text
+    from polyrl.rewards import RewardConfigError
+
+    # transformers' "Unrecognized configuration class" lists ~200 configs: 4,000+ characters.
+    long = RewardConfigError("reward module 'fluency' failed in setup: ValueError: " + "SomeConfig, " * 400)
+    text = arm_error_text(long)
+    assert text.startswith("reward module 'fluency' failed in setup: ValueError: SomeConfig, ")
+    # 53 + 12 x 400 = 4,853 characters; 600 kept, 4,253 announced as cut.
+    assert len(str(long)) == 4853
+    assert text.endswith("… [4253 more characters: the whole error is in the log file]")
+    assert len(text) == ERROR_TEXT_CHARS + len("… [4253 more characters: the whole error is in the log file]")
+    # A short message is kept whole; a foreign exception keeps its type and last line.
+    assert arm_error_text(ValueError("first\nlast line")) == "ValueError: last line"
