@@ -49,7 +49,7 @@ def reward_problems(specs: list[RewardSpec], *, model_path: str | None = None, i
             continue
         if injected:
             params[param] = model_path or "<built-in policy>"
-        elif param and params[param] in PRETRAINED:
+        elif param and isinstance(params[param], str) and params[param] in PRETRAINED:
             try:
                 packaged_gguf(params[param])  # the package that ships it is installed
             except ConfigError as error:

@@ -90,7 +90,7 @@ def reward_specs(
         param = getattr(cls, "policy_path_param", None)
         if param and param not in spec.params:
             spec = spec.model_copy(update={"params": {**spec.params, param: str(policy_path)}})
-        elif param and spec.params[param] in PRETRAINED:
+        elif param and isinstance(spec.params[param], str) and spec.params[param] in PRETRAINED:
             # The parameter takes a model folder; a built-in model's name is its cached folder (converted once).
             folder = pretrained_dir(spec.params[param], config.model.cache_dir)
             spec = spec.model_copy(update={"params": {**spec.params, param: str(folder)}})
