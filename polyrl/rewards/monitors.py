@@ -75,21 +75,26 @@ def held_out_divergence(
     """The training reward rose by at least ``min_rise`` over the last ``window`` steps while the
     held-out score moved by at most ``stall`` (fell, or stayed flat) over the same steps.
 
-    The window ends at the last held-out point (evaluations are sparser than steps) and both
-    changes are least-squares slopes times the window (:func:`change_over`). Returns the two
+    The window ends at the last held-out point (evaluations are sparser than steps) and starts
+    ``window`` steps before it, or at the first held-out point if that is later; both changes are
+    least-squares slopes times that span (:func:`change_over`). Returns the two
     changes when the pattern holds, ``None`` otherwise or when the window holds fewer than two
     held-out points.
     """
     if not held_out:
         return None
     last = max(s for s, _ in held_out)
-    first = last - window
+    # The window starts no earlier than the first held-out point: before it there is nothing to
+    # compare, and change_over multiplies its slope by the window, so an early window reaching back
+    # past step 0 extrapolated (a rise of 2 between steps 1 and 2 was reported as +103 "over steps
+    # 0-2" with a 50-step window).
+    first = max(last - window, min(s for s, _ in held_out))
     held = change_over(held_out, first_step=first, last_step=last)
     rise = change_over(train, first_step=first, last_step=last)
     if held is None or rise is None:
         return None
     if rise >= min_rise and held <= stall:
-        return {"train_change": rise, "held_out_change": held, "first_step": float(max(first, 0)), "last_step": float(last)}
+        return {"train_change": rise, "held_out_change": held, "first_step": float(first), "last_step": float(last)}
     return None
 
 

@@ -74,6 +74,21 @@ def test_held_out_divergence_needs_both_a_rise_and_a_stall():
     assert held_out_divergence(flat_train, falling, window=10, min_rise=0.05, stall=0.0) is None
 
 
+def test_held_out_divergence_early_in_a_run_reports_the_change_over_the_steps_it_has():
+    # Held-out at steps 0 and 2, training reward 0 at step 1 and 1 at step 2; window 50. The window
+    # is steps 0-2: train slope 1 per step x 2 steps = 2.0; held-out (0.5 -> 0.5) 0. Before, the
+    # slope was multiplied by the whole window (50) although it started 48 steps before step 0.
+    found = held_out_divergence([(1, 0.0), (2, 1.0)], [(0, 0.5), (2, 0.5)], window=50, min_rise=0.1, stall=0.0)
+    assert found == {
+        "train_change": pytest.approx(2.0),
+        "held_out_change": pytest.approx(0.0),
+        "first_step": 0.0,
+        "last_step": 2.0,
+    }
+    # A rise of 0.02 per step over those 2 steps (0.04) is below a min_rise of 0.1: no warning (before: 0.02 x 50 = 1.0, a warning).
+    assert held_out_divergence([(1, 0.0), (2, 0.02)], [(0, 0.5), (2, 0.5)], window=50, min_rise=0.1, stall=0.0) is None
+
+
 # -- each warning: a constructed run that triggers it, a control that must not ---------------
 
 
