@@ -17,12 +17,11 @@ vLLM build).
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 from polyrl.config.schema import VLM_TASKS, ConfigError, ExperimentConfig, load_experiment
+from polyrl.data.image_rows import model_takes_images
 from polyrl.data.prompts import DataConfigError, check_prompt_source
 from polyrl.launch.preflight_chat import chat_problems, env_problems
 from polyrl.launch.preflight_images import ImageRows, image_check_lines, image_problems, image_row_problem, padding_free_problems
@@ -37,11 +36,7 @@ def _reads_images(config: ExperimentConfig, folder: str | None) -> bool:
     """The policy is an image-text model: a built-in image task's, or a folder whose config has a vision side."""
     if folder is None:
         return config.model.path is None and config.model.builtin.name is None and config.model.builtin.task in VLM_TASKS
-    try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
-            return "vision_config" in json.load(handle)
-    except (OSError, ValueError):
-        return False  # check_model_dir names a missing or broken folder
+    return model_takes_images(folder)  # a missing or broken folder: False here, check_model_dir names it
 
 
 def arm_problems(config: ExperimentConfig, *, runs_here: bool = False) -> list[str]:
