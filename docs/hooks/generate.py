@@ -4,10 +4,11 @@
   Markdown that ``polyrl.cli.docs_reference.generated_section(NAME)`` writes from the live code
   (the schema, the objective and estimator registries, the reward modules, the import layers).
   An unknown NAME fails the build.
-- Every page directly under ``docs/`` has its place in ``nav:`` of mkdocs.yml: a page that nav
-  does not list fails the build, naming it. (Pages under a sub-folder, such as the reports in
-  ``docs/reproductions/``, are documents that a listed page links to.) Before, such a page was
-  appended under an automatic "More" section, where five guides sat unnoticed at the end.
+- Every page of ``docs/``, sub-folders included (the comparison reports under ``docs/results/``
+  and ``docs/reproductions/``), has its place in ``nav:`` of mkdocs.yml: a page that nav does
+  not list fails the build, naming it. Before, such a page was appended under an automatic
+  "More" section, where five guides sat unnoticed at the end, or (in a sub-folder) was built
+  with no way to reach it: two reports were linked from no page.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ def _listed(nav: object) -> set[str]:
 
 
 def pages_missing_from_nav(nav: object, docs_dir: Path) -> list[str]:
-    """The pages directly under ``docs_dir`` that ``nav`` does not list, sorted."""
+    """The pages under ``docs_dir`` (any depth; paths relative to it, as nav names them) that
+    ``nav`` does not list, sorted."""
     listed = _listed(nav)
-    return sorted(page.name for page in docs_dir.glob("*.md") if page.name not in listed)
+    pages = (page.relative_to(docs_dir).as_posix() for page in docs_dir.rglob("*.md"))
+    return sorted(page for page in pages if page not in listed)
 
 
 def on_config(config, **kwargs):

@@ -114,7 +114,7 @@ class PolicyLearner(PolicyLoss):
         # The synchronous loop's syncs give the engine this number, which every sample then carries
         # (Completion.policy_version), so an update knows which rows its own weights sampled.
         self.weight_version = 0
-        # The rollout inspector's per-token capture (learner_inspection.py): asked for one update
+        # The rollout inspector's per-token capture (learner/token_capture.py): asked for one update
         # at a time, so the other steps pay nothing.
         self._inspect_next = False
         self._capture: TokenCapture | None = None

@@ -181,7 +181,7 @@ class TrainingLoop:
             sample_rows(rollout, collected.scores),
             prompts=list(rollout.prompts),
             reward_parts=dict(collected.scores.per_module),
-            # The learner's per-token values (learner_inspection.py) on the steps that asked for them.
+            # The learner's per-token values (learner/token_capture.py) on the steps that asked for them.
             tokens=[
                 {
                     **sampled_token_values(c),  # None on an episode's observation tokens (not sampled)
