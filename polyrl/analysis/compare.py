@@ -32,6 +32,7 @@ from polyrl.analysis.experiment_runs import (  # noqa: E402
     require_existing_store,
     seed_runs_of,
 )
+from polyrl.analysis.flip_pages import FLIPS_FOLDER, mlflow_sample_tables, write_flip_pages  # noqa: E402
 from polyrl.analysis.health_notes import health_warnings, with_health_section  # noqa: E402
 from polyrl.analysis.per_example_report import PairExamples, pair_examples, per_example_markdown, with_section  # noqa: E402
 from polyrl.analysis.report_metrics import (  # noqa: E402
@@ -218,7 +219,7 @@ def compare_experiment(
         )
         headline = single_seed_headline(histories)
         verdicts, rows = None, []
-    per_example, section = _per_example(client, compared, baseline, budget)
+    per_example, section, flip_paths = _per_example(client, compared, baseline, budget, out)
     report = with_section(report, section)
     sequence = read_sequence(client, parent.info.run_id)
     if sequence:
@@ -234,6 +235,8 @@ def compare_experiment(
     if log_to_mlflow:
         for path in plot_paths + [out / "report.md"]:
             client.log_artifact(parent.info.run_id, str(path), "comparison")
+        for path in flip_paths:  # the report links them as flips/<file>
+            client.log_artifact(parent.info.run_id, str(path), f"comparison/{FLIPS_FOLDER}")
         log_headline_metrics(client, parent.info.run_id, headline)
         annotate_arm_runs(client, parent.info.experiment_id, arm_runs, all_seed_runs)
         url, eval_keys = _chart_view(client, parent, arms, kept, base_url, budget and chosen_axis.counter)
@@ -268,15 +271,17 @@ def compare_experiment(
 
 
 def _per_example(
-    client: MlflowClient, runs: dict[str, dict], baseline: str | None, budget: Budget | None = None
-) -> tuple[list[PairExamples], str]:
+    client: MlflowClient, runs: dict[str, dict], baseline: str | None, budget: Budget | None, out: Path
+) -> tuple[list[PairExamples], str, list[Path]]:
     """The per-example comparison of the compared runs (arm -> seed -> run id), from their
-    ``eval_examples/`` artifacts (each run's last evaluation, or its last within ``budget``), and
-    its report section (empty without artifacts)."""
+    ``eval_examples/`` artifacts (each run's last evaluation, or its last within ``budget``), its
+    report section (empty without artifacts), and the flip pages written under ``out/flips/``
+    (:mod:`polyrl.analysis.flip_pages`), which the section links."""
     rows = runs_example_rows(client, runs, final_only=budget is None)
     rows = budget.example_rows(rows) if budget else rows
     pairs = pair_examples(rows, compared_pairs([arm for arm in runs if runs[arm]], baseline))
-    return pairs, per_example_markdown(pairs, rows)
+    links, paths = write_flip_pages(pairs, rows, mlflow_sample_tables(client), out)
+    return pairs, per_example_markdown(pairs, rows, links), paths
 
 
 def with_status_section(report: str, statuses: list[ArmStatus], unfinished: str | None) -> str:

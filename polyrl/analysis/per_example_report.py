@@ -88,7 +88,12 @@ def recipe_said(pair: PairExamples) -> str:
     return f"{better} higher (the interval excludes 0 at {interval.n} seeds)"
 
 
-def _flip_lines(pair: PairExamples, snippets: Mapping[str, str]) -> list[str]:
+# (dataset, first arm, second arm) -> the flip page's path relative to the report, and each
+# shown example's prompt group on it (polyrl.analysis.flip_pages).
+FlipLinks = Mapping[tuple[str, str, str], tuple[str, Mapping[str, int]]]
+
+
+def _flip_lines(pair: PairExamples, snippets: Mapping[str, str], links: FlipLinks | None = None) -> list[str]:
     a, b = pair.first, pair.second
     lines = [
         f"| seed | examples | both solve | only {a} | only {b} | neither | {a} − {b} (these checkpoints) | McNemar exact p |",
@@ -103,15 +108,23 @@ def _flip_lines(pair: PairExamples, snippets: Mapping[str, str]) -> list[str]:
         )
     total = pair.pooled
     lines.append(f"| pooled | {total.examples} | {total.both} | {total.only_a} | {total.only_b} | {total.neither} | | |")
+    page, groups = (links or {}).get((pair.dataset, a, b), ("", {}))
+
+    def link(example: str) -> str:
+        return f" · [both arms' completions]({page}#group={groups[example]})" if example in groups else ""
+
     for title, flipped in ((f"{a} solves, {b} does not", pair.fixed), (f"{b} solves, {a} does not", pair.broke)):
         if flipped:
             lines += ["", f"{title} (at how many of the seeds both evaluated it):", ""]
-            lines += [f"- `{f.example_id}` ({f.seeds}/{f.of}): {snippets.get(f.example_id, '')}" for f in flipped]
+            lines += [
+                f"- `{f.example_id}` ({f.seeds}/{f.of}): {snippets.get(f.example_id, '')}{link(f.example_id)}" for f in flipped
+            ]
     return lines
 
 
-def per_example_markdown(pairs: Sequence[PairExamples], rows: Sequence[Mapping[str, Any]]) -> str:
-    """The report section; empty when no evaluation left per-example rows with verdicts."""
+def per_example_markdown(pairs: Sequence[PairExamples], rows: Sequence[Mapping[str, Any]], links: FlipLinks | None = None) -> str:
+    """The report section; empty when no evaluation left per-example rows with verdicts. ``links``:
+    each pair's flip page, linked from every listed example it shows."""
     if not pairs:
         return ""
     snippets = prompt_snippets(rows)
@@ -147,7 +160,7 @@ def per_example_markdown(pairs: Sequence[PairExamples], rows: Sequence[Mapping[s
         "",
     ]
     for pair in pairs:
-        lines += [f"### {pair.dataset}: {pair.first} vs {pair.second}", "", *_flip_lines(pair, snippets), ""]
+        lines += [f"### {pair.dataset}: {pair.first} vs {pair.second}", "", *_flip_lines(pair, snippets, links), ""]
     return "\n".join(lines)
 
 

@@ -60,7 +60,8 @@ def inspector_rows(
     parts: dict[str, Sequence[float | None]] | None = None,
 ) -> list[dict[str, Any]]:
     """Compact rows for :func:`inspector_html`: ``samples`` are the step's sample rows (prompt,
-    completion, reward, length, finish_reason, optionally advantage), ``tokens`` each completion's
+    completion, reward, length, finish_reason, optionally advantage and a ``label`` shown first in
+    its card), ``tokens`` each completion's
     token strings, ``token_values`` per-token quantities by :data:`TOKEN_QUANTITIES` key, ``parts``
     each reward component's score per sample. ``logprob_diff`` is added where both log-probs are."""
     prompts: dict[str, int] = {}
@@ -85,6 +86,7 @@ def inspector_rows(
                 "rp": {label: _round(v[i]) for label, v in (parts or {}).items() if i < len(v)},
                 "t": list(tokens[i]) if tokens else [],
                 "v": values,
+                "l": sample.get("label"),  # who wrote it, where a page mixes runs (flip pages: arm, seed, verdict)
             }
         )
     return rows
@@ -171,7 +173,7 @@ function render() {
     const r = D.rows[i], card = document.createElement('div'); card.className = 'card'; card.dataset.index = i;
     const head = document.createElement('div'); head.className = 'head';
     const parts = Object.entries(r.rp).map(([k, v]) => `${k} ${fmt(v)}`).join(' · ');
-    head.textContent = `#${i} · prompt ${r.g} · reward ${fmt(r.r)}` + (r.a !== null ? ` · advantage ${fmt(r.a)}` : '') +
+    head.textContent = (r.l ? r.l + ' · ' : '') + `#${i} · prompt ${r.g} · reward ${fmt(r.r)}` + (r.a !== null ? ` · advantage ${fmt(r.a)}` : '') +
       ` · ${r.n} tokens · ${r.f}` + (parts ? ' · ' + parts : '');
     card.appendChild(head);
     const body = document.createElement('div'); body.className = 'tokens';

@@ -32,16 +32,27 @@ CURVE = {
 }
 
 
-def _jsonl(arm, seed, step, correct):
+def _jsonl(arm, seed, step, correct, samples_file=None):
     rows = [
         {"example_id": e, "dataset": "d", "sample": 0, "arm": arm, "seed": seed, "step": step, "correct": bool(c),
-         "score": float(c), "length": 3, "sample_ref": None, "prompt": f"What is question {e}?"}
-        for e, c in zip(EXAMPLES, correct)
+         "score": float(c), "length": 3, "sample_ref": samples_file and f"{samples_file}#{i}",
+         "prompt": f"What is question {e}?"}
+        for i, (e, c) in enumerate(zip(EXAMPLES, correct))
     ]  # fmt: skip
     return "".join(json.dumps(row) + "\n" for row in rows)
 
 
-def _experiment(uri: str, name: str) -> None:
+def _sample_table(arm, seed, correct):
+    """The evaluation's sample table the rows' sample_ref point into (one completion per example)."""
+    return [
+        {"step": 2, "dataset": "d", "example_id": e, "prompt": f"What is question {e}?",
+         "completion": f"{arm}{seed} says {'right' if c else 'wrong'} to {e}", "reward": float(c), "length": 3,
+         "finish_reason": "stop", "correct": float(c)}
+        for e, c in zip(EXAMPLES, correct)
+    ]  # fmt: skip
+
+
+def _experiment(uri: str, name: str, *, sample_tables: bool = False) -> None:
     tracker = ExperimentTracker(uri, name)
     parent = tracker.start_parent(name)
     for arm, by_seed in FINAL.items():
@@ -54,7 +65,10 @@ def _experiment(uri: str, name: str) -> None:
                 if step:
                     run.log_step(step, {"reward/mean": value, "perf/step_s": 0.1})
             run.log_text(_jsonl(arm, seed, 1, [0, 0, 0, 0]), "eval_examples/s/step_00001.jsonl")  # not the last: unused
-            run.log_text(_jsonl(arm, seed, 2, correct), "eval_examples/s/step_00002.jsonl")
+            table = "eval_samples/step_00002.json" if sample_tables else None
+            if table:
+                run.log_table(_sample_table(arm, seed, correct), table)
+            run.log_text(_jsonl(arm, seed, 2, correct, table), "eval_examples/s/step_00002.jsonl")
             run.finish()
         arm_run.finish()
     parent.finish()
@@ -76,10 +90,36 @@ def test_compare_reports_flip_tables_and_both_intervals(tmp_path, mlflow_uri):
     assert "| d | a − b | 3 | 4 | +0.25 [" in section
     assert "| pooled | 12 | 3 | 4 | 1 | 4 |" in section
     assert "not a verdict about" in section and "never adds replications" in section
-    assert "- `e1` (1/3): What is question e1?" in section
+    assert "- `e1` (1/3): What is question e1?\n" in section  # no sample tables: no link to completions
     rows = experiment_example_rows("flips", tracking_uri=mlflow_uri)
     assert len(rows) == 2 * 3 * 4 and {row["step"] for row in rows} == {2}
     assert len(experiment_example_rows("flips", tracking_uri=mlflow_uri, final_only=False)) == 2 * 2 * 3 * 4
+
+
+def test_each_flipped_example_links_both_arms_completions(tmp_path, mlflow_uri):
+    """The examples the report lists as fixed or broke link to a rollout-inspector page holding
+    both arms' completions of that example (read through each row's sample_ref), one prompt
+    group per example in the report's order; without sample tables there is no link (above)."""
+    _experiment(mlflow_uri, "flip_links", sample_tables=True)
+    compare_experiment("flip_links", tracking_uri=mlflow_uri, out_dir=tmp_path / "out", log_to_mlflow=False)
+    report = (tmp_path / "out" / "report.md").read_text()
+    # Fixed: e1..e4 (groups 0..3, the report's order); broke: e1 again (its group 0).
+    page_link = "flips/d__a_vs_b.html"
+    assert f"- `e1` (1/3): What is question e1? · [both arms' completions]({page_link}#group=0)" in report
+    assert f"- `e4` (1/3): What is question e4? · [both arms' completions]({page_link}#group=3)" in report
+    page = (tmp_path / "out" / page_link).read_text()
+    data = json.loads(page[page.index("id='data'") :].split(">", 1)[1].split("</script>", 1)[0])
+    e1 = [(row["l"], row["c"]) for row in data["rows"] if row["g"] == 0]
+    # e1 at the last evaluation: a 1,1,0 and b 1,0,1 over seeds 0,1,2; arm a first, then by seed.
+    assert e1 == [
+        ("a · seed 0 · right · example e1", "a0 says right to e1"),
+        ("a · seed 1 · right · example e1", "a1 says right to e1"),
+        ("a · seed 2 · wrong · example e1", "a2 says wrong to e1"),
+        ("b · seed 0 · right · example e1", "b0 says right to e1"),
+        ("b · seed 1 · wrong · example e1", "b1 says wrong to e1"),
+        ("b · seed 2 · right · example e1", "b2 says right to e1"),
+    ]
+    assert data["prompts"] == [f"What is question {e}?" for e in EXAMPLES]
 
 
 def test_curve_summaries_are_compared_by_seed(tmp_path, mlflow_uri):
