@@ -217,6 +217,10 @@ class ReplayReport:
     rescored: list[str]  # candidate rewards run again on the stored completions
     score_seconds: float  # wall time of the re-scoring
     notes: list[str] = field(default_factory=list)
+    # The whole group of each top sample, in the order of ``top`` (each mover's "page_group" is its
+    # index here): its prompt and every sample's text, length, advantages and scores, before and
+    # after. polyrl/analysis/replay_page.py draws them as a rollout-inspector page.
+    groups: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def seconds_per_1000(self) -> float:
@@ -270,6 +274,7 @@ def replay(
         notes.append("some prompts had images, which the store does not keep: rewards reading images see none")
     scorer = CompositeReward([new.specs[label] for label in rescored], base_dir=base_dir) if rescored else None
     steps, pooled, moved, seconds = {}, None, [], 0.0
+    kept: dict[int, tuple[list, list, torch.Tensor, torch.Tensor, torch.Tensor, dict, dict]] = {}
     try:
         for step, record in records.items():
             samples, groups, group_ids = _flat(record)
@@ -284,6 +289,7 @@ def replay(
             lengths = [int(s["n"] if s["n"] is not None else len(s["ids"])) for s in samples]
             before = sample_advantages(stored, old, group_ids, lengths)
             after = sample_advantages({label: scores[label] for label in new.weights}, new, group_ids, lengths)
+            kept[step] = (samples, groups, group_ids, before, after, stored, scores)
             counts = compare_step(before, after, group_ids)
             steps[step] = summarise(counts)
             pooled = counts if pooled is None else {k: pooled[k] + v for k, v in counts.items()}
@@ -297,7 +303,36 @@ def replay(
             scorer.close()
     if pooled is None:
         raise ReplayError("the store holds no step in the range asked for")
-    return ReplayReport(steps, summarise(pooled), moved, sorted(reused), rescored, seconds, notes)
+    shown = _mover_groups(moved, kept, new.weights)
+    return ReplayReport(steps, summarise(pooled), moved, sorted(reused), rescored, seconds, notes, shown)
+
+
+def _mover_groups(moved: list[dict[str, Any]], kept: Mapping[int, tuple], labels: Mapping[str, float]) -> list[dict[str, Any]]:
+    """The groups of the top samples (one entry per (step, group), first mover first); each mover
+    gets its group's index as ``page_group``."""
+    index: dict[tuple[int, int], int] = {}
+    out: list[dict[str, Any]] = []
+    for mover in moved:
+        key = (mover["step"], mover["group"])
+        if key not in index:
+            samples, groups, group_ids, before, after, stored, scores = kept[mover["step"]]
+            members = [i for i in range(len(samples)) if int(group_ids[i]) == mover["group"]]
+            index[key] = len(out)
+            out.append(
+                {"step": key[0], "group": key[1], "prompt": groups[members[0]]["prompt"],
+                 "samples": [{"text": samples[i]["text"], "n": samples[i]["n"], "finish": samples[i].get("finish"),
+                              "old_advantage": _plain(before[i]), "new_advantage": _plain(after[i]),
+                              "old_scores": {k: stored[k][i] for k in stored},
+                              "new_scores": {k: scores[k][i] for k in labels}} for i in members]}
+            )  # fmt: skip
+        mover["page_group"] = index[key]
+    return out
+
+
+def _plain(value: torch.Tensor) -> float | None:
+    """A tensor element as a float; None where it is NaN (a sample the estimator leaves unscored)."""
+    number = float(value)
+    return None if math.isnan(number) else number
 
 
 def parse_steps(text: str | None) -> tuple[int | None, int | None]:

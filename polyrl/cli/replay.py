@@ -64,6 +64,12 @@ def replay_command(
     steps: Optional[str] = typer.Option(None, "--steps", help="a:b (both included), a:, :b or one step; default: all."),
     top: int = typer.Option(5, "--top", min=0, help="How many of the samples whose advantage moves most to show."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
+    page: Optional[Path] = typer.Option(
+        None,
+        "--page",
+        help="The rollout-inspector page of the top samples' groups (each printed sample links into it). "
+        "Default: reports/replay/<run id or arm folder>/movers.html.",
+    ),
     tracking_uri: Optional[str] = typer.Option(
         None, "--tracking-uri", help="For run:<id>. Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."
     ),
@@ -87,18 +93,25 @@ def replay_command(
                 f"the store holds steps {min(records, default='-')}..{max(records, default='-')}; none in {steps!r}"
             )
         report = replay(header, chosen, read_yaml(rewards), source=str(rewards), base_dir=rewards.parent, top=top)
-    _print(report, store)
+    page_path = None
+    if report.groups:
+        from polyrl.analysis.replay_page import movers_page
+
+        page_path = page or Path("reports") / "replay" / (run_id or store.parent.parent.name) / "movers.html"
+        page_path.parent.mkdir(parents=True, exist_ok=True)
+        page_path.write_text(movers_page(report.groups, title=f"reward replay: {store}"), encoding="utf-8")
+    _print(report, store, page_path)
     if json_out is not None:
         payload = {
             "store": str(store), "steps": {str(k): v for k, v in report.steps.items()}, "overall": report.overall,
-            "top": report.top, "reused": report.reused, "rescored": report.rescored,
+            "top": report.top, "groups": report.groups, "page": page_path and str(page_path), "reused": report.reused, "rescored": report.rescored,
             "score_seconds": report.score_seconds, "seconds_per_1000": report.seconds_per_1000, "notes": report.notes,
         }  # fmt: skip
         json_out.write_text(json.dumps(payload, indent=2, default=str))
         console.print(f"report: {json_out}")
 
 
-def _print(report, store: Path) -> None:
+def _print(report, store: Path, page: Path | None) -> None:
     table = Table(title=f"reward replay: {store}")
     for column in ("step", "samples", "groups", "sign changes", "Spearman (groups)", "became uniform", "stopped uniform"):
         table.add_column(column, justify="right")
@@ -116,11 +129,14 @@ def _print(report, store: Path) -> None:
     )
     for note in report.notes:
         console.print(f"note: {escape(note)}")
+    if page is not None:
+        console.print(f"the top samples' groups, in the rollout inspector: {page}", highlight=False)
     for moved in report.top:
         text = moved["text"].replace("\n", " ")
         console.print(
             f"step {moved['step']} group {moved['group']}: advantage {moved['old_advantage']:+.3f} -> "
             f"{moved['new_advantage']:+.3f}; scores {moved['old_scores']} -> {moved['new_scores']}; "
-            f"{escape(text[:80])}{'…' if len(text) > 80 else ''}",
+            f"{escape(text[:80])}{'…' if len(text) > 80 else ''}"
+            + (f" · {page.name}#group={moved['page_group']}" if page is not None else ""),
             highlight=False,
         )

@@ -83,6 +83,25 @@ def test_a_changed_weight_counted_by_hand_per_step_and_overall():
     assert (report.reused, report.rescored, report.score_seconds) == (["format", "length"], [], 0.0)
 
 
+def test_the_top_samples_groups_are_kept_whole_for_the_inspector_page():
+    from polyrl.analysis.replay_page import movers_page
+
+    report = replay(_header(), RECORDS, FORMAT_UNPAID, top=2)
+    # The two that moved most, x0 and x2, share step 1's group 0: one group on the page, all three
+    # of its samples (x1 was ranked against them), before and after.
+    assert [(m["text"], m["page_group"]) for m in report.top] == [("x0", 0), ("x2", 0)]
+    (group,) = report.groups
+    assert (group["step"], group["group"], group["prompt"]) == (1, 0, "prompt 0")
+    assert [s["text"] for s in group["samples"]] == ["x0", "x1", "x2"]
+    # Old (+1.149, -0.676, -0.473) -> new (-1, 0, +1), as counted in the test above.
+    assert [round(s["old_advantage"], 3) for s in group["samples"]] == [1.149, -0.676, -0.473]
+    assert [round(s["new_advantage"], 3) for s in group["samples"]] == [-1.0, 0.0, 1.0]
+    assert group["samples"][0]["new_scores"] == {"length": 0.1, "format": 1.0}
+    page = movers_page(report.groups, title="replay")
+    assert "step 1 group 0 · advantage +1.149 → -1.000" in page
+    assert '"run:format"' in page and '"new:format"' in page
+
+
 def test_the_same_rewards_change_nothing():
     report = replay(_header(), RECORDS, {"rewards": TWO_REWARDS})
     assert report.overall["sign_change_share"] == 0 and report.overall["spearman_mean"] == pytest.approx(1.0)
@@ -205,6 +224,9 @@ def test_a_tiny_run_keeps_its_groups_and_replays_with_a_changed_weight(tmp_path,
     )
     assert cli.exit_code == 0, cli.output
     assert "reward replay" in cli.output and "reused stored scores: format, length" in cli.output
+    # Each top sample names its group on the inspector page written beside (default path).
+    page = tmp_path / "reports" / "replay" / result.arm_run_ids["main"] / "movers.html"
+    assert page.is_file() and "movers.html#group=0" in cli.output
     report = json.loads(out.read_text())
     assert set(report["steps"]) == {"1", "2"} and report["overall"]["samples"] == 32
     assert 0 <= report["overall"]["sign_change_share"] <= 1
