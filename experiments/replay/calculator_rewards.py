@@ -37,3 +37,17 @@ class AnsweredToolCall(RewardModule):
             ran = episode["tool_calls"] > episode["tool_errors"]
             out.append(float(ran and episode["end"] == "done"))
         return out
+
+
+class ToolCallRan(RewardModule):
+    """1.0 for an episode whose tool call ran, answered or not: the calculator study's own format
+    reward (``format_reward_on: call``), for replaying a run trained with the answer-gated one the
+    other way round. "Ran" as in :class:`AnsweredToolCall`."""
+
+    name = "tool_call_ran"
+
+    def score(self, batch: RewardBatch) -> list[float | None]:
+        return [
+            None if (episode := f.get("episode")) is None else float(episode["tool_calls"] > episode["tool_errors"])
+            for f in batch.fields
+        ]

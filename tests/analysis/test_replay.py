@@ -266,3 +266,28 @@ def test_the_calculator_studys_episodes_replayed_with_the_format_reward_paid_onl
     # Spearman on average ranks: group 0 old (2, 3, 1), new (1.5, 3, 1.5) -> 1.5 / sqrt(2 * 1.5) = 0.866;
     # group 1 old (2.5, 2.5, 1), new (1.5, 3, 1.5) -> 0.75 / 1.5 = 0.5. Mean 0.683.
     assert report.overall["spearman_mean"] == pytest.approx((1.5 / 3**0.5 + 0.5) / 2, abs=1e-4)
+
+
+def test_a_run_paid_only_for_answers_replayed_with_the_studys_first_reward():
+    """The other way round: episodes of calculator_answered.yaml (0.1 only on an answer after a call)
+    under the first study's reward (0.1 for a call that ran, answered or not)."""
+    from pathlib import Path
+
+    from polyrl.config.schema import load_experiment
+
+    root = Path(__file__).resolve().parents[2] / "experiments"
+    cfg = load_experiment(root / "real" / "calculator_answered.yaml")["main"]
+    header = {"run_id": "r2", "arm": "main", "weights": {"env": 1.0}, "config": yaml.safe_load(to_yaml(cfg))}
+    # Returns as the answer-gated run paid them: called then cut at max_turns 0; called then a wrong
+    # answer 0.1; answered wrong without a call 0.
+    group = [_episode(False, 1, "max_turns", 0.0), _episode(False, 1, "done", 0.1), _episode(False, 0, "done", 0.0)]
+    groups = [{"g": 0, "prompt": "What is 397 * 98?", "refs": ["38906"], "fields": {}, "images": 0, "samples": group}]
+    candidate = yaml.safe_load((root / "replay" / "calculator_call_format.yaml").read_text())
+    report = replay(header, {1: {"step": 1, "groups": groups}}, candidate, base_dir=root / "replay", top=3)
+    assert report.rescored == ["solved", "tool_call_ran"]
+    assert sorted(m["new_scores"]["tool_call_ran"] for m in report.top) == [0.0, 1.0, 1.0]
+    # Old totals (0, 0.1, 0): signs (-, +, -). New (0.1, 0.1, 0): (+, +, -). The episode that called and
+    # never answered flips to +: what the first study paid for. 1 of 3.
+    assert report.overall["sign_change_share"] == pytest.approx(1 / 3)
+    flipped = [m for m in report.top if m["old_advantage"] < 0 < m["new_advantage"]]
+    assert len(flipped) == 1 and flipped[0]["new_scores"] == {"solved": 0.0, "tool_call_ran": 1.0}
