@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from polyrl.core.types import PromptSample
 from polyrl.monitoring.health import HealthMonitor
@@ -44,6 +45,10 @@ class StepReport:
 
 
 class Hook:
+    # What :meth:`start` measured (the periodic evaluation's step-0 scores), given to every hook's
+    # :meth:`started`; empty for the others. An instance sets its own; this default is never mutated.
+    start_metrics: Mapping[str, float] = MappingProxyType({})
+
     def start(self, step: int) -> None:
         """The loop starts after ``step`` completed steps (0: a fresh run)."""
 

@@ -117,11 +117,9 @@ class TrainingLoop:
         step-0 evaluation) to every hook's ``started``."""
         for hook in self.hooks:
             hook.start(self.step_index)
-        measured = {key: value for hook in self.hooks for key, value in getattr(hook, "start_metrics", {}).items()}
+        measured = {key: value for hook in self.hooks for key, value in hook.start_metrics.items()}
         for hook in self.hooks:
-            started = getattr(hook, "started", None)  # hooks outside polyrl may predate it
-            if started is not None:
-                started(self.step_index, measured)
+            hook.started(self.step_index, measured)
 
     def step(self) -> dict[str, float]:
         step, timer = self.step_index + 1, PhaseTimer()
