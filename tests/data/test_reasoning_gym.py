@@ -108,11 +108,25 @@ def test_rows_from_elsewhere_are_refused_by_the_reward():
         ("reasoning_gym:basic_arithmetic?size=3&size=4", r"\['size'\] given more than once"),
         ("reasoning_gym:basic_arithmetic?answer_format=xml", r"answer_format 'xml' is not one of \['tags', 'none'\]"),
         ("reasoning_gym:basic_arithmetic?test_size=0", r"test_size must be at least 1"),
+        ("reasoning_gym:basic_arithmetic?max_terms=2&&size=4", r"name=value pairs joined by '&'; '' is not one"),
+        ("reasoning_gym:basic_arithmetic?max_terms", r"'max_terms' is not one"),
     ],
 )
 def test_bad_tasks_and_params_are_refused_by_name(source, message):
     with pytest.raises(DataConfigError, match=message):
         check_prompt_source(source, "train")
+
+
+def test_a_plus_sign_in_a_param_is_a_plus_sign():
+    """operators=["+","-"] (the docs' example): a web form's '+' for a space made it [" ", "-"],
+    which the generator refused ("unsupported operator:  "). A %XX escape is still decoded."""
+    from polyrl.data.source_params import source_params
+
+    assert source_params("s", 'operators=["+","-"]&max_terms=2') == [("operators", '["+","-"]'), ("max_terms", "2")]
+    assert source_params("s", "a=x%26y") == [("a", "x&y")]
+    rows = _rows('reasoning_gym:basic_arithmetic?size=8&test_size=4&max_terms=2&operators=["+"]', "train")
+    # Sums only ("Calculate 2 + -1.": a negative operand, not the '-' operator, which has spaces around it).
+    assert len(rows) == 8 and all(" + " in row["question"] and " - " not in row["question"] for row in rows)
 
 
 def test_bad_splits_and_holdout_are_refused():
