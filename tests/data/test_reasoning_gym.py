@@ -15,6 +15,7 @@ from polyrl.data.prompt_samples import rows_to_prompt_samples
 from polyrl.data.prompts import DataConfigError, check_prompt_source, load_prompt_dataset
 from polyrl.data.splits import overlap_count
 from polyrl.rewards import RewardBatch, RewardModuleError, RewardSpec
+from polyrl.rewards.base import RewardConfigError
 from polyrl.rewards.builtins.reasoning_gym import make_entry
 
 pytest.importorskip("reasoning_gym")  # the envs extra; make setup installs it, so CI runs these
@@ -81,6 +82,27 @@ def test_a_right_a_wrong_and_an_unreadable_answer_by_hand():
     assert scores[3] == pytest.approx(len(answer) / (len(answer) + 1))
     assert scores[4] == 1.0
     assert _score(rows[:1], [f"  {answer}  "], extract="full") == [1.0]
+
+
+def test_the_last_number_of_an_untagged_answer():
+    """extract: last_number, for a chat model that answers in a sentence and never writes the tags."""
+    row = _rows("reasoning_gym:gcd?max_value=60&size=4&test_size=2", "test")[0]
+    gold = int(row["answer"])
+    completions = [
+        f"The GCD of these numbers is {gold}.",  # right: 1.0
+        f"The GCD is {gold + 1}, not {gold}... no: {gold + 1}",  # the last number counts: wrong, 0.0
+        "I cannot tell.",  # no number: no answer, 0.0
+        f"<answer>{gold}</answer>",  # the tags' number is the last one too: 1.0
+    ]
+    assert _score([row] * 4, completions, extract="last_number") == [1.0, 0.0, 0.0, 1.0]
+    assert _score([row], [f"The GCD is {gold}."]) == [0.0]  # the default (tags) reads no answer there
+    # basic_arithmetic compares strings: a thousands comma is dropped before it does.
+    big = next(r for r in _rows("reasoning_gym:basic_arithmetic?size=60&test_size=2&max_terms=2&max_digits=4", "train")
+               if abs(int(r["answer"])) >= 1000)  # fmt: skip
+    value = int(big["answer"])
+    assert _score([big], [f"It is {value:,}."], extract="last_number") == [1.0]
+    with pytest.raises(RewardConfigError, match=r"'tags', 'full', 'last_number'"):
+        RewardSpec(module="reasoning_gym", params={"extract": "first_number"}).build()
 
 
 def test_a_task_that_cannot_read_the_answer_scores_zero():

@@ -10,7 +10,9 @@ own ``score_answer(answer, entry)``. A copy would not do: JSON turns the tuples 
 metadata into lists, and the ARC tasks' ``score_answer`` then gives a right answer 0.05.
 
 The answer is what the completion puts between ``<answer>`` and ``</answer>`` (reasoning-gym's
-``extract_answer``, the last such pair; ``extract: full`` takes the whole completion instead).
+``extract_answer``, the last such pair; ``extract: full`` takes the whole completion instead, and
+``extract: last_number`` its last number, for a small chat model that answers "The GCD of 41 and 6
+is 1." and never writes the tags).
 A completion without the tags is scored as no answer (``score_answer(None, entry)``: 0). A
 row without the ``reasoning_gym`` column is not a reasoning-gym item: it is refused, naming the
 columns the row has.
@@ -23,12 +25,13 @@ from collections import OrderedDict
 from typing import Any, Literal
 
 from polyrl.rewards.base import RewardBatch, RewardConfigError, RewardModule, RewardModuleError
+from polyrl.rewards.builtins.accuracy import extract_last_number
 from polyrl.rewards.registry import register_reward
 
 # The row column holding an item's coordinates (written by polyrl/data/reasoning_gym.py).
 ENTRY_FIELD = "reasoning_gym"
 INSTALL_HINT = "pip install 'polyrl[envs]'"
-EXTRACT_MODES = ("tags", "full")
+EXTRACT_MODES = ("tags", "full", "last_number")
 # Items kept made; a training step scores G samples of the same few rows.
 _ENTRY_CACHE_SIZE = 4096
 
@@ -85,12 +88,14 @@ class ReasoningGymScore(RewardModule):
     """Score with the reasoning-gym task's own ``score_answer`` (in [0, 1]; 1 is right).
 
     Params: ``extract`` — ``tags`` (default: the text between the last ``<answer>`` and
-    ``</answer>``, as reasoning-gym's prompts ask) or ``full`` (the whole completion, stripped).
+    ``</answer>``, as reasoning-gym's prompts ask), ``full`` (the whole completion, stripped) or
+    ``last_number`` (the completion's last number, thousands commas dropped: for tasks whose answer
+    is one number; a list or a word answer is then never read right).
     A task whose ``score_answer`` raises on a malformed answer (``prime_factorization`` on a
     word) scores it 0: the answer is not one the task can read.
     """
 
-    def __init__(self, extract: Literal["tags", "full"] = "tags"):
+    def __init__(self, extract: Literal["tags", "full", "last_number"] = "tags"):
         if extract not in EXTRACT_MODES:
             raise RewardConfigError(f"reasoning_gym: params.extract {extract!r} is not one of {list(EXTRACT_MODES)}")
         self.extract = extract
@@ -101,6 +106,9 @@ class ReasoningGymScore(RewardModule):
     def answer(self, completion: str) -> str | None:
         if self.extract == "full":
             return completion.strip() or None
+        if self.extract == "last_number":
+            number = extract_last_number(completion)
+            return None if number is None else number.replace(",", "")
         from reasoning_gym.utils import extract_answer
 
         return extract_answer(completion, tag_name="answer")
