@@ -114,6 +114,8 @@ def write_flip_pages(
     (:data:`polyrl.analysis.per_example_report.FlipLinks`) and the files written."""
     links: dict[tuple[str, str, str], tuple[str, dict[str, int]]] = {}
     paths: list[Path] = []
+    for stale in (out / FLIPS_FOLDER).glob("*.html"):  # the folder is this report's: a pair no longer listed goes
+        stale.unlink()
     for pair in pairs:
         shown = [f.example_id for f in pair.fixed + pair.broke]
         made = flip_page(pair.dataset, pair.first, pair.second, shown, rows, tables) if shown else None

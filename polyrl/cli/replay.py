@@ -68,7 +68,7 @@ def replay_command(
         None,
         "--page",
         help="The rollout-inspector page of the top samples' groups (each printed sample links into it). "
-        "Default: reports/replay/<run id or arm folder>/movers.html.",
+        "Default: reports/replay/<run id, or the arm folder's last three parts>/movers.html.",
     ),
     tracking_uri: Optional[str] = typer.Option(
         None, "--tracking-uri", help="For run:<id>. Default: $MLFLOW_TRACKING_URI, else ./mlflow.db."
@@ -97,7 +97,9 @@ def replay_command(
     if report.groups:
         from polyrl.analysis.replay_page import movers_page
 
-        page_path = page or Path("reports") / "replay" / (run_id or store.parent.parent.name) / "movers.html"
+        # An arm folder is <checkpoint.dir>/<experiment>/<arm>[/seed_<s>]: its last parts name it.
+        folder = run_id or "-".join(store.parent.parent.parts[-3:])
+        page_path = page or Path("reports") / "replay" / folder / "movers.html"
         page_path.parent.mkdir(parents=True, exist_ok=True)
         page_path.write_text(movers_page(report.groups, title=f"reward replay: {store}"), encoding="utf-8")
     _print(report, store, page_path)

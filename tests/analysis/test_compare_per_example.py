@@ -101,7 +101,11 @@ def test_each_flipped_example_links_both_arms_completions(tmp_path, mlflow_uri):
     both arms' completions of that example (read through each row's sample_ref), one prompt
     group per example in the report's order; without sample tables there is no link (above)."""
     _experiment(mlflow_uri, "flip_links", sample_tables=True)
+    stale = tmp_path / "out" / "flips" / "d__a_vs_gone.html"  # an earlier report's pair: not left to mislead
+    stale.parent.mkdir(parents=True)
+    stale.write_text("old")
     compare_experiment("flip_links", tracking_uri=mlflow_uri, out_dir=tmp_path / "out", log_to_mlflow=False)
+    assert not stale.exists()
     report = (tmp_path / "out" / "report.md").read_text()
     # Fixed: e1..e4 (groups 0..3, the report's order); broke: e1 again (its group 0).
     page_link = "flips/d__a_vs_b.html"
