@@ -8,6 +8,12 @@ from __future__ import annotations
 from polyrl.rewards import RewardBatch, RewardModule
 
 
+def call_ran(episode: dict) -> bool:
+    """The episode made a tool call that ran: more calls than failed calls (the environment pays
+    its format reward once, for the first call without an error)."""
+    return episode["tool_calls"] > episode["tool_errors"]
+
+
 class EpisodeSolved(RewardModule):
     """1.0 when the environment's verdict says the final answer was right, else 0.0 (None: no episode)."""
 
@@ -22,8 +28,7 @@ class AnsweredToolCall(RewardModule):
 
     The study paid its format reward for a call that ran, whether or not an answer followed; the
     policy learned to call on every turn and never answer (docs/results.md). Gated on the answer,
-    a call alone earns nothing. "Ran": more calls than failed calls, as the environment pays once
-    for the first call without an error."""
+    a call alone earns nothing. "Ran": :func:`call_ran`."""
 
     name = "answered_tool_call"
 
@@ -34,20 +39,16 @@ class AnsweredToolCall(RewardModule):
             if episode is None:
                 out.append(None)
                 continue
-            ran = episode["tool_calls"] > episode["tool_errors"]
-            out.append(float(ran and episode["end"] == "done"))
+            out.append(float(call_ran(episode) and episode["end"] == "done"))
         return out
 
 
 class ToolCallRan(RewardModule):
     """1.0 for an episode whose tool call ran, answered or not: the calculator study's own format
     reward (``format_reward_on: call``), for replaying a run trained with the answer-gated one the
-    other way round. "Ran" as in :class:`AnsweredToolCall`."""
+    other way round. "Ran": :func:`call_ran`."""
 
     name = "tool_call_ran"
 
     def score(self, batch: RewardBatch) -> list[float | None]:
-        return [
-            None if (episode := f.get("episode")) is None else float(episode["tool_calls"] > episode["tool_errors"])
-            for f in batch.fields
-        ]
+        return [None if (episode := f.get("episode")) is None else float(call_ran(episode)) for f in batch.fields]

@@ -75,9 +75,10 @@ def flip_page(
     tables: SampleTables,
 ) -> tuple[str, dict[str, int]] | None:
     """The inspector page of ``example_ids`` (in the report's order) for this pair, from the
-    per-example ``rows`` (each (arm, seed)'s last evaluation is used, as the flip table does), and
-    each shown example's prompt group on it; None when no completion could be read."""
-    final = [r for r in final_step_rows(rows) if r["dataset"] == dataset and r["arm"] in (first, second)]
+    per-example ``rows`` of each (arm, seed)'s last evaluation (:func:`final_step_rows`, as the
+    flip table reads them), and each shown example's prompt group on it; None when no completion
+    could be read."""
+    final = [r for r in rows if r["dataset"] == dataset and r["arm"] in (first, second)]
     samples: list[dict[str, Any]] = []
     prompts: list[str] = []
     groups: dict[str, int] = {}
@@ -116,9 +117,10 @@ def write_flip_pages(
     paths: list[Path] = []
     for stale in (out / FLIPS_FOLDER).glob("*.html"):  # the folder is this report's: a pair no longer listed goes
         stale.unlink()
+    final = final_step_rows(rows)  # once for every pair
     for pair in pairs:
         shown = [f.example_id for f in pair.fixed + pair.broke]
-        made = flip_page(pair.dataset, pair.first, pair.second, shown, rows, tables) if shown else None
+        made = flip_page(pair.dataset, pair.first, pair.second, shown, final, tables) if shown else None
         if made is None:
             continue
         name = flip_page_file(pair.dataset, pair.first, pair.second)
